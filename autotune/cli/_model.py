@@ -1,0 +1,44 @@
+"""``autotune model tiny``: generate a tiny local model (no model hub)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    model = sub.add_parser("model", help="generate tiny local models for CPU runs and tests")
+    msub = model.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
+    tiny = msub.add_parser(
+        "tiny",
+        help="write config.json, a local tokenizer and random weights of a tiny model",
+        description=(
+            "Write a tiny model (< 50 M parameters) with random but peaked weights and a local "
+            "WordLevel tokenizer (token i is 't<i>'), small enough to serve with the CPU build "
+            "of vLLM. No model hub is used."
+        ),
+    )
+    tiny.add_argument("out_dir", metavar="OUT_DIR", help="directory to write the model to")
+    tiny.add_argument(
+        "--arch",
+        choices=("nemotron_h", "llama"),
+        default="nemotron_h",
+        help="nemotron_h: hybrid Mamba2 + attention + MLP layers (default); llama: dense",
+    )
+    tiny.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default 4096)")
+    tiny.add_argument(
+        "--mtp", action="store_true", help="add one MTP layer (nemotron_h; for GPU speculative runs)"
+    )
+    tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    tiny.set_defaults(func=_tiny)
+
+
+def _tiny(args: argparse.Namespace) -> int:
+    from autotune.modelgen import generate_tiny_model
+
+    out = generate_tiny_model(
+        args.out_dir, arch=args.arch, vocab_size=args.vocab_size, mtp=args.mtp, seed=args.seed
+    )
+    info = json.loads((out / "autotune-model.json").read_text())
+    print(f"wrote {info['arch']} model ({info['parameters'] / 1e6:.1f} M parameters) to {out}")
+    return 0

@@ -1,0 +1,198 @@
+"""``autotune tune``: run a Bayesian study against real vLLM servers."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.config import DEFAULT_STORAGE, parse_slo
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "tune",
+        help="search vLLM engine settings for a traffic shape (real servers, Optuna, MLflow)",
+        description=(
+            "Run an Optuna study whose trials each start a real vLLM server with sampled "
+            "flags, replay the traffic shape against it, measure, and stop it. vLLM's "
+            "defaults are measured first (trial 0) so results are ratios to defaults. "
+            "Trials run under Ray; every trial is logged to MLflow; the best config is "
+            "written to OUT/best.json with its 'vllm serve' command."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    req = p.add_argument_group("what to tune")
+    req.add_argument("--model", required=True, type=Path,
+                     help="local model directory (config.json, tokenizer; weights optional "
+                          "with --load-format dummy in the space's fixed flags)")
+    req.add_argument("--shape", required=True, type=Path,
+                     help="traffic shape JSON (autotune shape fit ...; examples in traffic/)")
+    req.add_argument("--space", required=True, type=Path,
+                     help="search space YAML (search_spaces/cpu.yaml, hybrid-mtp.yaml, ...)")
+    req.add_argument("--trials", type=int, default=20,
+                     help="finished trials the study should have (the baseline counts)")
+    st = p.add_argument_group("where results go")
+    st.add_argument("--storage", default=DEFAULT_STORAGE,
+                    help="Optuna storage URL (SQLite file, or PostgreSQL for many workers)")
+    st.add_argument("--tracking-uri", default=None,
+                    help="MLflow store (default sqlite:///experiments/mlflow.db; or an "
+                         "http://host:5000 tracking server)")
+    st.add_argument("--experiment", default="autotune", help="MLflow experiment name")
+    st.add_argument("--study-name", default=None,
+                    help="study name (default SPACE-SHAPE-TIMESTAMP)")
+    st.add_argument("--out", type=Path, default=None,
+                    help="output folder for best.json, trials.csv, logs "
+                         "(default experiments/<study-name>/)")
+    st.add_argument("--resume", action="store_true",
+                    help="continue a killed study (the newest one in --storage unless "
+                         "--study-name is given); finished trials are kept")
+    se = p.add_argument_group("search")
+    se.add_argument("--sampler", choices=("tpe", "random"), default="tpe",
+                    help="tpe: Bayesian (multivariate TPE with constraints); random: baseline")
+    se.add_argument("--objective", choices=("throughput", "goodput"), default="throughput",
+                    help="maximise output tokens/s, or requests/s that meet the SLOs")
+    se.add_argument("--slo", default=None,
+                    help="latency SLOs in seconds, e.g. ttft_p99=2.0,tpot_p99=0.05; trials "
+                         "that miss them are infeasible")
+    se.add_argument("--max-error-rate", type=float, default=0.05,
+                    help="trials with more failed requests are infeasible")
+    se.add_argument("--no-baseline", dest="baseline", action="store_false",
+                    help="do not measure vLLM's defaults first")
+    se.add_argument("--seed", type=int, default=0, help="sampler and traffic seed")
+    ms = p.add_argument_group("measurement")
+    ms.add_argument("--repeats", type=int, default=1,
+                    help="measured replays per trial on the same server (median reported)")
+    ms.add_argument("--warmup-requests", type=int, default=None,
+                    help="warm-up requests before measuring (default 2 x concurrency)")
+    ms.add_argument("--num-requests", type=int, default=None,
+                    help="requests per replay (default: the shape's load.requests)")
+    ms.add_argument("--concurrency", type=int, default=None,
+                    help="closed-loop streams (default: the shape's load.concurrency)")
+    ms.add_argument("--api", choices=("completions", "chat"), default="completions",
+                    help="OpenAI endpoint the load generator uses")
+    ms.add_argument("--start-timeout", type=float, default=600.0,
+                    help="seconds a server may take to answer /health")
+    ms.add_argument("--request-timeout", type=float, default=600.0,
+                    help="seconds one request may take")
+    rs = p.add_argument_group("resources")
+    rs.add_argument("--ray-address", default=None,
+                    help="join a Ray cluster (host:port of 'ray start --head'); default: "
+                         "a local Ray")
+    rs.add_argument("--no-ray", dest="use_ray", action="store_false",
+                    help="run trials in this process (debugging)")
+    rs.add_argument("--gpus-per-trial", type=int, default=None,
+                    help="GPUs per trial (default 1 on GPU hosts, 0 on CPU)")
+    rs.add_argument("--parallel", type=int, default=None,
+                    help="trials at once (default: one per GPU slot; 1 on CPU)")
+    rs.add_argument("--cache-dir", type=Path, default=None,
+                    help="compile/JIT cache shared by all trials (default ~/.cache/autotune)")
+    rs.add_argument("--cpu-kv-cache-gib", type=float, default=1.0,
+                    help="KV cache GiB for the CPU build (VLLM_CPU_KVCACHE_SPACE)")
+    p.add_argument("--json", action="store_true",
+                   help="print the result (best.json content) as JSON at the end")
+    p.set_defaults(func=_tune)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
+    from autotune.config import TuneSettings
+    from autotune.errors import ConfigError
+
+    try:
+        return TuneSettings(
+            model=args.model, shape=args.shape, space=args.space, trials=args.trials,
+            storage=args.storage, tracking_uri=args.tracking_uri, experiment=args.experiment,
+            study_name=args.study_name, out=args.out, ray_address=args.ray_address,
+            use_ray=args.use_ray, seed=args.seed, sampler=args.sampler,
+            objective=args.objective, slo=parse_slo(args.slo),
+            max_error_rate=args.max_error_rate, baseline=args.baseline, repeats=args.repeats,
+            warmup_requests=args.warmup_requests, num_requests=args.num_requests,
+            concurrency=args.concurrency, api=args.api, start_timeout_s=args.start_timeout,
+            request_timeout_s=args.request_timeout, gpus_per_trial=args.gpus_per_trial,
+            parallel=args.parallel, cache_dir=args.cache_dir,
+            cpu_kv_cache_gib=args.cpu_kv_cache_gib, resume=args.resume,
+        )  # fmt: skip
+    except ValidationError as exc:
+        msgs = "; ".join(
+            f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(msgs) from None
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class _Display:
+    """Progress for people: a line per event; a live bar on a terminal."""
+
+    def __init__(self, metric_label: str) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False)
+        self.label = metric_label
+
+    def __call__(self, e: Any) -> None:
+        best = f"{e.best_value:,.1f} (trial {e.best_number})" if e.best_value is not None else "-"
+        head = f"[{e.done}/{e.total} done, {e.running} running | best {best} | " \
+               f"elapsed {_fmt_s(e.elapsed_s)}, left ~{_fmt_s(e.eta_s)}]"
+        if e.kind == "study_started":
+            self.console.print(f"study [bold]{e.study_name}[/]: {e.message}")
+        elif e.kind == "trial_started":
+            params = ", ".join(f"{k}={v}" for k, v in e.trial_params.items()) or "vLLM defaults"
+            self.console.print(f"{head} trial {e.trial_number} started: {params}")
+        elif e.kind == "trial_finished":
+            if e.trial_value is not None and e.trial_reason is None:
+                what = f"[green]{e.trial_value:,.1f} {self.label}[/]"
+                if e.baseline_value:
+                    what += f" ({e.trial_value / e.baseline_value:.2f}x defaults)"
+            elif e.trial_value is not None:
+                what = f"[yellow]{e.trial_value:,.1f} {self.label}, infeasible ({e.trial_reason})[/]"
+            else:
+                what = f"[red]failed: {e.trial_reason}[/] {e.message[:160]}"
+            self.console.print(f"{head} trial {e.trial_number}: {what}")
+        elif e.kind == "study_finished":
+            self.console.print(f"study finished in {_fmt_s(e.elapsed_s)}")
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import json
+
+    from autotune.study import tune
+
+    settings = _settings(args)
+    label = "out tok/s" if settings.objective == "throughput" else "goodput req/s"
+
+    def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        result = tune(settings, on_event=_Display(label))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    out = sys.stdout
+    if args.json:
+        print(json.dumps(result.best, indent=2), file=out)
+        return 0 if result.best else 1
+    print(f"\nstudy {result.study_name}: {result.n_trials} trials, {result.n_ok} feasible, "
+          f"{result.n_failed} failed {result.failures_by_reason or ''}", file=out)
+    if result.best is None:
+        print("no trial met the constraints; see the failure reasons above and in "
+              f"{result.out_dir}/trials.csv", file=out)
+        return 1
+    b = result.best
+    ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
+    print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} {label}{ratio}", file=out)
+    print(f"params: {json.dumps(b['params'])}", file=out)
+    print(f"serve command:\n  {b['serve_command']}", file=out)
+    print(f"written: {result.out_dir / 'best.json'}", file=out)
+    print(f"browse: mlflow ui --backend-store-uri {result.tracking_uri}", file=out)
+    return 0

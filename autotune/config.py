@@ -1,0 +1,97 @@
+"""Validated settings of a tuning study (built once at the edge by the CLI or the caller)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from autotune.errors import ConfigError
+
+__all__ = ["TuneSettings", "parse_slo", "SLO_KEYS", "DEFAULT_STORAGE", "DEFAULT_OUT_ROOT"]
+
+DEFAULT_OUT_ROOT = Path("experiments")
+DEFAULT_STORAGE = "sqlite:///experiments/autotune.db"
+
+# --slo keys -> the Measurement.flat() metric they bound (seconds).
+SLO_KEYS = {
+    f"{m}_{p}": f"{m}_{p}_s" for m in ("ttft", "tpot", "itl", "e2e") for p in ("p50", "p90", "p99")
+}
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """Parse ``"ttft_p99=2.0,tpot_p99=0.05"`` (seconds) into ``{"ttft_p99": 2.0, ...}``."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.fullmatch(r"([a-z0-9_]+)\s*=\s*([^=]+)", part)
+        if not m:
+            raise ConfigError(
+                f"--slo item {part!r} is not KEY=SECONDS; example: --slo ttft_p99=2.0,tpot_p99=0.05"
+            )
+        key, raw = m.group(1), m.group(2).strip()
+        if key not in SLO_KEYS:
+            raise ConfigError(
+                f"--slo key {key!r} is unknown; use one of {', '.join(sorted(SLO_KEYS))}"
+            )
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"--slo {key}={raw!r}: the limit must be a number of seconds") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"--slo {key}={raw}: the limit must be a positive, finite number")
+        out[key] = value
+    return out
+
+
+class TuneSettings(BaseModel):
+    """Everything ``autotune tune`` needs; unknown keys are rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: Path
+    shape: Path
+    space: Path
+    trials: int = Field(default=20, ge=1, le=100_000)
+    storage: str = DEFAULT_STORAGE
+    tracking_uri: str | None = None  # None: sqlite:///<out root>/mlflow.db
+    experiment: str = "autotune"
+    study_name: str | None = None
+    out: Path | None = None  # None: experiments/<study-name>/
+    ray_address: str | None = None
+    use_ray: bool = True
+    seed: int = 0
+    sampler: Literal["tpe", "random"] = "tpe"
+    objective: Literal["throughput", "goodput"] = "throughput"
+    slo: dict[str, float] = Field(default_factory=dict)
+    max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    baseline: bool = True
+    repeats: int = Field(default=1, ge=1, le=100)
+    warmup_requests: int | None = Field(default=None, ge=0)
+    num_requests: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
+    api: Literal["completions", "chat"] = "completions"
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    gpus_per_trial: int | None = Field(default=None, ge=0)  # None: 1 on GPU hosts, 0 on CPU
+    parallel: int | None = Field(default=None, ge=1)  # None: one trial per GPU slot
+    cache_dir: Path | None = None  # None: ~/.cache/autotune (shared compile/JIT caches)
+    cpu_kv_cache_gib: float = Field(default=1.0, gt=0)
+    resume: bool = False
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_keys(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if k not in SLO_KEYS:
+                raise ValueError(f"unknown SLO key {k!r}")
+            if not math.isfinite(x) or x <= 0:
+                raise ValueError(f"SLO {k} must be a positive number of seconds")
+        return v

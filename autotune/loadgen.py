@@ -1,0 +1,607 @@
+"""Streaming OpenAI-compatible load generator: runs a replay schedule, records every request.
+
+One shared :class:`aiohttp.ClientSession` whose connector is sized to the concurrency
+drives ``/v1/completions`` (token-id prompts) or ``/v1/chat/completions`` (``t<id>`` word
+prompts, one token per word for our tiny models) with ``stream: true``,
+``ignore_eos: true``, ``temperature: 0`` and continuous usage stats, so each SSE chunk
+says how many tokens it carried (speculative decoding puts several in one chunk).
+
+The hot path reads whatever bytes arrived (one clock read per socket read), splits SSE
+lines with ``bytes.split`` and decodes only the fields it needs with a typed msgspec
+decoder. A failed request is data: its :class:`RequestRecord` has ``ok=False`` and an
+``error`` reason from :data:`ERROR_REASONS`; the run always completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import gc
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import aiohttp
+import msgspec
+
+from autotune.errors import LoadgenError
+from autotune.measure import ServerSnapshot, scrape_metrics
+
+if TYPE_CHECKING:
+    from autotune.traffic import RequestSpec, Schedule
+
+__all__ = ["ERROR_REASONS", "RequestRecord", "RunResult", "replay", "run_schedule"]
+
+logger = logging.getLogger(__name__)
+
+#: Reason classes of a failed request (``RequestRecord.error``).
+ERROR_REASONS: tuple[str, ...] = (
+    "http_4xx",  # the server answered 4xx (bad request, model unknown, context too long, 429)
+    "http_5xx",  # the server answered 5xx
+    "http_other",  # any other non-200 status
+    "connection_refused",  # nothing listens on the port (server down or crashed)
+    "connect_error",  # any other failure to connect
+    "disconnected",  # the connection dropped mid-stream, or the stream ended before [DONE]
+    "timeout",  # the whole request took longer than request_timeout_s
+    "stalled",  # no bytes for stall_timeout_s (before the headers or between chunks)
+    "malformed_sse",  # a line that is not SSE, or a data event that is not a valid chunk
+    "server_error",  # the server sent an in-stream error object (vLLM: data: {"error": ...})
+    "client_error",  # any other HTTP client failure
+)
+
+Api = Literal["completions", "chat"]
+_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+_STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+_DETAIL_MAX = 300
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What happened to one request. Times are seconds from the run's start (monotonic)."""
+
+    index: int
+    send_s: float
+    first_token_s: float | None
+    end_s: float | None
+    chunk_times_s: tuple[float, ...]
+    chunk_tokens: tuple[int, ...]
+    prompt_tokens: int | None
+    output_tokens: int
+    ok: bool
+    error: str | None
+    detail: str | None
+    status: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """All records of one run, in schedule order, plus how the run was driven."""
+
+    records: tuple[RequestRecord, ...]
+    started_at: float  # time.time() at the run's start
+    wall_s: float
+    mode: Literal["open", "closed"] = "closed"
+    concurrency: int | None = None
+    api: Api = "completions"
+    snapshots: tuple[ServerSnapshot, ...] = ()  # /metrics samples taken during the run
+
+
+# --- typed views of the SSE chunks: msgspec decodes only these fields -----------------
+
+
+class _Usage(msgspec.Struct, gc=False):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Delta(msgspec.Struct, gc=False):
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
+class _Choice(msgspec.Struct, gc=False):
+    text: str | None = None
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct, gc=False):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class _Failure(Exception):
+    """Internal: ends one request with a reason class."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
+    if api == "completions":
+        payload: dict[str, Any] = {"model": model, "prompt": list(spec.prompt_token_ids)}
+        payload["max_tokens"] = spec.max_tokens
+    else:
+        text = " ".join(f"t{i}" for i in spec.prompt_token_ids)
+        payload = {"model": model, "messages": [{"role": "user", "content": text}]}
+        payload["max_completion_tokens"] = spec.max_tokens
+    payload.update(
+        stream=True,
+        stream_options=_STREAM_OPTIONS,
+        ignore_eos=True,
+        temperature=0,
+    )
+    return _encode(payload)
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _DETAIL_MAX else text[: _DETAIL_MAX - 3] + "..."
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    """Map a client-side exception to (reason, detail)."""
+    detail = _short(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        return "stalled", detail
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        os_err = exc.os_error
+        if isinstance(os_err, ConnectionRefusedError) or os_err.errno == errno.ECONNREFUSED:
+            return "connection_refused", detail
+        return "connect_error", detail
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return "timeout", detail
+    if isinstance(exc, TimeoutError):
+        return "timeout", detail
+    if isinstance(
+        exc,
+        aiohttp.ServerDisconnectedError
+        | aiohttp.ClientPayloadError
+        | aiohttp.ClientOSError
+        | ConnectionError,
+    ):
+        return "disconnected", detail
+    return "client_error", detail
+
+
+_SSE_FIELDS = (b"event:", b"id:", b"retry:", b":")
+
+
+class _SseParser:
+    """Incremental parser of one streamed response (the hot path: keep it lean).
+
+    ``feed`` takes whatever bytes one socket read returned and the time they arrived;
+    every chunk that carried tokens adds (time, tokens). Token counts come from the
+    cumulative ``usage.completion_tokens`` of continuous usage stats when the server sends
+    them, else one per chunk with text. Raises :class:`_Failure` on malformed SSE or an
+    in-stream error object.
+    """
+
+    __slots__ = ("chat", "times", "tokens", "prompt_tokens", "usage_total", "cum", "done", "tail")
+
+    def __init__(self, *, chat: bool) -> None:
+        self.chat = chat
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+        self.prompt_tokens: int | None = None
+        self.usage_total: int | None = None
+        self.cum = 0
+        self.done = False
+        self.tail = b""
+
+    def feed(self, data: bytes, now: float) -> None:
+        if self.tail:
+            data = self.tail + data
+        lines = data.split(b"\n")
+        self.tail = lines.pop()
+        for line in lines:
+            if not line:
+                continue
+            if line[:6] == b"data: ":
+                payload = line[6:]
+            elif line[:5] == b"data:":
+                payload = line[5:]
+            else:
+                if line == b"\r" or line.startswith(_SSE_FIELDS):
+                    continue
+                raise _Failure("malformed_sse", _short(f"not an SSE line: {line[:120]!r}"))
+            if payload[:1] != b"{" and payload.strip() == b"[DONE]":
+                self.done = True
+                continue
+            try:
+                chunk = _decode_chunk(payload)
+            except msgspec.DecodeError as exc:
+                raise _Failure(
+                    "malformed_sse", _short(f"{exc}; event: {payload[:120]!r}")
+                ) from None
+            if chunk.error is not None:
+                raise _Failure("server_error", _short(f"in-stream error: {chunk.error}"))
+            usage = chunk.usage
+            if usage is not None:
+                if usage.prompt_tokens is not None:
+                    self.prompt_tokens = usage.prompt_tokens
+                if usage.completion_tokens is not None:
+                    self.usage_total = usage.completion_tokens
+            choices = chunk.choices
+            if not choices:
+                continue
+            if usage is not None and usage.completion_tokens is not None:
+                n = usage.completion_tokens - self.cum
+                self.cum = usage.completion_tokens
+            else:
+                c0 = choices[0]
+                n = 0
+                if self.chat:
+                    d = c0.delta
+                    if d is not None and (d.content or d.reasoning_content):
+                        n = 1
+                elif c0.text or c0.finish_reason is None:
+                    n = 1
+                self.cum += n
+            if n > 0:
+                self.times.append(now)
+                self.tokens.append(n)
+
+    def close(self) -> None:
+        """The body ended cleanly: check it ended as a complete stream."""
+        if self.tail.strip():
+            raise _Failure("malformed_sse", _short(f"unterminated line at end: {self.tail!r}"))
+        if not self.done:
+            raise _Failure("disconnected", "the stream ended before data: [DONE]")
+
+
+class _Runner:
+    """State shared by all requests of one run."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        url: str,
+        model: str,
+        api: Api,
+        timeout: aiohttp.ClientTimeout,
+        t0: float,
+        total: int,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        self.session = session
+        self.url = url
+        self.model = model
+        self.api = api
+        self.timeout = timeout
+        self.t0 = t0
+        self.total = total
+        self.progress = progress
+        self.done = 0
+
+    def _finished(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    async def request(self, spec: RequestSpec) -> RequestRecord:
+        """Send one streaming request and record what came back."""
+        body = _body(spec, self.model, self.api)
+        t0 = self.t0
+        clock = time.monotonic
+        sse = _SseParser(chat=self.api == "chat")
+        status: int | None = None
+        send = clock() - t0
+        try:
+            async with self.session.post(
+                self.url, data=body, headers=_HEADERS, timeout=self.timeout
+            ) as resp:
+                status = resp.status
+                if status != 200:
+                    text = await resp.text(errors="replace")
+                    kind = status // 100
+                    reason = "http_4xx" if kind == 4 else "http_5xx" if kind == 5 else "http_other"
+                    raise _Failure(reason, _short(f"HTTP {status}: {text}"))
+                readany = resp.content.readany
+                feed = sse.feed
+                while True:
+                    data = await readany()
+                    if not data:
+                        break
+                    feed(data, clock() - t0)
+                sse.close()
+        except _Failure as f:
+            return self._record(spec, send, clock() - t0, sse, status, f.reason, f.detail)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            reason, detail = _classify(exc)
+            return self._record(spec, send, clock() - t0, sse, status, reason, detail)
+        return self._record(spec, send, clock() - t0, sse, status, None, None)
+
+    def _record(
+        self,
+        spec: RequestSpec,
+        send: float,
+        end: float,
+        sse: _SseParser,
+        status: int | None,
+        error: str | None,
+        detail: str | None,
+    ) -> RequestRecord:
+        self._finished()
+        times = sse.times
+        usage_total = sse.usage_total
+        return RequestRecord(
+            index=spec.index,
+            send_s=send,
+            first_token_s=times[0] if times else None,
+            end_s=end,
+            chunk_times_s=tuple(times),
+            chunk_tokens=tuple(sse.tokens),
+            prompt_tokens=sse.prompt_tokens,
+            output_tokens=(
+                usage_total if usage_total is not None and error is None else sum(sse.tokens)
+            ),
+            ok=error is None,
+            error=error,
+            detail=detail,
+            status=status,
+        )
+
+
+@contextlib.contextmanager
+def _gc_relaxed() -> Iterator[None]:
+    """Keep the cyclic GC out of the hot path while a run is in flight.
+
+    Everything that exists is moved to the permanent generation and young collections
+    happen 100x less often: a full collection over millions of chunk timestamps would
+    otherwise pause every stream at once (it cost ~10 % of the client's CPU at 1,024
+    streams). The thresholds are restored afterwards.
+    """
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(old[0], 1) * 100, old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
+def _raise_nofile(need: int) -> None:
+    """Lift the soft open-files limit so ``need`` sockets fit (up to the hard limit)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError) as exc:
+            logger.warning("could not raise the open-files limit to %d: %s", need, exc)
+            return
+        if new < need:
+            logger.warning(
+                "open-files hard limit is %d but %d streams need about %d; raise it "
+                "(ulimit -Hn) or lower the concurrency",
+                hard, need - 64, need,
+            )
+
+
+def _check(schedule: Schedule) -> tuple[Literal["open", "closed"], int | None, Sequence[RequestSpec]]:
+    mode = getattr(schedule, "mode", None)
+    requests = getattr(schedule, "requests", None)
+    conc = getattr(schedule, "concurrency", None)
+    if mode not in ("open", "closed") or requests is None:
+        raise LoadgenError(
+            f"not a replay schedule: {type(schedule).__name__}; build one with "
+            "autotune.traffic (Schedule with mode 'open' or 'closed')"
+        )
+    if conc is not None and conc < 1:
+        raise LoadgenError(f"schedule concurrency is {conc}; it must be >= 1 (or None)")
+    if mode == "closed" and conc is None:
+        raise LoadgenError("closed-loop schedule has concurrency=None; set the number of streams")
+    for spec in requests:
+        if spec.max_tokens < 1:
+            raise LoadgenError(
+                f"request {spec.index}: max_tokens is {spec.max_tokens}; it must be >= 1"
+            )
+        if mode == "open" and (
+            spec.send_at_s is None or not math.isfinite(spec.send_at_s) or spec.send_at_s < 0
+        ):
+            raise LoadgenError(
+                f"request {spec.index}: open-loop send_at_s is {spec.send_at_s}; "
+                "it must be a finite offset >= 0 s"
+            )
+    return mode, conc, requests
+
+
+async def _sample_metrics(
+    base_url: str,
+    interval_s: float,
+    out: list[ServerSnapshot],
+    stop: asyncio.Event,
+    first: asyncio.Event,
+) -> None:
+    """Scrape /metrics every ``interval_s`` until ``stop`` is set (one last scrape then)."""
+    connector = aiohttp.TCPConnector(limit=1)
+    warned = False
+    try:
+        async with aiohttp.ClientSession(connector=connector) as session:
+            while True:
+                try:
+                    out.append(await scrape_metrics(base_url, session=session))
+                except LoadgenError as exc:
+                    if not warned:
+                        logger.warning("no server figures: %s", exc)
+                        warned = True
+                first.set()
+                if stop.is_set():
+                    return
+                try:
+                    await asyncio.wait_for(stop.wait(), interval_s)
+                except TimeoutError:
+                    pass
+    finally:
+        first.set()
+
+
+async def run_schedule(
+    schedule: Schedule,
+    *,
+    base_url: str,
+    model: str,
+    api: Api = "completions",
+    request_timeout_s: float = 600.0,
+    stall_timeout_s: float = 120.0,
+    progress: Callable[[int, int], None] | None = None,
+    metrics_interval_s: float | None = None,
+) -> RunResult:
+    """Drive ``schedule`` against an OpenAI-compatible server and record every request.
+
+    Closed loop: ``schedule.concurrency`` streams each send the next request as soon as
+    their previous one ends. Open loop: request i is sent at ``send_at_s`` after the start
+    (at most ``concurrency`` in flight when that is set; late sends are recorded as sent).
+    ``metrics_interval_s`` also samples the server's ``/metrics`` during the run
+    (``RunResult.snapshots``) so :func:`autotune.measure.measure` can read server figures
+    over its steady-state window. Raises :class:`LoadgenError` only for an unusable
+    schedule or argument; failed requests are records with an error reason.
+    """
+    mode, conc, specs = _check(schedule)
+    if api not in _PATHS:
+        raise LoadgenError(f"api is {api!r}; use 'completions' or 'chat'")
+    if not (request_timeout_s > 0 and stall_timeout_s > 0):
+        raise LoadgenError(
+            f"timeouts must be > 0 s (request_timeout_s={request_timeout_s}, "
+            f"stall_timeout_s={stall_timeout_s})"
+        )
+    base = base_url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise LoadgenError(f"base_url {base_url!r} must start with http:// or https://")
+    n = len(specs)
+    limit = conc if conc is not None else 0  # 0: unlimited, an open loop must not queue here
+    _raise_nofile((conc if conc is not None else n) + 64)
+    connector = aiohttp.TCPConnector(
+        limit=limit, limit_per_host=0, ttl_dns_cache=None, enable_cleanup_closed=False
+    )
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_read=stall_timeout_s)
+    records: list[RequestRecord | None] = [None] * n
+    snapshots: list[ServerSnapshot] = []
+    stop = asyncio.Event()
+    sampler: asyncio.Task[None] | None = None
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
+    ) as session:
+        if metrics_interval_s is not None and metrics_interval_s > 0:
+            first = asyncio.Event()
+            sampler = asyncio.create_task(
+                _sample_metrics(base, metrics_interval_s, snapshots, stop, first)
+            )
+            await first.wait()  # a "before" sample ahead of the first request
+        started_at = time.time()
+        t0 = time.monotonic()
+        runner = _Runner(
+            session,
+            url=base + _PATHS[api],
+            model=model,
+            api=api,
+            timeout=timeout,
+            t0=t0,
+            total=n,
+            progress=progress,
+        )
+        try:
+            with _gc_relaxed():
+                if mode == "closed":
+                    await _closed(runner, specs, records, conc or 1)
+                else:
+                    await _open(runner, specs, records, conc)
+        finally:
+            wall = time.monotonic() - t0
+            if sampler is not None:
+                stop.set()
+                await sampler
+    return RunResult(
+        records=tuple(r for r in records if r is not None),
+        started_at=started_at,
+        wall_s=wall,
+        mode=mode,
+        concurrency=conc,
+        api=api,
+        snapshots=tuple(snapshots),
+    )
+
+
+async def _closed(
+    runner: _Runner, specs: Sequence[RequestSpec], out: list[RequestRecord | None], streams: int
+) -> None:
+    it = iter(enumerate(specs))
+
+    async def stream() -> None:
+        for i, spec in it:
+            out[i] = await runner.request(spec)
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(min(streams, len(specs))):
+            tg.create_task(stream())
+
+
+async def _open(
+    runner: _Runner,
+    specs: Sequence[RequestSpec],
+    out: list[RequestRecord | None],
+    cap: int | None,
+) -> None:
+    sem = asyncio.Semaphore(cap) if cap is not None else None
+    order = sorted(range(len(specs)), key=lambda i: specs[i].send_at_s or 0.0)
+
+    async def one(i: int) -> None:
+        try:
+            out[i] = await runner.request(specs[i])
+        finally:
+            if sem is not None:
+                sem.release()
+
+    async with asyncio.TaskGroup() as tg:
+        for i in order:
+            delay = runner.t0 + (specs[i].send_at_s or 0.0) - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is not None:
+                await sem.acquire()
+            tg.create_task(one(i))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+def replay(schedule: Schedule, **kwargs: Any) -> RunResult:
+    """Synchronous :func:`run_schedule` on a fresh event loop (uvloop when installed).
+
+    Works from any thread that has no running event loop; inside a coroutine, ``await
+    run_schedule(...)`` instead.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise LoadgenError(
+            "replay() was called inside a running event loop; use 'await run_schedule(...)'"
+        )
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(run_schedule(schedule, **kwargs))

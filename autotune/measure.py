@@ -1,0 +1,575 @@
+"""Request records -> a Measurement: steady-state throughput, latency percentiles, goodput,
+noise, and the server's own figures from ``/metrics``.
+
+Everything here is pure except :func:`scrape_metrics`/:func:`snapshot_metrics`, which fetch
+``/metrics`` (aiohttp is imported only when they run). ``docs/measurement.md`` explains the
+steady-state window, the percentiles, goodput, the CV and the server figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from autotune.errors import LoadgenError
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from autotune.loadgen import RequestRecord, RunResult
+
+__all__ = [
+    "Measurement",
+    "Percentiles",
+    "ServerSnapshot",
+    "Slo",
+    "combine",
+    "measure",
+    "parse_metrics",
+    "scrape_metrics",
+    "server_figures",
+    "snapshot_metrics",
+]
+
+WARMUP_FRACTION = 0.1  # default warm-up: this share of the loaded span is left out
+SUBWINDOWS = 5  # sub-windows for the within-run CV
+
+# --- server snapshots ------------------------------------------------------------------
+
+# Counter families (prometheus_client strips "_total" from counter family names).
+_COUNTERS: dict[str, str] = {
+    "generation_tokens": "vllm:generation_tokens",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "preemptions": "vllm:num_preemptions",
+    "spec_drafts": "vllm:spec_decode_num_drafts",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "prefix_cache_queries": "vllm:prefix_cache_queries",
+    "prefix_cache_hits": "vllm:prefix_cache_hits",
+    "requests_success": "vllm:request_success",
+}
+_HISTOGRAMS: dict[str, str] = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "queue_time": "vllm:request_queue_time_seconds",
+    "prefill_time": "vllm:request_prefill_time_seconds",
+    "decode_time": "vllm:request_decode_time_seconds",
+}
+_GAUGES: dict[str, str] = {
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    "requests_running": "vllm:num_requests_running",
+    "requests_waiting": "vllm:num_requests_waiting",
+}
+
+
+class ServerSnapshot(BaseModel):
+    """The ``vllm:`` counters, gauges and histogram (sum, count) pairs at one instant.
+
+    Values are summed over label sets (engines, finish reasons); gauges named ``*_perc``
+    are averaged instead.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    taken_at: float  # time.time()
+    counters: dict[str, float] = Field(default_factory=dict)
+    gauges: dict[str, float] = Field(default_factory=dict)
+    histograms: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+
+def parse_metrics(text: str, *, taken_at: float, prefix: str = "vllm:") -> ServerSnapshot:
+    """Parse Prometheus text exposition into a :class:`ServerSnapshot` (pure)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters: dict[str, float] = {}
+    gauges: dict[str, list[float]] = {}
+    hists: dict[str, list[float]] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            name = fam.name
+            if not name.startswith(prefix) or name.endswith("_created"):
+                continue
+            if fam.type == "counter":
+                total = sum(s.value for s in fam.samples if s.name in (name, name + "_total"))
+                counters[name] = counters.get(name, 0.0) + total
+            elif fam.type == "gauge":
+                gauges.setdefault(name, []).extend(s.value for s in fam.samples)
+            elif fam.type == "histogram":
+                acc = hists.setdefault(name, [0.0, 0.0])
+                for s in fam.samples:
+                    if s.name == name + "_sum":
+                        acc[0] += s.value
+                    elif s.name == name + "_count":
+                        acc[1] += s.value
+    except ValueError as exc:
+        raise LoadgenError(f"/metrics is not Prometheus text: {exc}") from exc
+    return ServerSnapshot(
+        taken_at=taken_at,
+        counters=counters,
+        gauges={
+            k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in gauges.items() if v
+        },
+        histograms={k: (v[0], v[1]) for k, v in hists.items()},
+    )
+
+
+async def scrape_metrics(
+    base_url: str, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0
+) -> ServerSnapshot:
+    """Fetch ``{base_url}/metrics`` and parse it. Raises :class:`LoadgenError` on failure."""
+    import aiohttp
+
+    url = base_url.rstrip("/") + "/metrics"
+    own = session is None
+    sess = aiohttp.ClientSession() if own else session
+    assert sess is not None
+    try:
+        async with sess.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            taken_at = time.time()
+            if resp.status != 200:
+                raise LoadgenError(f"GET {url} answered HTTP {resp.status}; is it a vLLM server?")
+            text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise LoadgenError(f"GET {url} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if own:
+            await sess.close()
+    return parse_metrics(text, taken_at=taken_at)
+
+
+def snapshot_metrics(base_url: str, *, timeout_s: float = 10.0) -> ServerSnapshot:
+    """Synchronous :func:`scrape_metrics` (from a thread without a running event loop)."""
+    return asyncio.run(scrape_metrics(base_url, timeout_s=timeout_s))
+
+
+def server_figures(
+    before: ServerSnapshot,
+    after: ServerSnapshot,
+    samples: Sequence[ServerSnapshot] = (),
+) -> dict[str, float]:
+    """Server-side figures between two snapshots (pure).
+
+    Counter deltas (``generation_tokens``, ``preemptions``, ...), their rate over the
+    snapshots' interval (``generation_tokens_per_s``), spec-decode ``spec_acceptance_rate``
+    (accepted / draft tokens) and ``spec_acceptance_length`` (1 + accepted / drafts),
+    ``prefix_cache_hit_rate`` (hits / queries), histogram means over the interval
+    (``ttft_mean_s``, ...), and gauges (``kv_cache_usage`` mean and ``_max`` over
+    ``samples``, else the ``after`` value). Figures that cannot be computed are left out.
+    """
+    out: dict[str, float] = {}
+    dt = after.taken_at - before.taken_at
+    if dt > 0:
+        out["interval_s"] = dt
+    delta: dict[str, float] = {}
+    for key, fam in _COUNTERS.items():
+        if fam in after.counters:
+            d = after.counters[fam] - before.counters.get(fam, 0.0)
+            if d >= 0:  # a negative delta means the server restarted in between
+                delta[key] = d
+                out[key] = d
+    if "generation_tokens" in delta and dt > 0:
+        out["generation_tokens_per_s"] = delta["generation_tokens"] / dt
+    if delta.get("spec_draft_tokens", 0) > 0 and "spec_accepted_tokens" in delta:
+        out["spec_acceptance_rate"] = delta["spec_accepted_tokens"] / delta["spec_draft_tokens"]
+    if delta.get("spec_drafts", 0) > 0 and "spec_accepted_tokens" in delta:
+        out["spec_acceptance_length"] = 1.0 + delta["spec_accepted_tokens"] / delta["spec_drafts"]
+    if delta.get("prefix_cache_queries", 0) > 0 and "prefix_cache_hits" in delta:
+        out["prefix_cache_hit_rate"] = delta["prefix_cache_hits"] / delta["prefix_cache_queries"]
+    for key, fam in _HISTOGRAMS.items():
+        if fam in after.histograms:
+            s1, c1 = after.histograms[fam]
+            s0, c0 = before.histograms.get(fam, (0.0, 0.0))
+            if c1 - c0 > 0 and s1 - s0 >= 0:
+                out[f"{key}_mean_s"] = (s1 - s0) / (c1 - c0)
+    for key, fam in _GAUGES.items():
+        vals = [s.gauges[fam] for s in samples if fam in s.gauges]
+        if vals:
+            out[key] = float(np.mean(vals))
+            out[f"{key}_max"] = float(np.max(vals))
+        elif fam in after.gauges:
+            out[key] = after.gauges[fam]
+    return {k: float(v) for k, v in out.items() if math.isfinite(v)}
+
+
+# --- measurement -------------------------------------------------------------------------
+
+
+class Slo(BaseModel):
+    """Per-request latency thresholds for goodput (None: no limit on that figure)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    @field_validator("ttft_s", "tpot_s", "e2e_s")
+    @classmethod
+    def _positive(cls, v: float | None) -> float | None:
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"an SLO threshold must be a finite number of seconds > 0, got {v}")
+        return v
+
+    def met_by(self, ttft: float | None, tpot: float | None, e2e: float | None) -> bool:
+        """True when every set threshold is met (a figure that does not exist is not judged)."""
+        return not (
+            (self.ttft_s is not None and ttft is not None and ttft > self.ttft_s)
+            or (self.tpot_s is not None and tpot is not None and tpot > self.tpot_s)
+            or (self.e2e_s is not None and e2e is not None and e2e > self.e2e_s)
+        )
+
+
+class Percentiles(BaseModel):
+    """Mean and percentiles of one latency figure, in seconds (None: no data)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Percentiles:
+        """Linear-interpolated percentiles of the finite values."""
+        arr = np.fromiter((v for v in values if v is not None and math.isfinite(v)), float)
+        if arr.size == 0:
+            return cls()
+        p50, p90, p99 = np.percentile(arr, [50.0, 90.0, 99.0])
+        return cls(mean=float(arr.mean()), p50=float(p50), p90=float(p90), p99=float(p99))
+
+
+class Measurement(BaseModel):
+    """What one run (or the median of repeats) measured. None means "could not be measured"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output_tokens_per_s: float | None
+    requests_per_s: float | None
+    goodput_rps: float | None
+    error_rate: float | None
+    n_requests: int
+    n_ok: int
+    n_errors: int
+    errors: dict[str, int]
+    window_s: float | None
+    window_start_s: float | None = None
+    window_end_s: float | None = None
+    window_rule: Literal["steady", "whole_run", "none", "repeats"] = "steady"
+    n_latency: int = 0  # requests the latency percentiles are over
+    ttft_s: Percentiles = Percentiles()
+    tpot_s: Percentiles = Percentiles()
+    itl_s: Percentiles = Percentiles()
+    e2e_s: Percentiles = Percentiles()
+    cv: float | None = None
+    cv_kind: Literal["subwindows", "repeats"] | None = None
+    repeats: int = 1
+    repeat_tokens_per_s: tuple[float, ...] = ()
+    total_output_tokens: int = 0
+    server: dict[str, float] = Field(default_factory=dict)
+
+    def flat(self) -> dict[str, float]:
+        """Finite floats for trackers: throughputs, counts, pXX of each latency, cv,
+        window_s and ``server_*``; a figure that is None or not finite is left out."""
+        out: dict[str, Any] = {
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "requests_per_s": self.requests_per_s,
+            "goodput_rps": self.goodput_rps,
+            "error_rate": self.error_rate,
+            "n_requests": self.n_requests,
+            "n_errors": self.n_errors,
+        }
+        for name in ("ttft", "tpot", "itl", "e2e"):
+            p: Percentiles = getattr(self, f"{name}_s")
+            out[f"{name}_p50_s"] = p.p50
+            out[f"{name}_p90_s"] = p.p90
+            out[f"{name}_p99_s"] = p.p99
+        out["cv"] = self.cv
+        out["window_s"] = self.window_s
+        for k, v in self.server.items():
+            out[f"server_{k}"] = v
+        return {
+            k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))
+        }
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _window(
+    run: RunResult, warmup_s: float | None, warmup_fraction: float
+) -> tuple[float, float] | None:
+    """The steady-state window [t0, t1) in seconds from the run's start, or None.
+
+    t1: closed loop, the first successful end at or after the last send (the first stream
+    that runs dry); open loop, the last send (arrivals stop). t0: the time the in-flight count first
+    reaches the target concurrency (closed) or the first send (open), then ``warmup_s``
+    from the start if given, else ``warmup_fraction`` of the span up to t1.
+    """
+    recs = run.records
+    sends = [r.send_s for r in recs if _finite(r.send_s)]
+    ends = [r.end_s for r in recs if r.end_s is not None and _finite(r.end_s)]
+    if not sends or not ends:
+        return None
+    last_send = max(sends)
+    first_send = min(sends)
+    if run.mode == "open" and last_send > first_send:
+        t_full, t1 = first_send, last_send
+    else:
+        target = min(run.concurrency or len(sends), len(sends))
+        events = sorted([(s, 1) for s in sends] + [(e, -1) for e in ends])  # ends first on ties
+        t_full, live = first_send, 0
+        for t, step in events:
+            live += step
+            if live >= target:
+                t_full = t
+                break
+        # A request that failed fast must not end the window: use successful ends if any.
+        ok_ends = [r.end_s for r in recs if r.ok and r.end_s is not None and _finite(r.end_s)]
+        later = [e for e in (ok_ends or ends) if e >= last_send]
+        t1 = min(later) if later else max(ends)
+    if warmup_s is not None and _finite(warmup_s):
+        t0 = max(t_full, warmup_s)
+    else:
+        t0 = t_full + warmup_fraction * max(0.0, t1 - t_full)
+    return (t0, t1) if t1 > t0 else None
+
+
+def _latencies(
+    r: RequestRecord,
+) -> tuple[float | None, float | None, float | None, list[float]]:
+    """(ttft, tpot, e2e, inter-chunk gaps) of one record; None where undefined."""
+    ttft = r.first_token_s - r.send_s if _finite(r.first_token_s) and _finite(r.send_s) else None
+    e2e = r.end_s - r.send_s if _finite(r.end_s) and _finite(r.send_s) else None
+    times = [t for t in r.chunk_times_s if math.isfinite(t)]
+    tpot = None
+    if r.output_tokens > 1 and len(times) >= 1 and r.first_token_s is not None:
+        last = times[-1]
+        if last >= r.first_token_s:
+            tpot = (last - r.first_token_s) / (r.output_tokens - 1)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    return ttft, tpot, e2e, gaps
+
+
+def _token_arrays(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    times: list[float] = []
+    toks: list[int] = []
+    for r in records:
+        if len(r.chunk_times_s) == len(r.chunk_tokens):
+            times.extend(r.chunk_times_s)
+            toks.extend(r.chunk_tokens)
+    t = np.asarray(times, dtype=float)
+    k = np.asarray(toks, dtype=float)
+    keep = np.isfinite(t) & np.isfinite(k) & (k > 0)
+    return t[keep], k[keep]
+
+
+def _cv(values: Sequence[float]) -> float | None:
+    arr = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
+    if arr.size < 2 or arr.mean() <= 0:
+        return None
+    return float(arr.std(ddof=1) / arr.mean())
+
+
+def _pick_snapshots(
+    run: RunResult, window: tuple[float, float] | None
+) -> tuple[ServerSnapshot, ServerSnapshot, list[ServerSnapshot]] | None:
+    snaps = sorted(run.snapshots, key=lambda s: s.taken_at)
+    if len(snaps) < 2:
+        return None
+    if window is None:
+        return snaps[0], snaps[-1], snaps
+    t0, t1 = window
+    at = [s.taken_at - run.started_at for s in snaps]
+    before = max((i for i, a in enumerate(at) if a <= t0), default=0)
+    after = min((i for i, a in enumerate(at) if a >= t1), default=len(snaps) - 1)
+    if after <= before:
+        return None
+    inside = [s for s, a in zip(snaps, at, strict=True) if t0 <= a <= t1]
+    return snaps[before], snaps[after], inside
+
+
+def measure(
+    run: RunResult,
+    *,
+    slo: Slo | None = None,
+    warmup_s: float | None = None,
+    server_before: ServerSnapshot | None = None,
+    server_after: ServerSnapshot | None = None,
+    warmup_fraction: float = WARMUP_FRACTION,
+    subwindows: int = SUBWINDOWS,
+) -> Measurement:
+    """Measure one run over its steady-state window (see ``docs/measurement.md``).
+
+    Throughput counts the tokens of successful requests by chunk arrival time inside the
+    window; requests/s is that token rate over the mean output length; goodput scales it
+    by the share of requests that met ``slo``. Latency percentiles are over the successful
+    requests sent inside the window (all successful ones when none was). Server figures
+    come from ``server_before``/``server_after`` when given, else from the run's
+    ``/metrics`` samples that bracket the window.
+    """
+    if not 0.0 <= warmup_fraction < 1.0:
+        raise LoadgenError(f"warmup_fraction is {warmup_fraction}; it must be in [0, 1)")
+    recs = run.records
+    n = len(recs)
+    failed = [r for r in recs if not r.ok]
+    errors = dict(Counter(r.error or "unknown" for r in failed))
+    ok = [r for r in recs if r.ok and _finite(r.send_s)]
+    total_tokens = int(sum(r.output_tokens for r in recs if r.output_tokens > 0))
+
+    window = _window(run, warmup_s, warmup_fraction)
+    rule: Literal["steady", "whole_run", "none"] = "steady"
+    times, toks = _token_arrays(ok)
+    if window is not None and not np.any((times >= window[0]) & (times < window[1])):
+        window = None
+    if window is None and times.size:
+        lo, hi = float(times.min()), float(times.max())
+        ends = [r.end_s for r in ok if r.end_s is not None and _finite(r.end_s)]
+        hi = max([hi, *ends])
+        if hi > lo:
+            window, rule = (lo, hi), "whole_run"
+    if window is None:
+        rule = "none"
+
+    tok_rate: float | None = None
+    cv: float | None = None
+    if window is not None:
+        t0, t1 = window
+        inside = (times >= t0) & (times < t1) if rule == "steady" else (times >= t0) & (times <= t1)
+        tok_rate = float(toks[inside].sum() / (t1 - t0))
+        k = max(1, subwindows)
+        if k >= 2:
+            sums, _ = np.histogram(times[inside], bins=np.linspace(t0, t1, k + 1), weights=toks[inside])
+            cv = _cv(list(sums / ((t1 - t0) / k)))
+
+    lat_set = ok
+    if window is not None and rule == "steady":
+        started = [r for r in ok if window[0] <= r.send_s < window[1]]
+        lat_set = started or ok
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    e2es: list[float] = []
+    itls: list[float] = []
+    met = 0
+    for r in lat_set:
+        ttft, tpot, e2e, gaps = _latencies(r)
+        if ttft is not None:
+            ttfts.append(ttft)
+        if tpot is not None:
+            tpots.append(tpot)
+        if e2e is not None:
+            e2es.append(e2e)
+        itls.extend(gaps)
+        if slo is None or slo.met_by(ttft, tpot, e2e):
+            met += 1
+
+    rps: float | None = None
+    goodput: float | None = None
+    mean_out = float(np.mean([r.output_tokens for r in lat_set])) if lat_set else 0.0
+    if tok_rate is not None and mean_out > 0:
+        rps = tok_rate / mean_out
+        goodput = rps * met / len(lat_set)
+
+    server: dict[str, float] = {}
+    if server_before is not None and server_after is not None:
+        server = server_figures(server_before, server_after)
+    else:
+        picked = _pick_snapshots(run, window)
+        if picked is not None:
+            server = server_figures(*picked)
+
+    return Measurement(
+        output_tokens_per_s=tok_rate,
+        requests_per_s=rps,
+        goodput_rps=goodput,
+        error_rate=len(failed) / n if n else None,
+        n_requests=n,
+        n_ok=n - len(failed),
+        n_errors=len(failed),
+        errors=errors,
+        window_s=(window[1] - window[0]) if window is not None else None,
+        window_start_s=window[0] if window is not None else None,
+        window_end_s=window[1] if window is not None else None,
+        window_rule=rule,
+        n_latency=len(lat_set),
+        ttft_s=Percentiles.of(ttfts),
+        tpot_s=Percentiles.of(tpots),
+        itl_s=Percentiles.of(itls),
+        e2e_s=Percentiles.of(e2es),
+        cv=cv,
+        cv_kind="subwindows" if cv is not None else None,
+        repeats=1,
+        repeat_tokens_per_s=(tok_rate,) if tok_rate is not None else (),
+        total_output_tokens=total_tokens,
+        server=server,
+    )
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.median(vals)) if vals else None
+
+
+def combine(measurements: Sequence[Measurement]) -> Measurement:
+    """Combine repeats: median throughputs and percentiles, CV across repeats, pooled errors."""
+    ms = list(measurements)
+    if not ms:
+        raise LoadgenError("combine() needs at least one measurement; got none")
+    if len(ms) == 1:
+        return ms[0]
+    per_repeat = [v for m in ms for v in (m.repeat_tokens_per_s or ())]
+    errors: Counter[str] = Counter()
+    for m in ms:
+        errors.update(m.errors)
+    n = sum(m.n_requests for m in ms)
+    n_err = sum(m.n_errors for m in ms)
+
+    def pct(name: str) -> Percentiles:
+        ps: list[Percentiles] = [getattr(m, name) for m in ms]
+        return Percentiles(
+            mean=_median(p.mean for p in ps),
+            p50=_median(p.p50 for p in ps),
+            p90=_median(p.p90 for p in ps),
+            p99=_median(p.p99 for p in ps),
+        )
+
+    keys = sorted({k for m in ms for k in m.server})
+    cv = _cv(per_repeat)
+    windows = [m.window_s for m in ms if m.window_s is not None]
+    return Measurement(
+        output_tokens_per_s=_median(m.output_tokens_per_s for m in ms),
+        requests_per_s=_median(m.requests_per_s for m in ms),
+        goodput_rps=_median(m.goodput_rps for m in ms),
+        error_rate=n_err / n if n else None,
+        n_requests=n,
+        n_ok=sum(m.n_ok for m in ms),
+        n_errors=n_err,
+        errors=dict(errors),
+        window_s=sum(windows) if windows else None,
+        window_rule="repeats",
+        n_latency=sum(m.n_latency for m in ms),
+        ttft_s=pct("ttft_s"),
+        tpot_s=pct("tpot_s"),
+        itl_s=pct("itl_s"),
+        e2e_s=pct("e2e_s"),
+        cv=cv,
+        cv_kind="repeats" if cv is not None else None,
+        repeats=sum(m.repeats for m in ms),
+        repeat_tokens_per_s=tuple(per_repeat),
+        total_output_tokens=sum(m.total_output_tokens for m in ms),
+        server={
+            k: v
+            for k in keys
+            if (v := _median(m.server.get(k) for m in ms)) is not None  # type: ignore[misc]
+        },
+    )

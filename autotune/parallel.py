@@ -1,0 +1,195 @@
+"""Ray: run trials as tasks, one per GPU slot (one at a time on a CPU-only machine).
+
+The driver asks and tells Optuna; workers only run :func:`autotune.trial.run_trial` and
+return a :class:`TrialOutcome`. A worker that dies (or a node that goes away) becomes a
+failed outcome with reason ``worker_died``; it never loses the study.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from autotune.errors import AutotuneError
+from autotune.trial import TrialOutcome, TrialSpec, run_trial
+
+__all__ = ["Executor", "RayExecutor", "InlineExecutor"]
+
+logger = logging.getLogger(__name__)
+
+
+class Executor(Protocol):
+    """Runs trials. Contract: ``slots`` trials may be in flight; ``submit`` returns a handle;
+    ``wait`` blocks until at least one in-flight trial finished and returns those outcomes
+    (failed workers come back as failed outcomes, never as exceptions); ``cancel_all``
+    stops what is in flight; ``shutdown`` releases resources and never raises."""
+
+    slots: int
+
+    def submit(self, spec: TrialSpec) -> Any: ...
+
+    def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]: ...
+
+    def in_flight(self) -> int: ...
+
+    def cancel_all(self) -> list[int]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class InlineExecutor:
+    """Runs each trial in this process (for debugging: ``--no-ray``); one slot."""
+
+    slots = 1
+
+    def __init__(self, fn: Callable[[TrialSpec], TrialOutcome] = run_trial) -> None:
+        self._fn = fn
+        self._pending: list[TrialSpec] = []
+
+    def submit(self, spec: TrialSpec) -> TrialSpec:
+        self._pending.append(spec)
+        return spec
+
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]:
+        out = [self._fn(s) for s in self._pending]
+        self._pending.clear()
+        return out
+
+    def cancel_all(self) -> list[int]:
+        numbers = [s.number for s in self._pending]
+        self._pending.clear()
+        return numbers
+
+    def shutdown(self) -> None:
+        pass
+
+
+@dataclass
+class _Flight:
+    spec: TrialSpec
+    ref: Any
+
+
+class RayExecutor:
+    """Trials as Ray tasks on a local Ray (default) or a cluster (``address``).
+
+    ``gpus_per_trial`` GPUs are reserved for each trial (Ray sets ``CUDA_VISIBLE_DEVICES``
+    in the worker, which the vLLM server inherits); with no GPUs, ``cpus_per_trial`` CPUs.
+    ``slots`` (in-flight trials) defaults to the cluster's GPUs // gpus_per_trial, or 1
+    when there are no GPUs: a CPU server and its load generator already fill a machine.
+    """
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        gpus_per_trial: int = 0,
+        cpus_per_trial: float = 1.0,
+        slots: int | None = None,
+        fn: Callable[[TrialSpec], TrialOutcome] = run_trial,
+    ) -> None:
+        try:
+            import ray
+        except ImportError as exc:  # pragma: no cover - ray is a core dependency
+            raise AutotuneError("Ray is not installed; pip install 'ray'") from exc
+        self._ray = ray
+        self._owns_ray = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {
+                "include_dashboard": False,
+                "logging_level": logging.WARNING,
+                "log_to_driver": False,
+                "configure_logging": False,
+            }
+            if address:
+                kwargs["address"] = address
+            else:
+                # A local Ray sized to this machine; workers inherit our environment.
+                kwargs["num_cpus"] = max(2, os.cpu_count() or 2)
+                kwargs["runtime_env"] = {"env_vars": {"RAY_DEDUP_LOGS": "0"}}
+            try:
+                ray.init(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - wrap Ray's many failure types
+                where = f"the Ray cluster at {address}" if address else "a local Ray"
+                raise AutotuneError(
+                    f"cannot start or join {where}: {type(exc).__name__}: {exc}; check "
+                    "--ray-address (host:port of 'ray start --head'), or omit it for a local Ray"
+                ) from exc
+            self._owns_ray = True
+        resources = ray.cluster_resources()
+        total_gpus = int(resources.get("GPU", 0))
+        if gpus_per_trial > total_gpus:
+            raise AutotuneError(
+                f"a trial needs {gpus_per_trial} GPU(s) but the Ray cluster has {total_gpus}; "
+                "lower --gpus-per-trial or add GPU nodes"
+            )
+        if slots is None:
+            slots = max(1, total_gpus // gpus_per_trial) if gpus_per_trial else 1
+        self.slots = slots
+        self.gpus_per_trial = gpus_per_trial
+        self._remote = ray.remote(fn).options(  # type: ignore[call-overload]
+            num_gpus=gpus_per_trial,
+            num_cpus=0 if gpus_per_trial else cpus_per_trial,
+            max_retries=0,
+        )
+        self._flights: list[_Flight] = []
+        logger.info("Ray: %s, %d trial slot(s)", resources, slots)
+
+    def nodes(self) -> int:
+        return sum(1 for n in self._ray.nodes() if n.get("Alive"))
+
+    def submit(self, spec: TrialSpec) -> Any:
+        ref = self._remote.remote(spec)
+        self._flights.append(_Flight(spec, ref))
+        return ref
+
+    def in_flight(self) -> int:
+        return len(self._flights)
+
+    def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]:
+        if not self._flights:
+            return []
+        refs = [f.ref for f in self._flights]
+        ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout_s)
+        done: list[TrialOutcome] = []
+        for ref in ready:
+            flight = next(f for f in self._flights if f.ref == ref)
+            self._flights.remove(flight)
+            try:
+                done.append(self._ray.get(ref))
+            except Exception as exc:  # noqa: BLE001 - a dead worker is a failed trial, not a crash
+                logger.warning("trial %d: worker failed: %s", flight.spec.number, exc)
+                done.append(
+                    TrialOutcome(
+                        number=flight.spec.number, ok=False, reason="worker_died",
+                        message=f"the Ray worker running this trial failed: "
+                                f"{type(exc).__name__}: {str(exc)[:2000]}",
+                    )
+                )  # fmt: skip
+        return done
+
+    def cancel_all(self) -> list[int]:
+        numbers = []
+        for f in self._flights:
+            try:
+                self._ray.cancel(f.ref, force=True)
+            except Exception as exc:  # noqa: BLE001 - keep cancelling the others
+                logger.warning("cancelling trial %d: %s", f.spec.number, exc)
+            numbers.append(f.spec.number)
+        self._flights.clear()
+        return numbers
+
+    def shutdown(self) -> None:
+        if self._flights:
+            self.cancel_all()
+        if self._owns_ray:
+            try:
+                self._ray.shutdown()
+            except Exception as exc:  # noqa: BLE001 - shutdown never raises
+                logger.warning("Ray shutdown: %s", exc)

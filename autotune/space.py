@@ -1,0 +1,468 @@
+"""Search spaces: YAML -> Optuna distributions, conditions, rules and engine argv.
+
+A space file declares knobs (each maps to a ``vllm serve`` flag, a key of a JSON flag such
+as ``--speculative-config``, or an environment variable), conditions (a knob that exists
+only when others have some values) and rules (combinations vLLM rejects), so an invalid
+sample never costs a server start. See ``docs/search-spaces.md`` and ``search_spaces/``.
+
+Expressions in ``when``/``rules``/``derive`` are a small, safe subset of Python:
+comparisons, ``and``/``or``/``not``, ``in``, arithmetic, ``min``/``max``, knob names and
+the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp`` (model facts) and
+``gpu_arch`` (e.g. "sm90"). A knob that is inactive (its condition is false) has the value
+``None`` in expressions.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autotune.errors import SpaceError
+
+__all__ = [
+    "Knob",
+    "Rule",
+    "SearchSpace",
+    "LaunchSpec",
+    "load_space",
+    "ModelFacts",
+]
+
+_FACTS = ("device", "hybrid", "mtp", "gpu_arch")
+
+
+class ModelFacts(BaseModel):
+    """What the space's conditions may ask about the model and the machine."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    hybrid: bool = False
+    mtp: bool = False
+    gpu_arch: str = ""
+
+    @classmethod
+    def from_model_dir(cls, model: str | Path, *, device: str, gpu_arch: str = "") -> ModelFacts:
+        cfg_path = Path(model) / "config.json"
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except FileNotFoundError:
+            raise SpaceError(
+                f"{cfg_path} not found: --model must be a local model directory with a "
+                "config.json (make one with 'autotune model tiny DIR')"
+            ) from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpaceError(f"{cfg_path} cannot be read as JSON: {exc}") from exc
+        model_type = str(cfg.get("model_type", ""))
+        pattern = str(cfg.get("hybrid_override_pattern", ""))
+        hybrid = "M" in pattern or model_type in {"nemotron_h", "mamba2", "bamba", "jamba",
+                                                  "falcon_h1", "granitemoehybrid", "qwen3_next"}
+        mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0) > 0
+        return cls(device=device, hybrid=hybrid, mtp=mtp, gpu_arch=gpu_arch)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Safe expressions
+
+
+_BINOPS: dict[type[ast.AST], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}  # fmt: skip
+_CMPOPS: dict[type[ast.AST], Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_, ast.IsNot: operator.is_not,
+}  # fmt: skip
+_FUNCS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "int": int, "abs": abs}
+
+
+class _Expr:
+    """A parsed, validated expression over knob values and model facts."""
+
+    def __init__(self, source: str, names: set[str], where: str) -> None:
+        self.source = source
+        try:
+            self._tree = ast.parse(source, mode="eval")
+        except SyntaxError as exc:
+            raise SpaceError(f"{where}: cannot parse expression {source!r}: {exc.msg}") from None
+        for node in ast.walk(self._tree):
+            if isinstance(node, ast.Name) and node.id not in names and node.id not in _FUNCS:
+                known = ", ".join(sorted(names))
+                raise SpaceError(
+                    f"{where}: expression {source!r} names {node.id!r}, which is neither a "
+                    f"knob nor a fact; known names: {known}"
+                )
+            if not isinstance(
+                node,
+                (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub,
+                 ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant, ast.List, ast.Tuple,
+                 ast.Call, ast.IfExp, *_BINOPS, *_CMPOPS),
+            ):  # fmt: skip
+                raise SpaceError(
+                    f"{where}: {type(node).__name__} is not allowed in expression {source!r}"
+                )
+        self.names = {n.id for n in ast.walk(self._tree) if isinstance(n, ast.Name)} - set(_FUNCS)
+
+    def __call__(self, env: Mapping[str, Any]) -> Any:
+        try:
+            return self._eval(self._tree.body, env)
+        except TypeError:
+            # Comparing an inactive knob (None) with a number: the rule does not apply.
+            return None
+
+    def _eval(self, node: ast.AST, env: Mapping[str, Any]) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return env.get(node.id)
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [self._eval(e, env) for e in node.elts]
+        if isinstance(node, ast.BoolOp):
+            vals = (self._eval(v, env) for v in node.values)
+            return all(vals) if isinstance(node.op, ast.And) else any(vals)
+        if isinstance(node, ast.UnaryOp):
+            v = self._eval(node.operand, env)
+            return (not v) if isinstance(node.op, ast.Not) else -v
+        if isinstance(node, ast.BinOp):
+            return _BINOPS[type(node.op)](self._eval(node.left, env), self._eval(node.right, env))
+        if isinstance(node, ast.Compare):
+            left = self._eval(node.left, env)
+            for op, comp in zip(node.ops, node.comparators, strict=True):
+                right = self._eval(comp, env)
+                if not _CMPOPS[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.IfExp):
+            chosen = node.body if self._eval(node.test, env) else node.orelse
+            return self._eval(chosen, env)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            return _FUNCS[node.func.id](*(self._eval(a, env) for a in node.args))
+        raise SpaceError(f"unsupported expression {self.source!r}")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------------
+# The YAML model
+
+
+class Knob(BaseModel):
+    """One searchable engine setting."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = ""
+    type: Literal["int", "float", "categorical", "bool"]
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: list[Any] | None = None
+    # Where the value goes (exactly one of flag / json / env, or derive-only):
+    flag: str | None = None  # "--max-num-seqs"; bools become --x / --no-x
+    json_flag: str | None = Field(default=None, alias="json")  # "--speculative-config.num_speculative_tokens"
+    env: str | None = None  # "OMP_NUM_THREADS"
+    omit_when: Any = None  # value that means "leave the flag out" (e.g. MTP depth 0 = off)
+    when: str | None = None  # condition for the knob to exist
+    default: Any = None  # vLLM's own default (the baseline trial uses it; None = unknown)
+    lossy: bool = False  # changes outputs (quality probe)
+    help: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> Knob:
+        targets = [t for t in (self.flag, self.json_flag, self.env) if t]
+        if len(targets) != 1:
+            raise ValueError("give exactly one of 'flag', 'json' or 'env'")
+        if self.flag and not self.flag.startswith("-"):
+            raise ValueError(f"flag {self.flag!r} must start with '-'")
+        if self.json_flag and "." not in self.json_flag:
+            raise ValueError(
+                f"json {self.json_flag!r} must be FLAG.KEY, e.g. --speculative-config.method"
+            )
+        if self.type in ("int", "float"):
+            if self.low is None or self.high is None:
+                raise ValueError(f"a {self.type} knob needs 'low' and 'high'")
+            if not (math.isfinite(self.low) and math.isfinite(self.high)):
+                raise ValueError("'low' and 'high' must be finite numbers")
+            if self.low > self.high:
+                raise ValueError(f"low ({self.low:g}) is above high ({self.high:g})")
+            if self.log and self.low <= 0:
+                raise ValueError(f"a log-scale knob needs low > 0, got {self.low:g}")
+            if self.choices is not None:
+                raise ValueError("'choices' belongs to categorical knobs")
+        elif self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical knob needs a non-empty 'choices' list")
+            if len({json.dumps(c) for c in self.choices}) != len(self.choices):
+                raise ValueError(f"'choices' has duplicates: {self.choices}")
+        if self.default is not None and not self.contains(self.default):
+            raise ValueError(f"default {self.default!r} is outside the knob's values")
+        return self
+
+    def contains(self, value: Any) -> bool:
+        if self.type == "bool":
+            return isinstance(value, bool)
+        if self.type == "categorical":
+            return value in (self.choices or [])
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return float(self.low) <= float(value) <= float(self.high)  # type: ignore[arg-type]
+
+    def distribution(self) -> Any:
+        import optuna.distributions as d
+
+        if self.type == "bool":
+            return d.CategoricalDistribution([False, True])
+        if self.type == "categorical":
+            return d.CategoricalDistribution(list(self.choices or []))
+        if self.type == "int":
+            return d.IntDistribution(int(self.low), int(self.high), log=self.log,  # type: ignore[arg-type]
+                                     step=int(self.step or 1))
+        return d.FloatDistribution(float(self.low), float(self.high), log=self.log,  # type: ignore[arg-type]
+                                   step=self.step)
+
+
+class Rule(BaseModel):
+    """A combination vLLM rejects: ``when`` true means the sample is invalid."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    when: str
+    reason: str
+
+
+class LaunchSpec(BaseModel):
+    """Engine flags and environment for one configuration."""
+
+    model_config = ConfigDict(frozen=True)
+
+    flags: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class _SpaceFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    fixed_flags: list[str] = Field(default_factory=list)
+    fixed_env: dict[str, str] = Field(default_factory=dict)
+    fixed_json: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    knobs: dict[str, Knob]
+    rules: list[Rule] = Field(default_factory=list)
+    # "--flag" or "--json-flag.key" -> expression; None leaves the flag out. Applied to every
+    # trial, the baseline included.
+    derive: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("knobs")
+    @classmethod
+    def _non_empty(cls, v: dict[str, Knob]) -> dict[str, Knob]:
+        if not v:
+            raise ValueError("a space needs at least one knob")
+        return v
+
+
+class SearchSpace:
+    """A validated search space bound to the model facts it is used with."""
+
+    def __init__(self, spec: _SpaceFile, *, facts: ModelFacts | None = None, source: str = "") -> None:
+        self.name = spec.name
+        self.description = spec.description
+        self.source = source
+        self.facts = facts or ModelFacts()
+        self._spec = spec
+        self.knobs: dict[str, Knob] = {
+            k: v.model_copy(update={"name": k}) for k, v in spec.knobs.items()
+        }
+        names = set(self.knobs) | set(_FACTS)
+        where = source or spec.name
+        self._when = {
+            k: _Expr(v.when, names, f"{where}: knob {k!r} 'when'")
+            for k, v in self.knobs.items()
+            if v.when
+        }
+        self._rules = [
+            (_Expr(r.when, names, f"{where}: rule {r.reason!r}"), r.reason) for r in spec.rules
+        ]
+        self._derive = {
+            target: _Expr(expr, names, f"{where}: derive {target!r}")
+            for target, expr in spec.derive.items()
+        }
+        for k, e in self._when.items():
+            if k in e.names:
+                raise SpaceError(f"{where}: knob {k!r} has a condition on itself")
+
+    # -- facts ------------------------------------------------------------------------------
+    def _env(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        env: dict[str, Any] = {k: None for k in self.knobs}
+        env.update(self.facts.model_dump())
+        env.update(params)
+        return env
+
+    def is_active(self, knob: str, params: Mapping[str, Any]) -> bool:
+        cond = self._when.get(knob)
+        return True if cond is None else bool(cond(self._env(params)))
+
+    # -- sampling ---------------------------------------------------------------------------
+    def suggest(self, trial: Any, *, baseline: bool = False) -> dict[str, Any]:
+        """Sample a config with an Optuna trial (define-by-run, conditions respected).
+
+        With ``baseline=True`` only knobs with a known vLLM ``default`` are set (to it), so the
+        trial stands for vLLM's defaults.
+        """
+        params: dict[str, Any] = {}
+        for name, knob in self.knobs.items():  # YAML order: conditions name earlier knobs
+            if not self.is_active(name, params):
+                continue
+            if baseline and knob.default is None:
+                continue
+            if knob.type in ("bool", "categorical"):
+                params[name] = trial.suggest_categorical(
+                    name, [False, True] if knob.type == "bool" else list(knob.choices or [])
+                )
+            elif knob.type == "int":
+                params[name] = trial.suggest_int(
+                    name, int(knob.low), int(knob.high), log=knob.log,  # type: ignore[arg-type]
+                    step=int(knob.step or 1),
+                )
+            else:
+                params[name] = trial.suggest_float(
+                    name, float(knob.low), float(knob.high), log=knob.log, step=knob.step  # type: ignore[arg-type]
+                )
+        return params
+
+    def baseline_params(self) -> dict[str, Any]:
+        """Knob values of vLLM's defaults (for enqueueing the baseline trial)."""
+        params: dict[str, Any] = {}
+        for name, knob in self.knobs.items():
+            if knob.default is not None and self.is_active(name, params):
+                params[name] = knob.default
+        return params
+
+    def violations(self, params: Mapping[str, Any]) -> list[str]:
+        """Reasons this config would be rejected by vLLM (empty when valid)."""
+        out: list[str] = []
+        env = self._env(params)
+        for name, value in params.items():
+            knob = self.knobs.get(name)
+            if knob is None:
+                out.append(f"unknown knob {name!r}")
+            elif not knob.contains(value):
+                out.append(f"{name}={value!r} is outside the knob's values")
+        for expr, reason in self._rules:
+            if expr(env) is True:
+                out.append(reason)
+        return out
+
+    def lossy_knobs(self, params: Mapping[str, Any]) -> list[str]:
+        """Lossy knobs set to something other than their reference default."""
+        return [
+            k for k, v in params.items()
+            if k in self.knobs and self.knobs[k].lossy and v != self.knobs[k].default
+        ]  # fmt: skip
+
+    # -- launch -----------------------------------------------------------------------------
+    def launch_spec(self, params: Mapping[str, Any], *, baseline: bool = False) -> LaunchSpec:
+        """Engine flags and environment for ``params`` (fixed flags included).
+
+        The baseline passes only the fixed flags: it measures vLLM's own defaults.
+        """
+        flags: list[str] = list(self._spec.fixed_flags)
+        env: dict[str, str] = dict(self._spec.fixed_env)
+        json_args: dict[str, dict[str, Any]] = {}
+        values: dict[str, Any] = {} if baseline else dict(params)
+        for name, value in values.items():
+            knob = self.knobs[name]
+            if value is None or (knob.omit_when is not None and value == knob.omit_when):
+                continue
+            if knob.flag:
+                flags.extend(_flag_args(knob.flag, value))
+            elif knob.env:
+                env[knob.env] = _scalar(value)
+            elif knob.json_flag:
+                flag, key = knob.json_flag.split(".", 1)
+                json_args.setdefault(flag, {})[key] = value
+        # Derived flags apply to every trial, the baseline included: they encode what the
+        # engine needs whatever the sample (e.g. a workaround for a known engine bug).
+        env_vals = self._env(values)
+        for target, expr in self._derive.items():
+            value = expr(env_vals)
+            if value is None:
+                continue
+            head = target.split(".", 1)[0]
+            if "." in target and target.startswith("--") and (
+                head in json_args or head in self._spec.fixed_json
+            ):
+                json_args.setdefault(head, {})[target.split(".", 1)[1]] = value
+            else:
+                flags.extend(_flag_args(target, value))
+        for flag, base in self._spec.fixed_json.items():
+            if flag in json_args:  # a JSON flag is passed only when some knob turned it on
+                json_args[flag] = {**base, **json_args[flag]}
+        for flag, obj in json_args.items():
+            flags.extend([flag, json.dumps(obj, sort_keys=True, separators=(",", ":"))])
+        return LaunchSpec(flags=tuple(flags), env=env)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One row per knob: name, values, target, condition, lossy (for --help / docs)."""
+        rows = []
+        for k in self.knobs.values():
+            values = (
+                k.choices if k.type == "categorical"
+                else [False, True] if k.type == "bool"
+                else f"{k.low:g}..{k.high:g}{' (log)' if k.log else ''}"
+            )  # fmt: skip
+            rows.append({"knob": k.name, "values": values,
+                         "target": k.flag or k.json_flag or f"env {k.env}",
+                         "when": k.when or "", "lossy": k.lossy, "default": k.default})
+        return rows
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _flag_args(flag: str, value: Any) -> list[str]:
+    if isinstance(value, bool):
+        if flag.startswith("--"):
+            return [flag] if value else ["--no-" + flag[2:]]
+        return [flag] if value else []
+    if flag.startswith("-O") and not flag.startswith("--"):
+        return [f"{flag}{_scalar(value)}"]
+    return [flag, _scalar(value)]
+
+
+def load_space(path: str | Path, *, facts: ModelFacts | None = None) -> SearchSpace:
+    """Read and validate a search-space YAML file (raises :class:`SpaceError`)."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpaceError(
+            f"search space {p} not found; pick one of search_spaces/*.yaml"
+        ) from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpaceError(f"search space {p} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise SpaceError(f"search space {p} must be a YAML mapping with 'name' and 'knobs'")
+    try:
+        spec = _SpaceFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise SpaceError(f"search space {p} is invalid: {problems}") from None
+    return SearchSpace(spec, facts=facts, source=str(p))

@@ -1,0 +1,677 @@
+"""The study: create or resume it, drive ask/tell over an executor, pick and record the best.
+
+Optuna's storage is the source of truth. How trials are stored:
+
+* a measured trial is ``COMPLETE`` with the objective as its value and constraint values
+  (SLO and error-rate violations; > 0 means infeasible) that the sampler learns from;
+* a trial whose server failed (invalid flags, out of memory, crash, start timeout, ...) or
+  whose sample broke a rule of the space is ``PRUNED`` with a constraint violation of 1 and
+  the reason in ``user_attrs["autotune.reason"]``: the TPE sampler treats it as an
+  infeasible point and learns to avoid the region; it is never scored as throughput 0;
+* a trial that was running when the tuner died is ``FAIL`` with reason ``tuner_died``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from autotune.config import DEFAULT_OUT_ROOT, SLO_KEYS, TuneSettings
+from autotune.engine import FailureReason, detect_engine, serve_command
+from autotune.errors import AutotuneError, StudyError
+from autotune.space import ModelFacts, SearchSpace, load_space
+from autotune.trial import TrialOutcome, TrialSpec
+
+__all__ = [
+    "TuneResult",
+    "StudyEvent",
+    "tune",
+    "open_storage",
+    "objective_metric",
+    "A",
+    "write_json_atomic",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class A:
+    """Names of the user attributes autotune sets on Optuna trials and studies."""
+
+    STATE = "autotune.state"  # "ok" | "failed" | "infeasible"
+    REASON = "autotune.reason"
+    MESSAGE = "autotune.message"
+    BASELINE = "autotune.baseline"
+    FLAGS = "autotune.flags"
+    ENV = "autotune.env"
+    METRICS = "autotune.metrics"
+    CONSTRAINTS = "autotune.constraints"
+    WALL_S = "autotune.wall_s"
+    START_S = "autotune.start_s"
+    LOG = "autotune.log_path"
+    MLFLOW_RUN = "autotune.mlflow_run_id"
+    # study attributes
+    MODEL = "autotune.model"
+    SHAPE = "autotune.shape_fingerprint"
+    SHAPE_PATH = "autotune.shape_path"
+    SPACE = "autotune.space"
+    SPACE_PATH = "autotune.space_path"
+    ENGINE = "autotune.engine_version"
+    SETTINGS = "autotune.settings"
+    MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
+
+
+_N_CONSTRAINTS = 3  # [failed or rejected, SLO violation, error-rate violation]
+
+
+def _constraints(trial: Any) -> list[float]:
+    """Constraint values of a finished trial (> 0 = violated)."""
+    return [float(v) for v in getattr(trial, "constraints", {}).values()] or list(
+        trial.user_attrs.get(A.CONSTRAINTS, [0.0] * _N_CONSTRAINTS)
+    )
+
+
+def _set_constraints(trial: Any, *, failed: float, slo: float, errors: float) -> None:
+    """Record constraint values (Optuna's samplers treat any value > 0 as infeasible)."""
+    values = {"failed": failed, "slo": slo, "errors": errors}
+    for key, value in values.items():
+        trial.set_constraint(key, float(value))
+    trial.set_user_attr(A.CONSTRAINTS, list(values.values()))
+
+
+def objective_metric(objective: str) -> str:
+    return {"throughput": "output_tokens_per_s", "goodput": "goodput_rps"}[objective]
+
+
+@dataclass
+class StudyEvent:
+    """Progress of a study, for displays: ``kind`` in study_started, trial_started,
+    trial_finished, study_finished."""
+
+    kind: str
+    study_name: str
+    done: int
+    total: int
+    running: int
+    best_value: float | None = None
+    best_number: int | None = None
+    baseline_value: float | None = None
+    elapsed_s: float = 0.0
+    eta_s: float | None = None
+    trial_number: int | None = None
+    trial_ok: bool | None = None
+    trial_value: float | None = None
+    trial_reason: str | None = None
+    trial_params: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+
+@dataclass
+class TuneResult:
+    """The outcome of :func:`tune`."""
+
+    study_name: str
+    storage: str
+    out_dir: Path
+    best: dict[str, Any] | None  # the content of best.json (None when no trial succeeded)
+    n_trials: int
+    n_ok: int
+    n_failed: int
+    tracking_uri: str
+    failures_by_reason: dict[str, int]
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON via a temp file and ``os.replace`` so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def open_storage(url: str) -> Any:
+    """An Optuna RDB storage; SQLite files get their folder and a generous lock timeout."""
+    import optuna
+
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    try:
+        return optuna.storages.RDBStorage(url, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - one clear error for any storage failure
+        raise StudyError(
+            f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}; use sqlite:///PATH or a "
+            "reachable database URL"
+        ) from exc
+
+
+def _make_sampler(settings: TuneSettings) -> Any:
+    import optuna
+
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=settings.seed)
+    import warnings
+
+    n_startup = max(3, min(10, settings.trials // 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # Constraints come from trial.set_constraint(); TPE ranks infeasible trials last.
+        return optuna.samplers.TPESampler(
+            seed=settings.seed,
+            n_startup_trials=n_startup,
+            multivariate=True,
+            group=True,  # conditional knobs (e.g. stochastic rounding only with float16)
+            constant_liar=True,  # parallel trials do not all sample the same point
+        )
+
+
+def _default_study_name(space: SearchSpace, shape: Any) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{space.name}-{shape.name}-{stamp}".replace(" ", "_")
+
+
+def _latest_study(storage: Any) -> str | None:
+    import optuna
+
+    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+    summaries = [s for s in summaries if s.datetime_start is not None]
+    if not summaries:
+        return None
+    return max(summaries, key=lambda s: s.datetime_start).study_name
+
+
+def _gpu_type() -> str:
+    try:
+        import subprocess
+
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+        names = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+        return names[0] if names else "cpu"
+    except (OSError, Exception):  # noqa: BLE001
+        return "cpu"
+
+
+def tune(
+    settings: TuneSettings,
+    *,
+    executor: Any = None,
+    tracker: Any = None,
+    sampler: Any = None,
+    on_event: Callable[[StudyEvent], None] | None = None,
+) -> TuneResult:
+    """Run (or resume) a study as ``settings`` say and return its result.
+
+    ``executor`` (default: a :class:`~autotune.parallel.RayExecutor`), ``tracker`` (default:
+    an :class:`~autotune.tracking.MlflowTracker`) and ``sampler`` (default: TPE with
+    constraints) can be injected. Raises :class:`AutotuneError` subclasses for bad input;
+    failures of trials are recorded, never raised.
+    """
+    import optuna
+
+    from autotune.traffic import load_shape
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    t_start = time.monotonic()
+    emit = on_event or (lambda e: None)
+
+    # -- inputs (fail before any server starts) ---------------------------------------------
+    model = settings.model.resolve()
+    if not (model / "config.json").exists():
+        raise AutotuneError(
+            f"--model {settings.model}: no config.json there; point it at a local model "
+            "directory (make a tiny one with 'autotune model tiny models/tiny')"
+        )
+    shape = load_shape(settings.shape)
+    info = detect_engine()
+    facts = ModelFacts.from_model_dir(model, device=info.device)
+    space = load_space(settings.space, facts=facts)
+    gpus_per_trial = settings.gpus_per_trial
+    if gpus_per_trial is None:
+        gpus_per_trial = 1 if info.device == "cuda" else 0
+
+    storage = open_storage(settings.storage)
+    study_name = settings.study_name
+    if settings.resume and study_name is None:
+        study_name = _latest_study(storage)
+        if study_name is None:
+            raise StudyError(f"--resume: no study in {settings.storage} to resume")
+    if study_name is None:
+        study_name = _default_study_name(space, shape)
+    existing = {s.study_name for s in optuna.get_all_study_summaries(storage, False)}
+    if study_name in existing and not settings.resume:
+        raise StudyError(
+            f"study {study_name!r} already exists in {settings.storage}; pass --resume to "
+            "continue it, or choose another --study-name"
+        )
+    if settings.resume and study_name not in existing:
+        raise StudyError(
+            f"--resume: study {study_name!r} is not in {settings.storage}; "
+            f"known studies: {', '.join(sorted(existing)) or 'none'}"
+        )
+    out_dir = (settings.out or DEFAULT_OUT_ROOT / study_name).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    tracking_uri = settings.tracking_uri or _default_tracking(settings)
+    cache_dir = (settings.cache_dir or Path.home() / ".cache" / "autotune").expanduser()
+
+    sampler = sampler or _make_sampler(settings)
+    try:
+        study = optuna.create_study(
+            storage=storage, study_name=study_name, direction="maximize", sampler=sampler,
+            load_if_exists=settings.resume,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        raise StudyError(f"cannot create or load study {study_name!r}: {exc}") from exc
+
+    if settings.resume:
+        prev_shape = study.user_attrs.get(A.SHAPE)
+        if prev_shape and prev_shape != shape.fingerprint:
+            raise StudyError(
+                f"--resume: study {study_name!r} was tuned for shape {prev_shape[:12]}, but "
+                f"{settings.shape} is {shape.fingerprint[:12]}; use the same shape, or start "
+                "a new study (autotune retune compares shapes)"
+            )
+        _fail_stale(study)
+    else:
+        for key, value in {
+            A.MODEL: str(model), A.SHAPE: shape.fingerprint, A.SHAPE_PATH: str(settings.shape),
+            A.SPACE: space.name, A.SPACE_PATH: str(settings.space),
+            A.ENGINE: f"{info.package} {info.version}",
+            A.SETTINGS: settings.model_dump(mode="json"),
+        }.items():  # fmt: skip
+            study.set_user_attr(key, value)
+        if settings.baseline:
+            study.enqueue_trial(space.baseline_params(), user_attrs={A.BASELINE: True})
+
+    # -- tracking -----------------------------------------------------------------------------
+    if tracker is None:
+        from autotune.tracking import MlflowTracker
+
+        tracker = MlflowTracker(tracking_uri, experiment=settings.experiment)
+    from autotune.tracking import TAGS
+
+    gpu_type = _gpu_type() if info.device == "cuda" else "cpu"
+    base_tags = {
+        TAGS["shape"]: shape.fingerprint,
+        TAGS["shape_name"]: shape.name,
+        TAGS["model"]: str(model),
+        TAGS["engine"]: f"{info.package} {info.version}",
+        TAGS["gpu"]: gpu_type,
+        TAGS["space"]: space.name,
+        TAGS["study"]: study_name,
+    }
+    parent = tracker.start_study(
+        study_name=study_name,
+        tags=base_tags,
+        params={"trials": settings.trials, "objective": settings.objective,
+                "sampler": settings.sampler, "seed": settings.seed, "slo": settings.slo,
+                "repeats": settings.repeats, "space": str(settings.space),
+                "shape": str(settings.shape), "storage": settings.storage},
+        resume_run_id=study.user_attrs.get(A.MLFLOW_PARENT) if settings.resume else None,
+    )  # fmt: skip
+    if parent and not settings.resume:
+        study.set_user_attr(A.MLFLOW_PARENT, parent)
+
+    own_executor = executor is None
+    if executor is None:
+        if settings.use_ray:
+            from autotune.parallel import RayExecutor
+
+            executor = RayExecutor(address=settings.ray_address, gpus_per_trial=gpus_per_trial,
+                                   slots=settings.parallel)
+        else:
+            from autotune.parallel import InlineExecutor
+
+            executor = InlineExecutor()
+
+    metric = objective_metric(settings.objective)
+    slo_obj = _goodput_slo(settings)
+    flights: dict[int, tuple[Any, dict[str, Any], Any, bool]] = {}
+    walls: list[float] = []
+    finished_before = _n_finished(study)
+    rejected_in_a_row = 0
+
+    def progress(kind: str, **kw: Any) -> None:
+        best = _best_trial(study)
+        base = _baseline_trial(study)
+        done = _n_finished(study)
+        remaining = max(0, settings.trials - done)
+        eta = None
+        if walls:
+            eta = sum(walls) / len(walls) * math.ceil(remaining / max(1, executor.slots))
+        emit(StudyEvent(
+            kind=kind, study_name=study_name, done=done, total=settings.trials,
+            running=len(flights), best_value=best.value if best else None,
+            best_number=best.number if best else None,
+            baseline_value=base.value if base else None,
+            elapsed_s=time.monotonic() - t_start, eta_s=eta, **kw,
+        ))  # fmt: skip
+
+    progress("study_started", message=f"{finished_before} finished trial(s) already")
+    try:
+        while _n_finished(study) + len(flights) < settings.trials or flights:
+            while len(flights) < executor.slots and _n_finished(study) + len(flights) < settings.trials:
+                trial = study.ask()
+                is_base = bool(trial.user_attrs.get(A.BASELINE))
+                params = space.suggest(trial, baseline=is_base)
+                problems = space.violations(params)
+                if problems and not is_base:
+                    rejected_in_a_row += 1
+                    if rejected_in_a_row > 200:
+                        raise StudyError(
+                            f"the space {space.name} rejected 200 samples in a row (last: "
+                            f"{problems[0]}); its rules exclude almost everything - fix them"
+                        )
+                    _mark_failed(trial, FailureReason.REJECTED, "; ".join(problems))
+                    _log_trial(tracker, trial.number, params, (), {}, {}, base_tags, False,
+                               FailureReason.REJECTED, None, {"violations": problems})
+                    _commit_tell(study, trial, None)
+                    continue
+                rejected_in_a_row = 0
+                launch = space.launch_spec(params, baseline=is_base)
+                trial.set_user_attr(A.FLAGS, list(launch.flags))
+                trial.set_user_attr(A.ENV, dict(launch.env))
+                spec = TrialSpec(
+                    number=trial.number, model=str(model), flags=launch.flags,
+                    env=dict(launch.env), shape=shape, seed=settings.seed,
+                    warmup_requests=settings.warmup_requests, repeats=settings.repeats,
+                    slo=slo_obj, api=settings.api, num_requests=settings.num_requests,
+                    concurrency=settings.concurrency,
+                    start_timeout_s=settings.start_timeout_s,
+                    request_timeout_s=settings.request_timeout_s, log_dir=str(log_dir),
+                    cache_dir=str(cache_dir), cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
+                )  # fmt: skip
+                executor.submit(spec)
+                flights[trial.number] = (trial, params, launch, is_base)
+                progress("trial_started", trial_number=trial.number, trial_params=params)
+            for outcome in executor.wait(timeout_s=5.0):
+                trial, params, launch, is_base = flights.pop(outcome.number)
+                value, state, reason = _prepare_tell(trial, outcome, metric, settings)
+                walls.append(outcome.wall_s)
+                rid = _log_trial(
+                    tracker, outcome.number, params, launch.flags, launch.env, outcome.metrics,
+                    {**base_tags, TAGS["state"]: state,
+                     **({"autotune.baseline": "true"} if is_base else {})},
+                    state == "ok", reason, outcome.log_path, outcome.to_dict(),
+                )  # fmt: skip
+                if rid:
+                    trial.set_user_attr(A.MLFLOW_RUN, rid)
+                _commit_tell(study, trial, value)
+                progress("trial_finished", trial_number=outcome.number, trial_ok=outcome.ok,
+                         trial_value=value, trial_reason=reason, trial_params=params,
+                         message=outcome.message.splitlines()[0] if outcome.message else "")
+    except BaseException:
+        cancelled = executor.cancel_all()
+        for n in cancelled:
+            if n in flights:
+                trial = flights.pop(n)[0]
+                _mark_failed(trial, "interrupted", "the tuner was interrupted")
+                _commit_tell(study, trial, None, fail=True)
+        tracker.end_study(ok=False)
+        raise
+    finally:
+        if own_executor:
+            executor.shutdown()
+
+    result = _finish(study, settings, space, shape, model, info, out_dir, tracker, tracking_uri)
+    progress("study_finished")
+    return result
+
+
+def _default_tracking(settings: TuneSettings) -> str:
+    from autotune.tracking import default_tracking_uri
+
+    return default_tracking_uri(DEFAULT_OUT_ROOT)
+
+
+def _goodput_slo(settings: TuneSettings) -> Any:
+    from autotune.measure import Slo
+
+    if not settings.slo:
+        return None
+    pick: dict[str, float | None] = {"ttft_s": None, "tpot_s": None, "e2e_s": None}
+    for key, limit in settings.slo.items():
+        kind = key.split("_")[0]
+        if f"{kind}_s" in pick:
+            pick[f"{kind}_s"] = limit
+    return Slo(**pick)
+
+
+def _n_finished(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    return sum(1 for t in study.get_trials(deepcopy=False)
+               if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+               and t.user_attrs.get(A.REASON) != FailureReason.REJECTED)
+
+
+def _feasible(t: Any) -> bool:
+    from optuna.trial import TrialState
+
+    return t.state == TrialState.COMPLETE and all(c <= 0 for c in _constraints(t))
+
+
+def _best_trial(study: Any) -> Any:
+    trials = [t for t in study.get_trials(deepcopy=False) if _feasible(t)]
+    return max(trials, key=lambda t: t.value) if trials else None
+
+
+def _baseline_trial(study: Any) -> Any:
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(A.BASELINE) and t.state == TrialState.COMPLETE:
+            return t
+    return None
+
+
+def _fail_stale(study: Any) -> None:
+    """Trials left RUNNING by a tuner that died: FAIL them with reason ``tuner_died``."""
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        st = study._storage
+        st.set_trial_user_attr(t._trial_id, A.STATE, "failed")
+        st.set_trial_user_attr(t._trial_id, A.REASON, "tuner_died")
+        st.set_trial_user_attr(t._trial_id, A.MESSAGE,
+                               "the tuner stopped while this trial was running")
+        st.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        logger.warning("trial %d was running when the tuner died: marked failed", t.number)
+
+
+def _mark_failed(trial: Any, reason: str, message: str) -> None:
+    trial.set_user_attr(A.STATE, "failed")
+    trial.set_user_attr(A.REASON, reason)
+    trial.set_user_attr(A.MESSAGE, message[:4000])
+    _set_constraints(trial, failed=1.0, slo=0.0, errors=0.0)
+
+
+def _commit_tell(study: Any, trial: Any, value: float | None, *, fail: bool = False) -> None:
+    """Finish the trial in the storage: COMPLETE with a value, else PRUNED (infeasible) or FAIL."""
+    from optuna.trial import TrialState
+
+    if value is not None:
+        study.tell(trial, value)
+    else:
+        study.tell(trial, state=TrialState.FAIL if fail else TrialState.PRUNED)
+
+
+def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str,
+                  settings: TuneSettings) -> tuple[float | None, str, str | None]:
+    """Set the trial's attributes from the outcome; return (value, state, reason)."""
+    trial.set_user_attr(A.WALL_S, round(outcome.wall_s, 2))
+    if outcome.start_s is not None:
+        trial.set_user_attr(A.START_S, round(outcome.start_s, 2))
+    if outcome.log_path:
+        trial.set_user_attr(A.LOG, outcome.log_path)
+    if outcome.metrics:
+        trial.set_user_attr(A.METRICS, outcome.metrics)
+    value = outcome.metrics.get(metric)
+    if not outcome.ok or value is None or not math.isfinite(value):
+        msg = outcome.message or "no measurement"
+        if outcome.log_tail and outcome.reason not in (None, "interrupted"):
+            msg += "\n--- server log tail ---\n" + outcome.log_tail[-1500:]
+        reason = outcome.reason or "no_measurement"
+        _mark_failed(trial, reason, msg)
+        return None, "failed", reason
+    slo_violation = max(
+        (outcome.metrics.get(SLO_KEYS[k], math.inf) / limit - 1.0
+         for k, limit in settings.slo.items()),
+        default=-1.0,
+    )
+    err_violation = outcome.metrics.get("error_rate", 0.0) - settings.max_error_rate
+    _set_constraints(trial, failed=0.0, slo=min(slo_violation, 1e6), errors=err_violation)
+    if slo_violation <= 0 and err_violation <= 0:
+        trial.set_user_attr(A.STATE, "ok")
+        return float(value), "ok", None
+    why = []
+    if slo_violation > 0:
+        why.append("missed the SLOs: " + ", ".join(
+            f"{k}={outcome.metrics.get(SLO_KEYS[k], float('nan')):.3g}s>{limit:g}s"
+            for k, limit in settings.slo.items()
+            if outcome.metrics.get(SLO_KEYS[k], math.inf) > limit))
+    if err_violation > 0:
+        why.append(f"error rate {outcome.metrics.get('error_rate', 0):.1%} > "
+                   f"{settings.max_error_rate:.1%}")
+    reason = FailureReason.SLO if slo_violation > 0 else "errors"
+    trial.set_user_attr(A.STATE, "infeasible")
+    trial.set_user_attr(A.REASON, reason)
+    trial.set_user_attr(A.MESSAGE, "; ".join(why))
+    return float(value), "infeasible", reason
+
+
+def _log_trial(tracker: Any, number: int, params: dict[str, Any], flags: Any, env: Any,
+               metrics: dict[str, float], tags: dict[str, str], ok: bool, reason: str | None,
+               log_path: str | None, outcome: dict[str, Any] | None) -> str | None:
+    from autotune.tracking import TAGS
+
+    tags = dict(tags)
+    if reason:
+        tags[TAGS["reason"]] = reason
+    tags.setdefault(TAGS["state"], "ok" if ok else "failed")
+    return tracker.log_trial(number=number, params=params, flags=list(flags), env=dict(env),
+                             metrics=metrics, tags=tags, ok=ok, log_path=log_path,
+                             outcome=outcome)
+
+
+def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, model: Path,
+            info: Any, out_dir: Path, tracker: Any, tracking_uri: str) -> TuneResult:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    reasons: dict[str, int] = {}
+    for t in trials:
+        if t.user_attrs.get(A.STATE) in ("failed", "infeasible"):
+            r = str(t.user_attrs.get(A.REASON, "unknown"))
+            reasons[r] = reasons.get(r, 0) + 1
+    n_ok = sum(1 for t in trials if _feasible(t))
+    best_t = _best_trial(study)
+    base_t = _baseline_trial(study)
+    metric = objective_metric(settings.objective)
+    best: dict[str, Any] | None = None
+    if best_t is not None:
+        flags = list(best_t.user_attrs.get(A.FLAGS, []))
+        env = dict(best_t.user_attrs.get(A.ENV, {}))
+        cmd = serve_command(str(model), flags, env)
+        metrics = dict(best_t.user_attrs.get(A.METRICS, {}))
+        best = {
+            "params": dict(best_t.params),
+            "serve_command": cmd,
+            "metrics": metrics,
+            "objective": {"name": settings.objective, "metric": metric, "value": best_t.value},
+            "flags": flags,
+            "env": env,
+            "trial": best_t.number,
+            "is_baseline": bool(best_t.user_attrs.get(A.BASELINE)),
+            "baseline": (
+                {"trial": base_t.number, "value": base_t.value,
+                 "metrics": base_t.user_attrs.get(A.METRICS, {})} if base_t else None
+            ),
+            "ratio_to_baseline": (best_t.value / base_t.value) if base_t and base_t.value else None,
+            "study": study.study_name,
+            "storage": settings.storage,
+            "shape": {"name": shape.name, "fingerprint": shape.fingerprint,
+                      "path": str(settings.shape)},
+            "model": str(model),
+            "space": {"name": space.name, "path": str(settings.space)},
+            "engine": {"package": info.package, "version": info.version, "device": info.device},
+            "slo": settings.slo,
+            "seed": settings.seed,
+            "mlflow_run_id": best_t.user_attrs.get(A.MLFLOW_RUN),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "autotune_version": _version(),
+        }
+        write_json_atomic(out_dir / "best.json", best)
+        sh = out_dir / "serve_command.sh"
+        tmp = sh.with_name(".serve_command.sh.tmp")
+        tmp.write_text("#!/bin/sh\n# best config of study %s (trial %d)\n%s\n"
+                       % (study.study_name, best_t.number, cmd))
+        os.replace(tmp, sh)
+        if best_t.user_attrs.get(A.MLFLOW_RUN):
+            tracker.mark_best(run_id=best_t.user_attrs[A.MLFLOW_RUN],
+                              shape_fingerprint=shape.fingerprint, best=best, serve_command=cmd,
+                              artifacts={"trials.csv": str(out_dir / "trials.csv")})
+        tracker.log_study_metrics({f"best_{k}": v for k, v in metrics.items()})
+    _write_trials_csv(study, out_dir / "trials.csv")
+    summary = {
+        "study": study.study_name, "storage": settings.storage, "tracking_uri": tracking_uri,
+        "trials": len(trials), "ok": n_ok,
+        "failed": sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL)),
+        "failures_by_reason": reasons,
+        "best_trial": best_t.number if best_t else None,
+        "best_value": best_t.value if best_t else None,
+        "baseline_value": base_t.value if base_t else None,
+    }
+    write_json_atomic(out_dir / "study.json", summary)
+    tracker.set_study_tags({"autotune.n_ok": str(n_ok), "autotune.n_trials": str(len(trials))})
+    tracker.end_study(ok=True)
+    return TuneResult(
+        study_name=study.study_name, storage=settings.storage, out_dir=out_dir, best=best,
+        n_trials=len(trials), n_ok=n_ok, n_failed=summary["failed"], tracking_uri=tracking_uri,
+        failures_by_reason=reasons,
+    )  # fmt: skip
+
+
+def _write_trials_csv(study: Any, path: Path) -> None:
+    import pandas as pd
+
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        row: dict[str, Any] = {
+            "number": t.number, "state": t.user_attrs.get(A.STATE, t.state.name.lower()),
+            "reason": t.user_attrs.get(A.REASON, ""), "value": t.value,
+            "baseline": bool(t.user_attrs.get(A.BASELINE)),
+            "wall_s": t.user_attrs.get(A.WALL_S), "start_s": t.user_attrs.get(A.START_S),
+        }  # fmt: skip
+        row.update({f"param.{k}": v for k, v in t.params.items()})
+        row.update({f"metric.{k}": v for k, v in t.user_attrs.get(A.METRICS, {}).items()})
+        row["flags"] = " ".join(t.user_attrs.get(A.FLAGS, []))
+        rows.append(row)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pd.DataFrame(rows).to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def _version() -> str:
+    from autotune import __version__
+
+    return __version__

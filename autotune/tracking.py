@@ -1,0 +1,241 @@
+"""MLflow: a parent run per study, a child run per trial, the best config per shape.
+
+Uses :class:`mlflow.tracking.MlflowClient` directly (no global active run), so the tracker
+can be injected and used from the driver while trials run elsewhere. Optuna's storage is
+the source of truth; if the MLflow store goes away mid-study, the tracker logs a warning,
+keeps the study going and says what it could not write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import TrackingError
+
+__all__ = ["MlflowTracker", "default_tracking_uri", "BEST_TAG", "TAGS"]
+
+logger = logging.getLogger(__name__)
+
+BEST_TAG = "autotune.best"
+TAGS = {
+    "study": "autotune.study",
+    "shape": "autotune.shape_fingerprint",
+    "shape_name": "autotune.shape_name",
+    "model": "autotune.model",
+    "engine": "autotune.engine_version",
+    "gpu": "autotune.gpu_type",
+    "state": "autotune.trial_state",
+    "reason": "autotune.failure_reason",
+    "trial": "autotune.trial_number",
+    "space": "autotune.space",
+    "kind": "autotune.kind",
+}
+
+
+def default_tracking_uri(out_root: str | Path = "experiments") -> str:
+    """``sqlite:///<abs path>/mlflow.db`` under ``out_root``."""
+    p = Path(out_root).resolve() / "mlflow.db"
+    return f"sqlite:///{p}"
+
+
+def _artifact_root(tracking_uri: str) -> str | None:
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        return (db.parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+class MlflowTracker:
+    """Logs a study and its trials to an MLflow store.
+
+    ``strict`` (default True at construction): the store is checked at once and an
+    unreachable store raises :class:`TrackingError` before any GPU time is spent. Later
+    write failures are logged and counted in :attr:`failures`, never raised.
+    """
+
+    def __init__(self, tracking_uri: str, *, experiment: str = "autotune") -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment
+        self.failures: list[str] = []
+        self.parent_run_id: str | None = None
+        if tracking_uri.startswith("sqlite:///"):
+            Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            import mlflow
+            from mlflow.tracking import MlflowClient
+
+            self._mlflow = mlflow
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            exp = self.client.get_experiment_by_name(experiment)
+            if exp is None:
+                self.experiment_id = self.client.create_experiment(
+                    experiment, artifact_location=_artifact_root(tracking_uri)
+                )
+            else:
+                self.experiment_id = exp.experiment_id
+        except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear error
+            raise TrackingError(
+                f"cannot use the MLflow store {tracking_uri!r}: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}; start the tracking server, "
+                "fix --tracking-uri, or use a local sqlite:///PATH store"
+            ) from exc
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - tracking must never stop a study
+            msg = f"MLflow: could not {what}: {type(exc).__name__}: {exc}"
+            self.failures.append(msg)
+            logger.warning(msg)
+            return None
+
+    def _log_dict(self, run_id: str, obj: Any, name: str) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / name
+            p.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+            self.client.log_artifact(run_id, str(p))
+
+    def _log_text(self, run_id: str, text: str, name: str) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / name
+            p.write_text(text)
+            self.client.log_artifact(run_id, str(p))
+
+    # -- study ------------------------------------------------------------------------------
+    def start_study(
+        self, *, study_name: str, tags: Mapping[str, str], params: Mapping[str, Any],
+        resume_run_id: str | None = None,
+    ) -> str | None:  # fmt: skip
+        """Create (or, on resume, reopen) the parent run; returns its id."""
+        from mlflow.entities import RunStatus
+
+        if resume_run_id:
+            self.parent_run_id = resume_run_id
+            self._safe("reopen the study run", self.client.update_run, resume_run_id,
+                       RunStatus.to_string(RunStatus.RUNNING))
+            return resume_run_id
+        run = self._safe(
+            "create the study run",
+            self.client.create_run,
+            self.experiment_id,
+            run_name=study_name,
+            tags={**tags, TAGS["kind"]: "study", TAGS["study"]: study_name},
+        )
+        if run is None:
+            return None
+        self.parent_run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        self._safe(
+            "log study parameters", self.client.log_batch, self.parent_run_id,
+            params=[Param(k, _param_str(v)) for k, v in sorted(params.items())],
+        )  # fmt: skip
+        return self.parent_run_id
+
+    def log_trial(
+        self,
+        *,
+        number: int,
+        params: Mapping[str, Any],
+        flags: list[str] | tuple[str, ...],
+        env: Mapping[str, str],
+        metrics: Mapping[str, float],
+        tags: Mapping[str, str],
+        ok: bool,
+        log_path: str | None = None,
+        outcome: Mapping[str, Any] | None = None,
+    ) -> str | None:
+        """One child run for one finished trial; returns its run id."""
+        from mlflow.entities import Metric, Param, RunStatus
+
+        if self.parent_run_id is None:
+            return None
+        run = self._safe(
+            f"create the run of trial {number}",
+            self.client.create_run,
+            self.experiment_id,
+            run_name=f"trial-{number:04d}",
+            tags={
+                **tags,
+                "mlflow.parentRunId": self.parent_run_id,
+                TAGS["kind"]: "trial",
+                TAGS["trial"]: str(number),
+            },
+        )
+        if run is None:
+            return None
+        rid = run.info.run_id
+        import time as _t
+
+        now = int(_t.time() * 1000)
+        all_params = {**{k: _param_str(v) for k, v in params.items()},
+                      "flags": " ".join(flags)[:6000]}
+        all_params.update({f"env.{k}": v for k, v in env.items()})
+        self._safe(
+            f"log trial {number}", self.client.log_batch, rid,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+            params=[Param(k, v) for k, v in sorted(all_params.items())],
+        )  # fmt: skip
+        if log_path and os.path.exists(log_path):
+            self._safe(f"store the server log of trial {number}", self.client.log_artifact,
+                       rid, log_path)
+        if outcome is not None:
+            self._safe(f"store the outcome of trial {number}", self._log_dict, rid,
+                       dict(outcome), "outcome.json")
+        status = RunStatus.FINISHED if ok else RunStatus.FAILED
+        self._safe(f"close the run of trial {number}", self.client.set_terminated, rid,
+                   RunStatus.to_string(status))
+        return rid
+
+    def mark_best(self, *, run_id: str, shape_fingerprint: str, best: Mapping[str, Any],
+                  serve_command: str, artifacts: Mapping[str, str] | None = None) -> None:
+        """Tag the best trial's run and record the best config on the study run."""
+        self._safe("tag the best trial", self.client.set_tag, run_id, BEST_TAG, "true")
+        self._safe("tag the best trial", self.client.set_tag, run_id,
+                   f"{BEST_TAG}_for_shape", shape_fingerprint)
+        if self.parent_run_id:
+            pid = self.parent_run_id
+            self._safe("record the best run", self.client.set_tag, pid, "autotune.best_run_id",
+                       run_id)
+            self._safe("store best.json", self._log_dict, pid, dict(best), "best.json")
+            self._safe("store the serve command", self._log_text, pid,
+                       "#!/bin/sh\n" + serve_command + "\n", "serve_command.sh")
+            for name, path in (artifacts or {}).items():
+                if os.path.exists(path):
+                    self._safe(f"store {name}", self.client.log_artifact, pid, path)
+
+    def log_study_metrics(self, metrics: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        if not self.parent_run_id:
+            return
+        import time as _t
+
+        now = int(_t.time() * 1000)
+        self._safe("log study metrics", self.client.log_batch, self.parent_run_id,
+                   metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+
+    def set_study_tags(self, tags: Mapping[str, str]) -> None:
+        if self.parent_run_id:
+            for k, v in tags.items():
+                self._safe(f"tag the study ({k})", self.client.set_tag, self.parent_run_id, k, v)
+
+    def end_study(self, *, ok: bool = True) -> None:
+        from mlflow.entities import RunStatus
+
+        if self.parent_run_id:
+            status = RunStatus.FINISHED if ok else RunStatus.KILLED
+            self._safe("close the study run", self.client.set_terminated, self.parent_run_id,
+                       RunStatus.to_string(status))
+
+
+def _param_str(v: Any) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, default=str)
+    return s[:6000]

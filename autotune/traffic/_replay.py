@@ -1,0 +1,342 @@
+"""Turn a traffic shape into a request schedule for the load generator (pure, seeded).
+
+Lengths are drawn from the shape's quantiles with its input/output rank correlation
+(a Gaussian copula). Prompts are token ids of exactly the drawn length; output lengths are
+enforced by the load generator (``max_tokens`` with ``ignore_eos``). Shared prefixes are
+reproduced with a one-level group model; arrivals follow the recorded rate profile, a
+burstiness-matched gamma process, or Poisson. See docs/traffic.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import numpy as np
+from scipy.special import ndtr
+
+from autotune.errors import TrafficError
+from autotune.traffic._models import N_QUANTILES, TrafficShape
+
+__all__ = [
+    "ARRIVALS",
+    "RequestSpec",
+    "Schedule",
+    "build_schedule",
+    "ideal_prefix_hit_fraction",
+]
+
+logger = logging.getLogger(__name__)
+
+ARRIVALS: Final = ("recorded", "gamma", "poisson")
+Arrival = Literal["recorded", "gamma", "poisson"]
+_GRID: Final = np.arange(N_QUANTILES, dtype=np.float64)
+# timestamps this often tied are quantised: the gap CV measures rounding, not burstiness
+_QUANTISED_ZERO_GAPS: Final = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request: exact prompt token ids, the output length to force, and when to send it."""
+
+    index: int
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    send_at_s: float | None = None  # open loop: offset from the run's start; closed loop: None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What a replay sends. Closed loop: ``concurrency`` streams, each sending the next
+    request when its previous one finished. Open loop: each request at ``send_at_s``
+    (``concurrency`` then optionally caps requests in flight)."""
+
+    mode: Literal["open", "closed"]
+    requests: tuple[RequestSpec, ...]
+    concurrency: int | None = None
+    seed: int = 0
+
+    def total_output_tokens(self) -> int:
+        """Sum of ``max_tokens`` (the output tokens a complete replay produces)."""
+        return sum(r.max_tokens for r in self.requests)
+
+    def total_input_tokens(self) -> int:
+        """Sum of the prompt lengths."""
+        return sum(len(r.prompt_token_ids) for r in self.requests)
+
+
+def _sample(quantiles: list[float], u: np.ndarray) -> np.ndarray:
+    return np.interp(u * (N_QUANTILES - 1), _GRID, np.asarray(quantiles, dtype=np.float64))
+
+
+def _lengths(
+    shape: TrafficShape,
+    n: int,
+    rng: np.random.Generator,
+    max_in: int | None,
+    max_out: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    rho_s = shape.correlation.spearman if shape.correlation else None
+    z = rng.standard_normal((2, n))
+    if rho_s:
+        # Spearman rho -> the Pearson r of the Gaussian copula with that rank correlation
+        r = 2.0 * math.sin(math.pi * rho_s / 6.0)
+        z[1] = r * z[0] + math.sqrt(max(0.0, 1.0 - r * r)) * z[1]
+    u = ndtr(z)
+    inp = np.maximum(1, np.rint(_sample(shape.input_tokens.quantiles, u[0]))).astype(np.int64)
+    out = np.maximum(1, np.rint(_sample(shape.output_tokens.quantiles, u[1]))).astype(np.int64)
+    if max_in is not None:
+        inp = np.minimum(inp, max_in)
+    if max_out is not None:
+        out = np.minimum(out, max_out)
+    return inp, out
+
+
+def _replay_hits(shared: np.ndarray, group: np.ndarray, members: np.ndarray) -> float:
+    """Tokens a perfect prefix cache serves when ``members`` (sorted) arrive in order: each
+    request hits min(its shared length, the longest earlier one in its group)."""
+    order = members[np.argsort(group[members], kind="stable")]
+    g = group[order]
+    s = shared[order].astype(np.float64)
+    start = np.ones(order.shape[0], dtype=bool)
+    start[1:] = g[1:] != g[:-1]
+    prev_max = np.zeros_like(s)
+    # running max of the earlier members of the same group (groups are contiguous here)
+    for lo, hi in zip(np.flatnonzero(start), [*np.flatnonzero(start)[1:], s.shape[0]], strict=True):
+        if hi - lo > 1:
+            prev_max[lo + 1 : hi] = np.maximum.accumulate(s[lo : hi - 1])
+    return float(np.minimum(s, prev_max).sum())
+
+
+def _shared_lengths(
+    shape: TrafficShape, inp: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per request: leading tokens taken from its group's common prefix, and the group."""
+    n = inp.shape[0]
+    shared = np.zeros(n, dtype=np.int64)
+    group = np.full(n, -1, dtype=np.int64)
+    p = shape.prefix
+    if p is None or p.sharing_request_fraction <= 0 or p.shared_prefix_ratio is None:
+        return shared, group
+    members = np.flatnonzero(rng.random(n) < p.sharing_request_fraction)
+    ns = members.shape[0]
+    if ns == 0:
+        return shared, group
+    n_groups = max(1, round(ns / max(p.mean_group_size, 1.0)))
+    group[members] = rng.permutation(np.arange(ns) % n_groups)
+    ratio = _sample(p.shared_prefix_ratio, np.asarray(rng.random(ns)))
+    base = ratio * inp[members]
+    # scale the shared lengths so the cache-hit share matches the recorded one
+    target = p.shared_token_fraction * float(inp.sum())
+    factor = 1.0
+    for _ in range(6):
+        shared[members] = np.clip(np.floor(base * factor), 0, inp[members])
+        hits = _replay_hits(shared, group, members)
+        if hits <= 0 or abs(hits - target) <= 0.005 * target:
+            break
+        factor *= target / hits
+    return shared, group
+
+
+def _prompts(
+    shape: TrafficShape,
+    inp: np.ndarray,
+    rng_prefix: np.random.Generator,
+    rng_tok: np.random.Generator,
+    low: int,
+    high: int,
+) -> list[tuple[int, ...]]:
+    n = inp.shape[0]
+    shared, group = _shared_lengths(shape, inp, rng_prefix)
+    masters: dict[int, np.ndarray] = {}
+    for g in np.unique(group[group >= 0]):
+        length = int(shared[group == g].max())
+        masters[int(g)] = rng_tok.integers(low, high, size=length, dtype=np.int64)
+    tails = rng_tok.integers(low, high, size=int((inp - shared).sum()), dtype=np.int64)
+    prompts: list[tuple[int, ...]] = []
+    pos = 0
+    span = high - low
+    for i in range(n):
+        k = int(shared[i])
+        tail = tails[pos : pos + int(inp[i]) - k]
+        pos += int(inp[i]) - k
+        if k:
+            master = masters[int(group[i])]
+            if tail.shape[0] and k < master.shape[0] and tail[0] == master[k]:
+                tail = tail.copy()  # make the shared part end exactly at k tokens
+                tail[0] = low + (tail[0] - low + 1) % span
+            ids = np.concatenate((master[:k], tail))
+        else:
+            ids = tail
+        prompts.append(tuple(ids.tolist()))
+    return prompts
+
+
+def _burstiness_cv(shape: TrafficShape) -> float:
+    a = shape.arrivals
+    if a is None:
+        return 1.0
+    if a.zero_gap_fraction < _QUANTISED_ZERO_GAPS and a.interarrival_cv is not None:
+        return a.interarrival_cv
+    if a.dispersion_60s is not None:
+        # a renewal process's count dispersion tends to CV^2
+        return math.sqrt(a.dispersion_60s)
+    return 1.0
+
+
+def _arrival_times(
+    shape: TrafficShape, n: int, rate: float, arrival: Arrival, rng: np.random.Generator
+) -> np.ndarray:
+    if arrival == "recorded":
+        a = shape.arrivals
+        if a is None or not a.rate_profile or shape.rate_rps <= 0:
+            raise TrafficError(
+                f"shape {shape.name!r} has no recorded arrival profile; use arrival 'gamma' "
+                "or 'poisson' with a rate, or a closed loop"
+            )
+        prof = np.asarray(a.rate_profile, dtype=np.float64)
+        cum = np.concatenate(([0.0], np.cumsum(prof * a.window_s)))
+        total = cum[-1]
+        period = prof.shape[0] * a.window_s
+        # unit-rate Poisson in "expected count" time, mapped through the recorded profile
+        lam = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0, size=n - 1))))
+        cycles = np.floor(lam / total)
+        rem = lam - cycles * total
+        idx = np.clip(np.searchsorted(cum, rem, side="right") - 1, 0, prof.shape[0] - 1)
+        t = cycles * period + a.window_s * idx + (rem - cum[idx]) / np.maximum(prof[idx], 1e-12)
+        return t * (shape.rate_rps / rate)
+    if arrival == "gamma":
+        cv = _burstiness_cv(shape)
+        if cv <= 1e-6:
+            gaps = np.full(n - 1, 1.0 / rate)
+        else:
+            k = 1.0 / (cv * cv)
+            gaps = rng.gamma(k, 1.0 / (k * rate), size=n - 1)
+    else:
+        gaps = rng.exponential(1.0 / rate, size=n - 1)
+    return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise TrafficError(f"{name} must be > 0 (got {value})")
+
+
+def build_schedule(
+    shape: TrafficShape,
+    *,
+    vocab_size: int,
+    seed: int = 0,
+    mode: str | None = None,
+    concurrency: int | None = None,
+    num_requests: int | None = None,
+    time_scale: float | None = None,
+    max_input_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    token_offset: int = 4,
+    rate_rps: float | None = None,
+    arrival: str | None = None,
+) -> Schedule:
+    """A deterministic request schedule for ``shape`` (same arguments, same schedule).
+
+    Unset options come from ``shape.load``. Token ids lie in ``[token_offset, vocab_size)``.
+    ``max_input_tokens``/``max_output_tokens`` clip the drawn lengths. Open loop:
+    ``rate_rps`` (default the load's, else the recorded rate) divided by ``time_scale`` is
+    the mean rate; ``arrival`` is "recorded" (the recorded rate profile, the default when
+    the shape has one), "gamma" (burstiness-matched) or "poisson".
+    """
+    load = shape.load
+    mode = mode or load.mode
+    if mode not in ("open", "closed"):
+        raise TrafficError(f"replay mode {mode!r} is unknown; use 'open' or 'closed'")
+    n = num_requests if num_requests is not None else load.requests
+    scale = time_scale if time_scale is not None else load.time_scale
+    if n < 1:
+        raise TrafficError(f"num_requests must be >= 1 (got {n})")
+    if token_offset < 0 or vocab_size - token_offset < 2:
+        raise TrafficError(
+            f"vocab_size {vocab_size} leaves no room for token ids >= token_offset "
+            f"{token_offset}; use the model's real vocabulary size"
+        )
+    for label, v in (
+        ("max_input_tokens", max_input_tokens),
+        ("max_output_tokens", max_output_tokens),
+        ("time_scale", scale),
+        ("rate_rps", rate_rps),
+        ("concurrency", concurrency),
+    ):
+        _positive(label, v)
+    rng_len, rng_prefix, rng_tok, rng_arr = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
+    )
+    inp, out = _lengths(shape, n, rng_len, max_input_tokens, max_output_tokens)
+    prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size)
+
+    if mode == "closed":
+        streams = concurrency or load.concurrency
+        if streams is None and shape.concurrency is not None:
+            streams = max(1, round(shape.concurrency.mean))
+        if streams is None:
+            raise TrafficError(
+                f"a closed-loop replay of shape {shape.name!r} needs a concurrency (streams)"
+            )
+        reqs = tuple(
+            RequestSpec(index=i, prompt_token_ids=prompts[i], max_tokens=int(out[i]))
+            for i in range(n)
+        )
+        return Schedule(mode="closed", requests=reqs, concurrency=int(streams), seed=seed)
+
+    rate = rate_rps or load.rate_rps or shape.rate_rps
+    if not rate or rate <= 0:
+        raise TrafficError(
+            f"shape {shape.name!r} has no recorded arrival rate (a synthetic shape); give an "
+            "open-loop rate (rate_rps) or replay it closed loop"
+        )
+    has_profile = shape.arrivals is not None and bool(shape.arrivals.rate_profile)
+    kind = arrival or ("recorded" if has_profile and shape.rate_rps > 0 else "gamma")
+    if kind not in ARRIVALS:
+        raise TrafficError(f"arrival process {kind!r} is unknown; use one of {', '.join(ARRIVALS)}")
+    times = _arrival_times(shape, n, float(rate), kind, rng_arr) * scale  # type: ignore[arg-type]
+    keep = n
+    if load.duration_s is not None:
+        keep = max(1, int(np.searchsorted(times, load.duration_s, side="right")))
+        if keep < n:
+            logger.info(
+                "open-loop schedule capped at %.1f s: %d of %d requests", load.duration_s, keep, n
+            )
+    reqs = tuple(
+        RequestSpec(
+            index=i,
+            prompt_token_ids=prompts[i],
+            max_tokens=int(out[i]),
+            send_at_s=round(float(times[i]), 6),
+        )
+        for i in range(keep)
+    )
+    cap = concurrency or load.concurrency
+    return Schedule(mode="open", requests=reqs, concurrency=cap, seed=seed)
+
+
+def ideal_prefix_hit_fraction(schedule: Schedule, *, block_tokens: int = 16) -> float:
+    """Share of prompt tokens a perfect prefix cache with ``block_tokens`` blocks would serve
+    when the requests arrive in order (what vLLM's prefix caching could reuse, at best)."""
+    seen: set[bytes] = set()
+    hits = 0
+    total = 0
+    for req in schedule.requests:
+        ids = np.asarray(req.prompt_token_ids, dtype=np.int64)
+        total += ids.shape[0]
+        h = hashlib.blake2b(digest_size=16)
+        leading = True
+        for start in range(0, ids.shape[0] - block_tokens + 1, block_tokens):
+            h.update(ids[start : start + block_tokens].tobytes())
+            key = h.digest()
+            if leading and key in seen:
+                hits += block_tokens
+            else:
+                leading = False
+                seen.add(key)
+    return hits / total if total else 0.0

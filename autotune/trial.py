@@ -1,0 +1,202 @@
+"""One trial: engine up, warm-up, measured replays, engine down.
+
+:func:`run_trial` composes the engine, the replay schedule, the load generator and the
+measurement. It never raises for a failure of the configuration under test: a server that
+does not start, dies, or serves nothing is returned as a :class:`TrialOutcome` with a
+failure reason, because a failed trial is information for the search.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.engine import FailureReason, VllmServer, detect_engine
+from autotune.errors import AutotuneError, EngineCrashedError, EngineStartError
+
+__all__ = ["TrialSpec", "TrialOutcome", "run_trial", "model_vocab_size", "model_max_len"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything a worker needs to run one trial (picklable, sent to Ray workers)."""
+
+    number: int
+    model: str
+    flags: tuple[str, ...]
+    env: dict[str, str]
+    shape: Any  # autotune.traffic.TrafficShape
+    seed: int = 0
+    warmup_requests: int | None = None  # None: 2 x concurrency, at most a quarter of the schedule
+    repeats: int = 1
+    slo: Any = None  # autotune.measure.Slo | None
+    api: str = "completions"
+    num_requests: int | None = None
+    concurrency: int | None = None
+    max_model_len: int | None = None
+    start_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    log_dir: str | None = None
+    cache_dir: str | None = None
+    gpus: tuple[int, ...] | None = None
+    cpu_kv_cache_gib: float = 1.0
+
+
+@dataclass
+class TrialOutcome:
+    """What happened: a measurement, or a failure reason with the evidence."""
+
+    number: int
+    ok: bool
+    reason: str | None = None  # a FailureReason value when not ok
+    message: str = ""
+    measurement: dict[str, Any] | None = None  # Measurement.model_dump()
+    metrics: dict[str, float] = field(default_factory=dict)  # Measurement.flat()
+    start_s: float | None = None  # launch to healthy
+    wall_s: float = 0.0
+    log_path: str | None = None
+    log_tail: str = ""
+    engine_version: str = ""
+    hostname: str = ""
+    gpus: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_vocab_size(model: str | Path) -> int:
+    """The vocabulary size from the model's config.json (token ids must stay below it)."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    vocab = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
+    if not vocab:
+        raise AutotuneError(f"{model}/config.json has no vocab_size; cannot build prompts")
+    return int(vocab)
+
+
+def model_max_len(flags: tuple[str, ...] | list[str], model: str | Path) -> int:
+    """The server's max model length: --max-model-len if given, else the config's."""
+    flags = list(flags)
+    if "--max-model-len" in flags:
+        return int(flags[flags.index("--max-model-len") + 1])
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return int(cfg.get("max_position_embeddings", 2048))
+
+
+def _assigned_gpus(spec: TrialSpec) -> tuple[int, ...] | None:
+    if spec.gpus is not None:
+        return spec.gpus
+    try:  # inside a Ray task with num_gpus > 0, Ray tells which GPUs are ours
+        import ray
+
+        if ray.is_initialized():
+            ids = ray.get_gpu_ids()
+            if ids:
+                return tuple(int(i) for i in ids)
+    except Exception:  # noqa: BLE001 - not in Ray, or no GPUs: leave the environment alone
+        pass
+    return None
+
+
+def run_trial(spec: TrialSpec) -> TrialOutcome:
+    """Run one trial and return its outcome; failures of the config come back as data."""
+    import socket
+
+    from autotune.loadgen import replay
+    from autotune.measure import combine, measure, snapshot_metrics
+    from autotune.traffic import build_schedule
+
+    t0 = time.monotonic()
+    info = detect_engine()
+    gpus = _assigned_gpus(spec)
+    log_path = Path(spec.log_dir) / f"trial-{spec.number:04d}-server.log" if spec.log_dir else None
+    outcome = TrialOutcome(
+        number=spec.number, ok=False, engine_version=f"{info.package} {info.version}",
+        hostname=socket.gethostname(), gpus=gpus,
+        log_path=str(log_path) if log_path else None,
+    )  # fmt: skip
+    server = VllmServer(
+        model=spec.model,
+        flags=spec.flags,
+        env=spec.env,
+        log_path=log_path,
+        gpus=gpus,
+        cache_dir=Path(spec.cache_dir) if spec.cache_dir else None,
+        start_timeout_s=spec.start_timeout_s,
+        cpu_kv_cache_gib=spec.cpu_kv_cache_gib,
+    )
+    try:
+        vocab = model_vocab_size(spec.model)
+        max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
+        schedule = build_schedule(
+            spec.shape, vocab_size=vocab, seed=spec.seed, concurrency=spec.concurrency,
+            num_requests=spec.num_requests,
+            max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
+        )  # fmt: skip
+        server.start()
+        outcome.start_s = server.wait_healthy()
+        client_kw: dict[str, Any] = {
+            "base_url": server.base_url,
+            "model": server.served_model_name,
+            "api": spec.api,
+            "request_timeout_s": spec.request_timeout_s,
+        }
+        n_warm = spec.warmup_requests
+        if n_warm is None:
+            conc = schedule.concurrency or 8
+            n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
+        if n_warm > 0:
+            warm = build_schedule(
+                spec.shape, vocab_size=vocab, seed=spec.seed + 10_000, mode="closed",
+                concurrency=schedule.concurrency or 8, num_requests=n_warm,
+                max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
+            )  # fmt: skip
+            replay(warm, **client_kw)
+            server.check_alive()
+        results = []
+        for r in range(max(1, spec.repeats)):
+            before = snapshot_metrics(server.base_url)
+            run = replay(schedule, **client_kw)
+            server.check_alive()
+            after = snapshot_metrics(server.base_url)
+            results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
+            logger.info("trial %d repeat %d: %.1f out tok/s", spec.number, r,
+                        results[-1].output_tokens_per_s)
+        m = combine(results) if len(results) > 1 else results[0]
+        outcome.measurement = m.model_dump(mode="json")
+        outcome.metrics = m.flat()
+        if m.n_ok == 0:
+            server.check_alive()
+            outcome.reason = "no_output"
+            outcome.message = f"no request succeeded ({m.n_errors} failed: {m.errors})"
+        else:
+            outcome.ok = True
+    except (EngineStartError, EngineCrashedError) as exc:
+        outcome.reason = exc.reason
+        outcome.message = str(exc)
+    except AutotuneError as exc:
+        # A load-generator or metrics error right after the server died is the death.
+        try:
+            server.check_alive()
+            outcome.reason = FailureReason.CRASH
+            outcome.message = str(exc)
+        except EngineCrashedError as dead:
+            outcome.reason = dead.reason
+            outcome.message = f"{dead} (while measuring: {exc})"
+    except Exception as exc:  # noqa: BLE001 - a bug must not kill the study; record it
+        outcome.reason = "internal_error"
+        outcome.message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        logger.exception("trial %d failed with an internal error", spec.number)
+    finally:
+        errors = server.stop()
+        outcome.log_tail = server.log_tail(6000)
+        if errors:
+            outcome.message = (outcome.message + "\nstop: " + "; ".join(errors)).strip()
+        outcome.wall_s = time.monotonic() - t0
+    return outcome

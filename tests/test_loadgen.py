@@ -1,0 +1,289 @@
+"""The load generator against a real local stub server that streams, and misbehaves on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from autotune._stub_server import FAULTS, StubConfig, StubServer, fault_token
+from autotune.errors import LoadgenError
+from autotune.loadgen import ERROR_REASONS, RunResult, _SseParser, replay, run_schedule
+from autotune.measure import measure, snapshot_metrics
+from autotune.traffic import RequestSpec, Schedule
+
+PROMPT = (11, 12, 13, 14, 15)
+
+
+def closed(n: int, *, conc: int, max_tokens: int = 12, prompt: tuple[int, ...] = PROMPT) -> Schedule:
+    reqs = tuple(RequestSpec(i, prompt, max_tokens) for i in range(n))
+    return Schedule(mode="closed", requests=reqs, concurrency=conc)
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[StubServer]:
+    with StubServer(StubConfig(chunk_interval_s=0.002, stall_s=5.0)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def spec_stub() -> Iterator[StubServer]:
+    """Three tokens per SSE chunk, as speculative decoding streams them."""
+    with StubServer(StubConfig(tokens_per_chunk=3, chunk_interval_s=0.002)) as s:
+        yield s
+
+
+def check_ok(run: RunResult, max_tokens: int, prompt_len: int) -> None:
+    for r in run.records:
+        assert r.ok, (r.error, r.detail)
+        assert r.error is None and r.status == 200
+        assert r.output_tokens == max_tokens == sum(r.chunk_tokens)
+        assert r.prompt_tokens == prompt_len
+        assert len(r.chunk_times_s) == len(r.chunk_tokens) > 0
+        assert r.first_token_s == r.chunk_times_s[0]
+        assert r.send_s <= r.first_token_s <= r.chunk_times_s[-1] <= r.end_s <= run.wall_s
+        assert list(r.chunk_times_s) == sorted(r.chunk_times_s)
+
+
+def test_closed_loop_records_every_request_in_schedule_order(stub: StubServer) -> None:
+    run = replay(closed(40, conc=8), base_url=stub.base_url, model="tiny")
+    assert [r.index for r in run.records] == list(range(40))
+    assert run.mode == "closed" and run.concurrency == 8 and run.wall_s > 0
+    check_ok(run, 12, len(PROMPT))
+    # never more than 8 in flight
+    events = sorted([(r.send_s, 1) for r in run.records] + [(r.end_s, -1) for r in run.records])
+    live = peak = 0
+    for _, step in events:
+        live += step
+        peak = max(peak, live)
+    assert peak == 8
+
+
+def test_chat_api_counts_tokens_not_the_role_chunk(stub: StubServer) -> None:
+    run = replay(closed(6, conc=3), base_url=stub.base_url, model="tiny", api="chat")
+    check_ok(run, 12, len(PROMPT))
+    assert all(r.chunk_tokens[0] == 1 for r in run.records)
+
+
+def test_several_tokens_per_chunk_are_counted_from_usage(spec_stub: StubServer) -> None:
+    run = replay(closed(4, conc=2, max_tokens=10), base_url=spec_stub.base_url, model="tiny")
+    check_ok(run, 10, len(PROMPT))
+    assert run.records[0].chunk_tokens == (3, 3, 3, 1)
+
+
+def test_without_usage_it_counts_one_token_per_chunk(stub: StubServer) -> None:
+    prompt = (fault_token("no_usage"), 1, 2)
+    run = replay(closed(2, conc=2, prompt=prompt), base_url=stub.base_url, model="tiny")
+    for r in run.records:
+        assert r.ok and r.prompt_tokens is None
+        assert r.output_tokens == len(r.chunk_tokens) == 12
+
+
+def test_open_loop_sends_on_schedule() -> None:
+    offsets = [0.0, 0.05, 0.1, 0.2, 0.3]
+    reqs = tuple(RequestSpec(i, PROMPT, 4, send_at_s=t) for i, t in enumerate(offsets))
+    with StubServer(StubConfig(ttft_s=0.01)) as s:
+        run = replay(Schedule(mode="open", requests=reqs), base_url=s.base_url, model="tiny")
+    assert run.mode == "open"
+    for r, t in zip(run.records, offsets, strict=True):
+        assert r.ok
+        assert t - 0.002 <= r.send_s <= t + 0.05
+
+
+def test_open_loop_concurrency_cap_holds_back_sends() -> None:
+    reqs = tuple(RequestSpec(i, PROMPT, 4, send_at_s=0.0) for i in range(6))
+    with StubServer(StubConfig(ttft_s=0.1)) as s:
+        run = replay(
+            Schedule(mode="open", requests=reqs, concurrency=2), base_url=s.base_url, model="tiny"
+        )
+    assert all(r.ok for r in run.records)
+    sends = sorted(r.send_s for r in run.records)
+    assert sends[2] >= 0.09  # the third waited for one of the first two to finish
+
+
+# --- bad conditions: each against a stub that misbehaves for real ------------------------
+
+EXPECTED = {
+    "ok": None,
+    "http_400": "http_4xx",
+    "http_500": "http_5xx",
+    "disconnect": "disconnected",
+    "stall": "stalled",
+    "slow": "timeout",
+    "malformed": "malformed_sse",
+    "garbage": "malformed_sse",
+    "error_event": "server_error",
+    "no_done": "disconnected",
+    "no_usage": None,
+}
+
+
+@pytest.fixture(scope="module")
+def faulty_run(stub: StubServer) -> RunResult:
+    """Every fault twice, shuffled among good requests, in one closed-loop run."""
+    faults = [f for f in FAULTS for _ in range(2)] + ["ok"] * 10
+    reqs = tuple(
+        RequestSpec(i, (fault_token(f), 1, 2, 3), 60 if f == "slow" else 12)
+        for i, f in enumerate(faults)
+    )
+    return replay(
+        Schedule(mode="closed", requests=reqs, concurrency=8),
+        base_url=stub.base_url,
+        model="tiny",
+        request_timeout_s=1.0,
+        stall_timeout_s=0.3,
+    )
+
+
+@pytest.mark.parametrize("fault", list(EXPECTED))
+def test_each_fault_is_a_record_with_its_reason(faulty_run: RunResult, fault: str) -> None:
+    faults = [f for f in FAULTS for _ in range(2)] + ["ok"] * 10
+    recs = [r for r, f in zip(faulty_run.records, faults, strict=True) if f == fault]
+    assert recs
+    for r in recs:
+        assert r.error == EXPECTED[fault], (fault, r.error, r.detail)
+        assert r.ok is (EXPECTED[fault] is None)
+        if not r.ok:
+            assert r.error in ERROR_REASONS and r.detail and r.end_s is not None
+    if fault in ("http_400", "http_500"):
+        assert all(r.status == int(fault[-3:]) and "fault requested" in (r.detail or "") for r in recs)
+    if fault in ("disconnect", "stall", "malformed", "error_event"):
+        assert all(r.chunk_tokens and r.first_token_s is not None for r in recs)  # partial data kept
+    if fault == "stall":
+        assert all(0.25 <= r.end_s - r.chunk_times_s[-1] < 1.0 for r in recs)
+    if fault == "slow":
+        assert all(0.95 <= r.end_s - r.send_s < 1.5 for r in recs)
+
+
+def test_measurement_completes_and_counts_failures(faulty_run: RunResult) -> None:
+    m = measure(faulty_run)
+    n_bad = sum(1 for f in EXPECTED.values() if f is not None) * 2
+    assert m.n_requests == len(faulty_run.records) and m.n_errors == n_bad
+    assert m.error_rate == pytest.approx(n_bad / m.n_requests)
+    assert m.errors == {
+        "http_4xx": 2,
+        "http_5xx": 2,
+        "disconnected": 4,
+        "stalled": 2,
+        "timeout": 2,
+        "malformed_sse": 4,
+        "server_error": 2,
+    }
+    assert m.output_tokens_per_s is not None and m.output_tokens_per_s > 0
+
+
+def test_connection_refused_is_data() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        run = replay(closed(3, conc=2), base_url=f"http://127.0.0.1:{port}", model="tiny")
+    assert [r.error for r in run.records] == ["connection_refused"] * 3
+    m = measure(run)
+    assert m.error_rate == 1.0 and m.output_tokens_per_s is None and m.errors == {"connection_refused": 3}
+
+
+# --- API edges ------------------------------------------------------------------------------
+
+
+def test_replay_works_from_a_thread(stub: StubServer) -> None:
+    out: list[RunResult] = []
+    t = threading.Thread(target=lambda: out.append(replay(closed(3, conc=3), base_url=stub.base_url, model="tiny")))
+    t.start()
+    t.join(20)
+    assert out and all(r.ok for r in out[0].records)
+
+
+def test_replay_inside_a_running_loop_says_to_await(stub: StubServer) -> None:
+    async def inside() -> None:
+        replay(closed(1, conc=1), base_url=stub.base_url, model="tiny")
+
+    with pytest.raises(LoadgenError, match="await run_schedule"):
+        asyncio.run(inside())
+
+
+def test_run_schedule_awaitable_with_progress(stub: StubServer) -> None:
+    seen: list[tuple[int, int]] = []
+    run = asyncio.run(
+        run_schedule(
+            closed(5, conc=2),
+            base_url=stub.base_url + "/",
+            model="tiny",
+            progress=lambda d, t: seen.append((d, t)),
+        )
+    )
+    assert len(run.records) == 5
+    assert seen == [(i, 5) for i in range(1, 6)]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "kwargs", "match"),
+    [
+        (Schedule(mode="closed", requests=(RequestSpec(0, PROMPT, 4),)), {}, "concurrency=None"),
+        (closed(1, conc=1, max_tokens=0), {}, "max_tokens is 0"),
+        (Schedule(mode="open", requests=(RequestSpec(0, PROMPT, 4),)), {}, "send_at_s is None"),
+        (
+            Schedule(mode="open", requests=(RequestSpec(0, PROMPT, 4, send_at_s=float("nan")),)),
+            {},
+            "send_at_s is nan",
+        ),
+        (closed(1, conc=1), {"api": "embeddings"}, "api is 'embeddings'"),
+        (closed(1, conc=1), {"base_url": "localhost:8000"}, "must start with http"),
+        (closed(1, conc=1), {"stall_timeout_s": 0}, "timeouts must be > 0"),
+        ("not a schedule", {}, "not a replay schedule"),
+    ],
+)
+def test_unusable_input_raises_loadgen_error(schedule: object, kwargs: dict, match: str) -> None:
+    args = {"base_url": "http://127.0.0.1:9", "model": "tiny", **kwargs}
+    with pytest.raises(LoadgenError, match=match):
+        replay(schedule, **args)  # type: ignore[arg-type]
+
+
+def test_metrics_sampled_during_the_run_give_server_figures(stub: StubServer) -> None:
+    before = snapshot_metrics(stub.base_url)
+    run = replay(closed(30, conc=6), base_url=stub.base_url, model="tiny", metrics_interval_s=0.02)
+    after = snapshot_metrics(stub.base_url)
+    assert len(run.snapshots) >= 3
+    m = measure(run)
+    assert m.server["generation_tokens_per_s"] > 0 and "requests_running" in m.server
+    whole = measure(run, server_before=before, server_after=after)
+    assert whole.server["generation_tokens"] == sum(r.output_tokens for r in run.records)
+    assert whole.server["requests_success"] == 30
+
+
+# --- the SSE parser on its own ---------------------------------------------------------------
+
+STREAM = (
+    b": keep-alive comment\r\n\r\n"
+    b"event: message\r\n"
+    b'data: {"choices":[{"index":0,"text":" a","finish_reason":null}],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\r\n\r\n'
+    b'data:{"choices":[{"index":0,"text":" b","finish_reason":"length"}],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":5}}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def test_sse_parser_is_independent_of_how_bytes_are_split() -> None:
+    results = set()
+    for cut in range(1, len(STREAM)):
+        p = _SseParser(chat=False)
+        p.feed(STREAM[:cut], 1.0)
+        p.feed(STREAM[cut:], 2.0)
+        p.close()
+        assert p.done and p.prompt_tokens == 3 and p.usage_total == 5
+        results.add(tuple(p.tokens))
+    assert results == {(2, 3)}
+
+
+def test_sse_parser_rejects_an_unterminated_tail() -> None:
+    from autotune.loadgen import _Failure
+
+    p = _SseParser(chat=False)
+    p.feed(STREAM + b'data: {"choi', 1.0)
+    with pytest.raises(_Failure) as info:
+        p.close()
+    assert info.value.reason == "malformed_sse"

@@ -1,0 +1,97 @@
+"""End to end: `autotune tune` against real CPU vLLM servers, SQLite Optuna, MLflow, local Ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, needs_vllm
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    tracking = f"sqlite:///{tmp_path}/mlflow.db"
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "-m", "autotune", "tune",
+        "--model", str(tiny_hybrid), "--shape", str(REPO / "traffic" / "example-chat.json"),
+        "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "3",
+        "--storage", storage, "--tracking-uri", tracking, "--study-name", "e2e",
+        "--out", str(out), "--num-requests", "16", "--concurrency", "4", "--seed", "3",
+        "--cache-dir", str(tmp_path / "cache"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    assert "serve command:" in proc.stdout and "vllm serve" in proc.stdout
+    assert "[3/3 done" in proc.stderr  # the progress display
+
+    # Optuna storage: 3 finished trials (samples the space's rules reject cost no server
+    # and do not count), trial 0 is vLLM's defaults.
+    study = optuna.load_study(study_name="e2e", storage=storage)
+    all_trials = study.get_trials()
+    trials = [t for t in all_trials if t.user_attrs.get("autotune.reason") != "rejected"]
+    assert len(trials) == 3
+    for t in all_trials:
+        if t.user_attrs.get("autotune.reason") == "rejected":
+            assert "autotune.flags" not in t.user_attrs  # never launched
+    assert trials[0].user_attrs.get("autotune.baseline") is True
+    states = {t.number: t.user_attrs.get("autotune.state") for t in trials}
+    assert all(s in ("ok", "failed", "infeasible") for s in states.values()), states
+    ok = [t for t in trials if t.user_attrs.get("autotune.state") == "ok"]
+    assert ok, {t.number: t.user_attrs.get("autotune.message") for t in trials}
+    for t in ok:
+        m = t.user_attrs["autotune.metrics"]
+        assert m["output_tokens_per_s"] > 0 and t.value == m["output_tokens_per_s"]
+        assert 0 < m["ttft_p50_s"] <= m["ttft_p99_s"]
+        assert m["e2e_p99_s"] >= m["e2e_p50_s"] > 0
+        assert m["n_requests"] == 16
+    for t in trials:
+        if t.user_attrs.get("autotune.state") == "failed":
+            assert t.user_attrs.get("autotune.reason")  # a failure has its reason
+
+    # best.json
+    best = json.loads((out / "best.json").read_text())
+    assert set(best) >= {"params", "serve_command", "metrics"}
+    best_trial = max(ok, key=lambda t: t.value)
+    assert best["trial"] == best_trial.number
+    assert best["metrics"]["output_tokens_per_s"] == pytest.approx(best_trial.value)
+    assert best["serve_command"].startswith("vllm serve ")
+    for flag in best["flags"]:
+        assert flag in best["serve_command"] or flag.startswith("{")
+    assert (out / "trials.csv").exists() and (out / "logs").is_dir()
+
+    # MLflow: a parent run for the study, one child run per trial, the best one tagged.
+    client = MlflowClient(tracking_uri=tracking)
+    exp = client.get_experiment_by_name("autotune")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("autotune.kind") == "study"]
+    children = [r for r in runs if r.data.tags.get("autotune.kind") == "trial"]
+    assert len(parents) == 1 and len(children) == len(all_trials)
+    parent = parents[0]
+    assert parent.data.tags["autotune.shape_fingerprint"] == best["shape"]["fingerprint"]
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    tagged = [c for c in children if c.data.tags.get("autotune.best") == "true"]
+    assert len(tagged) == 1 and tagged[0].data.tags["autotune.trial_number"] == str(best["trial"])
+    for c in children:
+        assert c.data.tags.get("autotune.engine_version", "").startswith("vllm")
+        assert "flags" in c.data.params
+        if c.data.tags.get("autotune.trial_state") == "ok":
+            assert c.data.metrics["output_tokens_per_s"] > 0
+        else:
+            assert c.data.tags.get("autotune.failure_reason")
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"best.json", "serve_command.sh"} <= arts
+
+    # no vLLM server of ours left running
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tiny_hybrid) not in ps
