@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 from aiohttp import web
@@ -169,8 +169,7 @@ class _App:
             "# TYPE vllm:prompt_tokens_total counter",
             f"vllm:prompt_tokens_total{lab} {c.prompt_tokens}",
             "# TYPE vllm:request_success_total counter",
-            f"vllm:request_success_total{lab[:-1]},finished_reason=\"length\"}} "
-            f"{c.requests_success}",
+            f'vllm:request_success_total{lab[:-1]},finished_reason="length"}} {c.requests_success}',
             "# TYPE vllm:num_preemptions_total counter",
             f"vllm:num_preemptions_total{lab} 0",
             "# TYPE vllm:num_requests_running gauge",
@@ -225,8 +224,14 @@ class _App:
         rid = f"{id(request):x}".encode()
         kind = b"chat.completion.chunk" if chat else b"text_completion"
         base = (
-            b'data: {"id":"' + (b"chatcmpl-" if chat else b"cmpl-") + rid + b'","object":"'
-            + kind + b'","created":0,"model":"' + model + b'"'
+            b'data: {"id":"'
+            + (b"chatcmpl-" if chat else b"cmpl-")
+            + rid
+            + b'","object":"'
+            + kind
+            + b'","created":0,"model":"'
+            + model
+            + b'"'
         )
         head = base + (b',"choices":[{"index":0,"delta":' if chat else b',"choices":[{"index":0,')
         usage_tpl = b',"usage":{"prompt_tokens":%d,"total_tokens":%%d,"completion_tokens":%%d}' % (
@@ -235,10 +240,21 @@ class _App:
 
         def event(text: bytes, finish: bytes, done_tokens: int) -> bytes:
             if chat:
-                body = head + b'{"content":"' + text + b'"},"logprobs":null,"finish_reason":' + finish + b"}]"
+                body = (
+                    head
+                    + b'{"content":"'
+                    + text
+                    + b'"},"logprobs":null,"finish_reason":'
+                    + finish
+                    + b"}]"
+                )
             else:
                 body = (
-                    head + b'"text":"' + text + b'","logprobs":null,"finish_reason":' + finish
+                    head
+                    + b'"text":"'
+                    + text
+                    + b'","logprobs":null,"finish_reason":'
+                    + finish
                     + b',"stop_reason":null}]'
                 )
             if continuous:
@@ -252,7 +268,10 @@ class _App:
         c.prompt_tokens += n_prompt
         try:
             if chat:
-                role = head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+                role = (
+                    head
+                    + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+                )
                 if continuous:
                     role += usage_tpl % (n_prompt, 0)
                 await resp.write(role + b"}\n\n")
@@ -356,7 +375,7 @@ class StubServer:
         """Tokens streamed so far (what ``/metrics`` reports)."""
         return self._app.counters.generation_tokens
 
-    def __enter__(self) -> StubServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -384,7 +403,7 @@ class StubServer:
             assert server is not None and server.sockets
             self.port = server.sockets[0].getsockname()[1]
             self._runner = runner
-        except BaseException as exc:  # reported to start()
+        except Exception as exc:  # reported to start()
             self._error = exc
             self._ready.set()
             loop.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -85,6 +85,8 @@ class TuneSettings(BaseModel):
     cache_dir: Path | None = None  # None: ~/.cache/autotune (shared compile/JIT caches)
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0)
     resume: bool = False
+    enqueue: list[dict[str, Any]] = Field(default_factory=list)  # configs to try first
+    timeout_s: float | None = Field(default=None, gt=0)  # no new trials after this
 
     @field_validator("slo")
     @classmethod

@@ -189,7 +189,7 @@ class _SseParser:
     in-stream error object.
     """
 
-    __slots__ = ("chat", "times", "tokens", "prompt_tokens", "usage_total", "cum", "done", "tail")
+    __slots__ = ("chat", "cum", "done", "prompt_tokens", "tail", "times", "tokens", "usage_total")
 
     def __init__(self, *, chat: bool) -> None:
         self.chat = chat
@@ -393,11 +393,15 @@ def _raise_nofile(need: int) -> None:
             logger.warning(
                 "open-files hard limit is %d but %d streams need about %d; raise it "
                 "(ulimit -Hn) or lower the concurrency",
-                hard, need - 64, need,
+                hard,
+                need - 64,
+                need,
             )
 
 
-def _check(schedule: Schedule) -> tuple[Literal["open", "closed"], int | None, Sequence[RequestSpec]]:
+def _check(
+    schedule: Schedule,
+) -> tuple[Literal["open", "closed"], int | None, Sequence[RequestSpec]]:
     mode = getattr(schedule, "mode", None)
     requests = getattr(schedule, "requests", None)
     conc = getattr(schedule, "concurrency", None)

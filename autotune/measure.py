@@ -9,6 +9,7 @@ steady-state window, the percentiles, goodput, the CV and the server figures.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections import Counter
@@ -297,9 +298,7 @@ class Measurement(BaseModel):
         out["window_s"] = self.window_s
         for k, v in self.server.items():
             out[f"server_{k}"] = v
-        return {
-            k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))
-        }
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 
 def _finite(x: float | None) -> bool:
@@ -357,7 +356,7 @@ def _latencies(
         last = times[-1]
         if last >= r.first_token_s:
             tpot = (last - r.first_token_s) / (r.output_tokens - 1)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return ttft, tpot, e2e, gaps
 
 
@@ -449,7 +448,9 @@ def measure(
         tok_rate = float(toks[inside].sum() / (t1 - t0))
         k = max(1, subwindows)
         if k >= 2:
-            sums, _ = np.histogram(times[inside], bins=np.linspace(t0, t1, k + 1), weights=toks[inside])
+            sums, _ = np.histogram(
+                times[inside], bins=np.linspace(t0, t1, k + 1), weights=toks[inside]
+            )
             cv = _cv(list(sums / ((t1 - t0) / k)))
 
     lat_set = ok

@@ -171,6 +171,7 @@ class Knob(BaseModel):
     flag: str | None = None  # "--max-num-seqs"; bools become --x / --no-x
     json_flag: str | None = Field(default=None, alias="json")  # "--speculative-config.num_speculative_tokens"
     env: str | None = None  # "OMP_NUM_THREADS"
+    virtual: bool = False  # no flag of its own: only feeds `derive` expressions
     omit_when: Any = None  # value that means "leave the flag out" (e.g. MTP depth 0 = off)
     when: str | None = None  # condition for the knob to exist
     default: Any = None  # vLLM's own default (the baseline trial uses it; None = unknown)
@@ -180,8 +181,10 @@ class Knob(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> Knob:
         targets = [t for t in (self.flag, self.json_flag, self.env) if t]
-        if len(targets) != 1:
-            raise ValueError("give exactly one of 'flag', 'json' or 'env'")
+        if self.virtual and targets:
+            raise ValueError("a virtual knob feeds 'derive' only; remove its flag/json/env")
+        if not self.virtual and len(targets) != 1:
+            raise ValueError("give exactly one of 'flag', 'json' or 'env' (or virtual: true)")
         if self.flag and not self.flag.startswith("-"):
             raise ValueError(f"flag {self.flag!r} must start with '-'")
         if self.json_flag and "." not in self.json_flag:
@@ -382,7 +385,9 @@ class SearchSpace:
         values: dict[str, Any] = {} if baseline else dict(params)
         for name, value in values.items():
             knob = self.knobs[name]
-            if value is None or (knob.omit_when is not None and value == knob.omit_when):
+            if knob.virtual or value is None or (
+                knob.omit_when is not None and value == knob.omit_when
+            ):
                 continue
             if knob.flag:
                 flags.extend(_flag_args(knob.flag, value))
@@ -422,7 +427,7 @@ class SearchSpace:
                 else f"{k.low:g}..{k.high:g}{' (log)' if k.log else ''}"
             )  # fmt: skip
             rows.append({"knob": k.name, "values": values,
-                         "target": k.flag or k.json_flag or f"env {k.env}",
+                         "target": k.flag or k.json_flag or (f"env {k.env}" if k.env else "derive"),
                          "when": k.when or "", "lossy": k.lossy, "default": k.default})
         return rows
 

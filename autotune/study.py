@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune.config import DEFAULT_OUT_ROOT, SLO_KEYS, TuneSettings
 from autotune.engine import FailureReason, detect_engine, serve_command
-from autotune.errors import AutotuneError, StudyError
+from autotune.errors import AutotuneError, ConfigError, StudyError
 from autotune.space import ModelFacts, SearchSpace, load_space
 from autotune.trial import TrialOutcome, TrialSpec
 
@@ -50,6 +50,8 @@ class A:
     REASON = "autotune.reason"
     MESSAGE = "autotune.message"
     BASELINE = "autotune.baseline"
+    ENQUEUED = "autotune.enqueued"  # a config given by the user or a warm start
+    PRIOR = "autotune.prior"  # a trial copied from an earlier study (warm start): not ours
     FLAGS = "autotune.flags"
     ENV = "autotune.env"
     METRICS = "autotune.metrics"
@@ -65,6 +67,7 @@ class A:
     SPACE = "autotune.space"
     SPACE_PATH = "autotune.space_path"
     ENGINE = "autotune.engine_version"
+    GPU = "autotune.gpu_type"
     SETTINGS = "autotune.settings"
     MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
 
@@ -195,18 +198,27 @@ def _latest_study(storage: Any) -> str | None:
     return max(summaries, key=lambda s: s.datetime_start).study_name
 
 
-def _gpu_type() -> str:
-    try:
-        import subprocess
+def _nvidia_smi(field: str) -> str:
+    import subprocess
 
+    try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=10, check=False,
         )  # fmt: skip
-        names = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-        return names[0] if names else "cpu"
-    except (OSError, Exception):  # noqa: BLE001
-        return "cpu"
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def _gpu_type() -> str:
+    return _nvidia_smi("name") or "unknown"
+
+
+def _gpu_arch() -> str:
+    cap = _nvidia_smi("compute_cap")  # "9.0" on Hopper
+    return "sm" + cap.replace(".", "") if cap else ""
 
 
 def tune(
@@ -216,12 +228,14 @@ def tune(
     tracker: Any = None,
     sampler: Any = None,
     on_event: Callable[[StudyEvent], None] | None = None,
+    warm_start: Any = None,
 ) -> TuneResult:
     """Run (or resume) a study as ``settings`` say and return its result.
 
     ``executor`` (default: a :class:`~autotune.parallel.RayExecutor`), ``tracker`` (default:
     an :class:`~autotune.tracking.MlflowTracker`) and ``sampler`` (default: TPE with
-    constraints) can be injected. Raises :class:`AutotuneError` subclasses for bad input;
+    constraints) can be injected. ``warm_start`` (a :class:`autotune.registry.WarmStart`)
+    adds an earlier study's trials as prior knowledge and enqueues its top configs. Raises :class:`AutotuneError` subclasses for bad input;
     failures of trials are recorded, never raised.
     """
     import optuna
@@ -241,8 +255,13 @@ def tune(
         )
     shape = load_shape(settings.shape)
     info = detect_engine()
-    facts = ModelFacts.from_model_dir(model, device=info.device)
+    gpu_type = _gpu_type() if info.device == "cuda" else "cpu"
+    facts = ModelFacts.from_model_dir(
+        model, device=info.device, gpu_arch=_gpu_arch() if info.device == "cuda" else ""
+    )
     space = load_space(settings.space, facts=facts)
+    enqueued = [_complete_params(space, p, f"--enqueue #{i + 1}")
+                for i, p in enumerate(settings.enqueue)]
     gpus_per_trial = settings.gpus_per_trial
     if gpus_per_trial is None:
         gpus_per_trial = 1 if info.device == "cuda" else 0
@@ -295,12 +314,20 @@ def tune(
         for key, value in {
             A.MODEL: str(model), A.SHAPE: shape.fingerprint, A.SHAPE_PATH: str(settings.shape),
             A.SPACE: space.name, A.SPACE_PATH: str(settings.space),
-            A.ENGINE: f"{info.package} {info.version}",
+            A.ENGINE: f"{info.package} {info.version}", A.GPU: gpu_type,
             A.SETTINGS: settings.model_dump(mode="json"),
         }.items():  # fmt: skip
             study.set_user_attr(key, value)
         if settings.baseline:
             study.enqueue_trial(space.baseline_params(), user_attrs={A.BASELINE: True})
+        for params in enqueued:
+            study.enqueue_trial(params, user_attrs={A.ENQUEUED: True})
+        if warm_start is not None:
+            if warm_start.prior_trials:
+                study.add_trials(warm_start.prior_trials)
+            for params in warm_start.enqueue:
+                study.enqueue_trial(_complete_params(space, params, "warm start"),
+                                    user_attrs={A.ENQUEUED: True}, skip_if_exists=True)
 
     # -- tracking -----------------------------------------------------------------------------
     if tracker is None:
@@ -309,7 +336,6 @@ def tune(
         tracker = MlflowTracker(tracking_uri, experiment=settings.experiment)
     from autotune.tracking import TAGS
 
-    gpu_type = _gpu_type() if info.device == "cuda" else "cpu"
     base_tags = {
         TAGS["shape"]: shape.fingerprint,
         TAGS["shape_name"]: shape.name,
@@ -367,9 +393,17 @@ def tune(
         ))  # fmt: skip
 
     progress("study_started", message=f"{finished_before} finished trial(s) already")
+
+    t_loop = time.monotonic()  # the time budget counts from here (Ray and MLflow are up)
+
+    def more() -> bool:
+        if settings.timeout_s is not None and time.monotonic() - t_loop > settings.timeout_s:
+            return False  # time budget spent: let running trials finish, start no new one
+        return _n_finished(study) + len(flights) < settings.trials
+
     try:
-        while _n_finished(study) + len(flights) < settings.trials or flights:
-            while len(flights) < executor.slots and _n_finished(study) + len(flights) < settings.trials:
+        while more() or flights:
+            while len(flights) < executor.slots and more():
                 trial = study.ask()
                 is_base = bool(trial.user_attrs.get(A.BASELINE))
                 params = space.suggest(trial, baseline=is_base)
@@ -416,6 +450,7 @@ def tune(
                 if rid:
                     trial.set_user_attr(A.MLFLOW_RUN, rid)
                 _commit_tell(study, trial, value)
+                _write_trials_csv(study, out_dir / "trials.csv")
                 progress("trial_finished", trial_number=outcome.number, trial_ok=outcome.ok,
                          trial_value=value, trial_reason=reason, trial_params=params,
                          message=outcome.message.splitlines()[0] if outcome.message else "")
@@ -435,6 +470,28 @@ def tune(
     result = _finish(study, settings, space, shape, model, info, out_dir, tracker, tracking_uri)
     progress("study_finished")
     return result
+
+
+def _complete_params(space: SearchSpace, params: dict[str, Any], where: str) -> dict[str, Any]:
+    """An enqueued config: given knobs, the rest at vLLM's defaults; checked against the space."""
+    unknown = sorted(set(params) - set(space.knobs))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown knob(s) {', '.join(unknown)} for space {space.name}; "
+            f"knobs: {', '.join(space.knobs)}"
+        )
+    full: dict[str, Any] = {}
+    for name, knob in space.knobs.items():
+        if not space.is_active(name, {**full, **params}):
+            continue
+        if name in params:
+            full[name] = params[name]
+        elif knob.default is not None:
+            full[name] = knob.default
+    problems = space.violations(full)
+    if problems:
+        raise ConfigError(f"{where}: {'; '.join(problems)}")
+    return full
 
 
 def _default_tracking(settings: TuneSettings) -> str:
@@ -461,13 +518,15 @@ def _n_finished(study: Any) -> int:
 
     return sum(1 for t in study.get_trials(deepcopy=False)
                if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-               and t.user_attrs.get(A.REASON) != FailureReason.REJECTED)
+               and t.user_attrs.get(A.REASON) != FailureReason.REJECTED
+               and not t.user_attrs.get(A.PRIOR))
 
 
 def _feasible(t: Any) -> bool:
     from optuna.trial import TrialState
 
-    return t.state == TrialState.COMPLETE and all(c <= 0 for c in _constraints(t))
+    return (t.state == TrialState.COMPLETE and not t.user_attrs.get(A.PRIOR)
+            and all(c <= 0 for c in _constraints(t)))
 
 
 def _best_trial(study: Any) -> Any:

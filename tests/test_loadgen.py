@@ -18,7 +18,9 @@ from autotune.traffic import RequestSpec, Schedule
 PROMPT = (11, 12, 13, 14, 15)
 
 
-def closed(n: int, *, conc: int, max_tokens: int = 12, prompt: tuple[int, ...] = PROMPT) -> Schedule:
+def closed(
+    n: int, *, conc: int, max_tokens: int = 12, prompt: tuple[int, ...] = PROMPT
+) -> Schedule:
     reqs = tuple(RequestSpec(i, prompt, max_tokens) for i in range(n))
     return Schedule(mode="closed", requests=reqs, concurrency=conc)
 
@@ -149,9 +151,13 @@ def test_each_fault_is_a_record_with_its_reason(faulty_run: RunResult, fault: st
         if not r.ok:
             assert r.error in ERROR_REASONS and r.detail and r.end_s is not None
     if fault in ("http_400", "http_500"):
-        assert all(r.status == int(fault[-3:]) and "fault requested" in (r.detail or "") for r in recs)
+        assert all(
+            r.status == int(fault[-3:]) and "fault requested" in (r.detail or "") for r in recs
+        )
     if fault in ("disconnect", "stall", "malformed", "error_event"):
-        assert all(r.chunk_tokens and r.first_token_s is not None for r in recs)  # partial data kept
+        assert all(
+            r.chunk_tokens and r.first_token_s is not None for r in recs
+        )  # partial data kept
     if fault == "stall":
         assert all(0.25 <= r.end_s - r.chunk_times_s[-1] < 1.0 for r in recs)
     if fault == "slow":
@@ -182,7 +188,11 @@ def test_connection_refused_is_data() -> None:
         run = replay(closed(3, conc=2), base_url=f"http://127.0.0.1:{port}", model="tiny")
     assert [r.error for r in run.records] == ["connection_refused"] * 3
     m = measure(run)
-    assert m.error_rate == 1.0 and m.output_tokens_per_s is None and m.errors == {"connection_refused": 3}
+    assert (
+        m.error_rate == 1.0
+        and m.output_tokens_per_s is None
+        and m.errors == {"connection_refused": 3}
+    )
 
 
 # --- API edges ------------------------------------------------------------------------------
@@ -190,7 +200,9 @@ def test_connection_refused_is_data() -> None:
 
 def test_replay_works_from_a_thread(stub: StubServer) -> None:
     out: list[RunResult] = []
-    t = threading.Thread(target=lambda: out.append(replay(closed(3, conc=3), base_url=stub.base_url, model="tiny")))
+    t = threading.Thread(
+        target=lambda: out.append(replay(closed(3, conc=3), base_url=stub.base_url, model="tiny"))
+    )
     t.start()
     t.join(20)
     assert out and all(r.ok for r in out[0].records)

@@ -26,7 +26,9 @@ TTFT_TOL_S = 0.05  # absolute part of the TTFT tolerance
 TTFT_TOL_REL = 0.25  # relative part (of the server's mean TTFT)
 
 
-def schedule(n: int, *, conc: int, prompt_len: int = 32, max_tokens: int = 24, seed: int = 0) -> Schedule:
+def schedule(
+    n: int, *, conc: int, prompt_len: int = 32, max_tokens: int = 24, seed: int = 0
+) -> Schedule:
     rng = random.Random(seed)
     reqs = tuple(
         RequestSpec(i, tuple(rng.randrange(10, 4000) for _ in range(prompt_len)), max_tokens)
@@ -69,7 +71,9 @@ def test_completions_stream_and_agree_with_the_server(tiny_server: Any) -> None:
 
 def test_chat_prompts_of_t_words_have_the_intended_length(tiny_server: Any) -> None:
     url, model = tiny_server.base_url, tiny_server.model_name
-    run = replay(schedule(6, conc=3, prompt_len=20, max_tokens=8), base_url=url, model=model, api="chat")
+    run = replay(
+        schedule(6, conc=3, prompt_len=20, max_tokens=8), base_url=url, model=model, api="chat"
+    )
     for r in run.records:
         assert r.ok, (r.error, r.detail)
         assert r.output_tokens == 8 == sum(r.chunk_tokens)
@@ -78,14 +82,25 @@ def test_chat_prompts_of_t_words_have_the_intended_length(tiny_server: Any) -> N
 
 def test_measurement_with_metrics_sampled_during_the_run(tiny_server: Any) -> None:
     url, model = tiny_server.base_url, tiny_server.model_name
-    run = replay(schedule(32, conc=8, max_tokens=32, seed=1), base_url=url, model=model, metrics_interval_s=0.5)
+    run = replay(
+        schedule(32, conc=8, max_tokens=32, seed=1),
+        base_url=url,
+        model=model,
+        metrics_interval_s=0.5,
+    )
     assert len(run.snapshots) >= 2
     m = measure(run)
     assert m.n_errors == 0 and m.window_rule == "steady"
     for key in ("generation_tokens_per_s", "kv_cache_usage", "requests_running", "preemptions"):
         assert key in m.server, key
     assert 0 <= m.server["kv_cache_usage"] <= 1
-    assert all(k.startswith("server_") for k in m.flat() if k not in m.model_fields and "_p" not in k and k not in ("n_requests", "n_errors", "cv", "window_s"))
+    assert all(
+        k.startswith("server_")
+        for k in m.flat()
+        if k not in m.model_fields
+        and "_p" not in k
+        and k not in ("n_requests", "n_errors", "cv", "window_s")
+    )
 
 
 def test_unknown_model_is_an_http_4xx_record(tiny_server: Any) -> None:
@@ -95,5 +110,9 @@ def test_unknown_model_is_an_http_4xx_record(tiny_server: Any) -> None:
 
 
 def test_prompt_longer_than_the_context_is_an_http_4xx_record(tiny_server: Any) -> None:
-    run = replay(schedule(1, conc=1, prompt_len=1100, max_tokens=8), base_url=tiny_server.base_url, model=tiny_server.model_name)
+    run = replay(
+        schedule(1, conc=1, prompt_len=1100, max_tokens=8),
+        base_url=tiny_server.base_url,
+        model=tiny_server.model_name,
+    )
     assert run.records[0].error == "http_4xx" and "1024" in (run.records[0].detail or "")

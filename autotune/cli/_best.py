@@ -1,0 +1,209 @@
+"""``autotune best`` and ``autotune retune``: the best config per traffic shape, re-tuning on drift."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.config import DEFAULT_STORAGE
+
+EXIT_OK = 0
+EXIT_NOTHING = 1  # no tuned study (or no feasible trial) to answer from
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    best = sub.add_parser(
+        "best",
+        help="print the best known config for a traffic shape",
+        description=(
+            "Look up the best feasible config tuned for a traffic shape in the Optuna "
+            "storage: the studies tuned for the exact shape fingerprint, else the nearest "
+            "tuned shape (its distance and verdict are printed). Exits 1 when nothing was "
+            "tuned. See docs/registry.md."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    best.add_argument("--shape", required=True, type=Path, help="traffic shape JSON")
+    best.add_argument("--model", default=None,
+                      help="only studies of this model (path, or its folder name)")
+    best.add_argument("--gpu", default=None,
+                      help="only studies run on this GPU type (e.g. H200; case-insensitive)")
+    best.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL")
+    best.add_argument("--json", action="store_true", help="print the hit as JSON")
+    best.set_defaults(func=_best)
+
+    retune = sub.add_parser(
+        "retune",
+        parents=[_tune_options()],
+        conflict_handler="resolve",
+        help="re-tune for a new traffic shape when it drifted, warm-started from the last study",
+        description=(
+            "Compare the new shape with the shape the current best config (for this model) "
+            "was tuned for. If it did not drift, say so and exit 0. If it drifted, run a new "
+            "study (same options as 'autotune tune') that first measures the earlier study's "
+            "top configs and starts the sampler from its trials. See docs/registry.md."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    rt = retune.add_argument_group("re-tune")
+    rt.add_argument("--top-k", type=int, default=3,
+                    help="best configs of the earlier study measured first in the new one")
+    rt.add_argument("--gpu", default=None, help="only compare with studies on this GPU type")
+    rt.add_argument("--force", action="store_true",
+                    help="re-tune (warm-started) even when the shape did not drift")
+    retune.set_defaults(func=_retune)
+
+
+def _tune_options() -> argparse.ArgumentParser:
+    """The parser of ``autotune tune``, as a parent: retune takes exactly its options."""
+    from autotune.cli import _tune
+
+    holder = argparse.ArgumentParser(add_help=False)
+    _tune.register(holder.add_subparsers())
+    for action in holder._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices["tune"]  # type: ignore[no-any-return]
+    raise RuntimeError("autotune.cli._tune registered no 'tune' parser")  # a bug, not input
+
+
+def _facts(model: str) -> Any:
+    """The model's facts for the space's rules; None where they cannot be read yet (the
+    comparison needs no engine; tune() reports a missing model or vLLM itself)."""
+    from autotune.engine import detect_engine
+    from autotune.errors import AutotuneError
+    from autotune.space import ModelFacts
+
+    try:
+        return ModelFacts.from_model_dir(model, device=detect_engine().device)
+    except AutotuneError:
+        return None
+
+
+def _diff_lines(diff: Any) -> list[str]:
+    lines = []
+    for name, d in diff.dimensions.items():
+        dist = "n/a (not measured on both)" if d.distance is None else f"{d.distance:.4g}"
+        flag = "  DRIFTED" if d.drifted else ""
+        lines.append(f"  {name:<15} {dist} (threshold {d.threshold:.4g}, {d.metric}){flag}")
+    return lines
+
+
+def _print_hit(hit: Any, shape: Any, out: Any) -> None:
+    if hit.exact:
+        print(f"best known config for shape {shape.name} ({shape.fingerprint}): tuned for "
+              "this exact shape", file=out)
+    else:
+        where = hit.shape_path or hit.shape_fingerprint
+        drift = (f"drifted in {', '.join(hit.drifted_dimensions)}" if hit.verdict == "drifted"
+                 else "within every threshold")
+        print(f"no study was tuned for shape {shape.name} ({shape.fingerprint}); nearest tuned "
+              f"shape: {where} ({hit.shape_fingerprint}) at distance {hit.distance:.3g} "
+              f"(verdict: {hit.verdict}, {drift})", file=out)
+    print(f"study {hit.study}, trial {hit.trial}{' (vLLM defaults)' if hit.is_baseline else ''}:"
+          f" {hit.value:,.1f} {hit.metric}", file=out)
+    print(f"model {hit.model}, engine {hit.engine_version or '?'}, GPU {hit.gpu_type}",
+          file=out)
+    print(f"params: {json.dumps(hit.params)}", file=out)
+    if hit.quality:
+        print("quality: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(hit.quality.items())),
+              file=out)
+    print(f"serve command:\n  {hit.serve_command}", file=out)
+    for note in hit.notes:
+        print(f"note: {note}", file=out)
+    if not hit.exact and hit.verdict == "drifted":
+        print("this shape drifted from every tuned one: 'autotune retune --shape ... --model "
+              "... --space ...' tunes for it, warm-started from this study", file=out)
+
+
+def _best(args: argparse.Namespace) -> int:
+    from autotune.registry import explain_miss, find_best
+    from autotune.traffic import load_shape
+
+    shape = load_shape(args.shape)
+    hit = find_best(storage=args.storage, shape=shape, model=args.model, gpu=args.gpu)
+    if hit is None:
+        print(f"autotune: {explain_miss(storage=args.storage, model=args.model, gpu=args.gpu)}",
+              file=sys.stderr)
+        return EXIT_NOTHING
+    if args.json:
+        print(json.dumps(hit.to_dict(), indent=2))
+    else:
+        _print_hit(hit, shape, sys.stdout)
+    return EXIT_OK
+
+
+def _retune(args: argparse.Namespace) -> int:
+    from autotune.cli._tune import _Display, _settings
+    from autotune.registry import explain_miss, plan_retune
+    from autotune.space import load_space
+    from autotune.study import tune
+    from autotune.traffic import load_shape
+
+    settings = _settings(args)  # validate every option before comparing anything
+    out = sys.stdout
+    ws = None
+    if args.resume:
+        print("--resume: continuing the re-tune study as it is (its warm start is already in "
+              "its storage)", file=out)
+    else:
+        shape = load_shape(args.shape)
+        model = str(Path(args.model).expanduser().resolve())
+        space = load_space(args.space, facts=_facts(model))
+        plan = plan_retune(storage=args.storage, shape=shape, model=model, gpu=args.gpu,
+                           top_k=args.top_k, space=space, force=args.force)
+        if plan is None:
+            print(f"autotune: nothing to re-tune from: "
+                  f"{explain_miss(storage=args.storage, model=model, gpu=args.gpu)}",
+                  file=sys.stderr)
+            return EXIT_NOTHING
+        hit = plan.hit
+        tuned = hit.shape_path or hit.shape_fingerprint
+        if plan.diff is None:
+            print(f"shape {shape.name} ({shape.fingerprint}) is the shape study {hit.study} was "
+                  "tuned for: it did not drift (distance 0)", file=out)
+        else:
+            verdict = ("DRIFTED in " + ", ".join(plan.diff.drifted_dimensions) if plan.drifted
+                       else "did not drift")
+            print(f"shape {shape.name} vs {tuned} (study {hit.study}): {verdict}; distance "
+                  f"{plan.diff.distance:.3g} (<= 1 everywhere = same)", file=out)
+            for line in _diff_lines(plan.diff):
+                print(line, file=out)
+        if not plan.drifted and not args.force:
+            print(f"keep the current best (study {hit.study}, trial {hit.trial}: "
+                  f"{hit.value:,.1f} {hit.metric}):\n  {hit.serve_command}", file=out)
+            return EXIT_OK
+        ws = plan.warm_start
+        if ws is not None:
+            print(f"re-tuning, warm-started from study {ws.source_study}: "
+                  f"{len(ws.enqueue)} config(s) measured first, {len(ws.prior_trials)} earlier "
+                  "trial(s) as prior knowledge (their values were measured under the old shape)",
+                  file=out)
+
+    label = "out tok/s" if settings.objective == "throughput" else "goodput req/s"
+
+    def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        result = tune(settings, on_event=_Display(label), warm_start=ws)  # type: ignore[call-arg]
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if args.json:
+        print(json.dumps(result.best, indent=2), file=out)
+        return EXIT_OK if result.best else EXIT_NOTHING
+    print(f"\nstudy {result.study_name}: {result.n_trials} trials, {result.n_ok} feasible, "
+          f"{result.n_failed} failed {result.failures_by_reason or ''}", file=out)
+    if result.best is None:
+        print("no trial met the constraints; see the failure reasons above and in "
+              f"{result.out_dir}/trials.csv", file=out)
+        return EXIT_NOTHING
+    b = result.best
+    print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} {label}", file=out)
+    print(f"serve command:\n  {b['serve_command']}", file=out)
+    print(f"written: {result.out_dir / 'best.json'}", file=out)
+    return EXIT_OK

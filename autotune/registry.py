@@ -1,0 +1,571 @@
+"""The best config per traffic shape, read from the Optuna storage; warm starts for re-tuning.
+
+The Optuna storage is the registry. Every study autotune runs records the shape it was tuned
+for (``autotune.shape_fingerprint`` and the file in ``autotune.shape_path``), the model, the
+engine version and the GPU type; every trial its state, metrics, flags and environment (see
+:mod:`autotune.study`). :func:`find_best` scans all studies: the best feasible trial for the
+exact fingerprint, else the best config of the nearest tuned shape (by
+:func:`autotune.traffic.diff_shapes`). :func:`plan_retune` compares a new shape with that
+one and, when it drifted, builds a :class:`WarmStart` from the earlier study. See
+docs/registry.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from autotune.errors import ShapeError, StudyError
+from autotune.traffic import ShapeDiff, TrafficShape, diff_shapes, load_shape
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.space import SearchSpace
+
+__all__ = [
+    "GPU_ATTR",
+    "PRIOR_ATTR",
+    "UNKNOWN_GPU",
+    "RegistryHit",
+    "RetunePlan",
+    "TunedStudy",
+    "WarmStart",
+    "explain_miss",
+    "find_best",
+    "plan_retune",
+    "tuned_studies",
+    "warm_start_from",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Study attribute with the GPU type the study ran on (same name as the MLflow tag).
+GPU_ATTR = "autotune.gpu_type"
+#: Trial attribute of a prior trial copied from an earlier study (``{"study", "trial", ...}``).
+PRIOR_ATTR = "autotune.prior"
+#: GPU type of studies that did not record one.
+UNKNOWN_GPU = "unknown"
+
+_THROUGHPUT = "output_tokens_per_s"
+# Trial attributes that belong to the earlier study's run, not to a copy in a new study.
+_NOT_COPIED = ("autotune.mlflow_run_id", "autotune.baseline")
+
+
+# ------------------------------------------------------------------------------------------
+# Models
+
+
+class TunedStudy(BaseModel):
+    """One study in the storage that autotune ran, with its best feasible trial (if any)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    shape_fingerprint: str
+    shape_path: str | None
+    model: str | None
+    engine_version: str | None
+    gpu_type: str
+    objective: str
+    metric: str
+    started: datetime | None
+    n_trials: int
+    n_feasible: int
+    best_trial: int | None
+    best_value: float | None
+
+
+class RegistryHit(BaseModel):
+    """The best known config for a shape.
+
+    ``exact`` is True when a study was tuned for this very fingerprint (``distance`` 0,
+    ``verdict`` "same"); otherwise the hit is the best config of the nearest tuned shape,
+    ``distance`` is :attr:`ShapeDiff.distance` (RMS of distance/threshold; <= 1 everywhere
+    means "same") and ``verdict`` says whether the new shape drifted from it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    study: str
+    trial: int
+    value: float
+    metric: str
+    objective: str
+    params: dict[str, Any]
+    flags: list[str]
+    env: dict[str, str]
+    serve_command: str
+    metrics: dict[str, float]
+    quality: dict[str, float]
+    shape_fingerprint: str
+    shape_path: str | None
+    exact: bool
+    distance: float
+    verdict: Literal["same", "drifted"]
+    drifted_dimensions: list[str]
+    model: str | None
+    engine_version: str | None
+    gpu_type: str
+    is_baseline: bool
+    storage: str
+    notes: list[str] = []
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (what ``autotune best --json`` prints)."""
+        return self.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What a new study starts from, taken from an earlier study.
+
+    ``enqueue``: the earlier study's top configs, to measure first (after the baseline).
+    ``prior_trials``: the earlier study's finished trials, rebuilt with
+    :func:`optuna.trial.create_trial` (params, distributions, value, state, constraints), to
+    add with ``study.add_trials`` before the first ``ask()`` so the sampler starts with that
+    knowledge. Their values were measured under the *old* shape (see :func:`warm_start_from`);
+    each carries :data:`PRIOR_ATTR` and must not count toward the trial budget, the best trial,
+    the baseline or the result files. ``enqueue_from[i]`` is the trial ``enqueue[i]`` came from.
+    """
+
+    enqueue: list[dict[str, Any]]
+    prior_trials: list[optuna.trial.FrozenTrial]
+    source_study: str = ""
+    source_shape_fingerprint: str = ""
+    enqueue_from: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RetunePlan:
+    """The comparison of a new shape with the tuned one, and what a re-tune starts from.
+
+    ``diff`` is None for an exact fingerprint match (nothing to compare). ``warm_start`` is
+    set when ``drifted`` (or when the caller forced it).
+    """
+
+    hit: RegistryHit
+    diff: ShapeDiff | None
+    drifted: bool
+    warm_start: WarmStart | None
+
+
+# ------------------------------------------------------------------------------------------
+# Storage access
+
+
+def _open(storage: str) -> Any | None:
+    """The RDB storage, or None for a SQLite file that does not exist (nothing was tuned).
+
+    A missing SQLite file is not created: looking something up must not leave files behind.
+    """
+    from autotune.study import open_storage
+
+    if storage.startswith("sqlite:///"):
+        path = Path(storage[len("sqlite:///"):])
+        if str(path) not in ("", ":memory:") and not path.exists():
+            return None
+    return open_storage(storage)
+
+
+def _load_study(st: Any, name: str) -> optuna.study.Study:
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=name, storage=st,
+                                 sampler=optuna.samplers.RandomSampler())
+    except KeyError as exc:
+        raise StudyError(f"study {name!r} is not in the storage") from exc
+
+
+def _is_prior(t: Any) -> bool:
+    return PRIOR_ATTR in t.user_attrs
+
+
+def _is_ok(t: Any) -> bool:
+    """A feasible, measured trial of this study (not a prior copied from another one)."""
+    from optuna.trial import TrialState
+
+    from autotune.study import A
+
+    return (
+        t.state == TrialState.COMPLETE
+        and t.user_attrs.get(A.STATE) == "ok"
+        and t.value is not None
+        and math.isfinite(t.value)
+        and not _is_prior(t)
+    )
+
+
+def _value(t: Any) -> float:
+    """The objective value of a trial that :func:`_is_ok` accepted."""
+    return float(t.value)
+
+
+def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
+    from autotune.study import A, objective_metric
+
+    settings = attrs.get(A.SETTINGS) or {}
+    objective = settings.get("objective", "throughput") if isinstance(settings, dict) else "throughput"
+    try:
+        return objective, objective_metric(objective)
+    except KeyError:
+        return str(objective), str(objective)
+
+
+def _scan(storage: str) -> list[tuple[TunedStudy, Any]]:
+    """Every autotune study with its best feasible trial (FrozenTrial or None)."""
+    import optuna
+
+    from autotune.study import A
+
+    st = _open(storage)
+    if st is None:
+        return []
+    try:
+        summaries = optuna.get_all_study_summaries(st, include_best_trial=False)
+    except Exception as exc:  # one clear error for any storage failure
+        raise StudyError(f"cannot list the studies in {storage!r}: {exc}") from exc
+    out: list[tuple[TunedStudy, Any]] = []
+    for s in summaries:
+        attrs = dict(s.user_attrs)
+        fp = attrs.get(A.SHAPE)
+        if not fp or len(s.directions) != 1:
+            continue  # not an autotune study
+        trials = _load_study(st, s.study_name).get_trials(deepcopy=False)
+        ok = [t for t in trials if _is_ok(t)]
+        best = max(ok, key=_value) if ok else None
+        objective, metric = _objective(attrs)
+        info = TunedStudy(
+            name=s.study_name, shape_fingerprint=str(fp),
+            shape_path=attrs.get(A.SHAPE_PATH), model=attrs.get(A.MODEL),
+            engine_version=attrs.get(A.ENGINE),
+            gpu_type=str(attrs.get(GPU_ATTR) or UNKNOWN_GPU), objective=objective,
+            metric=metric, started=s.datetime_start,
+            n_trials=sum(1 for t in trials if not _is_prior(t)), n_feasible=len(ok),
+            best_trial=best.number if best else None,
+            best_value=_value(best) if best else None,
+        )  # fmt: skip
+        out.append((info, best))
+    return out
+
+
+def tuned_studies(*, storage: str) -> list[TunedStudy]:
+    """The studies autotune ran in ``storage``, oldest first (empty when there are none)."""
+    rows = [info for info, _ in _scan(storage)]
+    return sorted(rows, key=lambda r: (r.started is None, r.started or datetime.min, r.name))
+
+
+# ------------------------------------------------------------------------------------------
+# Lookup
+
+
+def _same_model(query: str, stored: str | None) -> bool:
+    """``--model`` matches the stored (resolved) path, the same path, or its folder name."""
+    if stored is None:
+        return False
+    if query == stored or Path(stored).name == query.rstrip("/"):
+        return True
+    try:
+        return Path(query).expanduser().resolve() == Path(stored).resolve()
+    except OSError:
+        return False
+
+
+def _same_gpu(query: str, stored: str) -> bool:
+    """Case-insensitive; "H200" matches "NVIDIA H200"."""
+    q, s = query.strip().lower(), stored.strip().lower()
+    return q == s or (bool(q) and q in s)
+
+
+def _filter(rows: list[tuple[TunedStudy, Any]], model: str | None,
+            gpu: str | None) -> list[tuple[TunedStudy, Any]]:
+    return [
+        (info, best) for info, best in rows
+        if (model is None or _same_model(model, info.model))
+        and (gpu is None or _same_gpu(gpu, info.gpu_type))
+    ]  # fmt: skip
+
+
+def _prefer_metric(rows: list[tuple[TunedStudy, Any]]) -> list[tuple[TunedStudy, Any]]:
+    """Values of different objectives do not compare: keep throughput studies when mixed."""
+    metrics = {info.metric for info, _ in rows}
+    if len(metrics) <= 1:
+        return rows
+    keep = _THROUGHPUT if _THROUGHPUT in metrics else min(metrics)
+    return [(i, b) for i, b in rows if i.metric == keep]
+
+
+def _hit(storage: str, info: TunedStudy, best: Any, *, exact: bool, diff: ShapeDiff | None,
+         notes: list[str]) -> RegistryHit:
+    from autotune.engine import serve_command
+    from autotune.study import A
+
+    flags = [str(f) for f in best.user_attrs.get(A.FLAGS, [])]
+    env = {str(k): str(v) for k, v in dict(best.user_attrs.get(A.ENV, {})).items()}
+    metrics = {str(k): float(v) for k, v in dict(best.user_attrs.get(A.METRICS, {})).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return RegistryHit(
+        study=info.name, trial=best.number, value=float(best.value), metric=info.metric,
+        objective=info.objective, params=dict(best.params), flags=flags, env=env,
+        serve_command=serve_command(info.model or "MODEL", flags, env), metrics=metrics,
+        quality={k: v for k, v in metrics.items() if k.startswith("quality_")},
+        shape_fingerprint=info.shape_fingerprint, shape_path=info.shape_path, exact=exact,
+        distance=0.0 if diff is None else float(diff.distance),
+        verdict="same" if diff is None else diff.verdict,
+        drifted_dimensions=[] if diff is None else list(diff.drifted_dimensions),
+        model=info.model, engine_version=info.engine_version, gpu_type=info.gpu_type,
+        is_baseline=bool(best.user_attrs.get(A.BASELINE)), storage=storage, notes=notes,
+    )  # fmt: skip
+
+
+def _tuned_shape(info: TunedStudy, cache: dict[str, TrafficShape | str]) -> TrafficShape | str:
+    """The shape a study was tuned for, or why it cannot be read back."""
+    if not info.shape_path:
+        return f"study {info.name}: no shape file recorded"
+    key = info.shape_path
+    if key not in cache:
+        p = Path(key)
+        if not p.exists():
+            cache[key] = f"study {info.name}: its shape file {key} no longer exists"
+        else:
+            try:
+                cache[key] = load_shape(p)
+            except ShapeError as exc:
+                cache[key] = f"study {info.name}: {exc}"
+    shape = cache[key]
+    if isinstance(shape, TrafficShape) and shape.fingerprint != info.shape_fingerprint:
+        return (f"study {info.name}: its shape file {key} changed since (fingerprint "
+                f"{shape.fingerprint}, tuned for {info.shape_fingerprint})")
+    return shape
+
+
+def _find(storage: str, shape: TrafficShape, model: str | None,
+          gpu: str | None) -> tuple[RegistryHit, ShapeDiff | None] | None:
+    rows = [(i, b) for i, b in _filter(_scan(storage), model, gpu) if b is not None]
+    if not rows:
+        return None
+    exact = _prefer_metric([(i, b) for i, b in rows if i.shape_fingerprint == shape.fingerprint])
+    if exact:
+        info, best = max(exact, key=lambda r: _value(r[1]))
+        return _hit(storage, info, best, exact=True, diff=None, notes=[]), None
+    notes: list[str] = []
+    cache: dict[str, TrafficShape | str] = {}
+    scored: list[tuple[float, float, TunedStudy, Any, ShapeDiff]] = []
+    for info, best in _prefer_metric(rows):
+        tuned = _tuned_shape(info, cache)
+        if isinstance(tuned, str):
+            notes.append(tuned)
+            logger.info("registry: %s", tuned)
+            continue
+        d = diff_shapes(tuned, shape)
+        scored.append((d.distance, -float(best.value), info, best, d))
+    if not scored:
+        return None
+    _, _, info, best, d = min(scored, key=lambda r: (r[0], r[1]))
+    return _hit(storage, info, best, exact=False, diff=d, notes=notes), d
+
+
+def find_best(
+    *, storage: str, shape: TrafficShape, model: str | None = None, gpu: str | None = None
+) -> RegistryHit | None:
+    """The best known config for ``shape`` in ``storage``, or None when nothing was tuned.
+
+    The best feasible trial (state "ok") of the studies tuned for ``shape.fingerprint``;
+    else the best trial of the nearest tuned shape (its file read back from the recorded
+    path; studies whose file is gone or changed are skipped and named in ``notes``).
+    ``model`` and ``gpu`` restrict the studies (see :func:`_same_model`, :func:`_same_gpu`).
+    When studies of different objectives match, throughput studies are preferred.
+    Prior trials copied into a re-tune study are never returned: they were measured under
+    another shape.
+    """
+    found = _find(storage, shape, model, gpu)
+    return found[0] if found else None
+
+
+def explain_miss(*, storage: str, model: str | None = None, gpu: str | None = None) -> str:
+    """Why :func:`find_best` found nothing, with the fix (for the CLI's message)."""
+    rows = _scan(storage)
+    if not rows:
+        return (f"no tuned study in {storage}; tune one first (autotune tune --model DIR "
+                "--shape FILE --space FILE --storage ...) or point --storage at the database "
+                "your studies were written to")
+    matching = _filter(rows, model, gpu)
+    if not matching:
+        models = sorted({i.model or "?" for i, _ in rows})
+        gpus = sorted({i.gpu_type for i, _ in rows})
+        want = ", ".join(x for x in (f"--model {model}" if model else "",
+                                     f"--gpu {gpu}" if gpu else "") if x)
+        return (f"{len(rows)} tuned stud{'y' if len(rows) == 1 else 'ies'} in {storage}, "
+                f"none for {want}; tuned models: {', '.join(models)}; GPU types: "
+                f"{', '.join(gpus)} ('{UNKNOWN_GPU}' = recorded before autotune stored it)")
+    if all(b is None for _, b in matching):
+        return (f"{len(matching)} matching stud{'y' if len(matching) == 1 else 'ies'} in "
+                f"{storage}, but no trial in them was feasible (state 'ok'); see their "
+                "failure reasons in trials.csv or MLflow, loosen --slo, or re-run the study")
+    return (f"the tuned studies in {storage} cannot be compared with this shape: their shape "
+            "files are gone or changed; keep shape files where they were tuned, or tune this "
+            "shape (autotune tune)")
+
+
+# ------------------------------------------------------------------------------------------
+# Warm start
+
+
+def _fit_to_space(params: dict[str, Any], dists: dict[str, Any],
+                  space: SearchSpace | None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Params and distributions re-expressed in ``space``; None when they no longer fit it.
+
+    Optuna refuses a parameter whose distribution kind (or categorical choices) changed
+    within one study, so a prior trial takes the new space's distribution when its value
+    is inside it, and is dropped otherwise.
+    """
+    if space is None:
+        return dict(params), dict(dists)
+    new_p: dict[str, Any] = {}
+    new_d: dict[str, Any] = {}
+    for name, value in params.items():
+        knob = space.knobs.get(name)
+        if knob is None or not knob.contains(value):
+            return None
+        dist = knob.distribution()
+        try:  # also checks an int knob's step, which Knob.contains does not
+            inside = bool(dist._contains(dist.to_internal_repr(value)))
+        except (ValueError, TypeError):
+            inside = False
+        if not inside:
+            return None
+        new_p[name], new_d[name] = value, dist
+    return new_p, new_d
+
+
+def warm_start_from(
+    storage: str, study_name: str, *, top_k: int = 3, space: SearchSpace | None = None,
+    value_scale: float = 1.0,
+) -> WarmStart:  # fmt: skip
+    """A :class:`WarmStart` from study ``study_name`` in ``storage``.
+
+    ``enqueue``: the params of its ``top_k`` best feasible trials, distinct, the baseline left
+    out (a new study measures vLLM's defaults itself). ``prior_trials``: its COMPLETE and
+    PRUNED trials (failed starts and rejected samples included: they are what the sampler
+    learns to avoid; FAIL = tuner died, no information) with their constraints.
+
+    The choice about values: a prior trial keeps the objective value it had, measured under
+    the *old* shape, multiplied by ``value_scale`` (pass new/old throughput of a reference
+    config if known). TPE uses values only to rank trials into "good" and "bad", so what
+    carries over is which regions were good or failed; because prior trials are added first,
+    TPE's default weights down-weight them once the new study has more than 25 trials. If
+    the new shape is much slower overall, raw old values outrank every new trial for a while
+    and keep the search near the old optimum; that is the intended warm-start bias, and
+    ``value_scale`` removes it when a ratio is known.
+
+    ``space`` (the new study's space) keeps only what fits it: priors with a knob it lacks or
+    a value outside a knob are dropped, the rest take its distributions; enqueued configs
+    must also pass its rules.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    from autotune.study import A
+
+    if top_k < 0:
+        raise StudyError(f"--top-k {top_k}: must be >= 0")
+    if not math.isfinite(value_scale) or value_scale <= 0:
+        raise StudyError(f"value_scale {value_scale}: must be a positive, finite number")
+    st = _open(storage)
+    if st is None:
+        raise StudyError(f"no Optuna storage at {storage}; nothing to warm-start from")
+    names = [s.study_name for s in optuna.get_all_study_summaries(st, include_best_trial=False)]
+    if study_name not in names:
+        raise StudyError(
+            f"study {study_name!r} is not in {storage}; known studies: "
+            f"{', '.join(sorted(names)) or 'none'}"
+        )
+    study = _load_study(st, study_name)
+    fp = str(study.user_attrs.get(A.SHAPE, ""))
+    trials = study.get_trials(deepcopy=False)
+
+    enqueue: list[dict[str, Any]] = []
+    origin: list[int] = []
+    seen: set[str] = set()
+    ranked = sorted((t for t in trials if _is_ok(t)), key=_value, reverse=True)
+    for t in ranked:
+        if len(enqueue) >= top_k:
+            break
+        if t.user_attrs.get(A.BASELINE):
+            continue
+        fitted = _fit_to_space(dict(t.params), dict(t.distributions), space)
+        if fitted is None or (space is not None and space.violations(fitted[0])):
+            logger.info("warm start: trial %d of %s does not fit the new space", t.number,
+                        study_name)
+            continue
+        key = json.dumps(fitted[0], sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        enqueue.append(fitted[0])
+        origin.append(t.number)
+
+    priors: list[optuna.trial.FrozenTrial] = []
+    dropped = 0
+    for t in trials:
+        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or _is_prior(t):
+            continue
+        fitted = _fit_to_space(dict(t.params), dict(t.distributions), space)
+        if fitted is None:
+            dropped += 1
+            continue
+        attrs = {k: v for k, v in t.user_attrs.items() if k not in _NOT_COPIED}
+        attrs[PRIOR_ATTR] = {"study": study_name, "trial": t.number, "shape_fingerprint": fp,
+                             "baseline": bool(t.user_attrs.get(A.BASELINE)),
+                             "value_scale": value_scale}
+        system = {k: v for k, v in t.system_attrs.items()
+                  if not k.startswith("constraints") and k != "fixed_params"}
+        value = None
+        if t.state == TrialState.COMPLETE and t.value is not None:
+            value = float(t.value) * value_scale
+        try:
+            priors.append(optuna.trial.create_trial(
+                state=t.state, value=value, params=fitted[0], distributions=fitted[1],
+                user_attrs=attrs, system_attrs=system, constraints=dict(t.constraints) or None,
+            ))  # fmt: skip
+        except ValueError as exc:
+            dropped += 1
+            logger.info("warm start: trial %d of %s cannot be copied: %s", t.number,
+                        study_name, exc)
+    if dropped:
+        logger.info("warm start: %d trial(s) of %s left out (outside the new space)", dropped,
+                    study_name)
+    return WarmStart(enqueue=enqueue, prior_trials=priors, source_study=study_name,
+                     source_shape_fingerprint=fp, enqueue_from=origin)
+
+
+# ------------------------------------------------------------------------------------------
+# Re-tune
+
+
+def plan_retune(
+    *, storage: str, shape: TrafficShape, model: str | None = None, gpu: str | None = None,
+    top_k: int = 3, space: SearchSpace | None = None, force: bool = False,
+) -> RetunePlan | None:  # fmt: skip
+    """Compare ``shape`` with the shape the current best config was tuned for.
+
+    The "current best" is :func:`find_best`'s hit for this model (and GPU): the exact
+    fingerprint, else the nearest tuned shape, so a shape close to *any* tuned one reuses
+    its config. Returns None when nothing was tuned for this model. When the shape drifted
+    (or ``force``), ``warm_start`` comes from the hit's study (:func:`warm_start_from`).
+    """
+    found = _find(storage, shape, model, gpu)
+    if found is None:
+        return None
+    hit, diff = found
+    drifted = diff is not None and diff.verdict == "drifted"
+    ws = warm_start_from(storage, hit.study, top_k=top_k, space=space) if drifted or force else None
+    return RetunePlan(hit=hit, diff=diff, drifted=drifted, warm_start=ws)
