@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -395,15 +396,16 @@ class StubServer:
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", self._port))
+            self.port = sock.getsockname()[1]
             runner = web.AppRunner(self._app.build(), access_log=None, shutdown_timeout=0.5)
             loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", self._port, backlog=4096)
+            site = web.SockSite(runner, sock, backlog=4096)
             loop.run_until_complete(site.start())
-            server = site._server
-            assert server is not None and server.sockets
-            self.port = server.sockets[0].getsockname()[1]
             self._runner = runner
-        except Exception as exc:  # reported to start()
+        except OSError as exc:  # reported to start()
             self._error = exc
             self._ready.set()
             loop.close()

@@ -29,7 +29,7 @@ import aiohttp
 import msgspec
 
 from autotune.errors import LoadgenError
-from autotune.measure import ServerSnapshot, scrape_metrics
+from autotune.measure import ServerSnapshot, fetch_metrics_text, parse_metrics
 
 if TYPE_CHECKING:
     from autotune.traffic import RequestSpec, Schedule
@@ -432,18 +432,23 @@ def _check(
 async def _sample_metrics(
     base_url: str,
     interval_s: float,
-    out: list[ServerSnapshot],
+    out: list[tuple[float, str]],
     stop: asyncio.Event,
     first: asyncio.Event,
 ) -> None:
-    """Scrape /metrics every ``interval_s`` until ``stop`` is set (one last scrape then)."""
+    """Fetch /metrics every ``interval_s`` until ``stop`` is set (one last fetch then).
+
+    Only the text is kept: parsing a vLLM /metrics page takes milliseconds, which would
+    stall every stream's timestamps if done on this loop mid-run. :func:`run_schedule`
+    parses the samples after the run.
+    """
     connector = aiohttp.TCPConnector(limit=1)
     warned = False
     try:
         async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 try:
-                    out.append(await scrape_metrics(base_url, session=session))
+                    out.append(await fetch_metrics_text(base_url, session=session))
                 except LoadgenError as exc:
                     if not warned:
                         logger.warning("no server figures: %s", exc)
@@ -457,6 +462,16 @@ async def _sample_metrics(
                     pass
     finally:
         first.set()
+
+
+def _parse_samples(samples: list[tuple[float, str]]) -> tuple[ServerSnapshot, ...]:
+    snaps = []
+    for taken_at, text in samples:
+        try:
+            snaps.append(parse_metrics(text, taken_at=taken_at))
+        except LoadgenError as exc:
+            logger.warning("a /metrics sample was left out: %s", exc)
+    return tuple(snaps)
 
 
 async def run_schedule(
@@ -499,7 +514,7 @@ async def run_schedule(
     )
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_read=stall_timeout_s)
     records: list[RequestRecord | None] = [None] * n
-    snapshots: list[ServerSnapshot] = []
+    samples: list[tuple[float, str]] = []
     stop = asyncio.Event()
     sampler: asyncio.Task[None] | None = None
     async with aiohttp.ClientSession(
@@ -508,7 +523,7 @@ async def run_schedule(
         if metrics_interval_s is not None and metrics_interval_s > 0:
             first = asyncio.Event()
             sampler = asyncio.create_task(
-                _sample_metrics(base, metrics_interval_s, snapshots, stop, first)
+                _sample_metrics(base, metrics_interval_s, samples, stop, first)
             )
             await first.wait()  # a "before" sample ahead of the first request
         started_at = time.time()
@@ -541,7 +556,7 @@ async def run_schedule(
         mode=mode,
         concurrency=conc,
         api=api,
-        snapshots=tuple(snapshots),
+        snapshots=_parse_samples(samples),
     )
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "ServerSnapshot",
     "Slo",
     "combine",
+    "fetch_metrics_text",
     "measure",
     "parse_metrics",
     "scrape_metrics",
@@ -87,6 +88,29 @@ class ServerSnapshot(BaseModel):
     histograms: dict[str, tuple[float, float]] = Field(default_factory=dict)
 
 
+def _relevant(text: str, prefix: str) -> str:
+    """The lines a snapshot uses: ``prefix`` families, no ``_bucket`` or ``_created`` series.
+
+    Histogram buckets are most of a vLLM /metrics page; leaving them out before the
+    prometheus_client parser sees the text makes parsing about 10x faster.
+    """
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if (
+                len(parts) >= 3
+                and parts[2].startswith(prefix)
+                and not parts[2].endswith("_created")
+            ):
+                keep.append(line)
+        elif line.startswith(prefix):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if not name.endswith(("_bucket", "_created")):
+                keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
 def parse_metrics(text: str, *, taken_at: float, prefix: str = "vllm:") -> ServerSnapshot:
     """Parse Prometheus text exposition into a :class:`ServerSnapshot` (pure)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -95,7 +119,7 @@ def parse_metrics(text: str, *, taken_at: float, prefix: str = "vllm:") -> Serve
     gauges: dict[str, list[float]] = {}
     hists: dict[str, list[float]] = {}
     try:
-        for fam in text_string_to_metric_families(text):
+        for fam in text_string_to_metric_families(_relevant(text, prefix)):
             name = fam.name
             if not name.startswith(prefix) or name.endswith("_created"):
                 continue
@@ -123,33 +147,47 @@ def parse_metrics(text: str, *, taken_at: float, prefix: str = "vllm:") -> Serve
     )
 
 
-async def scrape_metrics(
+async def fetch_metrics_text(
     base_url: str, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0
-) -> ServerSnapshot:
-    """Fetch ``{base_url}/metrics`` and parse it. Raises :class:`LoadgenError` on failure."""
+) -> tuple[float, str]:
+    """GET ``{base_url}/metrics``: (time.time() of the answer, its text).
+
+    Raises :class:`LoadgenError` when the server cannot be reached or answers non-200.
+    """
     import aiohttp
 
     url = base_url.rstrip("/") + "/metrics"
-    own = session is None
-    sess = aiohttp.ClientSession() if own else session
-    assert sess is not None
+    sess = session if session is not None else aiohttp.ClientSession()
     try:
         async with sess.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             taken_at = time.time()
             if resp.status != 200:
                 raise LoadgenError(f"GET {url} answered HTTP {resp.status}; is it a vLLM server?")
-            text = await resp.text()
+            return taken_at, await resp.text()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise LoadgenError(f"GET {url} failed: {type(exc).__name__}: {exc}") from exc
     finally:
-        if own:
+        if session is None:
             await sess.close()
+
+
+async def scrape_metrics(
+    base_url: str, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0
+) -> ServerSnapshot:
+    """Fetch ``{base_url}/metrics`` and parse it. Raises :class:`LoadgenError` on failure."""
+    taken_at, text = await fetch_metrics_text(base_url, session=session, timeout_s=timeout_s)
     return parse_metrics(text, taken_at=taken_at)
 
 
 def snapshot_metrics(base_url: str, *, timeout_s: float = 10.0) -> ServerSnapshot:
-    """Synchronous :func:`scrape_metrics` (from a thread without a running event loop)."""
-    return asyncio.run(scrape_metrics(base_url, timeout_s=timeout_s))
+    """Synchronous :func:`scrape_metrics`, from a thread without a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(scrape_metrics(base_url, timeout_s=timeout_s))
+    raise LoadgenError(
+        "snapshot_metrics() was called inside a running event loop; use 'await scrape_metrics(...)'"
+    )
 
 
 def server_figures(
@@ -348,14 +386,14 @@ def _latencies(
     r: RequestRecord,
 ) -> tuple[float | None, float | None, float | None, list[float]]:
     """(ttft, tpot, e2e, inter-chunk gaps) of one record; None where undefined."""
-    ttft = r.first_token_s - r.send_s if _finite(r.first_token_s) and _finite(r.send_s) else None
-    e2e = r.end_s - r.send_s if _finite(r.end_s) and _finite(r.send_s) else None
+    send, first, end = r.send_s, r.first_token_s, r.end_s
+    ok_send = send is not None and math.isfinite(send)
+    ttft = first - send if ok_send and first is not None and math.isfinite(first) else None
+    e2e = end - send if ok_send and end is not None and math.isfinite(end) else None
     times = [t for t in r.chunk_times_s if math.isfinite(t)]
     tpot = None
-    if r.output_tokens > 1 and len(times) >= 1 and r.first_token_s is not None:
-        last = times[-1]
-        if last >= r.first_token_s:
-            tpot = (last - r.first_token_s) / (r.output_tokens - 1)
+    if r.output_tokens > 1 and times and first is not None and times[-1] >= first:
+        tpot = (times[-1] - first) / (r.output_tokens - 1)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     return ttft, tpot, e2e, gaps
 

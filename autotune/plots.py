@@ -33,6 +33,8 @@ PLOT_FILES = {
 _THROUGHPUT = "output_tokens_per_s"
 _TTFT = "ttft_p99_s"
 _MAX_LABELS = 20  # failed trials labelled with their reason in the history plot
+# failure reasons: none of the colours that mean feasible/best/infeasible/defaults
+_FAIL_COLORS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "black")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,15 @@ def _metric_label(study: Any) -> str:
         return objective_metric(str(objective))
     except KeyError:
         return "objective"
+
+
+def _slo(study: Any, key: str) -> float | None:
+    from autotune.study import A
+
+    settings = study.user_attrs.get(A.SETTINGS) or {}
+    slo = settings.get("slo") if isinstance(settings, dict) else None
+    value = slo.get(key) if isinstance(slo, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _figure(size: tuple[float, float] = (8.0, 4.5)) -> tuple[Any, Any]:
@@ -163,12 +174,9 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
         # failures have no value: mark them on a strip at the bottom, one colour per reason
         trans = ax.get_xaxis_transform()
         reasons = sorted({p.reason for p in failed})
-        from matplotlib import colormaps
-
-        cmap = colormaps["tab10"]
         for i, reason in enumerate(reasons):
             xs = [p.number for p in failed if p.reason == reason]
-            color = "0.6" if reason == "rejected" else cmap(i % 10)
+            color = "0.6" if reason == "rejected" else _FAIL_COLORS[i % len(_FAIL_COLORS)]
             ax.scatter(xs, [0.03] * len(xs), transform=trans, marker="v", s=40, color=color,
                        clip_on=False, zorder=4,
                        label=f"failed: {reason} ({len(xs)})" if reason != "rejected"
@@ -201,6 +209,11 @@ def _importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
     if len(trials) < 2:
         return None, (f"parameter importances need at least 2 measured trials "
                       f"(this study has {len(trials)})"), len(trials)
+    varied = {k for t in trials for k in t.params
+              if len({repr(u.params.get(k)) for u in trials}) > 1}
+    if not varied:
+        return None, ("no parameter varied across the measured trials: nothing to attribute "
+                      "the variance of the objective to"), len(trials)
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -273,8 +286,16 @@ def _pareto(study: Any, points: Sequence[_Point], path: Path) -> Path:
     fp = sorted((measured[i] for i in front), key=lambda p: p.metrics[_TTFT])
     ax.step([p.metrics[_TTFT] for p in fp], [p.metrics[_THROUGHPUT] for p in fp], where="post",
             color="tab:red", linewidth=1.2, zorder=3)
-    ax.scatter([p.metrics[_TTFT] for p in fp], [p.metrics[_THROUGHPUT] for p in fp], s=50,
-               color="tab:red", edgecolor="k", label=f"Pareto front ({len(fp)})", zorder=4)
+    for kind, marker, name in (("ok", "o", "Pareto front"),
+                               ("infeasible", "X", "on the front, infeasible")):
+        sel = [p for p in fp if p.kind == kind]
+        if sel:
+            ax.scatter([p.metrics[_TTFT] for p in sel], [p.metrics[_THROUGHPUT] for p in sel],
+                       marker=marker, s=60, color="tab:red", edgecolor="k", zorder=4,
+                       label=f"{name} ({len(sel)})")
+    slo = _slo(study, "ttft_p99")
+    if slo is not None:
+        ax.axvline(slo, color="k", linestyle=":", linewidth=1, label=f"SLO ttft_p99 = {slo:g} s")
     for p in fp:
         ax.annotate(f"#{p.number}" + (" (defaults)" if p.baseline else ""),
                     (p.metrics[_TTFT], p.metrics[_THROUGHPUT]), textcoords="offset points",

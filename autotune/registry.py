@@ -220,35 +220,38 @@ def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
         return str(objective), str(objective)
 
 
-def _scan(storage: str) -> list[tuple[TunedStudy, Any]]:
-    """Every autotune study with its best feasible trial (FrozenTrial or None)."""
-    import optuna
+def _scan(storage: str, st: Any | None = None) -> list[tuple[TunedStudy, Any]]:
+    """Every autotune study with its best feasible trial (FrozenTrial or None).
 
+    ``st``: the storage already opened (opening one costs a schema check). Reads the storage
+    directly (no ``get_all_study_summaries``: it queries every study's trials once more).
+    """
     from autotune.study import A
 
-    st = _open(storage)
+    st = st if st is not None else _open(storage)
     if st is None:
         return []
     try:
-        summaries = optuna.get_all_study_summaries(st, include_best_trial=False)
+        studies = st.get_all_studies()
     except Exception as exc:  # one clear error for any storage failure
         raise StudyError(f"cannot list the studies in {storage!r}: {exc}") from exc
     out: list[tuple[TunedStudy, Any]] = []
-    for s in summaries:
+    for s in studies:
         attrs = dict(s.user_attrs)
         fp = attrs.get(A.SHAPE)
         if not fp or len(s.directions) != 1:
             continue  # not an autotune study
-        trials = _load_study(st, s.study_name).get_trials(deepcopy=False)
+        trials = st.get_all_trials(s._study_id, deepcopy=False)
         ok = [t for t in trials if _is_ok(t)]
         best = max(ok, key=_value) if ok else None
         objective, metric = _objective(attrs)
+        starts = [t.datetime_start for t in trials if t.datetime_start is not None]
         info = TunedStudy(
             name=s.study_name, shape_fingerprint=str(fp),
             shape_path=attrs.get(A.SHAPE_PATH), model=attrs.get(A.MODEL),
             engine_version=attrs.get(A.ENGINE),
             gpu_type=str(attrs.get(GPU_ATTR) or UNKNOWN_GPU), objective=objective,
-            metric=metric, started=s.datetime_start,
+            metric=metric, started=min(starts) if starts else None,
             n_trials=sum(1 for t in trials if not _is_prior(t)), n_feasible=len(ok),
             best_trial=best.number if best else None,
             best_value=_value(best) if best else None,
@@ -347,9 +350,9 @@ def _tuned_shape(info: TunedStudy, cache: dict[str, TrafficShape | str]) -> Traf
     return shape
 
 
-def _find(storage: str, shape: TrafficShape, model: str | None,
-          gpu: str | None) -> tuple[RegistryHit, ShapeDiff | None] | None:
-    rows = [(i, b) for i, b in _filter(_scan(storage), model, gpu) if b is not None]
+def _find(storage: str, shape: TrafficShape, model: str | None, gpu: str | None,
+          st: Any | None = None) -> tuple[RegistryHit, ShapeDiff | None] | None:
+    rows = [(i, b) for i, b in _filter(_scan(storage, st), model, gpu) if b is not None]
     if not rows:
         return None
     exact = _prefer_metric([(i, b) for i, b in rows if i.shape_fingerprint == shape.fingerprint])
@@ -470,6 +473,11 @@ def warm_start_from(
     a value outside a knob are dropped, the rest take its distributions; enqueued configs
     must also pass its rules.
     """
+    return _warm_start(storage, study_name, top_k=top_k, space=space, value_scale=value_scale)
+
+
+def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace | None,
+                value_scale: float, st: Any | None = None) -> WarmStart:
     import optuna
     from optuna.trial import TrialState
 
@@ -479,10 +487,10 @@ def warm_start_from(
         raise StudyError(f"--top-k {top_k}: must be >= 0")
     if not math.isfinite(value_scale) or value_scale <= 0:
         raise StudyError(f"value_scale {value_scale}: must be a positive, finite number")
-    st = _open(storage)
+    st = st if st is not None else _open(storage)
     if st is None:
         raise StudyError(f"no Optuna storage at {storage}; nothing to warm-start from")
-    names = [s.study_name for s in optuna.get_all_study_summaries(st, include_best_trial=False)]
+    names = [s.study_name for s in st.get_all_studies()]
     if study_name not in names:
         raise StudyError(
             f"study {study_name!r} is not in {storage}; known studies: "
@@ -562,10 +570,13 @@ def plan_retune(
     its config. Returns None when nothing was tuned for this model. When the shape drifted
     (or ``force``), ``warm_start`` comes from the hit's study (:func:`warm_start_from`).
     """
-    found = _find(storage, shape, model, gpu)
+    st = _open(storage)
+    found = _find(storage, shape, model, gpu, st) if st is not None else None
     if found is None:
         return None
     hit, diff = found
     drifted = diff is not None and diff.verdict == "drifted"
-    ws = warm_start_from(storage, hit.study, top_k=top_k, space=space) if drifted or force else None
+    ws = None
+    if drifted or force:
+        ws = _warm_start(storage, hit.study, top_k=top_k, space=space, value_scale=1.0, st=st)
     return RetunePlan(hit=hit, diff=diff, drifted=drifted, warm_start=ws)

@@ -299,3 +299,23 @@ def test_sse_parser_rejects_an_unterminated_tail() -> None:
     with pytest.raises(_Failure) as info:
         p.close()
     assert info.value.reason == "malformed_sse"
+
+
+def test_metrics_failures_are_clear_and_never_stop_a_run(stub: StubServer) -> None:
+    from autotune.measure import scrape_metrics
+
+    with pytest.raises(LoadgenError, match="answered HTTP 404"):
+        asyncio.run(scrape_metrics(stub.base_url + "/v1"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with pytest.raises(LoadgenError, match="/metrics failed"):
+            snapshot_metrics(url)
+        run = replay(closed(2, conc=2), base_url=url, model="tiny", metrics_interval_s=0.01)
+    assert run.snapshots == () and len(run.records) == 2
+
+    async def inside() -> None:
+        snapshot_metrics(url)
+
+    with pytest.raises(LoadgenError, match="await scrape_metrics"):
+        asyncio.run(inside())
