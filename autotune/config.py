@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autotune.errors import ConfigError
 
-__all__ = ["TuneSettings", "parse_slo", "SLO_KEYS", "DEFAULT_STORAGE", "DEFAULT_OUT_ROOT"]
+__all__ = ["DEFAULT_OUT_ROOT", "DEFAULT_STORAGE", "SLO_KEYS", "TuneSettings", "parse_slo"]
 
 DEFAULT_OUT_ROOT = Path("experiments")
 DEFAULT_STORAGE = "sqlite:///experiments/autotune.db"
@@ -69,11 +69,13 @@ class TuneSettings(BaseModel):
     use_ray: bool = True
     seed: int = 0
     sampler: Literal["tpe", "random"] = "tpe"
-    objective: Literal["throughput", "goodput"] = "throughput"
+    objective: Literal["throughput", "goodput", "pareto"] = "throughput"
+    pareto_latency: str = "ttft_p99"  # the latency a Pareto study minimises
     slo: dict[str, float] = Field(default_factory=dict)
     max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0)
     baseline: bool = True
     repeats: int = Field(default=1, ge=1, le=100)
+    recheck: int = Field(default=3, ge=0, le=50)  # re-measure the top k before the verdict
     warmup_requests: int | None = Field(default=None, ge=0)
     num_requests: int | None = Field(default=None, ge=1)
     concurrency: int | None = Field(default=None, ge=1)
@@ -87,6 +89,13 @@ class TuneSettings(BaseModel):
     resume: bool = False
     enqueue: list[dict[str, Any]] = Field(default_factory=list)  # configs to try first
     timeout_s: float | None = Field(default=None, gt=0)  # no new trials after this
+
+    @field_validator("pareto_latency")
+    @classmethod
+    def _latency_key(cls, v: str) -> str:
+        if v not in SLO_KEYS:
+            raise ValueError(f"unknown latency {v!r}; use one of {', '.join(sorted(SLO_KEYS))}")
+        return v
 
     @field_validator("slo")
     @classmethod

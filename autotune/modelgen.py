@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from autotune.errors import ModelGenError
 
-__all__ = ["ARCHS", "tiny_config", "write_tokenizer", "generate_tiny_model"]
+__all__ = ["ARCHS", "generate_tiny_model", "tiny_config", "write_tokenizer"]
 
 logger = logging.getLogger(__name__)
 

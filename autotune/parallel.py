@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from autotune.errors import AutotuneError
 from autotune.trial import TrialOutcome, TrialSpec, run_trial
 
-__all__ = ["Executor", "RayExecutor", "InlineExecutor"]
+__all__ = ["Executor", "InlineExecutor", "RayExecutor"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class RayExecutor:
                 kwargs["runtime_env"] = {"env_vars": {"RAY_DEDUP_LOGS": "0"}}
             try:
                 ray.init(**kwargs)
-            except Exception as exc:  # noqa: BLE001 - wrap Ray's many failure types
+            except Exception as exc:
                 where = f"the Ray cluster at {address}" if address else "a local Ray"
                 raise AutotuneError(
                     f"cannot start or join {where}: {type(exc).__name__}: {exc}; check "

@@ -64,7 +64,8 @@ def _points(study: Any) -> list[_Point]:
             str(k): float(v) for k, v in dict(t.user_attrs.get(A.METRICS, {})).items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         }  # fmt: skip
-        value = t.value if t.state == TrialState.COMPLETE else None
+        # a Pareto study's first objective is throughput (what tune() ranks by)
+        value = t.values[0] if t.state == TrialState.COMPLETE and t.values else None
         if value is not None and not math.isfinite(value):
             value = None
         if t.state == TrialState.COMPLETE and value is not None:
@@ -205,7 +206,7 @@ def _importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
 
     trials = [t for t in study.get_trials(deepcopy=False)
               if t.state == TrialState.COMPLETE and PRIOR_ATTR not in t.user_attrs
-              and t.value is not None and math.isfinite(t.value)]
+              and t.values and math.isfinite(t.values[0])]
     if len(trials) < 2:
         return None, (f"parameter importances need at least 2 measured trials "
                       f"(this study has {len(trials)})"), len(trials)
@@ -217,10 +218,11 @@ def _importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        own = optuna.create_study(direction=study.direction)
+        own = optuna.create_study(directions=study.directions)
         own.add_trials(trials)
         evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-        imp = optuna.importance.get_param_importances(own, evaluator=evaluator)
+        target = (lambda t: t.values[0]) if len(study.directions) > 1 else None
+        imp = optuna.importance.get_param_importances(own, evaluator=evaluator, target=target)
     except (RuntimeError, ValueError, ImportError) as exc:
         return None, f"parameter importances not available: {exc}", len(trials)
     finally:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotune.errors import AutotuneError, ConfigError, EngineError, SpaceError
 
@@ -106,7 +106,7 @@ class QualitySpec(BaseModel):
     n_prompts: int = Field(default=48, ge=1, le=4096)
     max_input_tokens: int = Field(default=256, ge=1)
     # 128, not 32: a lossy recurrent state drifts step by step, so greedy outputs part late
-    # (tiny hybrid, BF16 state: no prompt diverged within 32 tokens, 16 % within 128).
+    # (tiny hybrid, BF16 state: no prompt diverged within 32 tokens, 16-27 % within 128).
     output_tokens: int = Field(default=128, ge=1, le=4096)
     seed: int = Field(default=0, ge=0)
     ignore_eos: bool = True  # every prompt yields output_tokens positions to compare
@@ -193,7 +193,8 @@ class ProbeOutputs(BaseModel):
     wall_s: float = 0.0
     server: str = ""  # system_fingerprint or engine version the server reported
 
-    def model_post_init(self, context: Any, /) -> None:
+    @model_validator(mode="after")
+    def _same_lengths(self) -> ProbeOutputs:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(
                 f"{len(self.token_ids)} token lists but {len(self.logprobs)} logprob lists"
@@ -201,6 +202,7 @@ class ProbeOutputs(BaseModel):
         for i, (t, lp) in enumerate(zip(self.token_ids, self.logprobs, strict=True)):
             if len(t) != len(lp):
                 raise ValueError(f"prompt {i}: {len(t)} tokens but {len(lp)} logprobs")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,6 +241,11 @@ def _parse_choice(body: Mapping[str, Any], i: int, url: str) -> tuple[tuple[int,
                 break
             ids.append(int(m.group(1)))
         else:
+            if len(ids) != len(logprobs):
+                raise EngineError(
+                    f"quality probe: {url} returned {len(ids)} tokens but {len(logprobs)} "
+                    f"logprobs for prompt {i}"
+                )
             return tuple(ids), logprobs
     raw_ids = choice.get("token_ids")
     if isinstance(raw_ids, list) and all(isinstance(t, int) for t in raw_ids):
@@ -311,9 +318,11 @@ async def arun_probe(
         tasks = [asyncio.create_task(one(session, i, p)) for i, p in enumerate(probe.prompts)]
         try:
             results = await asyncio.gather(*tasks)
-        finally:
+        except BaseException:
             for t in tasks:
                 t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # retrieve every outcome
+            raise
     return ProbeOutputs(
         probe_digest=probe.digest,
         token_ids=tuple(r[0] for r in results),
@@ -669,8 +678,16 @@ class ReferenceCache:
         """Hold an exclusive file lock for ``key``: concurrent workers compute it once."""
         import fcntl
 
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / f".{self.path(key).name}.lock", "a") as f:
+        lock_path = self.directory / f".{self.path(key).name}.lock"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            f = open(lock_path, "a")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise AutotuneError(
+                f"quality: cannot use the reference cache directory {self.directory}: {exc}; "
+                "make it writable or choose another cache directory"
+            ) from exc
+        with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 yield

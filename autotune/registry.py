@@ -198,15 +198,15 @@ def _is_ok(t: Any) -> bool:
     return (
         t.state == TrialState.COMPLETE
         and t.user_attrs.get(A.STATE) == "ok"
-        and t.value is not None
-        and math.isfinite(t.value)
+        and bool(t.values)
+        and math.isfinite(t.values[0])
         and not _is_prior(t)
     )
 
 
 def _value(t: Any) -> float:
-    """The objective value of a trial that :func:`_is_ok` accepted."""
-    return float(t.value)
+    """The primary objective value (a Pareto study's first, throughput), as tune() ranks."""
+    return float(t.values[0])
 
 
 def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
@@ -239,7 +239,7 @@ def _scan(storage: str, st: Any | None = None) -> list[tuple[TunedStudy, Any]]:
     for s in studies:
         attrs = dict(s.user_attrs)
         fp = attrs.get(A.SHAPE)
-        if not fp or len(s.directions) != 1:
+        if not fp:
             continue  # not an autotune study
         trials = st.get_all_trials(s._study_id, deepcopy=False)
         ok = [t for t in trials if _is_ok(t)]
@@ -316,7 +316,7 @@ def _hit(storage: str, info: TunedStudy, best: Any, *, exact: bool, diff: ShapeD
     metrics = {str(k): float(v) for k, v in dict(best.user_attrs.get(A.METRICS, {})).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return RegistryHit(
-        study=info.name, trial=best.number, value=float(best.value), metric=info.metric,
+        study=info.name, trial=best.number, value=_value(best), metric=info.metric,
         objective=info.objective, params=dict(best.params), flags=flags, env=env,
         serve_command=serve_command(info.model or "MODEL", flags, env), metrics=metrics,
         quality={k: v for k, v in metrics.items() if k.startswith("quality_")},
@@ -451,7 +451,7 @@ def _fit_to_space(params: dict[str, Any], dists: dict[str, Any],
 
 def warm_start_from(
     storage: str, study_name: str, *, top_k: int = 3, space: SearchSpace | None = None,
-    value_scale: float = 1.0,
+    value_scale: float = 1.0, objective: str | None = None, pareto_latency: str = "ttft_p99",
 ) -> WarmStart:  # fmt: skip
     """A :class:`WarmStart` from study ``study_name`` in ``storage``.
 
@@ -472,12 +472,41 @@ def warm_start_from(
     ``space`` (the new study's space) keeps only what fits it: priors with a knob it lacks or
     a value outside a knob are dropped, the rest take its distributions; enqueued configs
     must also pass its rules.
+
+    ``objective`` (the new study's: throughput, goodput or pareto with ``pareto_latency``):
+    the priors' values are read from their measured metrics for that objective, so a study
+    of another objective can warm-start this one (measured trials without the metric are
+    left out); None keeps the values as stored (the same objective). Constraints (SLO and
+    error-rate verdicts) carry over as the earlier study recorded them.
     """
-    return _warm_start(storage, study_name, top_k=top_k, space=space, value_scale=value_scale)
+    return _warm_start(storage, study_name, top_k=top_k, space=space, value_scale=value_scale,
+                       objective=objective, pareto_latency=pareto_latency)
+
+
+def _prior_values(t: Any, objective: str | None, latency: str,
+                  scale: float) -> list[float] | None:
+    """A COMPLETE trial's values for the new study (throughput scaled); None = unusable."""
+    from autotune.config import SLO_KEYS
+    from autotune.study import A, objective_metric
+
+    if objective is None:
+        vals = [float(v) for v in t.values]
+    else:
+        metrics = dict(t.user_attrs.get(A.METRICS, {}))
+        keys = [objective_metric(objective)] + ([SLO_KEYS[latency]] if objective == "pareto"
+                                                else [])
+        raw = [metrics.get(k) for k in keys]
+        if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in raw):
+            return None
+        vals = [float(v) for v in raw]  # type: ignore[arg-type]
+    if not all(math.isfinite(v) for v in vals):
+        return None
+    return [vals[0] * scale, *vals[1:]]
 
 
 def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace | None,
-                value_scale: float, st: Any | None = None) -> WarmStart:
+                value_scale: float, objective: str | None = None,
+                pareto_latency: str = "ttft_p99", st: Any | None = None) -> WarmStart:
     import optuna
     from optuna.trial import TrialState
 
@@ -536,12 +565,15 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
                              "value_scale": value_scale}
         system = {k: v for k, v in t.system_attrs.items()
                   if not k.startswith("constraints") and k != "fixed_params"}
-        value = None
-        if t.state == TrialState.COMPLETE and t.value is not None:
-            value = float(t.value) * value_scale
+        values = None
+        if t.state == TrialState.COMPLETE:
+            values = _prior_values(t, objective, pareto_latency, value_scale)
+            if values is None:
+                dropped += 1
+                continue
         try:
             priors.append(optuna.trial.create_trial(
-                state=t.state, value=value, params=fitted[0], distributions=fitted[1],
+                state=t.state, values=values, params=fitted[0], distributions=fitted[1],
                 user_attrs=attrs, system_attrs=system, constraints=dict(t.constraints) or None,
             ))  # fmt: skip
         except ValueError as exc:
@@ -562,13 +594,15 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
 def plan_retune(
     *, storage: str, shape: TrafficShape, model: str | None = None, gpu: str | None = None,
     top_k: int = 3, space: SearchSpace | None = None, force: bool = False,
+    objective: str | None = None, pareto_latency: str = "ttft_p99",
 ) -> RetunePlan | None:  # fmt: skip
     """Compare ``shape`` with the shape the current best config was tuned for.
 
     The "current best" is :func:`find_best`'s hit for this model (and GPU): the exact
     fingerprint, else the nearest tuned shape, so a shape close to *any* tuned one reuses
     its config. Returns None when nothing was tuned for this model. When the shape drifted
-    (or ``force``), ``warm_start`` comes from the hit's study (:func:`warm_start_from`).
+    (or ``force``), ``warm_start`` comes from the hit's study (:func:`warm_start_from`, with
+    the new study's ``objective``).
     """
     st = _open(storage)
     found = _find(storage, shape, model, gpu, st) if st is not None else None
@@ -578,5 +612,6 @@ def plan_retune(
     drifted = diff is not None and diff.verdict == "drifted"
     ws = None
     if drifted or force:
-        ws = _warm_start(storage, hit.study, top_k=top_k, space=space, value_scale=1.0, st=st)
+        ws = _warm_start(storage, hit.study, top_k=top_k, space=space, value_scale=1.0,
+                         objective=objective, pareto_latency=pareto_latency, st=st)
     return RetunePlan(hit=hit, diff=diff, drifted=drifted, warm_start=ws)

@@ -7,8 +7,8 @@ sample never costs a server start. See ``docs/search-spaces.md`` and ``search_sp
 
 Expressions in ``when``/``rules``/``derive`` are a small, safe subset of Python:
 comparisons, ``and``/``or``/``not``, ``in``, arithmetic, ``min``/``max``, knob names and
-the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp`` (model facts) and
-``gpu_arch`` (e.g. "sm90"). A knob that is inactive (its condition is false) has the value
+the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp`` (model facts),
+``gpu_arch`` (e.g. "sm90") and ``avx512`` (the CPU has AVX-512 or AMX). A knob that is inactive (its condition is false) has the value
 ``None`` in expressions.
 """
 
@@ -29,14 +29,14 @@ from autotune.errors import SpaceError
 
 __all__ = [
     "Knob",
+    "LaunchSpec",
+    "ModelFacts",
     "Rule",
     "SearchSpace",
-    "LaunchSpec",
     "load_space",
-    "ModelFacts",
 ]
 
-_FACTS = ("device", "hybrid", "mtp", "gpu_arch")
+_FACTS = ("device", "hybrid", "mtp", "gpu_arch", "avx512")
 
 
 class ModelFacts(BaseModel):
@@ -48,6 +48,7 @@ class ModelFacts(BaseModel):
     hybrid: bool = False
     mtp: bool = False
     gpu_arch: str = ""
+    avx512: bool = False  # the CPU build needs AVX-512 (or AMX) for FP8 KV caches
 
     @classmethod
     def from_model_dir(cls, model: str | Path, *, device: str, gpu_arch: str = "") -> ModelFacts:
@@ -66,7 +67,17 @@ class ModelFacts(BaseModel):
         hybrid = "M" in pattern or model_type in {"nemotron_h", "mamba2", "bamba", "jamba",
                                                   "falcon_h1", "granitemoehybrid", "qwen3_next"}
         mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0) > 0
-        return cls(device=device, hybrid=hybrid, mtp=mtp, gpu_arch=gpu_arch)  # type: ignore[arg-type]
+        return cls(device=device, hybrid=hybrid, mtp=mtp, gpu_arch=gpu_arch,  # type: ignore[arg-type]
+                   avx512=_cpu_has_avx512())
+
+
+def _cpu_has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 16)
+    except OSError:
+        return False
+    return " avx512f" in text or " amx_tile" in text
 
 
 # ---------------------------------------------------------------------------------------------

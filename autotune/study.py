@@ -20,9 +20,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from autotune.config import DEFAULT_OUT_ROOT, SLO_KEYS, TuneSettings
 from autotune.engine import FailureReason, detect_engine, serve_command
@@ -31,12 +33,13 @@ from autotune.space import ModelFacts, SearchSpace, load_space
 from autotune.trial import TrialOutcome, TrialSpec
 
 __all__ = [
-    "TuneResult",
-    "StudyEvent",
-    "tune",
-    "open_storage",
-    "objective_metric",
     "A",
+    "StudyEvent",
+    "TuneResult",
+    "objective_metric",
+    "goodput_slo",
+    "open_storage",
+    "tune",
     "write_json_atomic",
 ]
 
@@ -51,6 +54,7 @@ class A:
     MESSAGE = "autotune.message"
     BASELINE = "autotune.baseline"
     ENQUEUED = "autotune.enqueued"  # a config given by the user or a warm start
+    RECHECK_OF = "autotune.recheck_of"  # re-measurement of the config of that trial
     PRIOR = "autotune.prior"  # a trial copied from an earlier study (warm start): not ours
     FLAGS = "autotune.flags"
     ENV = "autotune.env"
@@ -59,6 +63,8 @@ class A:
     WALL_S = "autotune.wall_s"
     START_S = "autotune.start_s"
     LOG = "autotune.log_path"
+    NODE = "autotune.ray_node_id"
+    GPUS = "autotune.gpus"
     MLFLOW_RUN = "autotune.mlflow_run_id"
     # study attributes
     MODEL = "autotune.model"
@@ -91,7 +97,9 @@ def _set_constraints(trial: Any, *, failed: float, slo: float, errors: float) ->
 
 
 def objective_metric(objective: str) -> str:
-    return {"throughput": "output_tokens_per_s", "goodput": "goodput_rps"}[objective]
+    """The Measurement.flat() key an objective maximises (Pareto: its first objective)."""
+    return {"throughput": "output_tokens_per_s", "goodput": "goodput_rps",
+            "pareto": "output_tokens_per_s"}[objective]
 
 
 @dataclass
@@ -155,7 +163,7 @@ def open_storage(url: str) -> Any:
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
     try:
         return optuna.storages.RDBStorage(url, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - one clear error for any storage failure
+    except Exception as exc:
         raise StudyError(
             f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}; use sqlite:///PATH or a "
@@ -184,7 +192,7 @@ def _make_sampler(settings: TuneSettings) -> Any:
 
 
 def _default_study_name(space: SearchSpace, shape: Any) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"{space.name}-{shape.name}-{stamp}".replace(" ", "_")
 
 
@@ -294,11 +302,13 @@ def tune(
 
     sampler = sampler or _make_sampler(settings)
     try:
+        directions = (["maximize", "minimize"] if settings.objective == "pareto"
+                      else ["maximize"])
         study = optuna.create_study(
-            storage=storage, study_name=study_name, direction="maximize", sampler=sampler,
+            storage=storage, study_name=study_name, directions=directions, sampler=sampler,
             load_if_exists=settings.resume,
         )  # fmt: skip
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise StudyError(f"cannot create or load study {study_name!r}: {exc}") from exc
 
     if settings.resume:
@@ -376,19 +386,22 @@ def tune(
     finished_before = _n_finished(study)
     rejected_in_a_row = 0
 
+    target = [settings.trials]  # grows by the re-check trials
+    phase = ["search"]  # then "recheck": the time budget bounds the search alone
+
     def progress(kind: str, **kw: Any) -> None:
         best = _best_trial(study)
         base = _baseline_trial(study)
         done = _n_finished(study)
-        remaining = max(0, settings.trials - done)
+        remaining = max(0, target[0] - done)
         eta = None
         if walls:
             eta = sum(walls) / len(walls) * math.ceil(remaining / max(1, executor.slots))
         emit(StudyEvent(
-            kind=kind, study_name=study_name, done=done, total=settings.trials,
-            running=len(flights), best_value=best.value if best else None,
+            kind=kind, study_name=study_name, done=done, total=target[0],
+            running=len(flights), best_value=_primary(best) if best else None,
             best_number=best.number if best else None,
-            baseline_value=base.value if base else None,
+            baseline_value=_primary(base) if base else None,
             elapsed_s=time.monotonic() - t_start, eta_s=eta, **kw,
         ))  # fmt: skip
 
@@ -397,11 +410,13 @@ def tune(
     t_loop = time.monotonic()  # the time budget counts from here (Ray and MLflow are up)
 
     def more() -> bool:
-        if settings.timeout_s is not None and time.monotonic() - t_loop > settings.timeout_s:
+        if (phase[0] == "search" and settings.timeout_s is not None
+                and time.monotonic() - t_loop > settings.timeout_s):
             return False  # time budget spent: let running trials finish, start no new one
-        return _n_finished(study) + len(flights) < settings.trials
+        return _n_finished(study) + len(flights) < target[0]
 
-    try:
+    def run_loop() -> None:
+        nonlocal rejected_in_a_row
         while more() or flights:
             while len(flights) < executor.slots and more():
                 trial = study.ask()
@@ -452,8 +467,21 @@ def tune(
                 _commit_tell(study, trial, value)
                 _write_trials_csv(study, out_dir / "trials.csv")
                 progress("trial_finished", trial_number=outcome.number, trial_ok=outcome.ok,
-                         trial_value=value, trial_reason=reason, trial_params=params,
+                         trial_value=value[0] if isinstance(value, list) else value,
+                         trial_reason=reason, trial_params=params,
                          message=outcome.message.splitlines()[0] if outcome.message else "")
+
+    try:
+        run_loop()
+        if settings.recheck:
+            phase[0] = "recheck"
+            n = _enqueue_rechecks(study, settings.recheck)
+            if n:
+                target[0] = _n_finished(study) + n
+                progress("recheck_started", message=(
+                    f"re-measuring the top {settings.recheck} config(s) and the baseline "
+                    f"({n} trials) before declaring a winner"))
+                run_loop()
     except BaseException:
         cancelled = executor.cancel_all()
         for n in cancelled:
@@ -470,6 +498,43 @@ def tune(
     result = _finish(study, settings, space, shape, model, info, out_dir, tracker, tracking_uri)
     progress("study_finished")
     return result
+
+
+def _config_key(t: Any) -> str:
+    """Trials with the same key ran the same engine config."""
+    return json.dumps({"baseline": bool(t.user_attrs.get(A.BASELINE)), "params": t.params},
+                      sort_keys=True, default=str)
+
+
+def _readings(study: Any) -> dict[str, list[Any]]:
+    """Feasible measured trials of this study grouped by config (rechecks included)."""
+    groups: dict[str, list[Any]] = {}
+    for t in study.get_trials(deepcopy=False):
+        if _feasible(t):
+            groups.setdefault(_config_key(t), []).append(t)
+    return groups
+
+
+def _enqueue_rechecks(study: Any, k: int) -> int:
+    """Enqueue one more reading of the top ``k`` configs and of the baseline, interleaved
+    (leaders first, baseline last), skipping configs already re-measured. Returns how many."""
+    groups = _readings(study)
+    ranked = sorted(groups.values(), key=lambda ts: max(_primary(t) for t in ts), reverse=True)
+    chosen = ranked[:k]
+    base = next((ts for ts in groups.values() if ts[0].user_attrs.get(A.BASELINE)), None)
+    if base is not None and all(ts is not base for ts in chosen):
+        chosen.append(base)
+    n = 0
+    for ts in chosen:
+        if len(ts) > 1 or any(t.user_attrs.get(A.RECHECK_OF) is not None for t in ts):
+            continue  # already has more than one reading
+        first = ts[0]
+        attrs: dict[str, Any] = {A.RECHECK_OF: first.number}
+        if first.user_attrs.get(A.BASELINE):
+            attrs[A.BASELINE] = True
+        study.enqueue_trial(dict(first.params), user_attrs=attrs)
+        n += 1
+    return n
 
 
 def _complete_params(space: SearchSpace, params: dict[str, Any], where: str) -> dict[str, Any]:
@@ -501,12 +566,17 @@ def _default_tracking(settings: TuneSettings) -> str:
 
 
 def _goodput_slo(settings: TuneSettings) -> Any:
+    return goodput_slo(settings.slo)
+
+
+def goodput_slo(slo: dict[str, float]) -> Any:
+    """Per-request goodput thresholds from ``--slo`` limits (ttft/tpot/e2e)."""
     from autotune.measure import Slo
 
-    if not settings.slo:
+    if not slo:
         return None
     pick: dict[str, float | None] = {"ttft_s": None, "tpot_s": None, "e2e_s": None}
-    for key, limit in settings.slo.items():
+    for key, limit in slo.items():
         kind = key.split("_")[0]
         if f"{kind}_s" in pick:
             pick[f"{kind}_s"] = limit
@@ -522,6 +592,11 @@ def _n_finished(study: Any) -> int:
                and not t.user_attrs.get(A.PRIOR))
 
 
+def _primary(t: Any) -> float:
+    """The objective value (the first one for a Pareto study: throughput or goodput)."""
+    return float(t.values[0])
+
+
 def _feasible(t: Any) -> bool:
     from optuna.trial import TrialState
 
@@ -531,7 +606,7 @@ def _feasible(t: Any) -> bool:
 
 def _best_trial(study: Any) -> Any:
     trials = [t for t in study.get_trials(deepcopy=False) if _feasible(t)]
-    return max(trials, key=lambda t: t.value) if trials else None
+    return max(trials, key=_primary) if trials else None
 
 
 def _baseline_trial(study: Any) -> Any:
@@ -564,7 +639,7 @@ def _mark_failed(trial: Any, reason: str, message: str) -> None:
     _set_constraints(trial, failed=1.0, slo=0.0, errors=0.0)
 
 
-def _commit_tell(study: Any, trial: Any, value: float | None, *, fail: bool = False) -> None:
+def _commit_tell(study: Any, trial: Any, value: Any, *, fail: bool = False) -> None:
     """Finish the trial in the storage: COMPLETE with a value, else PRUNED (infeasible) or FAIL."""
     from optuna.trial import TrialState
 
@@ -575,9 +650,13 @@ def _commit_tell(study: Any, trial: Any, value: float | None, *, fail: bool = Fa
 
 
 def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str,
-                  settings: TuneSettings) -> tuple[float | None, str, str | None]:
-    """Set the trial's attributes from the outcome; return (value, state, reason)."""
+                  settings: TuneSettings) -> tuple[Any, str, str | None]:
+    """Set the trial's attributes from the outcome; return (value(s), state, reason)."""
     trial.set_user_attr(A.WALL_S, round(outcome.wall_s, 2))
+    if outcome.node_id:
+        trial.set_user_attr(A.NODE, outcome.node_id)
+    if outcome.gpus:
+        trial.set_user_attr(A.GPUS, list(outcome.gpus))
     if outcome.start_s is not None:
         trial.set_user_attr(A.START_S, round(outcome.start_s, 2))
     if outcome.log_path:
@@ -599,9 +678,17 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str,
     )
     err_violation = outcome.metrics.get("error_rate", 0.0) - settings.max_error_rate
     _set_constraints(trial, failed=0.0, slo=min(slo_violation, 1e6), errors=err_violation)
+    values: Any = float(value)
+    if settings.objective == "pareto":
+        latency = outcome.metrics.get(SLO_KEYS[settings.pareto_latency])
+        if latency is None or not math.isfinite(latency):
+            _mark_failed(trial, "no_measurement",
+                         f"no {settings.pareto_latency} reading for the Pareto objective")
+            return None, "failed", "no_measurement"
+        values = [float(value), float(latency)]
     if slo_violation <= 0 and err_violation <= 0:
         trial.set_user_attr(A.STATE, "ok")
-        return float(value), "ok", None
+        return values, "ok", None
     why = []
     if slo_violation > 0:
         why.append("missed the SLOs: " + ", ".join(
@@ -615,7 +702,7 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str,
     trial.set_user_attr(A.STATE, "infeasible")
     trial.set_user_attr(A.REASON, reason)
     trial.set_user_attr(A.MESSAGE, "; ".join(why))
-    return float(value), "infeasible", reason
+    return values, "infeasible", reason
 
 
 def _log_trial(tracker: Any, number: int, params: dict[str, Any], flags: Any, env: Any,
@@ -632,6 +719,34 @@ def _log_trial(tracker: Any, number: int, params: dict[str, Any], flags: Any, en
                              outcome=outcome)
 
 
+def _pareto_front(study: Any) -> list[Any]:
+    """Feasible trials no other feasible trial beats on both throughput and latency."""
+    pts = [t for t in study.get_trials(deepcopy=False) if _feasible(t) and len(t.values) == 2]
+    front = [
+        t for t in pts
+        if not any(o.values[0] >= t.values[0] and o.values[1] <= t.values[1]
+                   and (o.values[0] > t.values[0] or o.values[1] < t.values[1]) for o in pts)
+    ]
+    return sorted(front, key=lambda t: -t.values[0])
+
+
+def _verdict(study: Any) -> tuple[Any, list[float], Any, list[float]]:
+    """The winner: the best median over configs measured more than once when any was
+    re-measured (a lucky single reading cannot win), else the best single reading.
+    Returns (winner's representative trial, its readings, baseline trial, its readings)."""
+    groups = list(_readings(study).values())
+    if not groups:
+        return None, [], None, []
+    multi = [ts for ts in groups if len(ts) > 1]
+    pool = multi or groups
+    win = max(pool, key=lambda ts: float(np.median([_primary(t) for t in ts])))
+    med = float(np.median([_primary(t) for t in win]))
+    rep = min(win, key=lambda t: abs(_primary(t) - med))  # the reading closest to the median
+    base = next((ts for ts in groups if ts[0].user_attrs.get(A.BASELINE)), None)
+    base_rep = min(base, key=lambda t: t.number) if base else None
+    return rep, [_primary(t) for t in win], base_rep, [_primary(t) for t in base or []]
+
+
 def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, model: Path,
             info: Any, out_dir: Path, tracker: Any, tracking_uri: str) -> TuneResult:
     from optuna.trial import TrialState
@@ -643,11 +758,12 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
             r = str(t.user_attrs.get(A.REASON, "unknown"))
             reasons[r] = reasons.get(r, 0) + 1
     n_ok = sum(1 for t in trials if _feasible(t))
-    best_t = _best_trial(study)
-    base_t = _baseline_trial(study)
+    best_t, best_vals, base_t, base_vals = _verdict(study)
     metric = objective_metric(settings.objective)
     best: dict[str, Any] | None = None
     if best_t is not None:
+        best_value = float(np.median(best_vals))
+        base_value = float(np.median(base_vals)) if base_vals else None
         flags = list(best_t.user_attrs.get(A.FLAGS, []))
         env = dict(best_t.user_attrs.get(A.ENV, {}))
         cmd = serve_command(str(model), flags, env)
@@ -656,16 +772,20 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
             "params": dict(best_t.params),
             "serve_command": cmd,
             "metrics": metrics,
-            "objective": {"name": settings.objective, "metric": metric, "value": best_t.value},
+            "objective": {"name": settings.objective, "metric": metric, "value": best_value},
+            "readings": best_vals,
+            "spread": (max(best_vals) - min(best_vals)) / best_value if best_value else None,
+            "selection": (f"median of {len(best_vals)} readings (top configs re-measured)"
+                          if len(best_vals) > 1 else "single reading"),
             "flags": flags,
             "env": env,
             "trial": best_t.number,
             "is_baseline": bool(best_t.user_attrs.get(A.BASELINE)),
             "baseline": (
-                {"trial": base_t.number, "value": base_t.value,
+                {"trial": base_t.number, "value": base_value, "readings": base_vals,
                  "metrics": base_t.user_attrs.get(A.METRICS, {})} if base_t else None
             ),
-            "ratio_to_baseline": (best_t.value / base_t.value) if base_t and base_t.value else None,
+            "ratio_to_baseline": (best_value / base_value) if base_value else None,
             "study": study.study_name,
             "storage": settings.storage,
             "shape": {"name": shape.name, "fingerprint": shape.fingerprint,
@@ -676,9 +796,18 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
             "slo": settings.slo,
             "seed": settings.seed,
             "mlflow_run_id": best_t.user_attrs.get(A.MLFLOW_RUN),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "autotune_version": _version(),
         }
+        if settings.objective == "pareto":
+            best["pareto_latency"] = settings.pareto_latency
+            best["pareto_front"] = [
+                {"trial": t.number, "output_tokens_per_s": t.values[0],
+                 settings.pareto_latency + "_s": t.values[1], "params": dict(t.params),
+                 "serve_command": serve_command(str(model), t.user_attrs.get(A.FLAGS, []),
+                                                t.user_attrs.get(A.ENV, {}))}
+                for t in _pareto_front(study)
+            ]
         write_json_atomic(out_dir / "best.json", best)
         sh = out_dir / "serve_command.sh"
         tmp = sh.with_name(".serve_command.sh.tmp")
@@ -697,8 +826,8 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
         "failed": sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL)),
         "failures_by_reason": reasons,
         "best_trial": best_t.number if best_t else None,
-        "best_value": best_t.value if best_t else None,
-        "baseline_value": base_t.value if base_t else None,
+        "best_value": best["objective"]["value"] if best else None,
+        "baseline_value": best["baseline"]["value"] if best and best["baseline"] else None,
     }
     write_json_atomic(out_dir / "study.json", summary)
     tracker.set_study_tags({"autotune.n_ok": str(n_ok), "autotune.n_trials": str(len(trials))})
@@ -717,7 +846,7 @@ def _write_trials_csv(study: Any, path: Path) -> None:
     for t in study.get_trials(deepcopy=False):
         row: dict[str, Any] = {
             "number": t.number, "state": t.user_attrs.get(A.STATE, t.state.name.lower()),
-            "reason": t.user_attrs.get(A.REASON, ""), "value": t.value,
+            "reason": t.user_attrs.get(A.REASON, ""), "value": _primary(t) if t.values else None,
             "baseline": bool(t.user_attrs.get(A.BASELINE)),
             "wall_s": t.user_attrs.get(A.WALL_S), "start_s": t.user_attrs.get(A.START_S),
         }  # fmt: skip

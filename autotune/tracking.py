@@ -18,7 +18,7 @@ from typing import Any
 
 from autotune.errors import TrackingError
 
-__all__ = ["MlflowTracker", "default_tracking_uri", "BEST_TAG", "TAGS"]
+__all__ = ["BEST_TAG", "TAGS", "MlflowTracker", "default_tracking_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class MlflowTracker:
                 )
             else:
                 self.experiment_id = exp.experiment_id
-        except Exception as exc:  # noqa: BLE001 - any store failure becomes one clear error
+        except Exception as exc:
             raise TrackingError(
                 f"cannot use the MLflow store {tracking_uri!r}: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}; start the tracking server, "

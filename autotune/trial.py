@@ -19,7 +19,7 @@ from typing import Any
 from autotune.engine import FailureReason, VllmServer, detect_engine
 from autotune.errors import AutotuneError, EngineCrashedError, EngineStartError
 
-__all__ = ["TrialSpec", "TrialOutcome", "run_trial", "model_vocab_size", "model_max_len"]
+__all__ = ["TrialOutcome", "TrialSpec", "model_max_len", "model_vocab_size", "run_trial"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class TrialOutcome:
     log_tail: str = ""
     engine_version: str = ""
     hostname: str = ""
+    node_id: str = ""  # the Ray node that ran the trial ("" outside Ray)
     gpus: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,6 +88,17 @@ def model_max_len(flags: tuple[str, ...] | list[str], model: str | Path) -> int:
         return int(flags[flags.index("--max-model-len") + 1])
     cfg = json.loads((Path(model) / "config.json").read_text())
     return int(cfg.get("max_position_embeddings", 2048))
+
+
+def _ray_node_id() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # noqa: BLE001 - not in Ray: no node id
+        logger.debug("no Ray node id", exc_info=True)
+    return ""
 
 
 def _assigned_gpus(spec: TrialSpec) -> tuple[int, ...] | None:
@@ -118,7 +130,7 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
     log_path = Path(spec.log_dir) / f"trial-{spec.number:04d}-server.log" if spec.log_dir else None
     outcome = TrialOutcome(
         number=spec.number, ok=False, engine_version=f"{info.package} {info.version}",
-        hostname=socket.gethostname(), gpus=gpus,
+        hostname=socket.gethostname(), node_id=_ray_node_id(), gpus=gpus,
         log_path=str(log_path) if log_path else None,
     )  # fmt: skip
     server = VllmServer(
@@ -189,7 +201,7 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
         except EngineCrashedError as dead:
             outcome.reason = dead.reason
             outcome.message = f"{dead} (while measuring: {exc})"
-    except Exception as exc:  # noqa: BLE001 - a bug must not kill the study; record it
+    except Exception as exc:
         outcome.reason = "internal_error"
         outcome.message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         logger.exception("trial %d failed with an internal error", spec.number)

@@ -132,3 +132,14 @@ def test_python_without_vllm_is_a_clear_start_error(tmp_path: Path) -> None:
     s.stop()
     assert err.value.reason == FailureReason.CRASH
     assert "code 3" in str(err.value)
+
+
+def test_translate_flags_by_version() -> None:
+    from autotune.engine import translate_flags
+
+    flags = ["--mamba-backend", "flashinfer", "--max-num-partial-prefills", "2",
+             "--mamba-cache-mode=align", "--max-num-seqs", "8", "--enable-chunked-prefill"]
+    assert translate_flags(flags, (0, 26, 0)) == flags
+    assert translate_flags(flags, (0, 33, 0)) == [
+        "--mamba-backend", "flashinfer", "--max-num-seqs", "8", "--enable-chunked-prefill"]
+    assert translate_flags(flags, (0, 34, 1))[:2] == ["--mamba-decode-backend", "flashinfer"]

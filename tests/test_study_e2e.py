@@ -27,19 +27,21 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "3",
         "--storage", storage, "--tracking-uri", tracking, "--study-name", "e2e",
         "--out", str(out), "--num-requests", "16", "--concurrency", "4", "--seed", "3",
-        "--cache-dir", str(tmp_path / "cache"),
+        "--cache-dir", str(tmp_path / "cache"), "--recheck", "1",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=tmp_path)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert "serve command:" in proc.stdout and "vllm serve" in proc.stdout
-    assert "[3/3 done" in proc.stderr  # the progress display
+    assert "done," in proc.stderr and "re-measuring" in proc.stderr  # the progress display
 
     # Optuna storage: 3 finished trials (samples the space's rules reject cost no server
     # and do not count), trial 0 is vLLM's defaults.
     study = optuna.load_study(study_name="e2e", storage=storage)
     all_trials = study.get_trials()
-    trials = [t for t in all_trials if t.user_attrs.get("autotune.reason") != "rejected"]
+    measured = [t for t in all_trials if t.user_attrs.get("autotune.reason") != "rejected"]
+    trials = [t for t in measured if "autotune.recheck_of" not in t.user_attrs]
+    rechecks = [t for t in measured if "autotune.recheck_of" in t.user_attrs]
     assert len(trials) == 3
     for t in all_trials:
         if t.user_attrs.get("autotune.reason") == "rejected":
@@ -59,11 +61,17 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         if t.user_attrs.get("autotune.state") == "failed":
             assert t.user_attrs.get("autotune.reason")  # a failure has its reason
 
-    # best.json
+    # Re-check: the leader and the baseline were measured once more before the verdict.
+    assert 1 <= len(rechecks) <= 2
+    leader = max(ok, key=lambda t: t.value)
+    assert leader.number in {t.user_attrs["autotune.recheck_of"] for t in rechecks}
+
+    # best.json: the winner is chosen by the median of its readings
     best = json.loads((out / "best.json").read_text())
     assert set(best) >= {"params", "serve_command", "metrics"}
-    best_trial = max(ok, key=lambda t: t.value)
-    assert best["trial"] == best_trial.number
+    assert len(best["readings"]) >= 2 or not [t for t in rechecks if t.value is not None]
+    assert best["objective"]["value"] == pytest.approx(sorted(best["readings"])[len(best["readings"]) // 2]) or len(best["readings"]) % 2 == 0
+    best_trial = next(t for t in measured if t.number == best["trial"])
     assert best["metrics"]["output_tokens_per_s"] == pytest.approx(best_trial.value)
     assert best["serve_command"].startswith("vllm serve ")
     for flag in best["flags"]:
@@ -81,6 +89,7 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
     assert parent.data.tags["autotune.shape_fingerprint"] == best["shape"]["fingerprint"]
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
     tagged = [c for c in children if c.data.tags.get("autotune.best") == "true"]
+    assert len(children) == len(all_trials)
     assert len(tagged) == 1 and tagged[0].data.tags["autotune.trial_number"] == str(best["trial"])
     for c in children:
         assert c.data.tags.get("autotune.engine_version", "").startswith("vllm")

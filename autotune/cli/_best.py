@@ -154,7 +154,9 @@ def _retune(args: argparse.Namespace) -> int:
         model = str(Path(args.model).expanduser().resolve())
         space = load_space(args.space, facts=_facts(model))
         plan = plan_retune(storage=args.storage, shape=shape, model=model, gpu=args.gpu,
-                           top_k=args.top_k, space=space, force=args.force)
+                           top_k=args.top_k, space=space, force=args.force,
+                           objective=settings.objective,
+                           pareto_latency=settings.pareto_latency)
         if plan is None:
             print(f"autotune: nothing to re-tune from: "
                   f"{explain_miss(storage=args.storage, model=model, gpu=args.gpu)}",
@@ -190,7 +192,7 @@ def _retune(args: argparse.Namespace) -> int:
 
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        result = tune(settings, on_event=_Display(label), warm_start=ws)  # type: ignore[call-arg]
+        result = tune(settings, on_event=_Display(label), warm_start=ws)
     finally:
         signal.signal(signal.SIGTERM, old)
     if args.json:

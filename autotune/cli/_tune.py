@@ -51,8 +51,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     se = p.add_argument_group("search")
     se.add_argument("--sampler", choices=("tpe", "random"), default="tpe",
                     help="tpe: Bayesian (multivariate TPE with constraints); random: baseline")
-    se.add_argument("--objective", choices=("throughput", "goodput"), default="throughput",
-                    help="maximise output tokens/s, or requests/s that meet the SLOs")
+    se.add_argument("--objective", choices=("throughput", "goodput", "pareto"),
+                    default="throughput",
+                    help="maximise output tokens/s (throughput), requests/s that meet the "
+                         "SLOs (goodput), or both throughput and --pareto-latency as two "
+                         "objectives (pareto: the front is reported, plotted and logged)")
+    se.add_argument("--pareto-latency", default="ttft_p99",
+                    help="the latency a Pareto study minimises (ttft_p99, tpot_p99, e2e_p99, ...)")
     se.add_argument("--slo", default=None,
                     help="latency SLOs in seconds, e.g. ttft_p99=2.0,tpot_p99=0.05; trials "
                          "that miss them are infeasible")
@@ -69,6 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ms = p.add_argument_group("measurement")
     ms.add_argument("--repeats", type=int, default=1,
                     help="measured replays per trial on the same server (median reported)")
+    ms.add_argument("--recheck", type=int, default=3, metavar="K",
+                    help="before declaring a winner, measure the top K configs and the "
+                         "baseline once more (new server starts) and choose by the median of "
+                         "all readings (default 3; 0 = off)")
     ms.add_argument("--warmup-requests", type=int, default=None,
                     help="warm-up requests before measuring (default 2 x concurrency)")
     ms.add_argument("--num-requests", type=int, default=None,
@@ -112,8 +121,10 @@ def _settings(args: argparse.Namespace) -> Any:
             storage=args.storage, tracking_uri=args.tracking_uri, experiment=args.experiment,
             study_name=args.study_name, out=args.out, ray_address=args.ray_address,
             use_ray=args.use_ray, seed=args.seed, sampler=args.sampler,
-            objective=args.objective, slo=parse_slo(args.slo),
+            objective=args.objective, pareto_latency=args.pareto_latency,
+            slo=parse_slo(args.slo),
             max_error_rate=args.max_error_rate, baseline=args.baseline, repeats=args.repeats,
+            recheck=args.recheck,
             warmup_requests=args.warmup_requests, num_requests=args.num_requests,
             concurrency=args.concurrency, api=args.api, start_timeout_s=args.start_timeout,
             request_timeout_s=args.request_timeout, gpus_per_trial=args.gpus_per_trial,
@@ -170,6 +181,8 @@ class _Display:
                f"elapsed {_fmt_s(e.elapsed_s)}, left ~{_fmt_s(e.eta_s)}]"
         if e.kind == "study_started":
             self.console.print(f"study [bold]{e.study_name}[/]: {e.message}")
+        elif e.kind == "recheck_started":
+            self.console.print(f"{head} {e.message}")
         elif e.kind == "trial_started":
             params = ", ".join(f"{k}={v}" for k, v in e.trial_params.items()) or "vLLM defaults"
             self.console.print(f"{head} trial {e.trial_number} started: {params}")
@@ -193,7 +206,7 @@ def _tune(args: argparse.Namespace) -> int:
     from autotune.study import tune
 
     settings = _settings(args)
-    label = "out tok/s" if settings.objective == "throughput" else "goodput req/s"
+    label = "goodput req/s" if settings.objective == "goodput" else "out tok/s"
 
     def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
         raise KeyboardInterrupt

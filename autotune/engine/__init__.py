@@ -17,6 +17,7 @@ from autotune.engine._vllm import (
     detect_engine,
     free_port,
     serve_command,
+    translate_flags,
 )
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "detect_engine",
     "free_port",
     "serve_command",
+    "translate_flags",
 ]
 
 

@@ -30,13 +30,14 @@ from pathlib import Path
 from autotune.errors import EngineCrashedError, EngineError, EngineStartError
 
 __all__ = [
-    "FailureReason",
     "EngineInfo",
+    "FailureReason",
     "VllmServer",
-    "detect_engine",
     "classify_failure",
+    "detect_engine",
     "free_port",
     "serve_command",
+    "translate_flags",
 ]
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def detect_engine() -> EngineInfo:
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         FailureReason.PORT_IN_USE,
-        re.compile(r"address already in use|Errno 98", re.I),
+        re.compile(r"address already in use|Errno 98", re.IGNORECASE),
     ),
     (
         FailureReason.OOM,
@@ -102,7 +103,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"larger than the maximum number of tokens that can be stored in KV cache|"
             r"KV cache is needed, which is larger than the available KV cache memory|"
             r"insufficient memory|std::bad_alloc|Killed",
-            re.I,
+            re.IGNORECASE,
         ),
     ),
     (
@@ -112,7 +113,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"ValidationError|ValueError|NotImplementedError|TypeError: .*argument|"
             r"is not supported|not supported (?:on|for|with)|must be (?:<=|>=|less|greater)|"
             r"requires? .*(?:to be|enabled)|incompatible",
-            re.I,
+            re.IGNORECASE,
         ),
     ),
 )
@@ -130,6 +131,45 @@ def classify_failure(log_text: str, returncode: int | None) -> str:
         # culprit at start, a person or a fault injector mid-run.
         return FailureReason.CRASH
     return FailureReason.CRASH
+
+
+# Flags whose spelling or existence differs between vLLM releases, as (flag, first version
+# where the rule applies, replacement or None to drop, why). Applied at launch so a space
+# written for one release runs on another (0.26 on the GPU host, 0.32 in the CPU build).
+_FLAG_RULES: tuple[tuple[str, tuple[int, ...], str | None, str], ...] = (
+    ("--max-num-partial-prefills", (0, 33), None, "removed in vLLM 0.33"),
+    ("--max-long-partial-prefills", (0, 33), None, "removed in vLLM 0.33"),
+    ("--mamba-cache-mode", (0, 33), None,
+     "deprecated in vLLM 0.33: derived from --enable-prefix-caching"),
+    ("--mamba-backend", (0, 34), "--mamba-decode-backend", "renamed after vLLM 0.33"),
+)
+
+
+def translate_flags(flags: Sequence[str], version: tuple[int, ...]) -> list[str]:
+    """Map engine flags to the spelling the installed vLLM ``version`` understands."""
+    out: list[str] = []
+    i = 0
+    flags = list(flags)
+    while i < len(flags):
+        flag = flags[i]
+        name, eq, inline = flag.partition("=")
+        takes_value = (not eq and i + 1 < len(flags) and flag.startswith("--")
+                       and not flags[i + 1].startswith("--"))
+        rule = next((r for r in _FLAG_RULES if r[0] == name and version >= r[1]), None)
+        if rule is None:
+            out.append(flag)
+        elif rule[2] is None:
+            logger.warning("dropping %s for vLLM %s: %s", name, ".".join(map(str, version)),
+                           rule[3])
+            i += 2 if takes_value else 1
+            continue
+        else:
+            out.append(rule[2] + (eq + inline if eq else ""))
+        if takes_value:
+            out.append(flags[i + 1])
+            i += 1
+        i += 1
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -202,7 +242,7 @@ class VllmServer:
             "--served-model-name", self.served_model_name,
             "--host", self.host,
             "--port", str(self.port),
-            *self.flags,
+            *translate_flags(self.flags, detect_engine().version_tuple),
         ]  # fmt: skip
 
     def _environment(self) -> dict[str, str]:

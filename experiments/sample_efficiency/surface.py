@@ -78,8 +78,11 @@ def capture_limit(p: Mapping[str, Any]) -> int:
     return min(seqs * (1 + d) * 2, 512, mnbt)
 
 
-def model(p: Mapping[str, Any]) -> tuple[float | None, str]:
-    """(modelled out tok/s, "") for a cell, or (None, reason) for a start failure."""
+def model(p: Mapping[str, Any], accept: Mapping[int, float] = ACCEPT) -> tuple[float | None, str]:
+    """(modelled out tok/s, "") for a cell, or (None, reason) for a start failure.
+
+    ``accept``: MTP acceptance length per depth (a sensitivity knob of the benchmark).
+    """
     d = int(p.get("mtp_depth") or 0)
     seqs, mnbt = int(p["max_num_seqs"]), int(p["max_num_batched_tokens"])
     dtype = str(p["mamba_ssm_cache_dtype"])
@@ -102,7 +105,7 @@ def model(p: Mapping[str, Any]) -> tuple[float | None, str]:
 
     v = DEFAULTS_256 * (running / STREAMS) ** 0.7  # fewer running streams: less batching
     if d:
-        v *= ACCEPT[d] / (1.0 + ALPHA + BETA * d * running / STREAMS)
+        v *= accept[d] / (1.0 + ALPHA + BETA * d * running / STREAMS)
     if running * (1 + d) > limit:
         v *= GRAPH_MISS
     if running * (1 + d) > mnbt / 2:
@@ -182,7 +185,9 @@ def read_measured(path: Path) -> list[tuple[dict[str, Any], float | None, str]]:
 class Surface:
     """Noise-free value of every cell: measured rows first, the model elsewhere."""
 
-    def __init__(self, measured: list[tuple[dict[str, Any], float | None, str]]) -> None:
+    def __init__(self, measured: list[tuple[dict[str, Any], float | None, str]],
+                 accept: Mapping[int, float] = ACCEPT) -> None:
+        self.accept = dict(accept)
         acc: dict[tuple[Any, ...], list[float | None]] = {}
         self.sources: dict[tuple[Any, ...], str] = {}
         for params, value, source in measured:
@@ -201,7 +206,7 @@ class Surface:
         if key in self.measured:
             v = self.measured[key]
             return v, "" if v is not None else "measured_failure", True
-        v, reason = model(p)
+        v, reason = model(p, self.accept)
         return v, reason, False
 
 

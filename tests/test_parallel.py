@@ -1,0 +1,55 @@
+"""Ray: trials spread over a real two-node local Ray cluster joined with --ray-address."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.engine import free_port
+from tests.conftest import REPO, needs_vllm
+
+RAY = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray")
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.skipif(RAY is None, reason="the ray command is not installed")
+def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_path: Path) -> None:
+    import optuna
+
+    port = free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    head = [RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
+            "--include-dashboard=false", f"--temp-dir={tmp_path / 'ray'}"]
+    try:
+        subprocess.run(head, check=True, env=env, capture_output=True, timeout=180)
+        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
+                        "--num-gpus=0"], check=True, env=env, capture_output=True, timeout=180)
+        storage = f"sqlite:///{tmp_path}/optuna.db"
+        cmd = [
+            sys.executable, "-m", "autotune", "tune", "--model", str(tiny_llama),
+            "--shape", str(REPO / "traffic" / "example-chat.json"),
+            "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "2",
+            "--parallel", "2", "--recheck", "0", "--no-baseline",
+            "--enqueue", '{"max_num_seqs": 8}', "--enqueue", '{"max_num_seqs": 16}',
+            "--num-requests", "8", "--concurrency", "2",
+            "--storage", storage, "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+            "--study-name", "cluster", "--out", str(tmp_path / "out"),
+            "--ray-address", f"127.0.0.1:{port}",
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env,
+                              cwd=REPO)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+        trials = optuna.load_study(study_name="cluster", storage=storage).get_trials()
+        assert len(trials) == 2
+        assert all(t.user_attrs.get("autotune.state") == "ok" for t in trials), [
+            t.user_attrs.get("autotune.message") for t in trials]
+        nodes = {t.user_attrs.get("autotune.ray_node_id") for t in trials}
+        assert len(nodes) == 2 and "" not in nodes  # one trial on each node, at once
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
