@@ -88,6 +88,8 @@ class TuneSettings(BaseModel):
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0)
     resume: bool = False
     enqueue: list[dict[str, Any]] = Field(default_factory=list)  # configs to try first
+    quality: str | None = None  # thresholds, e.g. "min_agreement=0.95" (a constraint)
+    quality_probe: bool = True  # probe trials that set a lossy knob (figures logged)
     timeout_s: float | None = Field(default=None, gt=0)  # no new trials after this
 
     @field_validator("pareto_latency")

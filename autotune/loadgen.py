@@ -136,7 +136,8 @@ def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
     else:
         text = " ".join(f"t{i}" for i in spec.prompt_token_ids)
         payload = {"model": model, "messages": [{"role": "user", "content": text}]}
-        payload["max_completion_tokens"] = spec.max_tokens
+        # both names: OpenAI's current one and the older one some servers still read
+        payload["max_tokens"] = payload["max_completion_tokens"] = spec.max_tokens
     payload.update(
         stream=True,
         stream_options=_STREAM_OPTIONS,

@@ -64,6 +64,8 @@ class A:
     START_S = "autotune.start_s"
     LOG = "autotune.log_path"
     NODE = "autotune.ray_node_id"
+    QUALITY = "autotune.quality"  # QualityReport of a probed (lossy) trial
+    QUALITY_NOTE = "autotune.quality_note"
     GPUS = "autotune.gpus"
     MLFLOW_RUN = "autotune.mlflow_run_id"
     # study attributes
@@ -78,7 +80,7 @@ class A:
     MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
 
 
-_N_CONSTRAINTS = 3  # [failed or rejected, SLO violation, error-rate violation]
+_N_CONSTRAINTS = 4  # [failed or rejected, SLO, error rate, quality] violations
 
 
 def _constraints(trial: Any) -> list[float]:
@@ -88,9 +90,10 @@ def _constraints(trial: Any) -> list[float]:
     )
 
 
-def _set_constraints(trial: Any, *, failed: float, slo: float, errors: float) -> None:
+def _set_constraints(trial: Any, *, failed: float, slo: float, errors: float,
+                     quality: float = 0.0) -> None:
     """Record constraint values (Optuna's samplers treat any value > 0 as infeasible)."""
-    values = {"failed": failed, "slo": slo, "errors": errors}
+    values = {"failed": failed, "slo": slo, "errors": errors, "quality": quality}
     for key, value in values.items():
         trial.set_constraint(key, float(value))
     trial.set_user_attr(A.CONSTRAINTS, list(values.values()))
@@ -300,6 +303,18 @@ def tune(
     tracking_uri = settings.tracking_uri or _default_tracking(settings)
     cache_dir = (settings.cache_dir or Path.home() / ".cache" / "autotune").expanduser()
 
+    thresholds = None
+    if settings.quality:
+        from autotune.quality import parse_quality
+
+        thresholds = parse_quality(settings.quality)
+    lossy_in_space = any(k.lossy for k in space.knobs.values())
+    if thresholds is not None and not lossy_in_space:
+        raise ConfigError(
+            f"--quality was given but the space {space.name} marks no knob 'lossy: true'; "
+            "nothing would be probed"
+        )
+
     sampler = sampler or _make_sampler(settings)
     try:
         directions = (["maximize", "minimize"] if settings.objective == "pareto"
@@ -406,6 +421,10 @@ def tune(
         ))  # fmt: skip
 
     progress("study_started", message=f"{finished_before} finished trial(s) already")
+    probe = reference = None
+    if lossy_in_space and (settings.quality_probe or thresholds is not None):
+        probe, reference = _quality_reference(space, shape, model, settings, cache_dir, log_dir,
+                                              emit_note=lambda m: progress("note", message=m))
 
     t_loop = time.monotonic()  # the time budget counts from here (Ray and MLflow are up)
 
@@ -448,13 +467,17 @@ def tune(
                     start_timeout_s=settings.start_timeout_s,
                     request_timeout_s=settings.request_timeout_s, log_dir=str(log_dir),
                     cache_dir=str(cache_dir), cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
+                    quality_probe=probe if (not is_base and space.lossy_knobs(params)) else None,
+                    quality_reference=reference,
                 )  # fmt: skip
                 executor.submit(spec)
                 flights[trial.number] = (trial, params, launch, is_base)
                 progress("trial_started", trial_number=trial.number, trial_params=params)
             for outcome in executor.wait(timeout_s=5.0):
                 trial, params, launch, is_base = flights.pop(outcome.number)
-                value, state, reason = _prepare_tell(trial, outcome, metric, settings)
+                lossy = (not is_base) and bool(space.lossy_knobs(params))
+                value, state, reason = _prepare_tell(trial, outcome, metric, settings,
+                                                     thresholds=thresholds, lossy=lossy)
                 walls.append(outcome.wall_s)
                 rid = _log_trial(
                     tracker, outcome.number, params, launch.flags, launch.env, outcome.metrics,
@@ -535,6 +558,44 @@ def _enqueue_rechecks(study: Any, k: int) -> int:
         study.enqueue_trial(dict(first.params), user_attrs=attrs)
         n += 1
     return n
+
+
+def _quality_reference(space: SearchSpace, shape: Any, model: Path, settings: TuneSettings,
+                       cache_dir: Path, log_dir: Path, emit_note: Callable[[str], None]
+                       ) -> tuple[Any, Any]:
+    """The probe and the reference outputs (cached per model, probe and flags; computed on
+    one extra server start the first time)."""
+    from autotune.engine import VllmServer
+    from autotune.quality import (
+        QualitySpec, ReferenceCache, build_probe, ensure_reference, reference_params,
+    )
+    from autotune.trial import model_max_len, model_vocab_size
+
+    ref = space.launch_spec(reference_params(space))
+    # On the CPU build batching does not change outputs (seen bit-exact): probe 8 at a time.
+    conc = 8 if detect_engine().device == "cpu" else 1
+    probe = build_probe(shape, vocab_size=model_vocab_size(model),
+                        spec=QualitySpec(seed=settings.seed, concurrency=conc, n_prompts=32),
+                        max_model_len=model_max_len(ref.flags, model))
+    cache = ReferenceCache(cache_dir / "quality")
+    emit_note("quality reference: the full-precision config's greedy outputs "
+              f"({len(probe.prompts)} prompts; cached after the first study)")
+
+    def start() -> Any:
+        return VllmServer(model=str(model), flags=ref.flags, env=ref.env,
+                          log_path=log_dir / "quality-reference.log", cache_dir=cache_dir,
+                          start_timeout_s=settings.start_timeout_s,
+                          cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
+
+    try:
+        reference = ensure_reference(cache, model=model, reference_flags=ref.flags,
+                                     reference_env=ref.env, probe=probe, start_server=start)
+    except AutotuneError as exc:
+        if settings.quality:
+            raise StudyError(f"the quality reference could not be computed: {exc}") from exc
+        emit_note(f"quality probe off: the reference could not be computed ({exc})")
+        return None, None
+    return probe, reference
 
 
 def _complete_params(space: SearchSpace, params: dict[str, Any], where: str) -> dict[str, Any]:
@@ -636,7 +697,7 @@ def _mark_failed(trial: Any, reason: str, message: str) -> None:
     trial.set_user_attr(A.STATE, "failed")
     trial.set_user_attr(A.REASON, reason)
     trial.set_user_attr(A.MESSAGE, message[:4000])
-    _set_constraints(trial, failed=1.0, slo=0.0, errors=0.0)
+    _set_constraints(trial, failed=1.0, slo=0.0, errors=0.0, quality=0.0)
 
 
 def _commit_tell(study: Any, trial: Any, value: Any, *, fail: bool = False) -> None:
@@ -649,8 +710,8 @@ def _commit_tell(study: Any, trial: Any, value: Any, *, fail: bool = False) -> N
         study.tell(trial, state=TrialState.FAIL if fail else TrialState.PRUNED)
 
 
-def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str,
-                  settings: TuneSettings) -> tuple[Any, str, str | None]:
+def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str, settings: TuneSettings,
+                  *, thresholds: Any = None, lossy: bool = False) -> tuple[Any, str, str | None]:
     """Set the trial's attributes from the outcome; return (value(s), state, reason)."""
     trial.set_user_attr(A.WALL_S, round(outcome.wall_s, 2))
     if outcome.node_id:
@@ -677,7 +738,18 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str,
         default=-1.0,
     )
     err_violation = outcome.metrics.get("error_rate", 0.0) - settings.max_error_rate
-    _set_constraints(trial, failed=0.0, slo=min(slo_violation, 1e6), errors=err_violation)
+    q_violation = 0.0
+    if outcome.quality is not None:
+        trial.set_user_attr(A.QUALITY, outcome.quality)
+    elif lossy and outcome.quality_note:
+        trial.set_user_attr(A.QUALITY_NOTE, outcome.quality_note)
+    if thresholds is not None and lossy:
+        from autotune.quality import QualityReport, quality_violation
+
+        q_violation = (quality_violation(QualityReport.model_validate(outcome.quality), thresholds)
+                       if outcome.quality is not None else 1.0)  # unknown quality: not accepted
+    _set_constraints(trial, failed=0.0, slo=min(slo_violation, 1e6), errors=err_violation,
+                     quality=q_violation)
     values: Any = float(value)
     if settings.objective == "pareto":
         latency = outcome.metrics.get(SLO_KEYS[settings.pareto_latency])
@@ -686,7 +758,7 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str,
                          f"no {settings.pareto_latency} reading for the Pareto objective")
             return None, "failed", "no_measurement"
         values = [float(value), float(latency)]
-    if slo_violation <= 0 and err_violation <= 0:
+    if slo_violation <= 0 and err_violation <= 0 and q_violation <= 0:
         trial.set_user_attr(A.STATE, "ok")
         return values, "ok", None
     why = []
@@ -698,7 +770,13 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str,
     if err_violation > 0:
         why.append(f"error rate {outcome.metrics.get('error_rate', 0):.1%} > "
                    f"{settings.max_error_rate:.1%}")
-    reason = FailureReason.SLO if slo_violation > 0 else "errors"
+    if q_violation > 0:
+        q = outcome.quality or {}
+        why.append(f"quality below --quality {settings.quality}: " + (
+            f"agreement {q.get('exact_match_rate', float('nan')):.1%}" if q
+            else outcome.quality_note or "no quality figures"))
+    reason = (FailureReason.SLO if slo_violation > 0
+              else "errors" if err_violation > 0 else "quality")
     trial.set_user_attr(A.STATE, "infeasible")
     trial.set_user_attr(A.REASON, reason)
     trial.set_user_attr(A.MESSAGE, "; ".join(why))

@@ -47,6 +47,8 @@ class TrialSpec:
     cache_dir: str | None = None
     gpus: tuple[int, ...] | None = None
     cpu_kv_cache_gib: float = 1.0
+    quality_probe: Any = None  # autotune.quality.ProbeSet: probe this trial's server
+    quality_reference: Any = None  # autotune.quality.ProbeOutputs to compare with
 
 
 @dataclass
@@ -66,6 +68,8 @@ class TrialOutcome:
     engine_version: str = ""
     hostname: str = ""
     node_id: str = ""  # the Ray node that ran the trial ("" outside Ray)
+    quality: dict[str, Any] | None = None  # QualityReport.model_dump() of a probed trial
+    quality_note: str = ""  # why a lossy trial has no quality figures
     gpus: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +118,32 @@ def _assigned_gpus(spec: TrialSpec) -> tuple[int, ...] | None:
     except Exception:  # noqa: BLE001 - not in Ray, or no GPUs: leave the environment alone
         pass
     return None
+
+
+def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -> None:
+    """Run the quality probe on the trial's server and compare it with the reference.
+
+    Speculative decoding with a synthetic rejection sampler (random-weight runs) accepts
+    drafts whatever the model says, so such a server's tokens are not the model's: the
+    probe is skipped and the trial's quality stays unknown.
+    """
+    from autotune.errors import EngineError
+    from autotune.quality import compare, run_probe
+
+    if any('"rejection_sample_method":"synthetic"' in f for f in spec.flags):
+        outcome.quality_note = ("quality probe skipped: synthetic speculative decoding does "
+                                "not produce the model's own tokens")
+        return
+    try:
+        out = run_probe(server.base_url, server.served_model_name, spec.quality_probe)
+        server.check_alive()
+    except (EngineError, EngineCrashedError) as exc:
+        outcome.quality_note = f"quality probe failed: {exc}"
+        logger.warning("trial %d: %s", spec.number, outcome.quality_note)
+        return
+    report = compare(spec.quality_reference, out)
+    outcome.quality = report.model_dump(mode="json")
+    outcome.metrics.update(report.flat())
 
 
 def run_trial(spec: TrialSpec) -> TrialOutcome:
@@ -189,6 +219,8 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
             outcome.message = f"no request succeeded ({m.n_errors} failed: {m.errors})"
         else:
             outcome.ok = True
+            if spec.quality_probe is not None and spec.quality_reference is not None:
+                _probe_quality(spec, server, outcome)
     except (EngineStartError, EngineCrashedError) as exc:
         outcome.reason = exc.reason
         outcome.message = str(exc)

@@ -103,6 +103,22 @@ def test_degenerate_studies_do_not_crash(storage: Any, tmp_path: Path, name: str
     _check(write_study_plots(study, tmp_path), tmp_path)
 
 
+def test_pareto_study(storage: Any, tmp_path: Path) -> None:
+    study = optuna.create_study(storage=storage, study_name="two-objectives",
+                                directions=["maximize", "minimize"])
+    study.set_user_attr(A.SETTINGS, {"objective": "pareto"})
+    for seqs, kv, tput, ttft in ((16, "auto", 900.0, 0.5), (32, "fp8_e4m3", 1200.0, 2.0),
+                                 (24, "auto", 1000.0, 3.0)):
+        t = _t(seqs, kv, "ok", tput, ttft)
+        study.add_trial(optuna.trial.create_trial(
+            values=[tput, ttft], params=t.params, distributions=t.distributions,
+            user_attrs=t.user_attrs, constraints=t.constraints))  # fmt: skip
+    study.add_trial(_t(48, "auto", "oom"))
+    _check(write_study_plots(study, tmp_path), tmp_path)
+    imp, why, n = _importances(study)
+    assert imp is not None and n == 3, why
+
+
 @pytest.mark.parametrize(
     "name, trials, why",
     [

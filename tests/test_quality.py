@@ -212,17 +212,38 @@ def test_quality_violation() -> None:
 # the reference config of a space
 
 
-def test_reference_params_of_cpu_space() -> None:
-    space = load_space(REPO / "search_spaces" / "cpu.yaml", facts=ModelFacts(hybrid=True))
+@pytest.mark.parametrize("path", sorted((REPO / "search_spaces").glob("*.yaml")),
+                         ids=lambda p: p.name)
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_reference_params_of_committed_spaces(path: Path, hybrid: bool) -> None:
+    space = load_space(path, facts=ModelFacts(hybrid=hybrid))
     ref = reference_params(space)
-    assert ref["mamba_ssm_cache_dtype"] == "float32" and ref["kv_cache_dtype"] == "auto"
-    flags = space.launch_spec(ref).flags
-    assert "--mamba-ssm-cache-dtype" in flags and "float32" in flags
-    lossy = reference_params(space, {"mamba_ssm_cache_dtype": "bfloat16", "max_num_seqs": 8})
-    assert lossy == {"mamba_ssm_cache_dtype": "float32", "max_num_seqs": 8,
-                     "kv_cache_dtype": "auto"}
-    plain = load_space(REPO / "search_spaces" / "cpu.yaml", facts=ModelFacts(hybrid=False))
-    assert "mamba_ssm_cache_dtype" not in reference_params(plain)
+    for name, knob in space.knobs.items():
+        if knob.lossy and space.is_active(name, ref):
+            assert ref[name] == knob.default
+            assert not space.lossy_knobs(ref)
+    assert not space.violations(ref)
+
+
+def test_reference_params_sets_lossy_knobs_to_their_defaults(tmp_path: Path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text("""
+name: t
+knobs:
+  seqs: {type: int, low: 4, high: 64, flag: --max-num-seqs}
+  ssm: {type: categorical, choices: [float32, bfloat16], flag: --mamba-ssm-cache-dtype,
+        when: hybrid, default: float32, lossy: true}
+  kv: {type: categorical, choices: [auto, fp8_e4m3], flag: --kv-cache-dtype, default: auto,
+       lossy: true}
+""")
+    space = load_space(p, facts=ModelFacts(hybrid=True))
+    assert reference_params(space) == {"ssm": "float32", "kv": "auto"}
+    trial = {"ssm": "bfloat16", "kv": "fp8_e4m3", "seqs": 8}
+    assert reference_params(space, trial) == {"ssm": "float32", "kv": "auto", "seqs": 8}
+    flags = space.launch_spec(reference_params(space)).flags
+    assert flags == ("--mamba-ssm-cache-dtype", "float32", "--kv-cache-dtype", "auto")
+    plain = load_space(p, facts=ModelFacts(hybrid=False))
+    assert reference_params(plain, trial) == {"kv": "auto", "seqs": 8}
 
 
 def test_reference_params_needs_a_default(tmp_path: Path) -> None:

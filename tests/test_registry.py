@@ -327,6 +327,37 @@ def test_warm_start_from(reg: dict[str, Any], space: SearchSpace,
         warm_start_from(st, "no-such-study")
 
 
+def test_pareto_studies_and_objective_changes(
+    reg: dict[str, Any], space: SearchSpace, fresh: tuple[str, Any], tmp_path: Path
+) -> None:
+    storage, st = fresh
+    s, p = _shape(tmp_path, 512, 512)
+    study = optuna.create_study(storage=st, study_name="pareto",
+                                directions=["maximize", "minimize"])
+    for k, v in {A.MODEL: "m", A.SHAPE: s.fingerprint, A.SHAPE_PATH: str(p),
+                 A.SETTINGS: {"objective": "pareto"}}.items():
+        study.set_user_attr(k, v)
+    for seqs, tput, ttft in ((16, 900.0, 0.5), (32, 1200.0, 2.0)):
+        t = _trial(space, _p(seqs, 2048), "ok", tput, {}, baseline=False,
+                   metric="output_tokens_per_s")
+        study.add_trial(optuna.trial.create_trial(
+            values=[tput, ttft], params=t.params, distributions=t.distributions,
+            user_attrs=t.user_attrs, constraints=t.constraints))  # fmt: skip
+    hit = find_best(storage=storage, shape=s)
+    # the best of a Pareto study is its highest throughput (its first objective), as in tune()
+    assert hit is not None and hit.value == 1200.0 and hit.objective == "pareto"
+    assert hit.metric == "output_tokens_per_s"
+
+    # a throughput study warm-starts a Pareto one: values read from the measured metrics
+    ws = warm_start_from(reg["storage"], "a-512", objective="pareto")
+    measured = [t for t in ws.prior_trials if t.state == TrialState.COMPLETE]
+    assert len(measured) == 6 and all(len(t.values) == 2 for t in measured)
+    assert {tuple(t.values) for t in measured} >= {(1500.0, 1.0), (9000.0, 1.0)}
+    # ... and a goodput study cannot use measurements that have no goodput
+    ws = warm_start_from(reg["storage"], "a-512", objective="goodput")
+    assert all(t.state == TrialState.PRUNED for t in ws.prior_trials)
+
+
 def test_warm_start_keeps_only_what_fits_the_new_space(reg: dict[str, Any], tmp_path: Path) -> None:
     text = SPACE_YAML.replace("high: 64", "high: 30")  # max_num_seqs 4..30 now
     narrow = tmp_path / "narrow.yaml"

@@ -28,6 +28,9 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         "--storage", storage, "--tracking-uri", tracking, "--study-name", "e2e",
         "--out", str(out), "--num-requests", "16", "--concurrency", "4", "--seed", "3",
         "--cache-dir", str(tmp_path / "cache"), "--recheck", "1",
+        # a lossy config first: the quality gate must mark it infeasible (issue 8)
+        "--quality", "min_agreement=0.99",
+        "--enqueue", '{"mamba_ssm_cache_dtype": "bfloat16", "max_num_seqs": 8}',
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=tmp_path)
     log = proc.stdout + proc.stderr
@@ -60,6 +63,18 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
     for t in trials:
         if t.user_attrs.get("autotune.state") == "failed":
             assert t.user_attrs.get("autotune.reason")  # a failure has its reason
+
+    # Quality gate: the BF16-state trial was probed against the FP32 reference and, with
+    # min_agreement=0.99, marked infeasible with the quality reason.
+    lossy = next(t for t in trials if t.params.get("mamba_ssm_cache_dtype") == "bfloat16")
+    if lossy.user_attrs.get("autotune.state") != "failed":  # it served: it was judged
+        q = lossy.user_attrs["autotune.quality"]
+        assert 0.0 <= q["exact_match_rate"] < 0.99
+        assert lossy.user_attrs["autotune.state"] == "infeasible"
+        assert lossy.user_attrs["autotune.reason"] == "quality"
+        assert lossy.constraints["quality"] > 0
+        assert lossy.user_attrs["autotune.metrics"]["quality_exact_match_rate"] == q["exact_match_rate"]
+    assert (out / "logs" / "quality-reference.log").exists()
 
     # Re-check: the leader and the baseline were measured once more before the verdict.
     assert 1 <= len(rechecks) <= 2

