@@ -319,7 +319,8 @@ def write_study_plots(study: Any, out_dir: str | Path) -> dict[str, Path]:
 
     Returns ``{"history": path, "importance": path, "pareto": path}`` (see
     :data:`PLOT_FILES`). Any number of trials works, none or only failed ones included.
-    Raises :class:`TrackingError` only when ``out_dir`` cannot be written.
+    Raises :class:`TrackingError` when ``out_dir`` cannot be written or a plot cannot be
+    drawn (never for too few trials).
     """
     out = Path(out_dir)
     try:
@@ -328,11 +329,21 @@ def write_study_plots(study: Any, out_dir: str | Path) -> dict[str, Path]:
         raise TrackingError(f"cannot create the plot folder {out}: {exc}") from exc
     points = _points(study)
     written: dict[str, Path] = {}
-    try:
-        written["history"] = _history(study, points, out / PLOT_FILES["history"])
-        written["importance"] = _importance(study, out / PLOT_FILES["importance"])
-        written["pareto"] = _pareto(study, points, out / PLOT_FILES["pareto"])
-    except OSError as exc:
-        raise TrackingError(f"cannot write the study plots into {out}: {exc}") from exc
+    for key, name in PLOT_FILES.items():
+        path = out / name
+        try:
+            if key == "history":
+                written[key] = _history(study, points, path)
+            elif key == "importance":
+                written[key] = _importance(study, path)
+            else:
+                written[key] = _pareto(study, points, path)
+        except OSError as exc:
+            raise TrackingError(f"cannot write {path}: {exc}") from exc
+        except Exception as exc:  # a foreign (matplotlib/Optuna) error: one clear error
+            raise TrackingError(
+                f"cannot draw the {key} plot of study {study.study_name}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
     logger.info("study plots written: %s", ", ".join(str(p) for p in written.values()))
     return written

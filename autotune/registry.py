@@ -581,8 +581,8 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
             logger.info("warm start: trial %d of %s cannot be copied: %s", t.number,
                         study_name, exc)
     if dropped:
-        logger.info("warm start: %d trial(s) of %s left out (outside the new space)", dropped,
-                    study_name)
+        logger.info("warm start: %d trial(s) of %s left out (outside the new space, or no "
+                    "measured value for the new objective)", dropped, study_name)
     return WarmStart(enqueue=enqueue, prior_trials=priors, source_study=study_name,
                      source_shape_fingerprint=fp, enqueue_from=origin)
 

@@ -894,10 +894,12 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
         os.replace(tmp, sh)
         if best_t.user_attrs.get(A.MLFLOW_RUN):
             tracker.mark_best(run_id=best_t.user_attrs[A.MLFLOW_RUN],
-                              shape_fingerprint=shape.fingerprint, best=best, serve_command=cmd,
-                              artifacts={"trials.csv": str(out_dir / "trials.csv")})
+                              shape_fingerprint=shape.fingerprint, best=best, serve_command=cmd)
         tracker.log_study_metrics({f"best_{k}": v for k, v in metrics.items()})
     _write_trials_csv(study, out_dir / "trials.csv")
+    plots = _write_plots(study, out_dir / "plots")
+    tracker.log_study_artifacts({**{f"plots/{p.name}": str(p) for p in plots.values()},
+                                 "trials.csv": str(out_dir / "trials.csv")})
     summary = {
         "study": study.study_name, "storage": settings.storage, "tracking_uri": tracking_uri,
         "trials": len(trials), "ok": n_ok,
@@ -915,6 +917,17 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
         n_trials=len(trials), n_ok=n_ok, n_failed=summary["failed"], tracking_uri=tracking_uri,
         failures_by_reason=reasons,
     )  # fmt: skip
+
+
+def _write_plots(study: Any, out: Path) -> dict[str, Path]:
+    """Optimization history, parameter importances and the Pareto front as PNGs."""
+    from autotune.plots import write_study_plots
+
+    try:
+        return write_study_plots(study, out)
+    except AutotuneError as exc:  # plots are a convenience: never fail a finished study
+        logger.warning("could not write the study plots: %s", exc)
+        return {}
 
 
 def _write_trials_csv(study: Any, path: Path) -> None:

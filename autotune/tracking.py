@@ -211,6 +211,16 @@ class MlflowTracker:
                 if os.path.exists(path):
                     self._safe(f"store {name}", self.client.log_artifact, pid, path)
 
+    def log_study_artifacts(self, files: Mapping[str, str]) -> None:
+        """Attach files to the study run (``{"plots/history.png": path}``: folder/name)."""
+        if not self.parent_run_id:
+            return
+        for name, path in files.items():
+            if os.path.exists(path):
+                folder = os.path.dirname(name) or None
+                self._safe(f"store {name}", self.client.log_artifact, self.parent_run_id, path,
+                           folder)
+
     def log_study_metrics(self, metrics: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 

@@ -92,7 +92,7 @@ def test_open_loop_sends_on_schedule() -> None:
     assert run.mode == "open"
     for r, t in zip(run.records, offsets, strict=True):
         assert r.ok
-        assert t - 0.002 <= r.send_s <= t + 0.05
+        assert t - 0.002 <= r.send_s <= t + 0.25  # never early; late only by scheduling
 
 
 def test_open_loop_concurrency_cap_holds_back_sends() -> None:
@@ -159,9 +159,9 @@ def test_each_fault_is_a_record_with_its_reason(faulty_run: RunResult, fault: st
             r.chunk_tokens and r.first_token_s is not None for r in recs
         )  # partial data kept
     if fault == "stall":
-        assert all(0.25 <= r.end_s - r.chunk_times_s[-1] < 1.0 for r in recs)
+        assert all(0.1 <= r.end_s - r.chunk_times_s[-1] < 2.0 for r in recs)
     if fault == "slow":
-        assert all(0.95 <= r.end_s - r.send_s < 1.5 for r in recs)
+        assert all(0.95 <= r.end_s - r.send_s < 3.0 for r in recs)
 
 
 def test_measurement_completes_and_counts_failures(faulty_run: RunResult) -> None:

@@ -13,6 +13,7 @@ Modes (``name`` or ``name:N``):
 ==============  ==========================================================================
 ``ok``          serve normally
 ``exit``        print a Python error during start and exit with code 1
+``reject``      refuse the flags as vLLM's argument parser does (exit code 2)
 ``hang``        never listen (``/health`` never answers); a child process in the group
                 stands for vLLM's EngineCore and exits when the leader dies
 ``stubborn``    like ``hang``, but the leader ignores SIGTERM (a wedged server)
@@ -23,6 +24,8 @@ Modes (``name`` or ``name:N``):
 ``stall:N``     serve; request N goes silent after two chunks for ``AUTOTUNE_FAKE_STALL_S``
 ``slow``        serve; chunks ``AUTOTUNE_FAKE_CHUNK_S`` apart (a trial that takes a while)
 ``chatty:KB``   write KB kilobytes of log lines, then serve
+``real``        become the real vLLM: exec ``python -m vllm.entrypoints.openai.api_server``
+                with the same argv, pid, process group and parent-death signal
 ==============  ==========================================================================
 
 Every request is announced on stdout (``fake-vllm: request N``), so a test can see from the
@@ -154,6 +157,18 @@ def main(argv: list[str] | None = None) -> None:
     mode, arg, index = _mode()
     _say(f"launch {index} mode {mode}:{arg} pid {os.getpid()} pgid {os.getpgid(0)} "
          f"flags {' '.join(engine_flags)}")
+    if mode == "real":
+        fake = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            d for d in env.get("PYTHONPATH", "").split(os.pathsep) if d and d != fake)
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *sys.argv[1:]]
+        os.execve(sys.executable, argv, env)
+    if mode == "reject":
+        print("usage: api_server.py [-h] [--model MODEL] ...\n"
+              "api_server.py: error: argument --max-num-seqs: invalid int value: 'lots'",
+              flush=True)
+        sys.exit(2)
     if mode == "exit":
         print("Traceback (most recent call last):\n"
               "RuntimeError: Engine core initialization failed. See root cause above.",
