@@ -120,6 +120,9 @@ def _assigned_gpus(spec: TrialSpec) -> tuple[int, ...] | None:
     return None
 
 
+_PORT_ATTEMPTS = 3
+
+
 def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -> None:
     """Run the quality probe on the trial's server and compare it with the reference.
 
@@ -163,16 +166,19 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
         hostname=socket.gethostname(), node_id=_ray_node_id(), gpus=gpus,
         log_path=str(log_path) if log_path else None,
     )  # fmt: skip
-    server = VllmServer(
-        model=spec.model,
-        flags=spec.flags,
-        env=spec.env,
-        log_path=log_path,
-        gpus=gpus,
-        cache_dir=Path(spec.cache_dir) if spec.cache_dir else None,
-        start_timeout_s=spec.start_timeout_s,
-        cpu_kv_cache_gib=spec.cpu_kv_cache_gib,
-    )
+    def new_server() -> VllmServer:
+        return VllmServer(
+            model=spec.model,
+            flags=spec.flags,
+            env=spec.env,
+            log_path=log_path,
+            gpus=gpus,
+            cache_dir=Path(spec.cache_dir) if spec.cache_dir else None,
+            start_timeout_s=spec.start_timeout_s,
+            cpu_kv_cache_gib=spec.cpu_kv_cache_gib,
+        )
+
+    server = new_server()
     try:
         vocab = model_vocab_size(spec.model)
         max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
@@ -181,8 +187,20 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
             num_requests=spec.num_requests,
             max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
         )  # fmt: skip
-        server.start()
-        outcome.start_s = server.wait_healthy()
+        for attempt in range(_PORT_ATTEMPTS):
+            server.start()
+            try:
+                outcome.start_s = server.wait_healthy()
+                break
+            except EngineStartError as exc:
+                # Another process took the port between choosing and binding it: that says
+                # nothing about the config. Try again on a fresh port.
+                if exc.reason != FailureReason.PORT_IN_USE or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+                logger.warning("trial %d: port %s was taken; retrying on another port",
+                               spec.number, server.port)
+                server.stop()
+                server = new_server()
         client_kw: dict[str, Any] = {
             "base_url": server.base_url,
             "model": server.served_model_name,

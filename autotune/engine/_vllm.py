@@ -119,17 +119,20 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
-def classify_failure(log_text: str, returncode: int | None) -> str:
-    """Map a dead server's log and exit code to a :class:`FailureReason` string."""
-    if returncode is not None and returncode in (-signal.SIGKILL, 137) and not log_text.strip():
-        return FailureReason.OOM
+def classify_failure(log_text: str, returncode: int | None, *, during_start: bool = True) -> str:
+    """Map a dead server's log and exit code to a :class:`FailureReason` string.
+
+    The log decides when it names a cause. A SIGKILL with no cause in the log is counted as
+    out of memory: the kernel's OOM killer sends exactly that, and a server we stop
+    ourselves never reaches this function.
+    """
     for reason, pattern in _PATTERNS:
         if pattern.search(log_text):
             return reason
-    if returncode in (-signal.SIGKILL, 137):
-        # Killed from outside with no error in the log: the kernel's OOM killer is the usual
-        # culprit at start, a person or a fault injector mid-run.
-        return FailureReason.CRASH
+    if returncode is not None and returncode in (-signal.SIGKILL, 137):
+        # At start the OOM killer is the usual sender; later, anything may be (a person, a
+        # fault injector, the OOM killer too): the log did not say, so it just died.
+        return FailureReason.OOM if during_start else FailureReason.DIED
     return FailureReason.CRASH
 
 
@@ -378,7 +381,7 @@ class VllmServer:
         code = self.poll()
         if code is not None:
             text = self._log_text_for_classification()
-            reason = classify_failure(text, code)
+            reason = classify_failure(text, code, during_start=False)
             tail = self.log_tail()
             raise EngineCrashedError(
                 f"vLLM died during the measurement (exit code {code}, {reason}); "

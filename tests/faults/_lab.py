@@ -79,11 +79,13 @@ def tagged(tag: str) -> list[Proc]:
     return found
 
 
-def wait_gone(tag: str, timeout_s: float) -> list[Proc]:
-    """Wait until no process of ``tag`` is alive; return what is still there at the end."""
+def wait_gone(tag: str, timeout_s: float,
+              where: Callable[[Proc], bool] = lambda p: True) -> list[Proc]:  # fmt: skip
+    """Wait until no process of ``tag`` (``where`` says so) is alive; return what is still
+    there at the end."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = tagged(tag)
+        left = [p for p in tagged(tag) if where(p)]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.25)

@@ -201,17 +201,21 @@ def test_tuner_sigkilled_mid_trial_then_resumed(lab: Lab, tiny_llama: Path) -> N
         if tuner.poll() is None:
             tuner.kill()
 
-    # vLLM (API server and engine core: its whole group) must go at once: it holds the GPU.
+    # vLLM (API server, engine core, workers: its whole group) must go at once: it holds
+    # the GPU. Everything found wrong is collected, so one (expensive) run reports it all.
+    problems: list[str] = []
+
     def vllm_left() -> list[str]:
         return [str(p) for p in tagged(lab.tag) if p.pgid in vllm_groups]
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 30
     while vllm_left() and time.monotonic() < deadline:
         time.sleep(0.25)
-    vllm_gone_s = time.monotonic() - killed_at
-    assert vllm_left() == [], (
-        "60 s after the tuner's SIGKILL, of\n  " + "\n  ".join(str(p) for p in before)
-        + "\nthese are still running:\n  " + "\n  ".join(vllm_left()))
+    print(f"vLLM group checked {time.monotonic() - killed_at:.1f} s after the tuner's SIGKILL")
+    if vllm_left():
+        problems.append(
+            "30 s after the tuner's SIGKILL, of\n  " + "\n  ".join(str(p) for p in before)
+            + "\nthese vLLM processes are still running:\n  " + "\n  ".join(vllm_left()))
     trials = lab.trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "RUNNING"]
     value0 = trials[0].value
@@ -243,10 +247,12 @@ def test_tuner_sigkilled_mid_trial_then_resumed(lab: Lab, tiny_llama: Path) -> N
     assert parent == ["FINISHED"]
 
     # Ray's processes of the killed tuner must all go too (counted from the kill).
-    left = wait_gone(lab.tag, max(0.0, 120 - (time.monotonic() - killed_at)))
-    print(f"vLLM gone {vllm_gone_s:.1f} s after the tuner's SIGKILL; "
-          f"everything gone after {time.monotonic() - killed_at:.0f} s")
-    assert left == [], (
-        f"{time.monotonic() - killed_at:.0f} s after the tuner's SIGKILL, of\n  "
-        + "\n  ".join(str(p) for p in before) + "\nthese are still running:\n  "
-        + "\n  ".join(str(p) for p in left))
+    left = wait_gone(lab.tag, max(0.0, 120 - (time.monotonic() - killed_at)),
+                     where=lambda p: p.pgid not in vllm_groups)
+    print(f"vLLM processes left: {len(vllm_left())}; Ray's: {len(left)}, "
+          f"{time.monotonic() - killed_at:.0f} s after the tuner's SIGKILL")
+    if left:
+        problems.append(
+            f"{time.monotonic() - killed_at:.0f} s after the tuner's SIGKILL these Ray "
+            "processes are still running:\n  " + "\n  ".join(str(p) for p in left))
+    assert not problems, "\n".join(problems)
