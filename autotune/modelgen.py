@@ -1,9 +1,11 @@
 """Generate tiny models locally: config, tokenizer and random weights, no model hub.
 
-The tokenizer is a WordLevel vocabulary whose token *i* is the string ``t{i}``, so any list
-of token ids decodes to text that re-encodes to exactly the same ids: prompts of exact
-token lengths work through both the completions and the chat endpoints, and vLLM's own
-benchmark client works unchanged against the same model directory.
+The tokenizer is a WordLevel vocabulary whose token *i* is the string ``t{i}`` (ids 0-3 are
+the special tokens ``<pad> <s> </s> <unk>``), so any list of ids >= 4 decodes to text that
+re-encodes to exactly the same ids: prompts of exact token lengths work through both the
+completions and the chat endpoints, and vLLM's own benchmark client works unchanged
+against the same model directory. (Special tokens must not look like ``t<i>``: transformers
+matches special tokens as substrings, so a special ``t1`` would split ``t11``.)
 
 Two architectures:
 
@@ -36,6 +38,7 @@ Arch = Literal["llama", "nemotron_h"]
 ARCHS: tuple[str, ...] = ("llama", "nemotron_h")
 
 _SPECIAL = {"pad_token": 0, "bos_token": 1, "eos_token": 2}
+_SPECIAL_TEXT = {0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}
 
 
 def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False) -> dict[str, Any]:
@@ -130,21 +133,21 @@ def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False) -> dic
 
 
 def write_tokenizer(out_dir: Path, *, vocab_size: int, max_length: int = 4096) -> None:
-    """Write a local WordLevel tokenizer (``t0 .. t{vocab_size-1}``) and its config."""
+    """Write a local WordLevel tokenizer (``<pad> <s> </s> <unk> t4 .. t{vocab_size-1}``)."""
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     except ImportError as exc:  # pragma: no cover - tokenizers is a core dependency
         raise ModelGenError("the 'tokenizers' package is missing; pip install tokenizers") from exc
-    vocab = {f"t{i}": i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t3"))
+    vocab = {_SPECIAL_TEXT.get(i, f"t{i}"): i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     tok.save(str(out_dir / "tokenizer.json"))
-    names = {k: f"t{v}" for k, v in _SPECIAL.items()}
+    names = {k: _SPECIAL_TEXT[v] for k, v in _SPECIAL.items()}
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_length,
-        "unk_token": "t3",
+        "unk_token": "<unk>",
         **names,
         "add_bos_token": False,
         "add_eos_token": False,

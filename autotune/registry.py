@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from autotune.errors import ShapeError, StudyError
+from autotune.study import A, open_storage
 from autotune.traffic import ShapeDiff, TrafficShape, diff_shapes, load_shape
 
 if TYPE_CHECKING:
@@ -48,9 +49,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Study attribute with the GPU type the study ran on (same name as the MLflow tag).
-GPU_ATTR = "autotune.gpu_type"
+GPU_ATTR = A.GPU
 #: Trial attribute of a prior trial copied from an earlier study (``{"study", "trial", ...}``).
-PRIOR_ATTR = "autotune.prior"
+PRIOR_ATTR = A.PRIOR
 #: GPU type of studies that did not record one.
 UNKNOWN_GPU = "unknown"
 
@@ -166,7 +167,6 @@ def _open(storage: str) -> Any | None:
 
     A missing SQLite file is not created: looking something up must not leave files behind.
     """
-    from autotune.study import open_storage
 
     if storage.startswith("sqlite:///"):
         path = Path(storage[len("sqlite:///"):])
@@ -193,8 +193,6 @@ def _is_ok(t: Any) -> bool:
     """A feasible, measured trial of this study (not a prior copied from another one)."""
     from optuna.trial import TrialState
 
-    from autotune.study import A
-
     return (
         t.state == TrialState.COMPLETE
         and t.user_attrs.get(A.STATE) == "ok"
@@ -210,7 +208,7 @@ def _value(t: Any) -> float:
 
 
 def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
-    from autotune.study import A, objective_metric
+    from autotune.study import objective_metric
 
     settings = attrs.get(A.SETTINGS) or {}
     objective = settings.get("objective", "throughput") if isinstance(settings, dict) else "throughput"
@@ -226,7 +224,6 @@ def _scan(storage: str, st: Any | None = None) -> list[tuple[TunedStudy, Any]]:
     ``st``: the storage already opened (opening one costs a schema check). Reads the storage
     directly (no ``get_all_study_summaries``: it queries every study's trials once more).
     """
-    from autotune.study import A
 
     st = st if st is not None else _open(storage)
     if st is None:
@@ -309,7 +306,6 @@ def _prefer_metric(rows: list[tuple[TunedStudy, Any]]) -> list[tuple[TunedStudy,
 def _hit(storage: str, info: TunedStudy, best: Any, *, exact: bool, diff: ShapeDiff | None,
          notes: list[str]) -> RegistryHit:
     from autotune.engine import serve_command
-    from autotune.study import A
 
     flags = [str(f) for f in best.user_attrs.get(A.FLAGS, [])]
     env = {str(k): str(v) for k, v in dict(best.user_attrs.get(A.ENV, {})).items()}
@@ -487,7 +483,7 @@ def _prior_values(t: Any, objective: str | None, latency: str,
                   scale: float) -> list[float] | None:
     """A COMPLETE trial's values for the new study (throughput scaled); None = unusable."""
     from autotune.config import SLO_KEYS
-    from autotune.study import A, objective_metric
+    from autotune.study import objective_metric
 
     if objective is None:
         vals = [float(v) for v in t.values]
@@ -509,8 +505,6 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
                 pareto_latency: str = "ttft_p99", st: Any | None = None) -> WarmStart:
     import optuna
     from optuna.trial import TrialState
-
-    from autotune.study import A
 
     if top_k < 0:
         raise StudyError(f"--top-k {top_k}: must be >= 0")

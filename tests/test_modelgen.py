@@ -62,3 +62,16 @@ def test_mtp_config_has_vllm_fields() -> None:
     assert cfg["num_nextn_predict_layers"] == 1 and cfg["mtp_hybrid_override_pattern"] == "*E"
     for key in ("n_routed_experts", "moe_intermediate_size", "num_experts_per_tok"):
         assert key in cfg
+
+
+def test_transformers_chat_template_keeps_exact_lengths(tiny_llama: Path) -> None:
+    # vLLM tokenises through transformers, which matches special tokens as substrings: they
+    # must not look like t<i> (a special "t1" would split "t11" into two tokens).
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama))
+    ids = [11, 12, 100, 3000, 4095, 17, 1000, 111]
+    text = " ".join(f"t{i}" for i in ids)
+    assert tok(text, add_special_tokens=False).input_ids == ids
+    chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True)
+    assert list(chat["input_ids"] if hasattr(chat, "keys") else chat) == ids

@@ -17,10 +17,14 @@ phase (stub utilisation near 1.0 would mean the stub, not the client, was the li
 
 Usage (from the repository root, in the project venv)::
 
-    python experiments/loadgen_capacity/run.py            # full run, ~10 min
+    python experiments/loadgen_capacity/run.py            # one session, 3 repeats, ~12 min
     python experiments/loadgen_capacity/run.py --quick    # smoke run
+    python experiments/loadgen_capacity/run.py --report-only sessions/*.json   # merge
 
-Writes ``results.json`` (every run, environment) and ``results.md`` beside this file.
+Writes ``results.json`` (every run, environment) and ``results.md`` beside this file. The
+committed results merge three sessions (``sessions/``, each one such run's results.json)
+made while other jobs shared the machine; tokens per client CPU-second is the figure that
+survives that, the wall-clock tokens/s is what the client got of its core at the time.
 """
 
 from __future__ import annotations
@@ -261,7 +265,18 @@ def _summary(runs: list[dict], streams: list[int], clients: list[str]) -> list[d
     return rows
 
 
-def _markdown(rows: list[dict], meta: dict) -> str:
+def _paired_ratio(runs: list[dict], streams: int, kind: str) -> tuple[float, int] | None:
+    """Median of ours/vLLM tokens per CPU-second over runs made back to back."""
+    by_key: dict[tuple, dict[str, float]] = {}
+    for r in runs:
+        if r["streams"] == streams:
+            key = (r.get("session", 0), r["repeat"])
+            by_key.setdefault(key, {})[r["client"]] = r["output_tokens_per_client_cpu_s"]
+    ratios = [v[kind] / v["vllm"] for v in by_key.values() if kind in v and "vllm" in v]
+    return (statistics.median(ratios), len(ratios)) if ratios else None
+
+
+def _markdown(rows: list[dict], meta: dict, runs: list[dict]) -> str:
     head = (
         f"Date: {meta['date']}; host: {meta['cpu']} ({meta['cores']} vCPUs, shared with other "
         f"jobs: 1-minute load average {meta['loadavg_min']:.1f}-{meta['loadavg_max']:.1f} "
@@ -287,6 +302,14 @@ def _markdown(rows: list[dict], meta: dict) -> str:
         head,
         workload,
         "",
+    ]
+    for i, sess in enumerate(meta.get("sessions", [])):
+        lines.append(
+            f"- session {i}: `{sess['command']}` at {sess['date']}, {sess['repeats']} repeats, "
+            f"load average {sess['loadavg_min']:.1f}-{sess['loadavg_max']:.1f}"
+        )
+    lines += [
+        "",
         table,
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -297,6 +320,15 @@ def _markdown(rows: list[dict], meta: dict) -> str:
             f"| {r['tok_per_cpu_s_median']:,.0f} / {r['tok_per_cpu_s_best']:,.0f} "
             f"| {r['cpu_share_median']:.2f} | {r['stub_util_max']:.2f} | {r['failed']} |"
         )
+    lines.append("")
+    for c in meta["streams"]:
+        for kind in ("ours", "ours-asyncio"):
+            pr = _paired_ratio(runs, c, kind)
+            if pr is not None:
+                lines.append(
+                    f"- {c} streams: `{kind}` / `vllm`, tokens per client CPU-second, median over "
+                    f"{pr[1]} back-to-back pairs (same session and repeat): **{pr[0]:.2f}x**"
+                )
     notes = (
         "- **tok/s** = output tokens / (first send to last completion), the definition of "
         "vLLM's `output_throughput`; **req/s** likewise. These are wall-clock figures on a "
@@ -412,12 +444,49 @@ def _write(
     target.mkdir(parents=True, exist_ok=True)
     for name, text in (
         ("results.json", json.dumps(out, indent=2) + "\n"),
-        ("results.md", _markdown(rows, meta)),
+        ("results.md", _markdown(rows, meta, runs)),
     ):
         tmp = target / (name + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, target / name)
-    print(_markdown(rows, meta))
+    print(_markdown(rows, meta, runs))
+
+
+def report_only(files: list[Path], out_dir: Path, clients: list[str]) -> None:
+    """Merge the runs of several sessions' results.json into one report."""
+    sessions, runs = [], []
+    meta: dict = {}
+    for i, f in enumerate(files):
+        old = json.loads(f.read_text())
+        meta = dict(old["meta"])
+        meta.pop("sessions", None)
+        prior = old["meta"].get("sessions")
+        for j, sess in enumerate(prior or [None]):
+            these = [r for r in old["runs"] if prior is None or r.get("session") == j]
+            loads = [r["loadavg_before"][0] for r in these]
+            sessions.append(
+                sess
+                or {
+                    "command": meta["command"],
+                    "date": meta["date"],
+                    "repeats": meta["repeats"],
+                    "loadavg_min": min(loads),
+                    "loadavg_max": max(loads),
+                }
+            )
+            for r in these:
+                runs.append({**r, "session": len(sessions) - 1})
+    loads = [r["loadavg_before"][0] for r in runs]
+    meta.update(
+        sessions=sessions,
+        repeats=sum(s["repeats"] for s in sessions),
+        loadavg_min=min(loads),
+        loadavg_max=max(loads),
+        command="python experiments/loadgen_capacity/run.py --report-only "
+        + " ".join(str(f) for f in files),
+    )
+    present = {r["client"] for r in runs}
+    _write(out_dir, meta, runs, meta["streams"], [c for c in clients if c in present])
 
 
 def _cpu_model() -> str:
@@ -463,23 +532,14 @@ def main() -> None:
     p.add_argument(
         "--report-only",
         type=Path,
+        nargs="+",
         metavar="RESULTS_JSON",
-        help="re-render results.md (and results.json) from an earlier results.json; runs nothing",
+        help="merge the runs of earlier results.json files (sessions) and re-render "
+        "results.md/results.json from them; runs nothing",
     )
     a = p.parse_args()
-    if a.report_only is not None:
-        old = json.loads(a.report_only.read_text())
-        meta, runs = old["meta"], old["runs"]
-        loads = [r["loadavg_before"][0] for r in runs]
-        meta.setdefault("loadavg_min", min(loads))
-        meta.setdefault("loadavg_max", max(loads))
-        _write(
-            a.out_dir,
-            meta,
-            runs,
-            meta["streams"],
-            sorted({r["client"] for r in runs}, key=a.clients.index),
-        )
+    if a.report_only:
+        report_only(a.report_only, a.out_dir, a.clients)
         return
     if a.quick:
         a.repeats, a.requests_per_stream = 1, 2

@@ -206,7 +206,7 @@ def test_contradictory_rules_are_refused_before_any_server_starts(lab: Lab) -> N
     t0 = time.monotonic()
     tuner = lab.spawn(lab.argv(space, trials=3), "run")
     try:
-        rc = tuner.wait(40)
+        rc = tuner.wait(30)
     except subprocess.TimeoutExpired:
         rc = None
     finally:

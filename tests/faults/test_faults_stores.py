@@ -54,7 +54,7 @@ def test_mlflow_server_down_fails_fast_with_a_clear_message(lab: Lab) -> None:
     t0 = time.monotonic()
     tuner = lab.spawn(argv, "run")
     try:
-        rc = tuner.wait(45)
+        rc = tuner.wait(35)
     except subprocess.TimeoutExpired:
         rc = None
     finally:
@@ -137,7 +137,7 @@ def test_mlflow_server_dying_mid_study_costs_warnings_not_the_study(
         server.kill()
         killed_at = time.monotonic()
         try:
-            rc = tuner.wait(60)
+            rc = tuner.wait(30)
         except subprocess.TimeoutExpired:
             rc = None
     finally:
