@@ -113,8 +113,19 @@ class RayExecutor:
                 # A local Ray sized to this machine; workers inherit our environment.
                 kwargs["num_cpus"] = max(2, os.cpu_count() or 2)
                 kwargs["runtime_env"] = {"env_vars": {"RAY_DEDUP_LOGS": "0"}}
+                # A killed worker takes its children (the vLLM server) with it.
+                kwargs["_system_config"] = {
+                    "kill_child_processes_on_worker_exit_with_raylet_subreaper": True}
+            import signal
+
+            # ray.init installs its own SIGTERM handler (sys.exit); keep the caller's, which
+            # turns SIGTERM into a clean stop of the study.
+            handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
             try:
                 ray.init(**kwargs)
+                for sig, handler in handlers.items():
+                    if handler is not None:
+                        signal.signal(sig, handler)
             except Exception as exc:
                 where = f"the Ray cluster at {address}" if address else "a local Ray"
                 raise AutotuneError(

@@ -81,6 +81,19 @@ def _points(study: Any) -> list[_Point]:
     return out
 
 
+def _prior_sources(study: Any) -> dict[str, int]:
+    """Study name -> number of prior trials copied from it by a warm start."""
+    from autotune.registry import PRIOR_ATTR
+
+    out: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        prior = t.user_attrs.get(PRIOR_ATTR)
+        if prior:
+            name = str(prior.get("study", "?")) if isinstance(prior, dict) else "?"
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
 def _metric_label(study: Any) -> str:
     from autotune.study import A, objective_metric
 
@@ -113,11 +126,18 @@ def _note(ax: Any, text: str) -> None:
             color="0.35", wrap=True)
 
 
-def _save(fig: Any, path: Path) -> Path:
-    """Write the PNG atomically (temp file, then ``os.replace``)."""
+def _save(fig: Any, path: Path, *, tight: bool = False) -> Path:
+    """Write the PNG atomically (temp file, then ``os.replace``).
+
+    ``tight``: fit the margins to the labels (an extra layout pass: only where labels vary,
+    e.g. parameter names); otherwise fixed margins that fit the axis labels used here.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fig.tight_layout()
+        if tight:
+            fig.tight_layout()
+        else:
+            fig.subplots_adjust(left=0.09, right=0.98, bottom=0.11, top=0.88)
         fig.savefig(tmp, format="png", dpi=100)
         os.replace(tmp, path)
     finally:
@@ -137,7 +157,12 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
     bad = [p for p in points if p.kind == "infeasible"]
     failed = [p for p in points if p.kind in ("failed", "rejected")]
     n_ok = len(ok)
-    ax.set_title(f"{study.study_name}: optimization history ({len(points)} trials, {n_ok} feasible)")
+    title = f"{study.study_name}: optimization history ({len(points)} trials, {n_ok} feasible)"
+    priors = _prior_sources(study)
+    if priors:
+        title += f"\n{sum(priors.values())} prior trial(s) from " + ", ".join(
+            f"{name}" for name in sorted(priors)) + " not shown (measured under another shape)"
+    ax.set_title(title, fontsize=10 if priors else None)
     ax.set_xlabel("trial number")
     ax.set_ylabel(label)
     if not points:
@@ -246,7 +271,7 @@ def _importance(study: Any, path: Path) -> Path:
     ax.set_xlabel(f"share of the variance of {_metric_label(study)}")
     ax.set_xlim(0.0, max(1.0, max(imp.values())))
     ax.grid(True, axis="x", alpha=0.3)
-    return _save(fig, path)
+    return _save(fig, path, tight=True)
 
 
 # ------------------------------------------------------------------------------------------

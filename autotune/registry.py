@@ -3,9 +3,9 @@
 The Optuna storage is the registry. Every study autotune runs records the shape it was tuned
 for (``autotune.shape_fingerprint`` and the file in ``autotune.shape_path``), the model, the
 engine version and the GPU type; every trial its state, metrics, flags and environment (see
-:mod:`autotune.study`). :func:`find_best` scans all studies: the best feasible trial for the
-exact fingerprint, else the best config of the nearest tuned shape (by
-:func:`autotune.traffic.diff_shapes`). :func:`plan_retune` compares a new shape with that
+:mod:`autotune.study`). :func:`find_best` scans all studies: the winner (as the study's
+best.json names it) of the studies tuned for the exact fingerprint, else that of the nearest
+tuned shape (by :func:`autotune.traffic.diff_shapes`). :func:`plan_retune` compares a new shape with that
 one and, when it drifted, builds a :class:`WarmStart` from the earlier study. See
 docs/registry.md.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,9 +28,14 @@ from autotune.study import A, open_storage
 from autotune.traffic import ShapeDiff, TrafficShape, diff_shapes, load_shape
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     import optuna
 
     from autotune.space import SearchSpace
+
+    #: An Optuna storage URL, or a storage already opened (saves a schema check per call).
+    StorageLike: TypeAlias = "str | optuna.storages.BaseStorage"
 
 __all__ = [
     "GPU_ATTR",
@@ -57,7 +63,7 @@ UNKNOWN_GPU = "unknown"
 
 _THROUGHPUT = "output_tokens_per_s"
 # Trial attributes that belong to the earlier study's run, not to a copy in a new study.
-_NOT_COPIED = ("autotune.mlflow_run_id", "autotune.baseline")
+_NOT_COPIED = (A.MLFLOW_RUN, A.BASELINE, A.RECHECK_OF)
 
 
 # ------------------------------------------------------------------------------------------
@@ -65,7 +71,7 @@ _NOT_COPIED = ("autotune.mlflow_run_id", "autotune.baseline")
 
 
 class TunedStudy(BaseModel):
-    """One study in the storage that autotune ran, with its best feasible trial (if any)."""
+    """One study in the storage that autotune ran, with its winner (if a trial was feasible)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -85,7 +91,10 @@ class TunedStudy(BaseModel):
 
 
 class RegistryHit(BaseModel):
-    """The best known config for a shape.
+    """The best known config for a shape: its study's winner as best.json names it.
+
+    ``value`` is the median of ``readings`` (every measurement of that config in the study;
+    one unless the study re-measured its leaders) and ``trial`` the reading closest to it.
 
     ``exact`` is True when a study was tuned for this very fingerprint (``distance`` 0,
     ``verdict`` "same"); otherwise the hit is the best config of the nearest tuned shape,
@@ -98,6 +107,7 @@ class RegistryHit(BaseModel):
     study: str
     trial: int
     value: float
+    readings: list[float]
     metric: str
     objective: str
     params: dict[str, Any]
@@ -162,6 +172,13 @@ class RetunePlan:
 # Storage access
 
 
+def _resolve(storage: StorageLike) -> tuple[str, Any | None]:
+    """(a label for messages, the opened storage or None when nothing is there)."""
+    if isinstance(storage, str):
+        return storage, _open(storage)
+    return str(getattr(storage, "url", type(storage).__name__)), storage
+
+
 def _open(storage: str) -> Any | None:
     """The RDB storage, or None for a SQLite file that does not exist (nothing was tuned).
 
@@ -218,11 +235,37 @@ def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
         return str(objective), str(objective)
 
 
-def _scan(storage: str, st: Any | None = None) -> list[tuple[TunedStudy, Any]]:
-    """Every autotune study with its best feasible trial (FrozenTrial or None).
+@dataclass(frozen=True)
+class _Best:
+    """A study's winner: the representative trial and every reading of its config."""
 
-    ``st``: the storage already opened (opening one costs a schema check). Reads the storage
-    directly (no ``get_all_study_summaries``: it queries every study's trials once more).
+    trial: Any
+    readings: list[float]
+
+    @property
+    def value(self) -> float:
+        return float(statistics.median(self.readings))
+
+
+def _winner(study: Any) -> _Best | None:
+    """The study's winner as ``tune()`` declares it in best.json (:func:`study._verdict`): the
+    best median over configs measured more than once when any was re-measured, else the
+    best single reading; prior trials never win."""
+    from autotune.study import _verdict
+
+    rep, readings, _, _ = _verdict(study)
+    if rep is None or not readings or not all(math.isfinite(v) for v in readings):
+        return None
+    return _Best(rep, [float(v) for v in readings])
+
+
+def _scan(storage: str, st: Any | None = None, model: str | None = None,
+          gpu: str | None = None) -> list[tuple[TunedStudy, _Best | None]]:
+    """Every autotune study (of ``model`` and ``gpu`` when given) with its winner (None when
+    no trial was feasible).
+
+    ``st``: the storage already opened (opening one costs a schema check). Lists the studies
+    from the storage directly (``get_all_study_summaries`` queries every study's trials).
     """
 
     st = st if st is not None else _open(storage)
@@ -238,28 +281,35 @@ def _scan(storage: str, st: Any | None = None) -> list[tuple[TunedStudy, Any]]:
         fp = attrs.get(A.SHAPE)
         if not fp:
             continue  # not an autotune study
-        trials = st.get_all_trials(s._study_id, deepcopy=False)
+        gpu_type = str(attrs.get(GPU_ATTR) or UNKNOWN_GPU)
+        if (model is not None and not _same_model(model, attrs.get(A.MODEL))) or (
+            gpu is not None and not _same_gpu(gpu, gpu_type)
+        ):
+            continue  # filtered before reading its trials
+        study = _load_study(st, s.study_name)
+        trials = study.get_trials(deepcopy=False)  # cached: _winner reads them again
         ok = [t for t in trials if _is_ok(t)]
-        best = max(ok, key=_value) if ok else None
+        best = _winner(study) if ok else None
         objective, metric = _objective(attrs)
         starts = [t.datetime_start for t in trials if t.datetime_start is not None]
         info = TunedStudy(
             name=s.study_name, shape_fingerprint=str(fp),
             shape_path=attrs.get(A.SHAPE_PATH), model=attrs.get(A.MODEL),
             engine_version=attrs.get(A.ENGINE),
-            gpu_type=str(attrs.get(GPU_ATTR) or UNKNOWN_GPU), objective=objective,
+            gpu_type=gpu_type, objective=objective,
             metric=metric, started=min(starts) if starts else None,
             n_trials=sum(1 for t in trials if not _is_prior(t)), n_feasible=len(ok),
-            best_trial=best.number if best else None,
-            best_value=_value(best) if best else None,
+            best_trial=best.trial.number if best else None,
+            best_value=best.value if best else None,
         )  # fmt: skip
         out.append((info, best))
     return out
 
 
-def tuned_studies(*, storage: str) -> list[TunedStudy]:
+def tuned_studies(*, storage: StorageLike) -> list[TunedStudy]:
     """The studies autotune ran in ``storage``, oldest first (empty when there are none)."""
-    rows = [info for info, _ in _scan(storage)]
+    url, st = _resolve(storage)
+    rows = [info for info, _ in _scan(url, st)] if st is not None else []
     return sorted(rows, key=lambda r: (r.started is None, r.started or datetime.min, r.name))
 
 
@@ -303,16 +353,18 @@ def _prefer_metric(rows: list[tuple[TunedStudy, Any]]) -> list[tuple[TunedStudy,
     return [(i, b) for i, b in rows if i.metric == keep]
 
 
-def _hit(storage: str, info: TunedStudy, best: Any, *, exact: bool, diff: ShapeDiff | None,
+def _hit(storage: str, info: TunedStudy, win: _Best, *, exact: bool, diff: ShapeDiff | None,
          notes: list[str]) -> RegistryHit:
     from autotune.engine import serve_command
 
+    best = win.trial
     flags = [str(f) for f in best.user_attrs.get(A.FLAGS, [])]
     env = {str(k): str(v) for k, v in dict(best.user_attrs.get(A.ENV, {})).items()}
     metrics = {str(k): float(v) for k, v in dict(best.user_attrs.get(A.METRICS, {})).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return RegistryHit(
-        study=info.name, trial=best.number, value=_value(best), metric=info.metric,
+        study=info.name, trial=best.number, value=win.value, readings=win.readings,
+        metric=info.metric,
         objective=info.objective, params=dict(best.params), flags=flags, env=env,
         serve_command=serve_command(info.model or "MODEL", flags, env), metrics=metrics,
         quality={k: v for k, v in metrics.items() if k.startswith("quality_")},
@@ -348,12 +400,12 @@ def _tuned_shape(info: TunedStudy, cache: dict[str, TrafficShape | str]) -> Traf
 
 def _find(storage: str, shape: TrafficShape, model: str | None, gpu: str | None,
           st: Any | None = None) -> tuple[RegistryHit, ShapeDiff | None] | None:
-    rows = [(i, b) for i, b in _filter(_scan(storage, st), model, gpu) if b is not None]
+    rows = [(i, b) for i, b in _scan(storage, st, model, gpu) if b is not None]
     if not rows:
         return None
     exact = _prefer_metric([(i, b) for i, b in rows if i.shape_fingerprint == shape.fingerprint])
     if exact:
-        info, best = max(exact, key=lambda r: _value(r[1]))
+        info, best = max(exact, key=lambda r: r[1].value)
         return _hit(storage, info, best, exact=True, diff=None, notes=[]), None
     notes: list[str] = []
     cache: dict[str, TrafficShape | str] = {}
@@ -365,7 +417,7 @@ def _find(storage: str, shape: TrafficShape, model: str | None, gpu: str | None,
             logger.info("registry: %s", tuned)
             continue
         d = diff_shapes(tuned, shape)
-        scored.append((d.distance, -float(best.value), info, best, d))
+        scored.append((d.distance, -best.value, info, best, d))
     if not scored:
         return None
     _, _, info, best, d = min(scored, key=lambda r: (r[0], r[1]))
@@ -373,25 +425,31 @@ def _find(storage: str, shape: TrafficShape, model: str | None, gpu: str | None,
 
 
 def find_best(
-    *, storage: str, shape: TrafficShape, model: str | None = None, gpu: str | None = None
+    *, storage: StorageLike, shape: TrafficShape, model: str | None = None,
+    gpu: str | None = None,
 ) -> RegistryHit | None:
     """The best known config for ``shape`` in ``storage``, or None when nothing was tuned.
 
-    The best feasible trial (state "ok") of the studies tuned for ``shape.fingerprint``;
-    else the best trial of the nearest tuned shape (its file read back from the recorded
-    path; studies whose file is gone or changed are skipped and named in ``notes``).
-    ``model`` and ``gpu`` restrict the studies (see :func:`_same_model`, :func:`_same_gpu`).
-    When studies of different objectives match, throughput studies are preferred.
-    Prior trials copied into a re-tune study are never returned: they were measured under
-    another shape.
+    The best of the winners (each study's best.json choice: feasible trials only, the best
+    median when leaders were re-measured) of the studies tuned for ``shape.fingerprint``;
+    else the winner of the nearest tuned shape (its file read back from the recorded path;
+    studies whose file is gone or changed are skipped and named in ``notes``). ``model``
+    and ``gpu`` restrict the studies (see :func:`_same_model`, :func:`_same_gpu`). When
+    studies of different objectives match, throughput studies are preferred. Prior trials
+    copied into a re-tune study never win: they were measured under another shape.
+    ``storage``: an Optuna storage URL (a missing SQLite file is not created) or an opened
+    storage.
     """
-    found = _find(storage, shape, model, gpu)
+    url, st = _resolve(storage)
+    found = _find(url, shape, model, gpu, st) if st is not None else None
     return found[0] if found else None
 
 
-def explain_miss(*, storage: str, model: str | None = None, gpu: str | None = None) -> str:
+def explain_miss(*, storage: StorageLike, model: str | None = None,
+                 gpu: str | None = None) -> str:
     """Why :func:`find_best` found nothing, with the fix (for the CLI's message)."""
-    rows = _scan(storage)
+    storage, st = _resolve(storage)
+    rows = _scan(storage, st) if st is not None else []
     if not rows:
         return (f"no tuned study in {storage}; tune one first (autotune tune --model DIR "
                 "--shape FILE --space FILE --storage ...) or point --storage at the database "
@@ -446,13 +504,13 @@ def _fit_to_space(params: dict[str, Any], dists: dict[str, Any],
 
 
 def warm_start_from(
-    storage: str, study_name: str, *, top_k: int = 3, space: SearchSpace | None = None,
+    storage: StorageLike, study_name: str, *, top_k: int = 3, space: SearchSpace | None = None,
     value_scale: float = 1.0, objective: str | None = None, pareto_latency: str = "ttft_p99",
 ) -> WarmStart:  # fmt: skip
     """A :class:`WarmStart` from study ``study_name`` in ``storage``.
 
-    ``enqueue``: the params of its ``top_k`` best feasible trials, distinct, the baseline left
-    out (a new study measures vLLM's defaults itself). ``prior_trials``: its COMPLETE and
+    ``enqueue``: the params of its ``top_k`` best feasible configs (ranked by the median of
+    their readings), the baseline left out (a new study measures vLLM's defaults itself). ``prior_trials``: its COMPLETE and
     PRUNED trials (failed starts and rejected samples included: they are what the sampler
     learns to avoid; FAIL = tuner died, no information) with their constraints.
 
@@ -475,8 +533,9 @@ def warm_start_from(
     left out); None keeps the values as stored (the same objective). Constraints (SLO and
     error-rate verdicts) carry over as the earlier study recorded them.
     """
-    return _warm_start(storage, study_name, top_k=top_k, space=space, value_scale=value_scale,
-                       objective=objective, pareto_latency=pareto_latency)
+    url, st = _resolve(storage)
+    return _warm_start(url, study_name, top_k=top_k, space=space, value_scale=value_scale,
+                       objective=objective, pareto_latency=pareto_latency, st=st)
 
 
 def _prior_values(t: Any, objective: str | None, latency: str,
@@ -523,24 +582,24 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
     fp = str(study.user_attrs.get(A.SHAPE, ""))
     trials = study.get_trials(deepcopy=False)
 
+    # configs (not the baseline) ranked by the median of their readings, as tune() ranks
+    groups: dict[str, list[Any]] = {}
+    for t in trials:
+        if _is_ok(t) and not t.user_attrs.get(A.BASELINE):
+            groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
+    ranked = sorted(groups.values(), key=lambda ts: statistics.median(_value(t) for t in ts),
+                    reverse=True)
     enqueue: list[dict[str, Any]] = []
     origin: list[int] = []
-    seen: set[str] = set()
-    ranked = sorted((t for t in trials if _is_ok(t)), key=_value, reverse=True)
-    for t in ranked:
+    for ts in ranked:
         if len(enqueue) >= top_k:
             break
-        if t.user_attrs.get(A.BASELINE):
-            continue
+        t = min(ts, key=lambda u: u.number)
         fitted = _fit_to_space(dict(t.params), dict(t.distributions), space)
         if fitted is None or (space is not None and space.violations(fitted[0])):
             logger.info("warm start: trial %d of %s does not fit the new space", t.number,
                         study_name)
             continue
-        key = json.dumps(fitted[0], sort_keys=True, default=str)
-        if key in seen:
-            continue
-        seen.add(key)
         enqueue.append(fitted[0])
         origin.append(t.number)
 
@@ -586,8 +645,8 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
 
 
 def plan_retune(
-    *, storage: str, shape: TrafficShape, model: str | None = None, gpu: str | None = None,
-    top_k: int = 3, space: SearchSpace | None = None, force: bool = False,
+    *, storage: StorageLike, shape: TrafficShape, model: str | None = None,
+    gpu: str | None = None, top_k: int = 3, space: SearchSpace | None = None, force: bool = False,
     objective: str | None = None, pareto_latency: str = "ttft_p99",
 ) -> RetunePlan | None:  # fmt: skip
     """Compare ``shape`` with the shape the current best config was tuned for.
@@ -598,14 +657,14 @@ def plan_retune(
     (or ``force``), ``warm_start`` comes from the hit's study (:func:`warm_start_from`, with
     the new study's ``objective``).
     """
-    st = _open(storage)
-    found = _find(storage, shape, model, gpu, st) if st is not None else None
+    url, st = _resolve(storage)
+    found = _find(url, shape, model, gpu, st) if st is not None else None
     if found is None:
         return None
     hit, diff = found
     drifted = diff is not None and diff.verdict == "drifted"
     ws = None
     if drifted or force:
-        ws = _warm_start(storage, hit.study, top_k=top_k, space=space, value_scale=1.0,
+        ws = _warm_start(url, hit.study, top_k=top_k, space=space, value_scale=1.0,
                          objective=objective, pareto_latency=pareto_latency, st=st)
     return RetunePlan(hit=hit, diff=diff, drifted=drifted, warm_start=ws)

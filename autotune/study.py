@@ -28,7 +28,7 @@ import numpy as np
 
 from autotune.config import DEFAULT_OUT_ROOT, SLO_KEYS, TuneSettings
 from autotune.engine import FailureReason, detect_engine, serve_command
-from autotune.errors import AutotuneError, ConfigError, StudyError
+from autotune.errors import AutotuneError, ConfigError, SpaceError, StudyError
 from autotune.space import ModelFacts, SearchSpace, load_space
 from autotune.trial import TrialOutcome, TrialSpec
 
@@ -145,14 +145,23 @@ class TuneResult:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON via a temp file and ``os.replace`` so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _write_error(path: Path, exc: OSError) -> StudyError:
+    return StudyError(
+        f"cannot write {path}: {exc.strerror or exc}; free space or choose another --out, "
+        "then continue with --resume (every finished trial is in the Optuna storage)"
+    )
 
 
 def open_storage(url: str) -> Any:
@@ -303,6 +312,14 @@ def tune(
     tracking_uri = settings.tracking_uri or _default_tracking(settings)
     cache_dir = (settings.cache_dir or Path.home() / ".cache" / "autotune").expanduser()
 
+    _check_satisfiable(space)
+    # The store is checked before the study exists: a wrong --tracking-uri must not leave
+    # behind a study that the corrected command then finds "already exists".
+    if tracker is None:
+        from autotune.tracking import MlflowTracker
+
+        tracker = MlflowTracker(tracking_uri, experiment=settings.experiment)
+
     thresholds = None
     if settings.quality:
         from autotune.quality import parse_quality
@@ -348,17 +365,14 @@ def tune(
         for params in enqueued:
             study.enqueue_trial(params, user_attrs={A.ENQUEUED: True})
         if warm_start is not None:
-            if warm_start.prior_trials:
-                study.add_trials(warm_start.prior_trials)
+            # Enqueue first: the priors hold the same params and would make them "exist".
             for params in warm_start.enqueue:
                 study.enqueue_trial(_complete_params(space, params, "warm start"),
-                                    user_attrs={A.ENQUEUED: True}, skip_if_exists=True)
+                                    user_attrs={A.ENQUEUED: True})
+            if warm_start.prior_trials:
+                study.add_trials(warm_start.prior_trials)
 
     # -- tracking -----------------------------------------------------------------------------
-    if tracker is None:
-        from autotune.tracking import MlflowTracker
-
-        tracker = MlflowTracker(tracking_uri, experiment=settings.experiment)
     from autotune.tracking import TAGS
 
     base_tags = {
@@ -479,6 +493,8 @@ def tune(
                 value, state, reason = _prepare_tell(trial, outcome, metric, settings,
                                                      thresholds=thresholds, lossy=lossy)
                 walls.append(outcome.wall_s)
+                # Optuna first: a tracking store that hangs must not cost a measured trial.
+                _commit_tell(study, trial, value)
                 rid = _log_trial(
                     tracker, outcome.number, params, launch.flags, launch.env, outcome.metrics,
                     {**base_tags, TAGS["state"]: state,
@@ -486,15 +502,14 @@ def tune(
                     state == "ok", reason, outcome.log_path, outcome.to_dict(),
                 )  # fmt: skip
                 if rid:
-                    trial.set_user_attr(A.MLFLOW_RUN, rid)
-                _commit_tell(study, trial, value)
+                    study.set_user_attr(f"{A.MLFLOW_RUN}.{trial.number}", rid)
                 _write_trials_csv(study, out_dir / "trials.csv")
                 progress("trial_finished", trial_number=outcome.number, trial_ok=outcome.ok,
                          trial_value=value[0] if isinstance(value, list) else value,
                          trial_reason=reason, trial_params=params,
                          message=outcome.message.splitlines()[0] if outcome.message else "")
 
-    try:
+    def run_all() -> None:
         run_loop()
         if settings.recheck:
             phase[0] = "recheck"
@@ -505,6 +520,15 @@ def tune(
                     f"re-measuring the top {settings.recheck} config(s) and the baseline "
                     f"({n} trials) before declaring a winner"))
                 run_loop()
+
+    try:
+        try:
+            run_all()
+        except optuna.exceptions.StorageInternalError as exc:
+            raise StudyError(
+                f"the Optuna storage {settings.storage} failed mid-study ({exc}); every "
+                "finished trial is kept there: fix the storage, then continue with --resume"
+            ) from exc
     except BaseException:
         cancelled = executor.cancel_all()
         for n in cancelled:
@@ -596,6 +620,31 @@ def _quality_reference(space: SearchSpace, shape: Any, model: Path, settings: Tu
         emit_note(f"quality probe off: the reference could not be computed ({exc})")
         return None, None
     return probe, reference
+
+
+def _mlflow_run(study: Any, t: Any) -> str | None:
+    """The MLflow run id of a trial (kept on the study: the trial is final when it is logged)."""
+    rid = study.user_attrs.get(f"{A.MLFLOW_RUN}.{t.number}") or t.user_attrs.get(A.MLFLOW_RUN)
+    return str(rid) if rid else None
+
+
+def _check_satisfiable(space: SearchSpace, samples: int = 500) -> None:
+    """Refuse a space whose rules reject every sample, before any server starts."""
+    import optuna
+
+    probe = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    last: list[str] = []
+    for _ in range(samples):
+        trial = probe.ask()
+        params = space.suggest(trial)
+        last = space.violations(params)
+        probe.tell(trial, 0.0)
+        if not last:
+            return
+    raise SpaceError(
+        f"the rules of search space {space.source or space.name} reject all {samples} random "
+        f"samples (e.g. {last[0] if last else '?'}); loosen the rules or the knob ranges"
+    )
 
 
 def _complete_params(space: SearchSpace, params: dict[str, Any], where: str) -> dict[str, Any]:
@@ -829,7 +878,7 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
             info: Any, out_dir: Path, tracker: Any, tracking_uri: str) -> TuneResult:
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
+    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(A.PRIOR)]
     reasons: dict[str, int] = {}
     for t in trials:
         if t.user_attrs.get(A.STATE) in ("failed", "infeasible"):
@@ -873,7 +922,7 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
             "engine": {"package": info.package, "version": info.version, "device": info.device},
             "slo": settings.slo,
             "seed": settings.seed,
-            "mlflow_run_id": best_t.user_attrs.get(A.MLFLOW_RUN),
+            "mlflow_run_id": _mlflow_run(study, best_t),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "autotune_version": _version(),
         }
@@ -892,8 +941,8 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
         tmp.write_text("#!/bin/sh\n# best config of study %s (trial %d)\n%s\n"
                        % (study.study_name, best_t.number, cmd))
         os.replace(tmp, sh)
-        if best_t.user_attrs.get(A.MLFLOW_RUN):
-            tracker.mark_best(run_id=best_t.user_attrs[A.MLFLOW_RUN],
+        if _mlflow_run(study, best_t):
+            tracker.mark_best(run_id=_mlflow_run(study, best_t),
                               shape_fingerprint=shape.fingerprint, best=best, serve_command=cmd)
         tracker.log_study_metrics({f"best_{k}": v for k, v in metrics.items()})
     _write_trials_csv(study, out_dir / "trials.csv")
@@ -935,6 +984,8 @@ def _write_trials_csv(study: Any, path: Path) -> None:
 
     rows = []
     for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(A.PRIOR):
+            continue  # copied from an earlier study by a warm start: not measured here
         row: dict[str, Any] = {
             "number": t.number, "state": t.user_attrs.get(A.STATE, t.state.name.lower()),
             "reason": t.user_attrs.get(A.REASON, ""), "value": _primary(t) if t.values else None,
@@ -946,8 +997,14 @@ def _write_trials_csv(study: Any, path: Path) -> None:
         row["flags"] = " ".join(t.user_attrs.get(A.FLAGS, []))
         rows.append(row)
     tmp = path.with_name(f".{path.name}.tmp")
-    pd.DataFrame(rows).to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    try:
+        pd.DataFrame(rows).to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _version() -> str:

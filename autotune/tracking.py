@@ -64,8 +64,14 @@ class MlflowTracker:
         self.experiment_name = experiment
         self.failures: list[str] = []
         self.parent_run_id: str | None = None
+        self.disabled = False
         if tracking_uri.startswith("sqlite:///"):
             Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        if tracking_uri.startswith(("http://", "https://")):
+            _probe_server(tracking_uri)  # MLflow's own client retries for minutes
+            # ...and so would every write to a server that dies mid-study.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         try:
             import mlflow
             from mlflow.tracking import MlflowClient
@@ -88,12 +94,19 @@ class MlflowTracker:
 
     # -- helpers ----------------------------------------------------------------------------
     def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.disabled:
+            self.failures.append(f"MLflow: skipped: {what} (the store failed earlier)")
+            return None
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - tracking must never stop a study
-            msg = f"MLflow: could not {what}: {type(exc).__name__}: {exc}"
+            msg = (f"MLflow: could not {what}: {type(exc).__name__}: {str(exc)[:300]}; "
+                   "no more MLflow writes in this run (Optuna keeps every trial)")
             self.failures.append(msg)
             logger.warning(msg)
+            # A store that fails once (a server that went away) would cost minutes of
+            # retries on every later call: stop writing to it.
+            self.disabled = True
             return None
 
     def _log_dict(self, run_id: str, obj: Any, name: str) -> None:
@@ -244,6 +257,23 @@ class MlflowTracker:
             status = RunStatus.FINISHED if ok else RunStatus.KILLED
             self._safe("close the study run", self.client.set_terminated, self.parent_run_id,
                        RunStatus.to_string(status))
+
+
+def _probe_server(uri: str, timeout_s: float = 5.0) -> None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as r:
+            if r.status == 200:
+                return
+            problem = f"HTTP {r.status}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        problem = str(getattr(exc, "reason", exc))
+    raise TrackingError(
+        f"the MLflow tracking server {uri} does not answer ({problem}); start it "
+        "(mlflow server ...), fix --tracking-uri, or use a local sqlite:///PATH store"
+    )
 
 
 def _param_str(v: Any) -> str:

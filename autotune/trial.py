@@ -226,7 +226,7 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
             server.check_alive()
             after = snapshot_metrics(server.base_url)
             results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
-            logger.info("trial %d repeat %d: %.1f out tok/s", spec.number, r,
+            logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
                         results[-1].output_tokens_per_s)
         m = combine(results) if len(results) > 1 else results[0]
         outcome.measurement = m.model_dump(mode="json")

@@ -157,12 +157,14 @@ def fresh(empty_db: Path, tmp_path: Path) -> tuple[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def reg(tmp_path_factory: pytest.TempPathFactory, space: SearchSpace) -> dict[str, Any]:
+def reg(tmp_path_factory: pytest.TempPathFactory, space: SearchSpace,
+        empty_db: Path) -> dict[str, Any]:
     """Two tuned shapes of one model (512x512 in two studies, 2048x128) and another model.
 
     Shared by the tests of this module: they must not change it.
     """
     tmp_path = tmp_path_factory.mktemp("registry")
+    shutil.copyfile(empty_db, tmp_path / "optuna.db")
     storage = f"sqlite:///{tmp_path}/optuna.db"
     st = optuna.storages.RDBStorage(storage)  # one schema check for all the studies
     s512, p512 = _shape(tmp_path, 512, 512)
@@ -176,15 +178,17 @@ def reg(tmp_path_factory: pytest.TempPathFactory, space: SearchSpace) -> dict[st
            rows=[(_p(16, 2048), "ok", 700.0, {}), (_p(8, 4096), "ok", 2100.0, {})])
     _study(st, "d-other", shape=s512, shape_path=p512, model=str(tmp_path / "other"),
            space=space, rows=[(_p(16, 2048), "ok", 5000.0, {})])
-    return {"storage": storage, "model": model, "s512": s512, "p512": p512, "s2k": s2k,
+    return {"storage": storage, "st": st, "model": model, "s512": s512, "p512": p512, "s2k": s2k,
             "tmp": tmp_path}
 
 
 def test_exact_hit_is_the_best_feasible_trial(reg: dict[str, Any]) -> None:
     hit = find_best(storage=reg["storage"], shape=reg["s512"], model=reg["model"])
     assert hit is not None
-    # 9000 missed its SLO, the OOM has no value: the best feasible trial of both studies wins
-    assert (hit.study, hit.trial, hit.value) == ("a-512", 1, 1500.0)
+    # 9000 missed its SLO, the OOM has no value; trials 1 and 6 measured the same config
+    # twice: as in tune()'s best.json, a re-measured config wins with the median of its readings
+    assert (hit.study, hit.trial, hit.value) == ("a-512", 1, 1475.0)
+    assert hit.readings == [1500.0, 1450.0]
     assert hit.exact and hit.distance == 0.0 and hit.verdict == "same"
     assert hit.metric == "output_tokens_per_s" and hit.objective == "throughput"
     assert hit.params == _p(32, 1024)
@@ -197,7 +201,7 @@ def test_exact_hit_is_the_best_feasible_trial(reg: dict[str, Any]) -> None:
 
 
 def test_model_and_gpu_filters(reg: dict[str, Any]) -> None:
-    st, s512 = reg["storage"], reg["s512"]
+    st, s512 = reg["st"], reg["s512"]
     # no model filter: the other model's 5000 wins
     assert find_best(storage=st, shape=s512).study == "d-other"  # type: ignore[union-attr]
     # the model's folder name matches its stored path
@@ -213,7 +217,7 @@ def test_model_and_gpu_filters(reg: dict[str, Any]) -> None:
 
 
 def test_nearest_shape_when_no_exact_fingerprint(reg: dict[str, Any]) -> None:
-    tmp, st = reg["tmp"], reg["storage"]
+    tmp, st = reg["tmp"], reg["st"]
     near, _ = _shape(tmp, 560, 512)  # 48 tokens longer inputs: within the threshold
     hit = find_best(storage=st, shape=near, model=reg["model"])
     assert hit is not None and not hit.exact
@@ -241,14 +245,14 @@ def test_missing_or_changed_shape_files_are_skipped_with_a_note(
                rows=[(_p(16, 2048), "ok", 700.0, {})])
     p512.unlink()
     near, _ = _shape(tmp_path, 560, 512)
-    hit = find_best(storage=storage, shape=near)
+    hit = find_best(storage=st, shape=near)
     assert hit is not None and hit.study == "c"  # the only shape that can be read back
     assert any("no longer exists" in n for n in hit.notes)
     # the exact fingerprint needs no file
-    assert find_best(storage=storage, shape=s512).exact  # type: ignore[union-attr]
+    assert find_best(storage=st, shape=s512).exact  # type: ignore[union-attr]
     # a file that now holds another shape is not the shape the study was tuned for
     save_shape(constant_shape(700, 700, load=LoadSpec(concurrency=8)), p2k)
-    assert find_best(storage=storage, shape=near) is None
+    assert find_best(storage=st, shape=near) is None
     assert "shape files are gone or changed" in explain_miss(storage=storage)
 
 
@@ -267,29 +271,29 @@ def test_no_tuned_study(tmp_path: Path, space: SearchSpace, fresh: tuple[str, An
     s, p = _shape(tmp_path, 512, 512)
     _study(st, "failing", shape=s, shape_path=p, model="m", space=space,
            rows=[(_p(16, 2048), "oom", None, {})])
-    assert find_best(storage=storage, shape=shape) is None
-    assert "no trial in them was feasible" in explain_miss(storage=storage)
-    rows = tuned_studies(storage=storage)
+    assert find_best(storage=st, shape=shape) is None
+    assert "no trial in them was feasible" in explain_miss(storage=st)
+    rows = tuned_studies(storage=st)
     assert [r.name for r in rows] == ["failing"] and rows[0].n_feasible == 0
 
 
 def test_goodput_and_throughput_studies_do_not_mix(
     tmp_path: Path, space: SearchSpace, fresh: tuple[str, Any]
 ) -> None:
-    storage, st = fresh
+    _, st = fresh
     s, p = _shape(tmp_path, 512, 512)
     _study(st, "tp", shape=s, shape_path=p, model="m", space=space,
            rows=[(_p(16, 2048), "ok", 900.0, {})])
     _study(st, "gp", shape=s, shape_path=p, model="m", space=space, objective="goodput",
            rows=[(_p(16, 2048), "ok", 12.0, {}), (_p(32, 2048), "ok", 99999.0, {})])
-    hit = find_best(storage=storage, shape=s)
+    hit = find_best(storage=st, shape=s)
     assert hit is not None and hit.study == "tp" and hit.metric == "output_tokens_per_s"
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_warm_start_from(reg: dict[str, Any], space: SearchSpace,
                          fresh: tuple[str, Any]) -> None:
-    st = reg["storage"]
+    st = reg["st"]
     ws = warm_start_from(st, "a-512", top_k=3)
     # best first, the repeat of trial 1 and the baseline left out
     assert ws.enqueue == [_p(32, 1024), _p(24, 1024, kv="fp8_e4m3"), _p(40, 2048)]
@@ -321,7 +325,7 @@ def test_warm_start_from(reg: dict[str, Any], space: SearchSpace,
             assert params == expected
         new.tell(trial, 1.0)
     # the priors are not the new study's own: the registry ignores them
-    assert find_best(storage=st, shape=reg["s512"], model=reg["model"]).value == 1500.0  # type: ignore[union-attr]
+    assert find_best(storage=st, shape=reg["s512"], model=reg["model"]).value == 1475.0  # type: ignore[union-attr]
 
     with pytest.raises(Exception, match="not in"):
         warm_start_from(st, "no-such-study")
@@ -330,7 +334,7 @@ def test_warm_start_from(reg: dict[str, Any], space: SearchSpace,
 def test_pareto_studies_and_objective_changes(
     reg: dict[str, Any], space: SearchSpace, fresh: tuple[str, Any], tmp_path: Path
 ) -> None:
-    storage, st = fresh
+    _, st = fresh
     s, p = _shape(tmp_path, 512, 512)
     study = optuna.create_study(storage=st, study_name="pareto",
                                 directions=["maximize", "minimize"])
@@ -343,18 +347,18 @@ def test_pareto_studies_and_objective_changes(
         study.add_trial(optuna.trial.create_trial(
             values=[tput, ttft], params=t.params, distributions=t.distributions,
             user_attrs=t.user_attrs, constraints=t.constraints))  # fmt: skip
-    hit = find_best(storage=storage, shape=s)
+    hit = find_best(storage=st, shape=s)
     # the best of a Pareto study is its highest throughput (its first objective), as in tune()
     assert hit is not None and hit.value == 1200.0 and hit.objective == "pareto"
     assert hit.metric == "output_tokens_per_s"
 
     # a throughput study warm-starts a Pareto one: values read from the measured metrics
-    ws = warm_start_from(reg["storage"], "a-512", objective="pareto")
+    ws = warm_start_from(reg["st"], "a-512", objective="pareto")
     measured = [t for t in ws.prior_trials if t.state == TrialState.COMPLETE]
     assert len(measured) == 6 and all(len(t.values) == 2 for t in measured)
     assert {tuple(t.values) for t in measured} >= {(1500.0, 1.0), (9000.0, 1.0)}
     # ... and a goodput study cannot use measurements that have no goodput
-    ws = warm_start_from(reg["storage"], "a-512", objective="goodput")
+    ws = warm_start_from(reg["st"], "a-512", objective="goodput")
     assert all(t.state == TrialState.PRUNED for t in ws.prior_trials)
 
 
@@ -362,7 +366,7 @@ def test_warm_start_keeps_only_what_fits_the_new_space(reg: dict[str, Any], tmp_
     text = SPACE_YAML.replace("high: 64", "high: 30")  # max_num_seqs 4..30 now
     narrow = tmp_path / "narrow.yaml"
     narrow.write_text(text)
-    ws = warm_start_from(reg["storage"], "a-512", top_k=3, space=load_space(narrow))
+    ws = warm_start_from(reg["st"], "a-512", top_k=3, space=load_space(narrow))
     assert ws.enqueue == [_p(24, 1024, kv="fp8_e4m3")]
     assert all(t.params["max_num_seqs"] <= 30 for t in ws.prior_trials)
     assert sorted(t.user_attrs[PRIOR_ATTR]["trial"] for t in ws.prior_trials) == [0, 4, 5]
@@ -371,7 +375,7 @@ def test_warm_start_keeps_only_what_fits_the_new_space(reg: dict[str, Any], tmp_
 
 
 def test_plan_retune(reg: dict[str, Any], space: SearchSpace) -> None:
-    st, tmp = reg["storage"], reg["tmp"]
+    st, tmp = reg["st"], reg["tmp"]
     same = plan_retune(storage=st, shape=reg["s512"], model=reg["model"], space=space)
     assert same is not None and not same.drifted and same.diff is None
     assert same.warm_start is None
@@ -398,7 +402,8 @@ def test_cli_best(reg: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> No
                  "--model", "tiny-hybrid"]) == 0
     out = capsys.readouterr().out
     assert "tuned for this exact shape" in out and "study a-512, trial 1" in out
-    assert "1,500.0 output_tokens_per_s" in out and "quality: quality_score=0.91" in out
+    assert "1,475.0 output_tokens_per_s (median of 2 readings: 1,500.0, 1,450.0)" in out
+    assert "quality: quality_score=0.91" in out
     assert f"vllm serve {reg['model']}" in out
 
     _, far = _shape(reg["tmp"], 1024, 512)

@@ -103,8 +103,11 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> None:
         print(f"no study was tuned for shape {shape.name} ({shape.fingerprint}); nearest tuned "
               f"shape: {where} ({hit.shape_fingerprint}) at distance {hit.distance:.3g} "
               f"(verdict: {hit.verdict}, {drift})", file=out)
+    reading = (f" (median of {len(hit.readings)} readings: "
+               + ", ".join(f"{v:,.1f}" for v in hit.readings) + ")"
+               if len(hit.readings) > 1 else "")
     print(f"study {hit.study}, trial {hit.trial}{' (vLLM defaults)' if hit.is_baseline else ''}:"
-          f" {hit.value:,.1f} {hit.metric}", file=out)
+          f" {hit.value:,.1f} {hit.metric}{reading}", file=out)
     print(f"model {hit.model}, engine {hit.engine_version or '?'}, GPU {hit.gpu_type}",
           file=out)
     print(f"params: {json.dumps(hit.params)}", file=out)

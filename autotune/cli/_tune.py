@@ -141,8 +141,11 @@ def _settings(args: argparse.Namespace) -> Any:
             quality=args.quality, quality_probe=args.quality_probe,
         )  # fmt: skip
     except ValidationError as exc:
+        flag = {"timeout_s": "--timeout", "start_timeout_s": "--start-timeout",
+                "request_timeout_s": "--request-timeout", "use_ray": "--no-ray"}
         msgs = "; ".join(
-            f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors()
+            f"{flag.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))} "
+            f"{e.get('input')!r}: {e['msg']}" for e in exc.errors()
         )
         raise ConfigError(msgs) from None
 

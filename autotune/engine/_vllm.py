@@ -224,6 +224,8 @@ class VllmServer:
     _log_file: object | None = field(default=None, init=False, repr=False)
     _tmpdir: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     started_s: float | None = field(default=None, init=False)
+    _log_offset: int = field(default=0, init=False, repr=False)
+    _reaper: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # The server runs in a private working directory: make a local path absolute.
@@ -289,6 +291,7 @@ class VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._log_file = open(self.log_path, "ab", buffering=0)  # noqa: SIM115
+            self._log_offset = self._log_file.tell()  # type: ignore[attr-defined]
             cmd = self.command()
             self._log_file.write(f"$ {shlex.join(cmd)}\n".encode())  # type: ignore[attr-defined]
             self._proc = subprocess.Popen(
@@ -308,22 +311,24 @@ class VllmServer:
                 f"and that {self.log_path.parent} is writable",
                 reason=FailureReason.CRASH,
             ) from exc
+        self._reaper = _start_reaper(self._proc.pid)
         self.started_s = time.monotonic()
         logger.info("started vLLM pid %s on port %s: %s", self._proc.pid, self.port, self.flags)
 
     def log_tail(self, max_chars: int = 4000) -> str:
-        """The end of the server's log (for error messages and classification)."""
+        """The end of this server's part of the log (for error messages and artifacts)."""
+        return self._log_text_for_classification()[-max_chars:]
+
+    def _log_text_for_classification(self) -> str:
+        # This server's part of the log only (a reused log file holds older runs); errors
+        # from argument parsing sit near its top, tracebacks near the end.
         if self.log_path is None or not self.log_path.exists():
             return ""
         with open(self.log_path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_chars))
+            start = max(self._log_offset, f.tell() - 200_000)
+            f.seek(start)
             return f.read().decode("utf-8", "replace")
-
-    def _log_text_for_classification(self) -> str:
-        # Errors from argument parsing sit near the top, tracebacks near the end.
-        return self.log_tail(200_000)
 
     def poll(self) -> int | None:
         """The exit code if the server has exited, else None."""
@@ -352,7 +357,7 @@ class VllmServer:
             if code is not None:
                 text = self._log_text_for_classification()
                 reason = classify_failure(text, code)
-                tail = self.log_tail()
+                tail = text[-4000:]
                 raise EngineStartError(
                     f"vLLM exited with code {code} during start ({reason}); "
                     f"last log lines:\n{_last_lines(tail, 12)}",
@@ -364,7 +369,7 @@ class VllmServer:
                 logger.info("vLLM on port %s healthy after %.1f s", self.port, took)
                 return took
             if time.monotonic() > deadline:
-                tail = self.log_tail()
+                tail = self._log_text_for_classification()[-4000:]
                 self.stop()
                 raise EngineStartError(
                     f"vLLM did not answer /health within {timeout:.0f} s (start_timeout); "
@@ -382,7 +387,7 @@ class VllmServer:
         if code is not None:
             text = self._log_text_for_classification()
             reason = classify_failure(text, code, during_start=False)
-            tail = self.log_tail()
+            tail = text[-4000:]
             raise EngineCrashedError(
                 f"vLLM died during the measurement (exit code {code}, {reason}); "
                 f"last log lines:\n{_last_lines(tail, 12)}",
@@ -415,6 +420,12 @@ class VllmServer:
             except subprocess.TimeoutExpired:
                 errors.append(f"vLLM pid {proc.pid} survived SIGKILL")
             _wait_group_gone(pgid, 10.0, errors)
+        if self._reaper is not None:  # the group is gone: let the reaper exit
+            with contextlib.suppress(OSError):
+                self._reaper.stdin.close()  # type: ignore[union-attr]
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._reaper.wait(timeout=5)
+            self._reaper = None
         errors.extend(self._cleanup_files())
         for e in errors:
             logger.warning("stopping vLLM: %s", e)
@@ -447,6 +458,38 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_REAPER = """
+import os, signal, sys, time
+pgid = int(sys.argv[1])
+sys.stdin.buffer.read()  # returns when our parent closes the pipe or dies
+for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        break
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            sys.exit(0)
+        time.sleep(0.2)
+"""
+
+
+def _start_reaper(pgid: int) -> subprocess.Popen[bytes] | None:
+    """A detached watcher that stops the server's whole process group when this process
+    dies for any reason (SIGKILL included), so no engine process outlives the tuner."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-c", _REAPER, str(pgid)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    except OSError as exc:
+        logger.warning("no reaper for vLLM group %s: %s", pgid, exc)
+        return None
 
 
 def _last_lines(text: str, n: int) -> str:

@@ -9,6 +9,8 @@ valid lines: they are counted in ``failed`` and left out of the records.
 
 from __future__ import annotations
 
+import zlib
+
 import gzip
 import io
 import json
@@ -110,6 +112,11 @@ def read_trace(
             f"traffic file {name} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
             "pass a CSV or JSONL trace"
         ) from exc
+    except (EOFError, zlib.error) as exc:
+        raise TraceFormatError(
+            f"traffic file {name} is a truncated or corrupt compressed file ({exc}); "
+            "decompress it again or re-download it"
+        ) from exc
     except OSError as exc:
         raise TraceFormatError(f"traffic file {name} cannot be read: {exc}") from exc
     return _finish(col, fmt, extra)
@@ -130,6 +137,10 @@ def detect_format(path: str | Path) -> str:
     except UnicodeDecodeError as exc:
         raise TraceFormatError(
             f"traffic file {name} is not UTF-8 text; pass a CSV or JSONL trace"
+        ) from exc
+    except (EOFError, zlib.error) as exc:
+        raise TraceFormatError(
+            f"traffic file {name} is a truncated or corrupt compressed file ({exc})"
         ) from exc
     except OSError as exc:
         raise TraceFormatError(f"traffic file {name} cannot be read: {exc}") from exc

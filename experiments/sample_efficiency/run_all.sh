@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every result file of this benchmark, from the repo root: bash experiments/sample_efficiency/run_all.sh
-# (about 40 minutes on 2 shared CPU cores; no GPU).
+# (about 1-1.5 hours on 2 shared CPU cores; no GPU).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}

@@ -180,7 +180,7 @@ class Lab:
             "--trials", str(trials), "--storage", storage or self.storage,
             "--tracking-uri", self.mlflow_uri, "--experiment", self.tag,
             "--study-name", self.study, "--out", str(self.out), "--num-requests", "8",
-            "--concurrency", "2", "--recheck", "0", "--start-timeout", "5",
+            "--concurrency", "2", "--recheck", "0", "--start-timeout", "15",
             "--request-timeout", "5", "--cache-dir", str(self.root / "cache"),
             *([] if ray else ["--no-ray"]), *extra,
         ]  # fmt: skip

@@ -38,7 +38,7 @@ from tests.faults._lab import (
 pytestmark = pytest.mark.faults
 
 
-def fake_trial(lab: Lab, plan: str, *, number: int = 0, start_timeout_s: float = 5.0,
+def fake_trial(lab: Lab, plan: str, *, number: int = 0, start_timeout_s: float = 15.0,
                request_timeout_s: float = 5.0, **env: str) -> TrialOutcome:  # fmt: skip
     """Run one trial (8 measured requests, 2 streams, 2 warm-up requests) on the fake engine."""
     spec = TrialSpec(

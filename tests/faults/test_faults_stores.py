@@ -27,6 +27,7 @@ from tests.faults._lab import (
     file_has,
     run_cli,
     state_of,
+    tagged,
     wait_for,
     wait_gone,
 )
@@ -131,30 +132,46 @@ def test_mlflow_server_dying_mid_study_costs_warnings_not_the_study(
     argv = lab.argv(lab.space("slow,ok", AUTOTUNE_FAKE_CHUNK_S="0.02"), trials=2)
     argv[argv.index("--tracking-uri") + 1] = url
     tuner = lab.spawn(argv, "run")
+    problems = []
     try:
         wait_for(lambda: file_has(lab.log(0), "fake-vllm: request") or tuner.poll() is not None,
                  120, "trial 0 to be measured")
         server.kill()
         killed_at = time.monotonic()
+        # Trial 0 is measured in a few seconds: from then on it must be safe in Optuna,
+        # whatever MLflow does (the storage is the source of truth).
+        wait_for(lambda: not [p for p in tagged(lab.tag) if "vllm.entrypoints" in p.args]
+                 or lab.log(1).exists(), 60, "the server of trial 0 to be stopped")
+        time.sleep(3)
+        if state_of(lab.trials()[0])[0] != "COMPLETE":
+            problems.append(
+                f"trial 0 was measured but is {state_of(lab.trials()[0])[0]} in Optuna "
+                f"{time.monotonic() - killed_at:.0f} s after MLflow died: the tuner writes to "
+                "MLflow before it commits the trial, so killing the stuck tuner now loses it")
         try:
-            rc = tuner.wait(30)
+            rc = tuner.wait(max(1.0, 30 - (time.monotonic() - killed_at)))
         except subprocess.TimeoutExpired:
             rc = None
+            problems.append(f"the study was still stuck on the dead MLflow server "
+                            f"{time.monotonic() - killed_at:.0f} s after it died")
     finally:
         if tuner.poll() is None:
             tuner.kill()
             tuner.wait()
-    took = time.monotonic() - killed_at
     _, err = lab.output("run")
-    assert [state_of(t)[0] for t in lab.trials()][:1] == ["COMPLETE"]
-    assert wait_gone(lab.tag, 10) == []
-    assert rc is not None, (
-        f"the study was still stuck on the dead MLflow server {took:.0f} s after it died "
-        f"(trials in storage: {[state_of(t) for t in lab.trials()]})")
-    assert rc == 0, err[-3000:]
-    assert "MLflow: could not" in err  # said, not hidden
-    assert [state_of(t) for t in lab.trials()] == [("COMPLETE", None), ("COMPLETE", None)]
-    assert check_best_json(lab.out) is not None
+    if wait_gone(lab.tag, 10):
+        problems.append("a server was left running")
+    if rc is not None:
+        if rc != 0:
+            problems.append(f"exit {rc}: {err[-1000:]}")
+        if "MLflow: could not" not in err:  # said, not hidden
+            problems.append("no 'MLflow: could not ...' warning on stderr")
+        states = [state_of(t) for t in lab.trials()]
+        if states != [("COMPLETE", None), ("COMPLETE", None)]:
+            problems.append(f"trials in Optuna: {states}")
+        if check_best_json(lab.out) is None:
+            problems.append("no best.json")
+    assert not problems, "\n".join(problems)
 
 
 # -- the Optuna storage -------------------------------------------------------------------------
@@ -207,7 +224,7 @@ def test_storage_busy_at_start_is_waited_out(lab: Lab) -> None:
     finally:
         lock.drop()
     assert rc == 0, err[-2000:]
-    assert time.monotonic() - t0 >= 3.0
+    assert time.monotonic() - t0 >= 2.5  # it waited for the lock
     assert [state_of(t) for t in lab.trials()] == [("COMPLETE", None)]
     assert wait_gone(lab.tag, 5) == []
 
