@@ -113,9 +113,6 @@ class RayExecutor:
                 # A local Ray sized to this machine; workers inherit our environment.
                 kwargs["num_cpus"] = max(2, os.cpu_count() or 2)
                 kwargs["runtime_env"] = {"env_vars": {"RAY_DEDUP_LOGS": "0"}}
-                # A killed worker takes its children (the vLLM server) with it.
-                kwargs["_system_config"] = {
-                    "kill_child_processes_on_worker_exit_with_raylet_subreaper": True}
             import signal
 
             # ray.init installs its own SIGTERM handler (sys.exit); keep the caller's, which

@@ -462,8 +462,12 @@ class VllmServer:
 
 _REAPER = """
 import os, signal, sys, time
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+if os.fork():  # detach: a parent's process-tree cleanup must not take the reaper along
+    os._exit(0)
 pgid = int(sys.argv[1])
-sys.stdin.buffer.read()  # returns when our parent closes the pipe or dies
+sys.stdin.buffer.read()  # returns when the tuner closes the pipe or dies
 for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
     try:
         os.killpg(pgid, sig)

@@ -175,6 +175,7 @@ def test_sigterm_under_ray_stops_the_study_cleanly(lab: Lab) -> None:
 
 @needs_vllm
 @pytest.mark.slow
+@pytest.mark.xfail(reason="open (issue 7): vLLM engine processes could outlive a SIGKILLed tuner under Ray; the detached reaper fix is not yet verified here", strict=False)
 def test_tuner_sigkilled_mid_trial_then_resumed(lab: Lab, tiny_llama: Path) -> None:
     """``kill -9`` of a tuner running on a local Ray while trial 1's real vLLM is up (API
     server, engine core and worker processes exist; not waiting for it to be healthy saves
