@@ -145,10 +145,16 @@ class TuneResult:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON via a temp file and ``os.replace`` so readers never see half a file."""
+    text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+    _write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def _write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` then ``os.replace(tmp, path)``; OSError becomes a StudyError."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+        write(tmp)
         os.replace(tmp, path)
     except OSError as exc:
         raise _write_error(path, exc) from exc
@@ -936,11 +942,9 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
                 for t in _pareto_front(study)
             ]
         write_json_atomic(out_dir / "best.json", best)
-        sh = out_dir / "serve_command.sh"
-        tmp = sh.with_name(".serve_command.sh.tmp")
-        tmp.write_text("#!/bin/sh\n# best config of study %s (trial %d)\n%s\n"
-                       % (study.study_name, best_t.number, cmd))
-        os.replace(tmp, sh)
+        script = ("#!/bin/sh\n# best config of study %s (trial %d)\n%s\n"
+                  % (study.study_name, best_t.number, cmd))
+        _write_atomic(out_dir / "serve_command.sh", lambda tmp: tmp.write_text(script))
         if _mlflow_run(study, best_t):
             tracker.mark_best(run_id=_mlflow_run(study, best_t),
                               shape_fingerprint=shape.fingerprint, best=best, serve_command=cmd)
@@ -996,15 +1000,7 @@ def _write_trials_csv(study: Any, path: Path) -> None:
         row.update({f"metric.{k}": v for k, v in t.user_attrs.get(A.METRICS, {}).items()})
         row["flags"] = " ".join(t.user_attrs.get(A.FLAGS, []))
         rows.append(row)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        pd.DataFrame(rows).to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise _write_error(path, exc) from exc
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    _write_atomic(path, lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
 
 
 def _version() -> str:
