@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.errors import AutotuneError
@@ -94,6 +95,8 @@ class RayExecutor:
         slots: int | None = None,
         fn: Callable[[TrialSpec], TrialOutcome] = run_trial,
     ) -> None:
+        if address:
+            _use_cluster_token()  # before Ray reads its auth mode
         try:
             import ray
         except ImportError as exc:  # pragma: no cover - ray is a core dependency
@@ -128,6 +131,10 @@ class RayExecutor:
                 raise AutotuneError(
                     f"cannot start or join {where}: {type(exc).__name__}: {exc}; check "
                     "--ray-address (host:port of 'ray start --head'), or omit it for a local Ray"
+                    + (". Ray >= 2.52 clusters use token authentication: give this machine the "
+                       "cluster's token (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
+                       "RAY_AUTH_TOKEN; see 'ray get-auth-token') or start every node with "
+                       "RAY_AUTH_MODE=disabled" if address else "")
                 ) from exc
             self._owns_ray = True
         resources = ray.cluster_resources()
@@ -201,3 +208,20 @@ class RayExecutor:
                 self._ray.shutdown()
             except Exception as exc:  # noqa: BLE001 - shutdown never raises
                 logger.warning("Ray shutdown: %s", exc)
+
+
+def _use_cluster_token() -> None:
+    """Joining a cluster: use the local Ray auth token when one is there.
+
+    Ray 2.60 starts a head with token authentication and writes the token to
+    ``~/.ray/auth_token``, but a process that joins with ``address=`` and no
+    ``RAY_AUTH_MODE`` does not send it (seen: "Failed to connect to Ray cluster"). An
+    explicit ``RAY_AUTH_MODE`` is left alone.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        logger.info("Ray: joining with token authentication (token from %s)",
+                    "RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else token_file)
