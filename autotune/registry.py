@@ -145,6 +145,8 @@ class WarmStart:
     knowledge. Their values were measured under the *old* shape (see :func:`warm_start_from`);
     each carries :data:`PRIOR_ATTR` and must not count toward the trial budget, the best trial,
     the baseline or the result files. ``enqueue_from[i]`` is the trial ``enqueue[i]`` came from.
+    ``enqueue_baseline[i]`` is True when that trial was the earlier study's baseline (vLLM's
+    defaults: the new study runs it as its baseline, with no knob flags).
     """
 
     enqueue: list[dict[str, Any]]
@@ -152,6 +154,7 @@ class WarmStart:
     source_study: str = ""
     source_shape_fingerprint: str = ""
     enqueue_from: list[int] = field(default_factory=list)
+    enqueue_baseline: list[bool] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -506,11 +509,14 @@ def _fit_to_space(params: dict[str, Any], dists: dict[str, Any],
 def warm_start_from(
     storage: StorageLike, study_name: str, *, top_k: int = 3, space: SearchSpace | None = None,
     value_scale: float = 1.0, objective: str | None = None, pareto_latency: str = "ttft_p99",
+    include_baseline: bool = False,
 ) -> WarmStart:  # fmt: skip
     """A :class:`WarmStart` from study ``study_name`` in ``storage``.
 
     ``enqueue``: the params of its ``top_k`` best feasible configs (ranked by the median of
-    their readings), the baseline left out (a new study measures vLLM's defaults itself). ``prior_trials``: its COMPLETE and
+    their readings), the baseline left out (a new study measures vLLM's defaults itself)
+    unless ``include_baseline`` (for a new study run without its baseline: then the old
+    defaults, when they ranked among the top, are measured as explicit values). ``prior_trials``: its COMPLETE and
     PRUNED trials (failed starts and rejected samples included: they are what the sampler
     learns to avoid; FAIL = tuner died, no information) with their constraints.
 
@@ -535,7 +541,8 @@ def warm_start_from(
     """
     url, st = _resolve(storage)
     return _warm_start(url, study_name, top_k=top_k, space=space, value_scale=value_scale,
-                       objective=objective, pareto_latency=pareto_latency, st=st)
+                       objective=objective, pareto_latency=pareto_latency, st=st,
+                       include_baseline=include_baseline)
 
 
 def _prior_values(t: Any, objective: str | None, latency: str,
@@ -561,7 +568,8 @@ def _prior_values(t: Any, objective: str | None, latency: str,
 
 def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace | None,
                 value_scale: float, objective: str | None = None,
-                pareto_latency: str = "ttft_p99", st: Any | None = None) -> WarmStart:
+                pareto_latency: str = "ttft_p99", st: Any | None = None,
+                include_baseline: bool = False) -> WarmStart:
     import optuna
     from optuna.trial import TrialState
 
@@ -582,15 +590,17 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
     fp = str(study.user_attrs.get(A.SHAPE, ""))
     trials = study.get_trials(deepcopy=False)
 
-    # configs (not the baseline) ranked by the median of their readings, as tune() ranks
+    # configs (not the baseline, unless asked) ranked by the median of their readings, as
+    # tune() ranks
     groups: dict[str, list[Any]] = {}
     for t in trials:
-        if _is_ok(t) and not t.user_attrs.get(A.BASELINE):
+        if _is_ok(t) and (include_baseline or not t.user_attrs.get(A.BASELINE)):
             groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
     ranked = sorted(groups.values(), key=lambda ts: statistics.median(_value(t) for t in ts),
                     reverse=True)
     enqueue: list[dict[str, Any]] = []
     origin: list[int] = []
+    was_base: list[bool] = []
     for ts in ranked:
         if len(enqueue) >= top_k:
             break
@@ -602,6 +612,7 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
             continue
         enqueue.append(fitted[0])
         origin.append(t.number)
+        was_base.append(bool(t.user_attrs.get(A.BASELINE)))
 
     priors: list[optuna.trial.FrozenTrial] = []
     dropped = 0
@@ -637,7 +648,8 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
         logger.info("warm start: %d trial(s) of %s left out (outside the new space, or no "
                     "measured value for the new objective)", dropped, study_name)
     return WarmStart(enqueue=enqueue, prior_trials=priors, source_study=study_name,
-                     source_shape_fingerprint=fp, enqueue_from=origin)
+                     source_shape_fingerprint=fp, enqueue_from=origin,
+                     enqueue_baseline=was_base)
 
 
 # ------------------------------------------------------------------------------------------
@@ -648,6 +660,7 @@ def plan_retune(
     *, storage: StorageLike, shape: TrafficShape, model: str | None = None,
     gpu: str | None = None, top_k: int = 3, space: SearchSpace | None = None, force: bool = False,
     objective: str | None = None, pareto_latency: str = "ttft_p99",
+    include_baseline: bool = False,
 ) -> RetunePlan | None:  # fmt: skip
     """Compare ``shape`` with the shape the current best config was tuned for.
 
@@ -655,7 +668,7 @@ def plan_retune(
     fingerprint, else the nearest tuned shape, so a shape close to *any* tuned one reuses
     its config. Returns None when nothing was tuned for this model. When the shape drifted
     (or ``force``), ``warm_start`` comes from the hit's study (:func:`warm_start_from`, with
-    the new study's ``objective``).
+    the new study's ``objective``; ``include_baseline`` when the new study has no baseline).
     """
     url, st = _resolve(storage)
     found = _find(url, shape, model, gpu, st) if st is not None else None
@@ -666,5 +679,6 @@ def plan_retune(
     ws = None
     if drifted or force:
         ws = _warm_start(url, hit.study, top_k=top_k, space=space, value_scale=1.0,
-                         objective=objective, pareto_latency=pareto_latency, st=st)
+                         objective=objective, pareto_latency=pareto_latency, st=st,
+                         include_baseline=include_baseline)
     return RetunePlan(hit=hit, diff=diff, drifted=drifted, warm_start=ws)

@@ -8,7 +8,10 @@ Optuna's storage is the source of truth. How trials are stored:
   whose sample broke a rule of the space is ``PRUNED`` with a constraint violation of 1 and
   the reason in ``user_attrs["autotune.reason"]``: the TPE sampler treats it as an
   infeasible point and learns to avoid the region; it is never scored as throughput 0;
-* a trial that was running when the tuner died is ``FAIL`` with reason ``tuner_died``.
+* a trial that was running when the tuner died is ``FAIL`` with reason ``tuner_died`` (or
+  ``interrupted`` after SIGINT/SIGTERM); such a trial says nothing about its config, so it
+  does not count toward ``--trials`` and ``--resume`` runs its config again (a new trial
+  with ``autotune.retry_of``; re-check trials are re-enqueued by the re-check phase itself).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class A:
     BASELINE = "autotune.baseline"
     ENQUEUED = "autotune.enqueued"  # a config given by the user or a warm start
     RECHECK_OF = "autotune.recheck_of"  # re-measurement of the config of that trial
+    RETRY_OF = "autotune.retry_of"  # the config of that trial, stopped by the tuner's end
     PRIOR = "autotune.prior"  # a trial copied from an earlier study (warm start): not ours
     FLAGS = "autotune.flags"
     ENV = "autotune.env"
@@ -358,6 +362,7 @@ def tune(
                 "a new study (autotune retune compares shapes)"
             )
         _fail_stale(study)
+        _retry_stopped(study)
     else:
         for key, value in {
             A.MODEL: str(model), A.SHAPE: shape.fingerprint, A.SHAPE_PATH: str(settings.shape),
@@ -372,7 +377,13 @@ def tune(
             study.enqueue_trial(params, user_attrs={A.ENQUEUED: True})
         if warm_start is not None:
             # Enqueue first: the priors hold the same params and would make them "exist".
-            for params in warm_start.enqueue:
+            bases = warm_start.enqueue_baseline or [False] * len(warm_start.enqueue)
+            for params, was_base in zip(warm_start.enqueue, bases, strict=True):
+                if was_base:  # the old defaults won: measure vLLM's defaults (no knob flags)
+                    if not settings.baseline:
+                        study.enqueue_trial(space.baseline_params(),
+                                            user_attrs={A.BASELINE: True, A.ENQUEUED: True})
+                    continue
                 study.enqueue_trial(_complete_params(space, params, "warm start"),
                                     user_attrs={A.ENQUEUED: True})
             if warm_start.prior_trials:
@@ -699,13 +710,45 @@ def goodput_slo(slo: dict[str, float]) -> Any:
     return Slo(**pick)
 
 
+# Reasons that say nothing about the config: the tuner stopped while the trial ran.
+_STOPPED = ("tuner_died", "interrupted")
+
+
 def _n_finished(study: Any) -> int:
+    """Trials that count toward ``--trials``: measured or failed by their config (not
+    rejected samples, not priors copied from another study, not trials the tuner's own
+    death or interruption stopped)."""
     from optuna.trial import TrialState
 
     return sum(1 for t in study.get_trials(deepcopy=False)
                if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-               and t.user_attrs.get(A.REASON) != FailureReason.REJECTED
+               and t.user_attrs.get(A.REASON) not in (FailureReason.REJECTED, *_STOPPED)
                and not t.user_attrs.get(A.PRIOR))
+
+
+def _retry_stopped(study: Any) -> list[int]:
+    """On resume: enqueue the config of each trial the tuner's end stopped, once.
+
+    Re-check trials are left to the re-check phase, which enqueues what is still missing.
+    Returns the numbers of the trials retried."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(A.RETRY_OF) for t in trials}
+    out = []
+    for t in trials:
+        if (t.state != TrialState.FAIL or t.user_attrs.get(A.REASON) not in _STOPPED
+                or t.number in retried or t.user_attrs.get(A.RECHECK_OF) is not None):
+            continue
+        attrs: dict[str, Any] = {A.RETRY_OF: t.number}
+        for key in (A.BASELINE, A.ENQUEUED):
+            if t.user_attrs.get(key):
+                attrs[key] = True
+        study.enqueue_trial(dict(t.params), user_attrs=attrs, skip_if_exists=False)
+        logger.warning("trial %d was stopped by the tuner's end: its config runs again",
+                       t.number)
+        out.append(t.number)
+    return out
 
 
 def _primary(t: Any) -> float:

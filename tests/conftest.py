@@ -30,6 +30,17 @@ def _have_vllm() -> bool:
 
 
 HAVE_VLLM = _have_vllm()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "kills_shared_server: kills the session's tiny_server (one vLLM start "
+        "saved); runs after every other test")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Stable: everything keeps its order, the server killers go last.
+    items.sort(key=lambda item: item.get_closest_marker("kills_shared_server") is not None)
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install -e '.[cpu]')")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ RAY = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which(
 @pytest.mark.skipif(RAY is None, reason="the ray command is not installed")
 def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_path: Path) -> None:
     import optuna
+    from mlflow.tracking import MlflowClient
 
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"},
@@ -45,6 +47,8 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_pa
             "--storage", storage, "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
             "--study-name", "cluster", "--out", str(tmp_path / "out"),
             "--ray-address", f"127.0.0.1:{port}",
+            # and a multi-objective study (issue 6): throughput against p99 latency
+            "--objective", "pareto",
         ]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env,
                               cwd=REPO)
@@ -55,5 +59,26 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_pa
             t.user_attrs.get("autotune.message") for t in trials]
         nodes = {t.user_attrs.get("autotune.ray_node_id") for t in trials}
         assert len(nodes) == 2 and "" not in nodes  # one trial on each node, at once
+
+        # Pareto: both objectives stored, the front reported, plotted and logged.
+        assert all(len(t.values) == 2 and t.values[1] > 0 for t in trials)
+        best = json.loads((tmp_path / "out" / "best.json").read_text())
+        front = best["pareto_front"]
+        assert 1 <= len(front) <= 2 and best["pareto_latency"]
+        key = best["pareto_latency"] + "_s"
+        vals = {t.number: t.values for t in trials}
+        for point in front:
+            assert [point["output_tokens_per_s"], point[key]] == vals[point["trial"]]
+            assert point["serve_command"].startswith("vllm serve ")
+        if len(front) == 1:  # one dominates the other
+            (a, b), (c, d) = vals.values()
+            assert (a >= c and b <= d) or (c >= a and d <= b)
+        assert (tmp_path / "out" / "plots" / "pareto_front.png").stat().st_size > 1000
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+        exp = client.get_experiment_by_name("autotune")
+        parent = next(r for r in client.search_runs([exp.experiment_id])
+                      if r.data.tags.get("autotune.kind") == "study")
+        plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
+        assert "plots/pareto_front.png" in plots, plots
     finally:
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)

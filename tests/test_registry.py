@@ -298,6 +298,11 @@ def test_warm_start_from(reg: dict[str, Any], space: SearchSpace,
     # best first, the repeat of trial 1 and the baseline left out
     assert ws.enqueue == [_p(32, 1024), _p(24, 1024, kv="fp8_e4m3"), _p(40, 2048)]
     assert ws.enqueue_from == [1, 5, 7]
+    # a new study without its own baseline (--no-baseline): the old defaults rank too
+    with_base = warm_start_from(st, "a-512", top_k=4, include_baseline=True)
+    assert with_base.enqueue_from == [1, 5, 7, 0]
+    assert with_base.enqueue[3] == _p(16, 2048)
+    assert with_base.enqueue_baseline == [False, False, False, True]
     assert ws.source_study == "a-512" and ws.source_shape_fingerprint == reg["s512"].fingerprint
     # every COMPLETE and PRUNED trial (the rejected sample included) with its constraints
     assert len(ws.prior_trials) == len(ROWS_A)

