@@ -198,6 +198,22 @@ class Lab:
             start_new_session=True,
         )  # fmt: skip
 
+    def run_bounded(self, argv: Sequence[str], name: str, timeout_s: float
+                    ) -> tuple[int | None, float]:
+        """Spawn the tuner and give it ``timeout_s`` to exit: (exit code, or None when it was
+        still running and had to be killed; seconds it took)."""
+        t0 = time.monotonic()
+        tuner = self.spawn(argv, name)
+        try:
+            rc: int | None = tuner.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            if tuner.poll() is None:
+                tuner.kill()
+                tuner.wait()
+        return rc, time.monotonic() - t0
+
     def output(self, name: str) -> tuple[str, str]:
         return ((self.root / f"{name}.out").read_text(errors="replace"),
                 (self.root / f"{name}.err").read_text(errors="replace"))

@@ -14,7 +14,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -203,17 +202,7 @@ def test_contradictory_rules_are_refused_before_any_server_starts(lab: Lab) -> N
     space = lab.space("ok")
     space.write_text(space.read_text() + (
         "rules:\n  - when: 'max_num_seqs >= 1'\n    reason: every config is forbidden\n"))
-    t0 = time.monotonic()
-    tuner = lab.spawn(lab.argv(space, trials=3), "run")
-    try:
-        rc = tuner.wait(30)
-    except subprocess.TimeoutExpired:
-        rc = None
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
-            tuner.wait()
-    took = time.monotonic() - t0
+    rc, took = lab.run_bounded(lab.argv(space, trials=3), "run", 30)
     _, err = lab.output("run")
     problems = []
     if lab.n_launches():

@@ -52,17 +52,7 @@ def test_mlflow_server_down_fails_fast_with_a_clear_message(lab: Lab) -> None:
     url = f"http://127.0.0.1:{closed_port()}"
     argv = lab.argv(lab.space("ok"), trials=1)
     argv[argv.index("--tracking-uri") + 1] = url
-    t0 = time.monotonic()
-    tuner = lab.spawn(argv, "run")
-    try:
-        rc = tuner.wait(35)
-    except subprocess.TimeoutExpired:
-        rc = None
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
-            tuner.wait()
-    took = time.monotonic() - t0
+    rc, took = lab.run_bounded(argv, "run", 35)
     _, err = lab.output("run")
     assert lab.n_launches() == 0  # no server was started for a study that cannot be tracked
     assert wait_gone(lab.tag, 5) == []
