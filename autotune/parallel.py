@@ -221,7 +221,8 @@ def _use_cluster_token() -> None:
     if "RAY_AUTH_MODE" in os.environ:
         return
     token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+    from_env = bool(os.environ.get("RAY_AUTH_TOKEN"))
+    if from_env or token_file.is_file():
         os.environ["RAY_AUTH_MODE"] = "token"
         logger.info("Ray: joining with token authentication (token from %s)",
-                    "RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else token_file)
+                    "RAY_AUTH_TOKEN" if from_env else token_file)

@@ -515,10 +515,11 @@ def warm_start_from(
 
     ``enqueue``: the params of its ``top_k`` best feasible configs (ranked by the median of
     their readings), the baseline left out (a new study measures vLLM's defaults itself)
-    unless ``include_baseline`` (for a new study run without its baseline: then the old
-    defaults, when they ranked among the top, are measured as explicit values). ``prior_trials``: its COMPLETE and
-    PRUNED trials (failed starts and rejected samples included: they are what the sampler
-    learns to avoid; FAIL = tuner died, no information) with their constraints.
+    unless ``include_baseline`` (for a new study run without its baseline: the old defaults,
+    when they rank among the top, are marked in ``enqueue_baseline`` and run as the new
+    study's baseline). ``prior_trials``: its COMPLETE and PRUNED trials (failed starts and
+    rejected samples included: they are what the sampler learns to avoid; FAIL = tuner died,
+    no information) with their constraints.
 
     The choice about values: a prior trial keeps the objective value it had, measured under
     the *old* shape, multiplied by ``value_scale`` (pass new/old throughput of a reference

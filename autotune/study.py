@@ -551,7 +551,7 @@ def tune(
         for n in cancelled:
             if n in flights:
                 trial = flights.pop(n)[0]
-                _mark_failed(trial, "interrupted", "the tuner was interrupted")
+                _mark_failed(trial, _INTERRUPTED, "the tuner was interrupted")
                 _commit_tell(study, trial, None, fail=True)
         tracker.end_study(ok=False)
         raise
@@ -711,7 +711,9 @@ def goodput_slo(slo: dict[str, float]) -> Any:
 
 
 # Reasons that say nothing about the config: the tuner stopped while the trial ran.
-_STOPPED = ("tuner_died", "interrupted")
+_TUNER_DIED = "tuner_died"
+_INTERRUPTED = "interrupted"
+_STOPPED = (_TUNER_DIED, _INTERRUPTED)
 
 
 def _n_finished(study: Any) -> int:
@@ -744,7 +746,7 @@ def _retry_stopped(study: Any) -> list[int]:
         for key in (A.BASELINE, A.ENQUEUED):
             if t.user_attrs.get(key):
                 attrs[key] = True
-        study.enqueue_trial(dict(t.params), user_attrs=attrs, skip_if_exists=False)
+        study.enqueue_trial(dict(t.params), user_attrs=attrs)
         logger.warning("trial %d was stopped by the tuner's end: its config runs again",
                        t.number)
         out.append(t.number)
@@ -784,7 +786,7 @@ def _fail_stale(study: Any) -> None:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         st = study._storage
         st.set_trial_user_attr(t._trial_id, A.STATE, "failed")
-        st.set_trial_user_attr(t._trial_id, A.REASON, "tuner_died")
+        st.set_trial_user_attr(t._trial_id, A.REASON, _TUNER_DIED)
         st.set_trial_user_attr(t._trial_id, A.MESSAGE,
                                "the tuner stopped while this trial was running")
         st.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
@@ -825,7 +827,7 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str, settings: Tune
     value = outcome.metrics.get(metric)
     if not outcome.ok or value is None or not math.isfinite(value):
         msg = outcome.message or "no measurement"
-        if outcome.log_tail and outcome.reason not in (None, "interrupted"):
+        if outcome.log_tail and outcome.reason not in (None, _INTERRUPTED):
             msg += "\n--- server log tail ---\n" + outcome.log_tail[-1500:]
         reason = outcome.reason or "no_measurement"
         _mark_failed(trial, reason, msg)
