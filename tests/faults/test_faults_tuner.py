@@ -176,6 +176,34 @@ def test_sigterm_under_ray_stops_the_study_cleanly(lab: Lab) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_dead_ray_worker_is_a_failed_trial_and_the_study_goes_on(lab: Lab) -> None:
+    """SIGKILL of the Ray worker process that runs trial 1 (what a node's OOM killer or a
+    lost node does to a task): the trial comes back as ``worker_died``, its server does not
+    outlive the worker, and the study finishes its other trials."""
+    space = lab.space("ok,slow,ok", AUTOTUNE_FAKE_CHUNK_S="0.2")
+    tuner = lab.spawn(lab.argv(space, trials=3, ray=True), "run1")
+    try:
+        wait_for(lambda: file_has(lab.log(1), "fake-vllm: request") or tuner.poll() is not None,
+                 180, "trial 1 to be measured")
+        assert tuner.poll() is None, lab.output("run1")[1][-3000:]
+        server = next(p for p in tagged(lab.tag) if "vllm.entrypoints" in p.args)
+        os.kill(server.ppid, signal.SIGKILL)  # the Ray worker running run_trial
+        rc = tuner.wait(180)
+    finally:
+        if tuner.poll() is None:
+            tuner.kill()
+    _, err = lab.output("run1")
+    assert rc == 0, err[-3000:]
+    trials = lab.trials()
+    assert [state_of(t) for t in trials] == [
+        ("COMPLETE", None), ("PRUNED", "worker_died"), ("COMPLETE", None)], err[-3000:]
+    assert "Ray worker" in trials[1].user_attrs["autotune.message"]
+    check_trials_csv(lab.out, trials)
+    assert check_best_json(lab.out) is not None
+    left = wait_gone(lab.tag, 60)
+    assert left == [], [str(p) for p in left]  # trial 1's server went with its worker
+
+
 @needs_vllm
 @pytest.mark.slow
 def test_tuner_sigkilled_mid_trial_then_resumed(lab: Lab, tiny_llama: Path) -> None:
