@@ -9,6 +9,11 @@ It streams canned tokens in vLLM's SSE format for ``/v1/completions`` and
 * the client capacity benchmark (``experiments/loadgen_capacity``): with no delays the stub
   streams as fast as the client reads.
 
+It is a raw :class:`asyncio.Protocol` speaking HTTP/1.1 (keep-alive, chunked responses, one
+SSE event per HTTP chunk), not a web framework: a stream's events are built once per
+request shape and cached, so a token costs the stub one ``transport.write`` (or less, with
+``chunks_per_write``) and the stub stays out of the way of the client it measures.
+
 Loopback only. ``python -m autotune._stub_server --port 8100 --duration 60`` runs one in
 the foreground for a bounded time; :class:`StubServer` runs one on a background thread.
 """
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import logging
 import socket
 import threading
@@ -25,9 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import msgspec
-from aiohttp import web
 
-__all__ = ["FAULTS", "FAULT_TOKEN_BASE", "StubConfig", "StubServer", "fault_token", "serve"]
+__all__ = [
+    "FAULTS",
+    "FAULT_TOKEN_BASE",
+    "Running",
+    "StubConfig",
+    "StubServer",
+    "fault_token",
+    "serve",
+    "start_server",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +83,12 @@ class StubConfig:
 
     model: str = "tiny"
     tokens_per_chunk: int = 1  # >1 emulates speculative decoding (several tokens a chunk)
-    chunks_per_write: int = 1  # SSE events coalesced into one socket write
+    chunks_per_write: int = 1  # SSE events (HTTP chunks) coalesced into one socket write
     chunk_interval_s: float = 0.0  # pause between writes
     ttft_s: float = 0.0  # pause before the first token
     stall_s: float = 30.0  # how long a "stall" fault stays silent
     slow_interval_s: float = 0.05  # chunk interval of the "slow" fault
+    interleave: bool = False  # yield after every write, as an engine step serves every stream
 
 
 @dataclass
@@ -103,7 +119,6 @@ class _Req(msgspec.Struct):
 
 
 _REQ_DECODER = msgspec.json.Decoder(_Req)
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 def _fault_of(req: _Req) -> str:
@@ -127,25 +142,166 @@ def _prompt_len(req: _Req) -> int:
     return sum(len((m.content or "").split()) for m in req.messages or ())
 
 
+# --- HTTP/1.1 framing -----------------------------------------------------------------------
+
+_STATUS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Payload Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+}
+_MAX_HEAD = 64 * 1024
+_MAX_BODY = 64 * 1024 * 1024
+_SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    """``data`` as one HTTP/1.1 chunk."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _response(status: int, body: bytes, content_type: str, *, close: bool = False) -> bytes:
+    head = (
+        f"HTTP/1.1 {status} {_STATUS.get(status, 'Unknown')}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+        + ("Connection: close\r\n" if close else "")
+        + "\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+def _error(status: int, message: str, *, close: bool = False) -> bytes:
+    kind = "BadRequestError" if status < 500 else "InternalServerError"
+    body = {"error": {"object": "error", "message": message, "type": kind, "code": status}}
+    return _response(status, msgspec.json.encode(body), "application/json", close=close)
+
+
+# --- the stream plan: every write of one response, built once per request shape -------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    data: bytes  # HTTP chunks, already framed
+    tokens: int  # output tokens in them
+    drafts: int  # speculative-decoding counters the stub's /metrics reports
+    draft_tokens: int
+    accepted: int
+    then: str | None = None  # "disconnect", "stall" or "end" (error_event: stream ends here)
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(
+    *,
+    chat: bool,
+    model: str,
+    n_prompt: int,
+    n_out: int,
+    k: int,
+    per_write: int,
+    fault: str,
+    include_usage: bool,
+    continuous: bool,
+) -> tuple[bytes | None, tuple[_Write, ...], bytes]:
+    """(role event or None, the token writes, the tail: usage event, [DONE], last chunk)."""
+    base = (
+        b'data: {"id":"'
+        + (b"chatcmpl-stub" if chat else b"cmpl-stub")
+        + b'","object":"'
+        + (b"chat.completion.chunk" if chat else b"text_completion")
+        + b'","created":0,"model":"'
+        + model.encode()
+        + b'"'
+    )
+    head = base + (b',"choices":[{"index":0,"delta":' if chat else b',"choices":[{"index":0,')
+    usage_tpl = b',"usage":{"prompt_tokens":%d,"total_tokens":%%d,"completion_tokens":%%d}' % (
+        n_prompt
+    )
+
+    def event(text: bytes, finish: bytes, done_tokens: int) -> bytes:
+        if chat:
+            body = head + b'{"content":"' + text + b'"},"logprobs":null,"finish_reason":' + finish
+            body += b"}]"
+        else:
+            body = head + b'"text":"' + text + b'","logprobs":null,"finish_reason":' + finish
+            body += b',"stop_reason":null}]'
+        if continuous:
+            body += usage_tpl % (n_prompt + done_tokens, done_tokens)
+        return _chunk(body + b"}\n\n")
+
+    role = None
+    if chat:
+        body = head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+        if continuous:
+            body += usage_tpl % (n_prompt, 0)
+        role = _chunk(body + b"}\n\n")
+    writes: list[_Write] = []
+    batch: list[bytes] = []
+    counts = [0, 0, 0, 0]  # tokens, drafts, draft tokens, accepted tokens of the batch
+    done = n_chunks = 0
+    while done < n_out:
+        step = min(k, n_out - done)
+        done += step
+        batch.append(event(b" t7" * step, b'"length"' if done >= n_out else b"null", done))
+        n_chunks += 1
+        counts[0] += step
+        if k > 1:
+            counts[1] += 1
+            counts[2] += k - 1
+            counts[3] += step - 1
+        then = None
+        if n_chunks == 2 and fault == "malformed":
+            batch.append(_chunk(b'data: {"choices": [{"index": 0, "text": \n\n'))
+        elif n_chunks == 2 and fault == "garbage":
+            batch.append(_chunk(b"this is not server-sent events\n\n"))
+        elif n_chunks == 2 and fault == "error_event":
+            batch.append(
+                _chunk(
+                    b'data: {"error": {"object": "error", "message": "stub: engine died",'
+                    b' "type": "InternalServerError", "code": 500}}\n\n'
+                )
+            )
+            then = "end"
+        if len(batch) >= per_write or done >= n_out or then:
+            if then is None and n_chunks >= 2 and fault in ("disconnect", "stall"):
+                then = fault
+            writes.append(_Write(b"".join(batch), *counts, then=then))
+            batch.clear()
+            counts = [0, 0, 0, 0]
+            if then == "end":
+                return role, tuple(writes), _chunk(b"data: [DONE]\n\n") + _LAST_CHUNK
+            if then == "stall":
+                fault = "ok"  # silent once, then streams on
+            elif then == "disconnect":
+                break
+    tail = b""
+    if include_usage:
+        tail += _chunk(base + b',"choices":[]' + usage_tpl % (n_prompt + done, done) + b"}\n\n")
+    if fault != "no_done":
+        tail += _chunk(b"data: [DONE]\n\n")
+    return role, tuple(writes), tail + _LAST_CHUNK
+
+
+# --- the server -----------------------------------------------------------------------------
+
+
 @dataclass
 class _App:
+    """What all connections of one stub share: its config and the counters /metrics shows."""
+
     config: StubConfig
     counters: _Counters = field(default_factory=_Counters)
     started: float = field(default_factory=time.time)
+    connections: set[_Conn] = field(default_factory=set)
 
-    def build(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/metrics", self.metrics)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        return app
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def models(self, request: web.Request) -> web.Response:
+    def models(self) -> bytes:
         body = {
             "object": "list",
             "data": [
@@ -159,9 +315,9 @@ class _App:
                 }
             ],
         }
-        return web.Response(body=msgspec.json.encode(body), content_type="application/json")
+        return msgspec.json.encode(body)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    def metrics(self) -> bytes:
         c = self.counters
         lab = f'{{engine="0",model_name="{self.config.model}"}}'
         lines = [
@@ -193,161 +349,255 @@ class _App:
                 "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
                 f"vllm:spec_decode_num_accepted_tokens_total{lab} {c.accepted_tokens}",
             ]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+        return ("\n".join(lines) + "\n").encode()
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, chat=False)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, chat=True)
+class _Gone(Exception):
+    """The client's connection closed while a response was being written."""
 
-    async def _stream(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        arrived = time.monotonic()
-        try:
-            req = _REQ_DECODER.decode(await request.read())
-        except msgspec.DecodeError as exc:
-            return _error(400, f"invalid request body: {exc}")
-        cfg = self.config
+
+class _Conn(asyncio.Protocol):
+    """One client connection: parses requests one after another, answers each in turn."""
+
+    def __init__(self, app: _App) -> None:
+        self.app = app
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.busy = False  # a response is being written; later requests wait in buf
+        self.closed = False
+        self.paused = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    # asyncio.Protocol -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.app.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self._next()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.app.connections.discard(self)
+        self._wake()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # a stalled or slow stream has no one left to talk to
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self._wake()
+
+    # ------------------------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        w, self.waiter = self.waiter, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _drain(self) -> None:
+        if self.closed:
+            raise _Gone
+        if self.paused:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            if self.closed:
+                raise _Gone
+
+    def _send(self, data: bytes) -> None:
+        if self.closed or self.transport is None:
+            raise _Gone
+        self.transport.write(data)
+
+    def _next(self) -> None:
+        """Parse and answer the requests waiting in the buffer, until one needs to stream."""
+        while not self.busy and not self.closed:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buf) > _MAX_HEAD:
+                    self._finish(_error(431, "request head too large", close=True), False)
+                return
+            try:
+                lines = self.buf[:end].decode("latin-1").split("\r\n")
+                method, target, version = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                length = int(headers.get("content-length", "0"))
+            except ValueError:
+                self._finish(_error(400, "malformed HTTP request", close=True), False)
+                return
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                msg = "chunked request bodies are not supported"
+                self._finish(_error(501, msg, close=True), False)
+                return
+            if length > _MAX_BODY:
+                self._finish(_error(413, "request body too large", close=True), False)
+                return
+            if len(self.buf) < end + 4 + length:
+                return  # the body is still on its way
+            body = bytes(self.buf[end + 4 : end + 4 + length])
+            del self.buf[: end + 4 + length]
+            conn = headers.get("connection", "").lower()
+            keep = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
+            self.busy = True
+            self._route(method, target.split("?", 1)[0], body, keep)
+
+    def _finish(self, data: bytes | None, keep: bool) -> None:
+        if data is not None and not self.closed and self.transport is not None:
+            self.transport.write(data)
+        self.busy = False
+        if not keep:
+            if self.transport is not None:
+                self.transport.close()
+            self.closed = True
+
+    def _route(self, method: str, path: str, body: bytes, keep: bool) -> None:
+        app = self.app
+        gets = {
+            "/health": lambda: _response(200, b"", "text/plain"),
+            "/v1/models": lambda: _response(200, app.models(), "application/json"),
+            "/metrics": lambda: _response(200, app.metrics(), "text/plain; version=0.0.4"),
+        }
+        posts = {"/v1/completions": False, "/v1/chat/completions": True}
+        if path in gets:
+            if method != "GET":
+                self._finish(_error(405, f"{method} {path} is not allowed"), keep)
+            else:
+                self._finish(gets[path](), keep)
+        elif path in posts:
+            if method != "POST":
+                self._finish(_error(405, f"{method} {path} is not allowed"), keep)
+                return
+            arrived = time.monotonic()
+            try:
+                req = _REQ_DECODER.decode(body)
+            except msgspec.DecodeError as exc:
+                self._finish(_error(400, f"invalid request body: {exc}"), keep)
+                return
+            self.task = asyncio.get_running_loop().create_task(
+                self._stream(req, chat=posts[path], arrived=arrived, keep=keep)
+            )
+        else:
+            self._finish(_error(404, f"no route {path}"), keep)
+
+    async def _stream(self, req: _Req, *, chat: bool, arrived: float, keep: bool) -> None:
+        cfg = self.app.config
+        c = self.app.counters
         fault = _fault_of(req)
-        if fault == "http_400":
-            return _error(400, "stub: http_400 fault requested")
-        if fault == "http_500":
-            return _error(500, "stub: http_500 fault requested")
+        if fault in ("http_400", "http_500"):
+            status = 400 if fault == "http_400" else 500
+            self._finish(_error(status, f"stub: {fault} fault requested"), keep)
+            self._resume()
+            return
         if not req.stream:
-            return _error(400, "stub: only stream=true is implemented")
+            self._finish(_error(400, "stub: only stream=true is implemented"), keep)
+            self._resume()
+            return
         n_out = req.max_tokens if req.max_tokens is not None else req.max_completion_tokens
-        n_out = 16 if n_out is None else max(0, n_out)
         n_prompt = _prompt_len(req)
         opts = req.stream_options or {}
         include_usage = bool(opts.get("include_usage")) and fault != "no_usage"
-        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
-        model = (req.model or cfg.model).encode()
-        rid = f"{id(request):x}".encode()
-        kind = b"chat.completion.chunk" if chat else b"text_completion"
-        base = (
-            b'data: {"id":"'
-            + (b"chatcmpl-" if chat else b"cmpl-")
-            + rid
-            + b'","object":"'
-            + kind
-            + b'","created":0,"model":"'
-            + model
-            + b'"'
+        role, writes, tail = _plan(
+            chat=chat,
+            model=req.model or cfg.model,
+            n_prompt=n_prompt,
+            n_out=16 if n_out is None else max(0, n_out),
+            k=max(1, cfg.tokens_per_chunk),
+            per_write=max(1, cfg.chunks_per_write),
+            fault=fault,
+            include_usage=include_usage,
+            continuous=include_usage and bool(opts.get("continuous_usage_stats")),
         )
-        head = base + (b',"choices":[{"index":0,"delta":' if chat else b',"choices":[{"index":0,')
-        usage_tpl = b',"usage":{"prompt_tokens":%d,"total_tokens":%%d,"completion_tokens":%%d}' % (
-            n_prompt
-        )
-
-        def event(text: bytes, finish: bytes, done_tokens: int) -> bytes:
-            if chat:
-                body = (
-                    head
-                    + b'{"content":"'
-                    + text
-                    + b'"},"logprobs":null,"finish_reason":'
-                    + finish
-                    + b"}]"
-                )
-            else:
-                body = (
-                    head
-                    + b'"text":"'
-                    + text
-                    + b'","logprobs":null,"finish_reason":'
-                    + finish
-                    + b',"stop_reason":null}]'
-                )
-            if continuous:
-                body += usage_tpl % (n_prompt + done_tokens, done_tokens)
-            return body + b"}\n\n"
-
-        resp = web.StreamResponse(status=200, headers=_SSE_HEADERS)
-        await resp.prepare(request)
-        c = self.counters
+        interval = cfg.slow_interval_s if fault == "slow" else cfg.chunk_interval_s
         c.running += 1
         c.prompt_tokens += n_prompt
         try:
-            if chat:
-                role = (
-                    head
-                    + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
-                )
-                if continuous:
-                    role += usage_tpl % (n_prompt, 0)
-                await resp.write(role + b"}\n\n")
+            self._send(_SSE_HEAD if role is None else _SSE_HEAD + role)
             if cfg.ttft_s > 0:
                 await asyncio.sleep(cfg.ttft_s)
-            k = max(1, cfg.tokens_per_chunk)
-            per_write = max(1, cfg.chunks_per_write)
-            interval = cfg.slow_interval_s if fault == "slow" else cfg.chunk_interval_s
-            done = 0
-            n_chunks = 0
-            batch: list[bytes] = []
             first = True
-            while done < n_out:
-                step = min(k, n_out - done)
-                done += step
-                text = b" t7" * step
-                finish = b'"length"' if done >= n_out else b"null"
-                batch.append(event(text, finish, done))
-                n_chunks += 1
-                c.generation_tokens += step
-                if k > 1:
-                    c.drafts += 1
-                    c.draft_tokens += k - 1
-                    c.accepted_tokens += step - 1
-                if fault == "malformed" and n_chunks == 2:
-                    batch.append(b'data: {"choices": [{"index": 0, "text": \n\n')
-                if fault == "garbage" and n_chunks == 2:
-                    batch.append(b"this is not server-sent events\n\n")
-                if fault == "error_event" and n_chunks == 2:
-                    batch.append(
-                        b'data: {"error": {"object": "error", "message": "stub: engine died",'
-                        b' "type": "InternalServerError", "code": 500}}\n\n'
-                    )
-                    await resp.write(b"".join(batch))
-                    await resp.write(b"data: [DONE]\n\n")
-                    await resp.write_eof()
-                    return resp
-                if len(batch) >= per_write or done >= n_out:
-                    await resp.write(b"".join(batch) if len(batch) > 1 else batch[0])
-                    batch.clear()
-                    if first:
-                        first = False
-                        c.ttft_sum += time.monotonic() - arrived
-                        c.ttft_count += 1
-                    if fault == "disconnect" and n_chunks >= 2:
-                        if request.transport is not None:
-                            request.transport.abort()
-                        return resp
-                    if fault == "stall" and n_chunks >= 2:
-                        await asyncio.sleep(cfg.stall_s)
-                        fault = "ok"
-                    if interval > 0:
-                        await asyncio.sleep(interval)
-            if include_usage:
-                await resp.write(
-                    base + b',"choices":[]' + usage_tpl % (n_prompt + done, done) + b"}\n\n"
-                )
-            if fault != "no_done":
-                await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+            for w in writes:
+                self._send(w.data)
+                c.generation_tokens += w.tokens
+                if w.drafts:
+                    c.drafts += w.drafts
+                    c.draft_tokens += w.draft_tokens
+                    c.accepted_tokens += w.accepted
+                if first:
+                    first = False
+                    c.ttft_sum += time.monotonic() - arrived
+                    c.ttft_count += 1
+                if w.then == "disconnect":
+                    if self.transport is not None:
+                        self.transport.abort()
+                    return
+                if w.then == "end":  # vLLM's in-stream error: [DONE] and nothing more
+                    self._send(tail)
+                    self._finish(None, keep)
+                    self._resume()
+                    return
+                if w.then == "stall":
+                    await asyncio.sleep(cfg.stall_s)
+                if interval > 0:
+                    await asyncio.sleep(interval)
+                elif self.paused:
+                    await self._drain()
+                elif cfg.interleave:
+                    await asyncio.sleep(0)
+            self._send(tail)
             c.requests_success += 1
-        except ConnectionResetError:
-            # The client went away (its timeout, or our own disconnect fault): nothing to do.
-            pass
+            self._finish(None, keep)
+            self._resume()
+        except (_Gone, asyncio.CancelledError):
+            pass  # the client went away (its timeout, or our own disconnect fault)
         finally:
             c.running -= 1
-        return resp
+
+    def _resume(self) -> None:
+        if not self.busy and not self.closed and self.buf:
+            self._next()
 
 
-def _error(status: int, message: str) -> web.Response:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    body = {"error": {"object": "error", "message": message, "type": kind, "code": status}}
-    return web.Response(
-        status=status, body=msgspec.json.encode(body), content_type="application/json"
-    )
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A stub serving on an event loop: its listening server and what it counted."""
+
+    server: asyncio.Server
+    app: _App
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def close(self) -> None:
+        """Stop listening and drop every open connection (their streams end)."""
+        self.server.close()
+        for conn in list(self.app.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+
+
+async def start_server(
+    config: StubConfig, *, sock: socket.socket | None = None, port: int = 0
+) -> Running:
+    """Start serving on ``sock`` (a bound socket) or on 127.0.0.1:``port``."""
+    app = _App(config)
+    loop = asyncio.get_running_loop()
+    if sock is None:
+        server = await loop.create_server(
+            lambda: _Conn(app), "127.0.0.1", port, backlog=4096, reuse_address=True
+        )
+    else:
+        server = await loop.create_server(lambda: _Conn(app), sock=sock, backlog=4096)
+    return Running(server, app)
 
 
 class StubServer:
@@ -359,9 +609,8 @@ class StubServer:
     def __init__(self, config: StubConfig | None = None, *, port: int = 0) -> None:
         self.config = config or StubConfig()
         self._port = port
-        self._app = _App(self.config)
+        self._app: _App | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -374,7 +623,7 @@ class StubServer:
     @property
     def generation_tokens(self) -> int:
         """Tokens streamed so far (what ``/metrics`` reports)."""
-        return self._app.counters.generation_tokens
+        return self._app.counters.generation_tokens if self._app is not None else 0
 
     def __enter__(self) -> Self:
         self.start()
@@ -396,31 +645,27 @@ class StubServer:
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", self._port))
-            self.port = sock.getsockname()[1]
-            runner = web.AppRunner(self._app.build(), access_log=None, shutdown_timeout=0.5)
-            loop.run_until_complete(runner.setup())
-            site = web.SockSite(runner, sock, backlog=4096)
-            loop.run_until_complete(site.start())
-            self._runner = runner
+            running = loop.run_until_complete(start_server(self.config, port=self._port))
         except OSError as exc:  # reported to start()
             self._error = exc
             self._ready.set()
             loop.close()
             return
+        self._app = running.app
+        self.port = running.port
         self._ready.set()
-        loop.run_forever()
         try:
-            loop.run_until_complete(runner.cleanup())
+            loop.run_forever()
         finally:
-            # Handlers of stalled or slow streams may still sleep: cancel and reap them.
+            running.close()
+            # Streams of stalled or slow requests may still sleep: cancel and reap them.
             pending = asyncio.all_tasks(loop)
             for task in pending:
                 task.cancel()
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(running.server.wait_closed())
             loop.close()
 
     def stop(self) -> None:
@@ -431,17 +676,26 @@ class StubServer:
         self._thread = None
 
 
-async def serve(config: StubConfig, *, port: int, duration_s: float) -> None:
-    """Serve on 127.0.0.1:``port`` for ``duration_s`` seconds, then stop."""
-    runner = web.AppRunner(_App(config).build(), access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
-    await site.start()
+async def serve(
+    config: StubConfig, *, port: int, duration_s: float, reuse_port: bool = False
+) -> None:
+    """Serve on 127.0.0.1:``port`` for ``duration_s`` seconds, then stop.
+
+    ``reuse_port``: bind with ``SO_REUSEPORT``, so several stub processes share the port and
+    the kernel spreads connections over them (a stub on more than one core).
+    """
+    sock = None
+    if reuse_port:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+    running = await start_server(config, sock=sock, port=port)
     logger.info("stub serving %s on 127.0.0.1:%d for %.0f s", config.model, port, duration_s)
     try:
         await asyncio.sleep(duration_s)
     finally:
-        await runner.cleanup()
+        running.close()
 
 
 def _main(argv: list[str] | None = None) -> None:
@@ -453,6 +707,17 @@ def _main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunks-per-write", type=int, default=1)
     p.add_argument("--chunk-interval", type=float, default=0.0)
     p.add_argument("--ttft", type=float, default=0.0)
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="yield to other streams after every write, as an engine step serves every "
+        "running request once (the hardest case for a client: about one event per read)",
+    )
+    p.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="bind with SO_REUSEPORT so several stub processes can share the port",
+    )
     p.add_argument("--uvloop", action="store_true", help="serve on uvloop")
     a = p.parse_args(argv)
     cfg = StubConfig(
@@ -461,9 +726,10 @@ def _main(argv: list[str] | None = None) -> None:
         chunks_per_write=a.chunks_per_write,
         chunk_interval_s=a.chunk_interval,
         ttft_s=a.ttft,
+        interleave=a.interleave,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    coro = serve(cfg, port=a.port, duration_s=a.duration)
+    coro = serve(cfg, port=a.port, duration_s=a.duration, reuse_port=a.reuse_port)
     if a.uvloop:
         import uvloop
 

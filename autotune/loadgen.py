@@ -1,22 +1,21 @@
 """Streaming OpenAI-compatible load generator: runs a replay schedule, records every request.
 
-One shared :class:`aiohttp.ClientSession` whose connector is sized to the concurrency
-drives ``/v1/completions`` (token-id prompts) or ``/v1/chat/completions`` (``t<id>`` word
-prompts, one token per word for our tiny models) with ``stream: true``,
+A pool of keep-alive HTTP/1.1 connections (:mod:`autotune._http1`, as many as requests in
+flight) drives ``/v1/completions`` (token-id prompts) or ``/v1/chat/completions``
+(``t<id>`` word prompts, one token per word for our tiny models) with ``stream: true``,
 ``ignore_eos: true``, ``temperature: 0`` and continuous usage stats, so each SSE chunk
 says how many tokens it carried (speculative decoding puts several in one chunk).
 
-The hot path reads whatever bytes arrived (one clock read per socket read), splits SSE
-lines with ``bytes.split`` and decodes only the fields it needs with a typed msgspec
-decoder. A failed request is data: its :class:`RequestRecord` has ``ok=False`` and an
-``error`` reason from :data:`ERROR_REASONS`; the run always completes.
+The hot path is one protocol callback per socket read: one clock read, the HTTP chunk
+framing stripped, SSE lines split with ``bytes.split`` and only the needed fields decoded
+with a typed msgspec decoder. A failed request is data: its :class:`RequestRecord` has
+``ok=False`` and an ``error`` reason from :data:`ERROR_REASONS`; the run always completes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import gc
 import logging
 import math
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiohttp
 import msgspec
 
+from autotune._http1 import Pool, RequestFailure, Target, short
 from autotune.errors import LoadgenError
 from autotune.measure import ServerSnapshot, fetch_metrics_text, parse_metrics
 
@@ -55,9 +55,12 @@ ERROR_REASONS: tuple[str, ...] = (
 
 Api = Literal["completions", "chat"]
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+_HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "text/event-stream",
+    "User-Agent": "autotune-loadgen",
+}
 _STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
-_DETAIL_MAX = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +123,8 @@ _decode_chunk = msgspec.json.Decoder(_Chunk).decode
 _encode = msgspec.json.Encoder().encode
 
 
-class _Failure(Exception):
-    """Internal: ends one request with a reason class."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+_Failure = RequestFailure  # ends one request with a reason class
+_short = short
 
 
 def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
@@ -145,36 +143,6 @@ def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
         temperature=0,
     )
     return _encode(payload)
-
-
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _DETAIL_MAX else text[: _DETAIL_MAX - 3] + "..."
-
-
-def _classify(exc: BaseException) -> tuple[str, str]:
-    """Map a client-side exception to (reason, detail)."""
-    detail = _short(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, aiohttp.SocketTimeoutError):
-        return "stalled", detail
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        os_err = exc.os_error
-        if isinstance(os_err, ConnectionRefusedError) or os_err.errno == errno.ECONNREFUSED:
-            return "connection_refused", detail
-        return "connect_error", detail
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return "timeout", detail
-    if isinstance(exc, TimeoutError):
-        return "timeout", detail
-    if isinstance(
-        exc,
-        aiohttp.ServerDisconnectedError
-        | aiohttp.ClientPayloadError
-        | aiohttp.ClientOSError
-        | ConnectionError,
-    ):
-        return "disconnected", detail
-    return "client_error", detail
 
 
 _SSE_FIELDS = (b"event:", b"id:", b"retry:", b":")
@@ -268,21 +236,23 @@ class _Runner:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         *,
-        url: str,
+        path: str,
         model: str,
         api: Api,
-        timeout: aiohttp.ClientTimeout,
+        request_timeout_s: float,
+        stall_timeout_s: float,
         t0: float,
         total: int,
         progress: Callable[[int, int], None] | None,
     ) -> None:
-        self.session = session
-        self.url = url
+        self.pool = pool
+        self.path = path
         self.model = model
         self.api = api
-        self.timeout = timeout
+        self.request_timeout_s = request_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.t0 = t0
         self.total = total
         self.progress = progress
@@ -296,34 +266,26 @@ class _Runner:
     async def request(self, spec: RequestSpec) -> RequestRecord:
         """Send one streaming request and record what came back."""
         body = _body(spec, self.model, self.api)
+        head = self.pool.target.post_head(self.path, len(body), _HEADERS)
         t0 = self.t0
         clock = time.monotonic
         sse = _SseParser(chat=self.api == "chat")
         status: int | None = None
         send = clock() - t0
         try:
-            async with self.session.post(
-                self.url, data=body, headers=_HEADERS, timeout=self.timeout
-            ) as resp:
-                status = resp.status
-                if status != 200:
-                    text = await resp.text(errors="replace")
-                    kind = status // 100
-                    reason = "http_4xx" if kind == 4 else "http_5xx" if kind == 5 else "http_other"
-                    raise _Failure(reason, _short(f"HTTP {status}: {text}"))
-                readany = resp.content.readany
-                feed = sse.feed
-                while True:
-                    data = await readany()
-                    if not data:
-                        break
-                    feed(data, clock() - t0)
-                sse.close()
+            status = await self.pool.request(
+                head + body,
+                sse.feed,
+                timeout_s=self.request_timeout_s,
+                stall_s=self.stall_timeout_s,
+            )
+            sse.close()
         except _Failure as f:
+            status = f.status if f.status is not None else status
             return self._record(spec, send, clock() - t0, sse, status, f.reason, f.detail)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            reason, detail = _classify(exc)
-            return self._record(spec, send, clock() - t0, sse, status, reason, detail)
+        except OSError as exc:
+            detail = _short(f"{type(exc).__name__}: {exc}")
+            return self._record(spec, send, clock() - t0, sse, status, "client_error", detail)
         return self._record(spec, send, clock() - t0, sse, status, None, None)
 
     def _record(
@@ -507,49 +469,48 @@ async def run_schedule(
     base = base_url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise LoadgenError(f"base_url {base_url!r} must start with http:// or https://")
+    try:
+        target = Target(base)
+    except ValueError as exc:
+        raise LoadgenError(f"base_url {base_url!r}: {exc}") from None
     n = len(specs)
-    limit = conc if conc is not None else 0  # 0: unlimited, an open loop must not queue here
     _raise_nofile((conc if conc is not None else n) + 64)
-    connector = aiohttp.TCPConnector(
-        limit=limit, limit_per_host=0, ttl_dns_cache=None, enable_cleanup_closed=False
-    )
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_read=stall_timeout_s)
     records: list[RequestRecord | None] = [None] * n
     samples: list[tuple[float, str]] = []
     stop = asyncio.Event()
     sampler: asyncio.Task[None] | None = None
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
-    ) as session:
-        if metrics_interval_s is not None and metrics_interval_s > 0:
-            first = asyncio.Event()
-            sampler = asyncio.create_task(
-                _sample_metrics(base, metrics_interval_s, samples, stop, first)
-            )
-            await first.wait()  # a "before" sample ahead of the first request
-        started_at = time.time()
-        t0 = time.monotonic()
-        runner = _Runner(
-            session,
-            url=base + _PATHS[api],
-            model=model,
-            api=api,
-            timeout=timeout,
-            t0=t0,
-            total=n,
-            progress=progress,
+    if metrics_interval_s is not None and metrics_interval_s > 0:
+        first = asyncio.Event()
+        sampler = asyncio.create_task(
+            _sample_metrics(base, metrics_interval_s, samples, stop, first)
         )
-        try:
-            with _gc_relaxed():
-                if mode == "closed":
-                    await _closed(runner, specs, records, conc or 1)
-                else:
-                    await _open(runner, specs, records, conc)
-        finally:
-            wall = time.monotonic() - t0
-            if sampler is not None:
-                stop.set()
-                await sampler
+        await first.wait()  # a "before" sample ahead of the first request
+    started_at = time.time()
+    t0 = time.monotonic()
+    pool = Pool(target, t0=t0)
+    runner = _Runner(
+        pool,
+        path=target.path.rstrip("/") + _PATHS[api],
+        model=model,
+        api=api,
+        request_timeout_s=request_timeout_s,
+        stall_timeout_s=stall_timeout_s,
+        t0=t0,
+        total=n,
+        progress=progress,
+    )
+    try:
+        with _gc_relaxed():
+            if mode == "closed":
+                await _closed(runner, specs, records, conc or 1)
+            else:
+                await _open(runner, specs, records, conc)
+    finally:
+        wall = time.monotonic() - t0
+        pool.close()
+        if sampler is not None:
+            stop.set()
+            await sampler
     return RunResult(
         records=tuple(r for r in records if r is not None),
         started_at=started_at,
@@ -623,5 +584,14 @@ def replay(schedule: Schedule, **kwargs: Any) -> RunResult:
         raise LoadgenError(
             "replay() was called inside a running event loop; use 'await run_schedule(...)'"
         )
+    out: list[RunResult] = []
+
+    async def main() -> None:
+        # The result is handed over in a list, not as the task's result: on leaving,
+        # asyncio.Runner formats the main task's repr (signal.getsignal), which would
+        # repr every record: about 1 s of CPU for a million tokens.
+        out.append(await run_schedule(schedule, **kwargs))
+
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(run_schedule(schedule, **kwargs))
+        runner.run(main())
+    return out[0]

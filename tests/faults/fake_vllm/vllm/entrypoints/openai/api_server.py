@@ -110,8 +110,6 @@ def _bind(host: str, port: int) -> socket.socket:
 def _serve(host: str, port: int, model: str, mode: str, arg: int) -> None:
     import asyncio
 
-    from aiohttp import web
-
     import autotune._stub_server as stub
 
     counter = itertools.count(1)
@@ -138,9 +136,7 @@ def _serve(host: str, port: int, model: str, mode: str, arg: int) -> None:
     sock = _bind(host, port)
 
     async def main() -> None:
-        runner = web.AppRunner(stub._App(config).build(), access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await stub.start_server(config, sock=sock)
         _say(f"serving {model} on {host}:{port}")
         await asyncio.Event().wait()
 
