@@ -84,7 +84,7 @@ class StubConfig:
     model: str = "tiny"
     tokens_per_chunk: int = 1  # >1 emulates speculative decoding (several tokens a chunk)
     chunks_per_write: int = 1  # SSE events (HTTP chunks) coalesced into one socket write
-    chunk_interval_s: float = 0.0  # pause between writes
+    chunk_interval_s: float = 0.0  # time from one write to the next (paced on the clock)
     ttft_s: float = 0.0  # pause before the first token
     stall_s: float = 30.0  # how long a "stall" fault stays silent
     slow_interval_s: float = 0.05  # chunk interval of the "slow" fault
@@ -517,6 +517,8 @@ class _Conn(asyncio.Protocol):
             continuous=include_usage and bool(opts.get("continuous_usage_stats")),
         )
         interval = cfg.slow_interval_s if fault == "slow" else cfg.chunk_interval_s
+        loop = asyncio.get_running_loop()
+        due = 0.0  # when the next write is due: paced on a clock, so pauses do not add up
         c.running += 1
         c.prompt_tokens += n_prompt
         try:
@@ -546,8 +548,12 @@ class _Conn(asyncio.Protocol):
                     return
                 if w.then == "stall":
                     await asyncio.sleep(cfg.stall_s)
+                    due = 0.0
                 if interval > 0:
-                    await asyncio.sleep(interval)
+                    due = (due or loop.time()) + interval
+                    await asyncio.sleep(max(0.0, due - loop.time()))
+                    if self.paused:
+                        await self._drain()
                 elif self.paused:
                     await self._drain()
                 elif cfg.interleave:

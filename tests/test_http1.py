@@ -104,6 +104,20 @@ def test_byte_by_byte_and_random_cuts() -> None:
         assert fut.result() == 200 and got == payload
 
 
+def test_one_read_per_chunk_as_a_streaming_server_writes() -> None:
+    raw, payload = stub_response(12)
+    head_end = raw.index(b"\r\n\r\n") + 4
+    pieces, pos = [raw[:head_end]], head_end
+    while pos < len(raw):  # cut exactly at every chunk boundary
+        eol = raw.index(b"\r\n", pos)
+        end = eol + 2 + int(raw[pos:eol], 16) + 2
+        pieces.append(raw[pos:end])
+        pos = end
+    assert len(pieces) > 12
+    fut, got, conn = feed_all(pieces)
+    assert fut.result() == 200 and got == payload and conn.keep
+
+
 def test_chunk_extensions_trailers_and_1xx_are_understood() -> None:
     body = b"data: {}\n\n"
     raw = (
