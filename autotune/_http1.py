@@ -262,7 +262,9 @@ class _Conn(asyncio.Protocol):
         self.status = status
         conn = headers.get("connection", "").lower()
         self.keep = conn != "close" if parts[0] == "HTTP/1.1" else conn == "keep-alive"
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+        if status in (204, 304):  # no body, whatever the headers say
+            self._complete()
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
             self.state = _CHUNKED
             if rest:
                 self._chunked(rest, now)
@@ -394,7 +396,8 @@ class Pool:
         deadline = self.clock() + timeout_s
         while self.idle:
             conn = self.idle.pop()
-            if conn.closed:
+            if not conn.reusable:  # closed by the server, or sent bytes nobody asked for
+                conn.abort()
                 continue
             try:
                 status = await conn.exchange(

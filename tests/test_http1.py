@@ -158,6 +158,13 @@ def test_an_error_status_keeps_its_body_as_the_detail() -> None:
     assert conn.reusable  # a complete error response leaves the connection usable
 
 
+def test_a_bodyless_status_completes_at_once() -> None:
+    fut, _, conn = feed_all([b"HTTP/1.1 204 No Content\r\n\r\n"])
+    exc = fut.exception()
+    assert isinstance(exc, RequestFailure) and exc.reason == "http_other" and "204" in exc.detail
+    assert conn.reusable
+
+
 def test_target_parses_urls() -> None:
     t = Target("http://example.org/prefix")
     assert (t.host, t.port, t.path, t.authority, t.ssl) == (
