@@ -182,6 +182,9 @@ class _Conn(asyncio.Protocol):
             if f.status is None and self.status:
                 f.status = self.status
             raise
+        except asyncio.CancelledError:
+            self.keep = False  # the response may still be arriving: never reuse this one
+            raise
         finally:
             for t in self.timers:
                 t.cancel()
@@ -409,7 +412,10 @@ class Pool:
                 self._release(conn)
             return status
         try:
-            conn = await asyncio.wait_for(self._open(), max(0.0, deadline - self.clock()))
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation (Ctrl-C) that lands as the connection completes
+            async with asyncio.timeout(max(0.0, deadline - self.clock())):
+                conn = await self._open()
         except TimeoutError:
             raise RequestFailure(
                 "timeout", f"no connection within the request's {timeout_s:g} s"

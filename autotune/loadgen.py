@@ -419,10 +419,9 @@ async def _sample_metrics(
                 first.set()
                 if stop.is_set():
                     return
-                try:
-                    await asyncio.wait_for(stop.wait(), interval_s)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(interval_s):  # not wait_for: see _http1.Pool
+                        await stop.wait()
     finally:
         first.set()
 
