@@ -111,6 +111,16 @@ def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float
         time.sleep(poll_s)
 
 
+def _default_sigint() -> None:
+    """In the spawned tuner, Ctrl-C does what it does in a terminal, whoever runs the tests.
+
+    A test run started in the background of a non-interactive shell (``cmd &``, as some CI
+    wrappers do) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt
+    handler: the SIGINT tests would test nothing.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def file_has(path: Path, text: str) -> bool:
     try:
         return text in path.read_text(errors="replace")
@@ -195,7 +205,7 @@ class Lab:
         return subprocess.Popen(
             [sys.executable, "-m", "autotune", *argv], stdout=out, stderr=err,
             stdin=subprocess.DEVNULL, env=self.env(**env), cwd=self.root,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_default_sigint,  # noqa: PLW1509 - one call, no fork race that matters here
         )  # fmt: skip
 
     def run_bounded(self, argv: Sequence[str], name: str, timeout_s: float
