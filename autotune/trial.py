@@ -243,9 +243,14 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
         outcome.reason = exc.reason
         outcome.message = str(exc)
     except AutotuneError as exc:
-        # A load-generator or metrics error right after the server died is the death.
+        # A load-generator or metrics error right after the server died is the death. A
+        # killed server's sockets close before the kernel lets us reap it: look for 2 s.
         try:
+            settle = time.monotonic() + 2.0
             server.check_alive()
+            while time.monotonic() < settle:
+                time.sleep(0.05)
+                server.check_alive()
             outcome.reason = FailureReason.CRASH
             outcome.message = str(exc)
         except EngineCrashedError as dead:
