@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from autotune.errors import AutotuneError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 _GROUPS = ("_model", "_shape", "_tune", "_bench", "_best")
 
