@@ -44,7 +44,8 @@ def parse_slo(text: str | None) -> dict[str, float]:
         try:
             value = float(raw)
         except ValueError:
-            raise ConfigError(f"--slo {key}={raw!r}: the limit must be a number of seconds") from None
+            raise ConfigError(
+                f"--slo {key}={raw!r}: the limit must be a number of seconds") from None
         if not math.isfinite(value) or value <= 0:
             raise ConfigError(f"--slo {key}={raw}: the limit must be a positive, finite number")
         out[key] = value

@@ -24,12 +24,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import aiohttp
 import msgspec
 
 from autotune._http1 import Pool, RequestFailure, Target, short
 from autotune.errors import LoadgenError
-from autotune.measure import ServerSnapshot, fetch_metrics_text, parse_metrics
+from autotune.server_metrics import ServerSnapshot, fetch_metrics_text, parse_metrics
 
 if TYPE_CHECKING:
     from autotune.traffic import RequestSpec, Schedule
@@ -123,9 +122,6 @@ _decode_chunk = msgspec.json.Decoder(_Chunk).decode
 _encode = msgspec.json.Encoder().encode
 
 
-_Failure = RequestFailure  # ends one request with a reason class
-_short = short
-
 
 def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
     if api == "completions":
@@ -154,8 +150,8 @@ class _SseParser:
     ``feed`` takes whatever bytes one socket read returned and the time they arrived;
     every chunk that carried tokens adds (time, tokens). Token counts come from the
     cumulative ``usage.completion_tokens`` of continuous usage stats when the server sends
-    them, else one per chunk with text. Raises :class:`_Failure` on malformed SSE or an
-    in-stream error object.
+    them, else one per chunk with text. Raises :class:`~autotune._http1.RequestFailure` on
+    malformed SSE or an in-stream error object.
     """
 
     __slots__ = ("chat", "cum", "done", "prompt_tokens", "tail", "times", "tokens", "usage_total")
@@ -185,18 +181,18 @@ class _SseParser:
             else:
                 if line == b"\r" or line.startswith(_SSE_FIELDS):
                     continue
-                raise _Failure("malformed_sse", _short(f"not an SSE line: {line[:120]!r}"))
+                raise RequestFailure("malformed_sse", short(f"not an SSE line: {line[:120]!r}"))
             if payload[:1] != b"{" and payload.strip() == b"[DONE]":
                 self.done = True
                 continue
             try:
                 chunk = _decode_chunk(payload)
             except msgspec.DecodeError as exc:
-                raise _Failure(
-                    "malformed_sse", _short(f"{exc}; event: {payload[:120]!r}")
+                raise RequestFailure(
+                    "malformed_sse", short(f"{exc}; event: {payload[:120]!r}")
                 ) from None
             if chunk.error is not None:
-                raise _Failure("server_error", _short(f"in-stream error: {chunk.error}"))
+                raise RequestFailure("server_error", short(f"in-stream error: {chunk.error}"))
             usage = chunk.usage
             if usage is not None:
                 if usage.prompt_tokens is not None:
@@ -226,9 +222,9 @@ class _SseParser:
     def close(self) -> None:
         """The body ended cleanly: check it ended as a complete stream."""
         if self.tail.strip():
-            raise _Failure("malformed_sse", _short(f"unterminated line at end: {self.tail!r}"))
+            raise RequestFailure("malformed_sse", short(f"unterminated line at end: {self.tail!r}"))
         if not self.done:
-            raise _Failure("disconnected", "the stream ended before data: [DONE]")
+            raise RequestFailure("disconnected", "the stream ended before data: [DONE]")
 
 
 class _Runner:
@@ -280,11 +276,11 @@ class _Runner:
                 stall_s=self.stall_timeout_s,
             )
             sse.close()
-        except _Failure as f:
+        except RequestFailure as f:
             status = f.status if f.status is not None else status
             return self._record(spec, send, clock() - t0, sse, status, f.reason, f.detail)
         except OSError as exc:
-            detail = _short(f"{type(exc).__name__}: {exc}")
+            detail = short(f"{type(exc).__name__}: {exc}")
             return self._record(spec, send, clock() - t0, sse, status, "client_error", detail)
         return self._record(spec, send, clock() - t0, sse, status, None, None)
 
@@ -405,23 +401,21 @@ async def _sample_metrics(
     stall every stream's timestamps if done on this loop mid-run. :func:`run_schedule`
     parses the samples after the run.
     """
-    connector = aiohttp.TCPConnector(limit=1)
     warned = False
     try:
-        async with aiohttp.ClientSession(connector=connector) as session:
-            while True:
-                try:
-                    out.append(await fetch_metrics_text(base_url, session=session))
-                except LoadgenError as exc:
-                    if not warned:
-                        logger.warning("no server figures: %s", exc)
-                        warned = True
-                first.set()
-                if stop.is_set():
-                    return
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(interval_s):  # not wait_for: see _http1.Pool
-                        await stop.wait()
+        while True:
+            try:
+                out.append(await fetch_metrics_text(base_url))
+            except LoadgenError as exc:
+                if not warned:
+                    logger.warning("no server figures: %s", exc)
+                    warned = True
+            first.set()
+            if stop.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):  # not wait_for: see _http1.Pool
+                    await stop.wait()
     finally:
         first.set()
 

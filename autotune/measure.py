@@ -1,17 +1,15 @@
 """Request records -> a Measurement: steady-state throughput, latency percentiles, goodput,
 noise, and the server's own figures from ``/metrics``.
 
-Everything here is pure except :func:`scrape_metrics`/:func:`snapshot_metrics`, which fetch
-``/metrics`` (aiohttp is imported only when they run). ``docs/measurement.md`` explains the
-steady-state window, the percentiles, goodput, the CV and the server figures.
+Everything here is pure: the ``/metrics`` client is :mod:`autotune.server_metrics` (its
+names are re-exported here). ``docs/measurement.md`` explains the steady-state window, the
+percentiles, goodput, the CV and the server figures.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -20,10 +18,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autotune.errors import LoadgenError
+from autotune.server_metrics import (
+    ServerSnapshot,
+    fetch_metrics_text,
+    parse_metrics,
+    scrape_metrics,
+    snapshot_metrics,
+)
 
 if TYPE_CHECKING:
-    import aiohttp
-
     from autotune.loadgen import RequestRecord, RunResult
 
 __all__ = [
@@ -71,123 +74,6 @@ _GAUGES: dict[str, str] = {
     "requests_running": "vllm:num_requests_running",
     "requests_waiting": "vllm:num_requests_waiting",
 }
-
-
-class ServerSnapshot(BaseModel):
-    """The ``vllm:`` counters, gauges and histogram (sum, count) pairs at one instant.
-
-    Values are summed over label sets (engines, finish reasons); gauges named ``*_perc``
-    are averaged instead.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    taken_at: float  # time.time()
-    counters: dict[str, float] = Field(default_factory=dict)
-    gauges: dict[str, float] = Field(default_factory=dict)
-    histograms: dict[str, tuple[float, float]] = Field(default_factory=dict)
-
-
-def _relevant(text: str, prefix: str) -> str:
-    """The lines a snapshot uses: ``prefix`` families, no ``_bucket`` or ``_created`` series.
-
-    Histogram buckets are most of a vLLM /metrics page; leaving them out before the
-    prometheus_client parser sees the text makes parsing about 10x faster.
-    """
-    keep = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if (
-                len(parts) >= 3
-                and parts[2].startswith(prefix)
-                and not parts[2].endswith("_created")
-            ):
-                keep.append(line)
-        elif line.startswith(prefix):
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if not name.endswith(("_bucket", "_created")):
-                keep.append(line)
-    return "\n".join(keep) + "\n"
-
-
-def parse_metrics(text: str, *, taken_at: float, prefix: str = "vllm:") -> ServerSnapshot:
-    """Parse Prometheus text exposition into a :class:`ServerSnapshot` (pure)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counters: dict[str, float] = {}
-    gauges: dict[str, list[float]] = {}
-    hists: dict[str, list[float]] = {}
-    try:
-        for fam in text_string_to_metric_families(_relevant(text, prefix)):
-            name = fam.name
-            if not name.startswith(prefix) or name.endswith("_created"):
-                continue
-            if fam.type == "counter":
-                total = sum(s.value for s in fam.samples if s.name in (name, name + "_total"))
-                counters[name] = counters.get(name, 0.0) + total
-            elif fam.type == "gauge":
-                gauges.setdefault(name, []).extend(s.value for s in fam.samples)
-            elif fam.type == "histogram":
-                acc = hists.setdefault(name, [0.0, 0.0])
-                for s in fam.samples:
-                    if s.name == name + "_sum":
-                        acc[0] += s.value
-                    elif s.name == name + "_count":
-                        acc[1] += s.value
-    except ValueError as exc:
-        raise LoadgenError(f"/metrics is not Prometheus text: {exc}") from exc
-    return ServerSnapshot(
-        taken_at=taken_at,
-        counters=counters,
-        gauges={
-            k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in gauges.items() if v
-        },
-        histograms={k: (v[0], v[1]) for k, v in hists.items()},
-    )
-
-
-async def fetch_metrics_text(
-    base_url: str, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0
-) -> tuple[float, str]:
-    """GET ``{base_url}/metrics``: (time.time() of the answer, its text).
-
-    Raises :class:`LoadgenError` when the server cannot be reached or answers non-200.
-    """
-    import aiohttp
-
-    url = base_url.rstrip("/") + "/metrics"
-    sess = session if session is not None else aiohttp.ClientSession()
-    try:
-        async with sess.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            taken_at = time.time()
-            if resp.status != 200:
-                raise LoadgenError(f"GET {url} answered HTTP {resp.status}; is it a vLLM server?")
-            return taken_at, await resp.text()
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise LoadgenError(f"GET {url} failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        if session is None:
-            await sess.close()
-
-
-async def scrape_metrics(
-    base_url: str, *, session: aiohttp.ClientSession | None = None, timeout_s: float = 10.0
-) -> ServerSnapshot:
-    """Fetch ``{base_url}/metrics`` and parse it. Raises :class:`LoadgenError` on failure."""
-    taken_at, text = await fetch_metrics_text(base_url, session=session, timeout_s=timeout_s)
-    return parse_metrics(text, taken_at=taken_at)
-
-
-def snapshot_metrics(base_url: str, *, timeout_s: float = 10.0) -> ServerSnapshot:
-    """Synchronous :func:`scrape_metrics`, from a thread without a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(scrape_metrics(base_url, timeout_s=timeout_s))
-    raise LoadgenError(
-        "snapshot_metrics() was called inside a running event loop; use 'await scrape_metrics(...)'"
-    )
 
 
 def server_figures(

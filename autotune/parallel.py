@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from autotune.errors import AutotuneError
 from autotune.events import PhaseReporter
+from autotune.hardware import cpu_count
 from autotune.schema import FailureReason
 from autotune.trial import TrialOutcome, TrialSpec, run_trial
 
@@ -152,7 +153,7 @@ class RayExecutor:
                 kwargs["address"] = address
             else:
                 # A local Ray sized to this machine; workers inherit our environment.
-                kwargs["num_cpus"] = max(2, os.cpu_count() or 2)
+                kwargs["num_cpus"] = max(2, cpu_count())
                 kwargs["runtime_env"] = {"env_vars": {"RAY_DEDUP_LOGS": "0"}}
             import signal
 

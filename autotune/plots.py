@@ -249,8 +249,9 @@ def _importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
     finally:
         optuna.logging.set_verbosity(verbosity)
     if not imp:
-        return None, ("no parameter varied across the measured trials that all of them "
-                      "have (conditional knobs count only where present in every trial)"), len(trials)
+        why = ("no parameter varied across the measured trials that all of them have "
+               "(conditional knobs count only where present in every trial)")
+        return None, why, len(trials)
     return dict(imp), "", len(trials)
 
 

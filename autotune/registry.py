@@ -5,8 +5,8 @@ for (``autotune.shape_fingerprint`` and the file in ``autotune.shape_path``), th
 engine version and the GPU type; every trial its state, metrics, flags and environment (see
 :mod:`autotune.schema`). :func:`find_best` scans all studies: the winner (as the study's
 best.json names it) of the studies tuned for the exact fingerprint, else that of the nearest
-tuned shape (by :func:`autotune.traffic.diff_shapes`). :func:`plan_retune` compares a new shape with that
-one and, when it drifted, builds a :class:`WarmStart` from the earlier study. See
+tuned shape (by :func:`autotune.traffic.diff_shapes`). :func:`plan_retune` compares a new
+shape with that one and, when it drifted, builds a :class:`WarmStart` from the earlier study. See
 docs/registry.md.
 """
 
@@ -202,7 +202,8 @@ def _load_study(st: Any, name: str) -> optuna.study.Study:
 
 def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
     settings = attrs.get(A.SETTINGS) or {}
-    objective = settings.get("objective", "throughput") if isinstance(settings, dict) else "throughput"
+    objective = (settings.get("objective", "throughput") if isinstance(settings, dict)
+                 else "throughput")
     try:
         return objective, objective_metric(objective)
     except KeyError:

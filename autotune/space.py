@@ -8,8 +8,8 @@ sample never costs a server start. See ``docs/search-spaces.md`` and ``search_sp
 Expressions in ``when``/``rules``/``derive`` are a small, safe subset of Python:
 comparisons, ``and``/``or``/``not``, ``in``, arithmetic, ``min``/``max``, knob names and
 the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp`` (model facts),
-``gpu_arch`` (e.g. "sm90") and ``avx512`` (the CPU has AVX-512 or AMX). A knob that is inactive (its condition is false) has the value
-``None`` in expressions.
+``gpu_arch`` (e.g. "sm90") and ``avx512`` (the CPU has AVX-512 or AMX). A knob that is
+inactive (its condition is false) has the value ``None`` in expressions.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autotune.errors import SpaceError
+from autotune.hardware import cpu_has_avx512
 
 __all__ = [
     "Knob",
@@ -68,16 +69,7 @@ class ModelFacts(BaseModel):
                                                   "falcon_h1", "granitemoehybrid", "qwen3_next"}
         mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0) > 0
         return cls(device=device, hybrid=hybrid, mtp=mtp, gpu_arch=gpu_arch,  # type: ignore[arg-type]
-                   avx512=_cpu_has_avx512())
-
-
-def _cpu_has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 16)
-    except OSError:
-        return False
-    return " avx512f" in text or " amx_tile" in text
+                   avx512=cpu_has_avx512())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,7 +172,8 @@ class Knob(BaseModel):
     choices: list[Any] | None = None
     # Where the value goes (exactly one of flag / json / env, or derive-only):
     flag: str | None = None  # "--max-num-seqs"; bools become --x / --no-x
-    json_flag: str | None = Field(default=None, alias="json")  # "--speculative-config.num_speculative_tokens"
+    # e.g. "--speculative-config.num_speculative_tokens"
+    json_flag: str | None = Field(default=None, alias="json")
     env: str | None = None  # "OMP_NUM_THREADS"
     virtual: bool = False  # no flag of its own: only feeds `derive` expressions
     omit_when: Any = None  # value that means "leave the flag out" (e.g. MTP depth 0 = off)
@@ -288,7 +281,8 @@ class _SpaceFile(BaseModel):
 class SearchSpace:
     """A validated search space bound to the model facts it is used with."""
 
-    def __init__(self, spec: _SpaceFile, *, facts: ModelFacts | None = None, source: str = "") -> None:
+    def __init__(self, spec: _SpaceFile, *, facts: ModelFacts | None = None,
+                 source: str = "") -> None:
         self.name = spec.name
         self.description = spec.description
         self.source = source
@@ -317,7 +311,7 @@ class SearchSpace:
 
     # -- facts ------------------------------------------------------------------------------
     def _env(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        env: dict[str, Any] = {k: None for k in self.knobs}
+        env: dict[str, Any] = dict.fromkeys(self.knobs)
         env.update(self.facts.model_dump())
         env.update(params)
         return env
@@ -427,20 +421,6 @@ class SearchSpace:
         for flag, obj in json_args.items():
             flags.extend([flag, json.dumps(obj, sort_keys=True, separators=(",", ":"))])
         return LaunchSpec(flags=tuple(flags), env=env)
-
-    def describe(self) -> list[dict[str, Any]]:
-        """One row per knob: name, values, target, condition, lossy (for --help / docs)."""
-        rows = []
-        for k in self.knobs.values():
-            values = (
-                k.choices if k.type == "categorical"
-                else [False, True] if k.type == "bool"
-                else f"{k.low:g}..{k.high:g}{' (log)' if k.log else ''}"
-            )  # fmt: skip
-            rows.append({"knob": k.name, "values": values,
-                         "target": k.flag or k.json_flag or (f"env {k.env}" if k.env else "derive"),
-                         "when": k.when or "", "lossy": k.lossy, "default": k.default})
-        return rows
 
 
 def _scalar(value: Any) -> str:

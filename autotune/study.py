@@ -30,6 +30,7 @@ from autotune.events import (
     StudyEvent,
     TrialRecord,
 )
+from autotune.hardware import gpu_arch, gpu_type
 from autotune.outputs import TrialsCsvCallback, TuneResult, write_json_atomic, write_results
 from autotune.schema import (
     STOPPED,
@@ -141,29 +142,6 @@ class StudyInputs:
     lossy_in_space: bool
 
 
-def _nvidia_smi(field: str) -> str:
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-    return lines[0] if lines else ""
-
-
-def _gpu_type() -> str:
-    return _nvidia_smi("name") or "unknown"
-
-
-def _gpu_arch() -> str:
-    cap = _nvidia_smi("compute_cap")  # "9.0" on Hopper
-    return "sm" + cap.replace(".", "") if cap else ""
-
-
 def _study_name(settings: TuneSettings, storage: Any, space: SearchSpace, shape: Any) -> str:
     """The study to create (``--study-name`` or SPACE-SHAPE-TIMESTAMP) or to resume."""
     import optuna
@@ -260,7 +238,7 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
     info = detect_engine()
     cuda = info.device == "cuda"
     facts = ModelFacts.from_model_dir(model, device=info.device,
-                                      gpu_arch=_gpu_arch() if cuda else "")
+                                      gpu_arch=gpu_arch() if cuda else "")
     space = load_space(settings.space, facts=facts)
     enqueued = [_complete_params(space, p, f"--enqueue #{i + 1}")
                 for i, p in enumerate(settings.enqueue)]
@@ -272,7 +250,7 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
     _check_satisfiable(space)
     return StudyInputs(
         settings=settings, model=model, shape=shape, engine=info,
-        gpu_type=_gpu_type() if cuda else "cpu", space=space, enqueued=enqueued,
+        gpu_type=gpu_type() if cuda else "cpu", space=space, enqueued=enqueued,
         gpus_per_trial=(settings.gpus_per_trial if settings.gpus_per_trial is not None
                         else 1 if cuda else 0),
         storage=storage, study_name=study_name, out_dir=out_dir, log_dir=out_dir / "logs",

@@ -337,16 +337,15 @@ class MlflowCallback(StudyCallback):
 
 
 def _probe_server(uri: str, timeout_s: float = 5.0) -> None:
-    import urllib.error
-    import urllib.request
+    from autotune import _http
 
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as r:
-            if r.status == 200:
-                return
-            problem = f"HTTP {r.status}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        problem = str(getattr(exc, "reason", exc))
+        status = _http.get(uri.rstrip("/") + "/health", timeout_s=timeout_s).status
+        if status == 200:
+            return
+        problem = f"HTTP {status}"
+    except _http.HttpError as exc:
+        problem = str(exc)
     raise TrackingError(
         f"the MLflow tracking server {uri} does not answer ({problem}); start it "
         "(mlflow server ...), fix --tracking-uri, or use a local sqlite:///PATH store"

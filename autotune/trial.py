@@ -103,7 +103,7 @@ def _ray_node_id() -> str:
 
         if ray.is_initialized():
             return str(ray.get_runtime_context().get_node_id())
-    except Exception:  # noqa: BLE001 - not in Ray: no node id
+    except Exception:
         logger.debug("no Ray node id", exc_info=True)
     return ""
 
@@ -118,7 +118,7 @@ def _assigned_gpus(spec: TrialSpec) -> tuple[int, ...] | None:
             ids = ray.get_gpu_ids()
             if ids:
                 return tuple(int(i) for i in ids)
-    except Exception:  # noqa: BLE001 - not in Ray, or no GPUs: leave the environment alone
+    except Exception:
         logger.debug("no Ray GPU ids", exc_info=True)
     return None
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from autotune._http1 import Pool, RequestFailure, Target, _Conn
-from autotune._stub_server import _chunk, _plan
+from autotune.testing.stub_server import _chunk, _plan
 from autotune.loadgen import replay
 from autotune.traffic import RequestSpec, Schedule
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autotune._stub_server import FAULTS, StubConfig, StubServer, fault_token
+from autotune.testing.stub_server import FAULTS, StubConfig, StubServer, fault_token
 from autotune.errors import LoadgenError
 from autotune.loadgen import ERROR_REASONS, RunResult, _SseParser, replay, run_schedule
 from autotune.measure import measure, snapshot_metrics
@@ -292,11 +292,11 @@ def test_sse_parser_is_independent_of_how_bytes_are_split() -> None:
 
 
 def test_sse_parser_rejects_an_unterminated_tail() -> None:
-    from autotune.loadgen import _Failure
+    from autotune._http1 import RequestFailure
 
     p = _SseParser(chat=False)
     p.feed(STREAM + b'data: {"choi', 1.0)
-    with pytest.raises(_Failure) as info:
+    with pytest.raises(RequestFailure) as info:
         p.close()
     assert info.value.reason == "malformed_sse"
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from autotune._stub_server import StubConfig, StubServer, fault_token
+from autotune.testing.stub_server import StubConfig, StubServer, fault_token
 
 
 class Conn:

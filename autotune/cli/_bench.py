@@ -107,6 +107,6 @@ def _bench(args: argparse.Namespace) -> int:
           f"{m.get('goodput_rps', float('nan')):,.2f}")
     for name in ("ttft", "tpot", "itl", "e2e"):
         p50, p99 = m.get(f"{name}_p50_s"), m.get(f"{name}_p99_s")
-        if p50 is not None:
+        if p50 is not None and p99 is not None:
             print(f"{name.upper():<5} p50 {p50 * 1000:9.1f} ms   p99 {p99 * 1000:9.1f} ms")
     return 0

@@ -1,4 +1,5 @@
-"""``autotune best`` and ``autotune retune``: the best config per traffic shape, re-tuning on drift."""
+"""``autotune best`` and ``autotune retune``: the best config per traffic shape, re-tuning on
+drift."""
 
 from __future__ import annotations
 

@@ -26,9 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="nemotron_h: hybrid Mamba2 + attention + MLP layers (default); llama: dense",
     )
     tiny.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default 4096)")
-    tiny.add_argument(
-        "--mtp", action="store_true", help="add one MTP layer (nemotron_h; for GPU speculative runs)"
-    )
+    tiny.add_argument("--mtp", action="store_true",
+                      help="add one MTP layer (nemotron_h; for GPU speculative runs)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     tiny.set_defaults(func=_tiny)
 

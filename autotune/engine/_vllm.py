@@ -20,13 +20,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Self
 
+from autotune import _http
 from autotune.errors import EngineCrashedError, EngineError, EngineStartError
 from autotune.schema import FailureReason
 
@@ -278,7 +278,7 @@ class VllmServer:
             self.log_path = Path(self._tmpdir.name) / "server.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._log_file = open(self.log_path, "ab", buffering=0)  # noqa: SIM115
+            self._log_file = open(self.log_path, "ab", buffering=0)
             self._log_offset = self._log_file.tell()  # type: ignore[attr-defined]
             cmd = self.command()
             self._log_file.write(f"$ {shlex.join(cmd)}\n".encode())  # type: ignore[attr-defined]
@@ -290,7 +290,7 @@ class VllmServer:
                 env=self._environment(),
                 cwd=self._tmpdir.name,
                 start_new_session=True,
-                preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - needed for orphan protection
+                preexec_fn=_set_pdeathsig,
             )
         except OSError as exc:
             self._cleanup_files()
@@ -324,9 +324,8 @@ class VllmServer:
 
     def is_healthy(self, timeout_s: float = 2.0) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=timeout_s) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError, ValueError):
+            return _http.get(f"{self.base_url}/health", timeout_s=timeout_s).status == 200
+        except _http.HttpError:
             return False
 
     def wait_healthy(self, timeout_s: float | None = None) -> float:
@@ -435,7 +434,7 @@ class VllmServer:
             self._tmpdir = None
         return errors
 
-    def __enter__(self) -> VllmServer:
+    def __enter__(self) -> Self:
         self.start()
         try:
             self.wait_healthy()

@@ -8,3 +8,7 @@ can run hundreds of trials in seconds (experiments/sample_efficiency, tests).
 from autotune.testing._simulated import SimulatedExecutor
 
 __all__ = ["SimulatedExecutor"]
+
+# The streaming stub server (autotune.testing.stub_server: an OpenAI-compatible server
+# with no model, for load-generator tests, the fault lab and capacity measurements) is
+# imported by name: it is not needed by the study.

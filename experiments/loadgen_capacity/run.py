@@ -1,6 +1,6 @@
 """Client capacity benchmark: how many streamed tokens/s can one core of load generator take?
 
-Drives a fast local stub server (``autotune._stub_server``: a raw asyncio protocol on
+Drives a fast local stub server (``autotune.testing.stub_server``: a raw asyncio protocol on
 uvloop writing pre-built events, canned tokens, vLLM's SSE format, one SSE event per HTTP
 chunk and per socket write) with closed-loop streaming ``/v1/completions`` requests at 256
 and 1,024 concurrent streams, in three stub modes:
@@ -592,7 +592,7 @@ def _start_stubs(
 ) -> list[subprocess.Popen]:
     procs = []
     for core in a.stub_cores:
-        cmd = ["taskset", "-c", str(core), sys.executable, "-m", "autotune._stub_server"]
+        cmd = ["taskset", "-c", str(core), sys.executable, "-m", "autotune.testing.stub_server"]
         cmd += ["--port", str(port), "--duration", str(a.stub_duration), "--uvloop"]
         cmd += ["--reuse-port"] if len(a.stub_cores) > 1 else []
         cmd += ["--interleave"] if mode in ("interleaved", "paced") else []

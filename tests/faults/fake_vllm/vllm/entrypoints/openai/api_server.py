@@ -3,7 +3,7 @@
 Put ``tests/faults/fake_vllm`` on the *server's* ``PYTHONPATH`` (a search space's
 ``fixed_env``, a ``TrialSpec.env`` or ``VllmServer(env=...)``) and the library launches this
 instead of vLLM, with the very same argv, process group, parent-death signal, log file and
-stop sequence. It serves autotune's streaming stub (``autotune._stub_server``), or misbehaves
+stop sequence. It serves autotune's streaming stub (``autotune.testing.stub_server``), or misbehaves
 as ``AUTOTUNE_FAKE_PLAN`` says: one mode per launch, comma-separated; launches are counted
 in the folder ``AUTOTUNE_FAKE_COUNTER`` (the last mode repeats; without a counter the
 first mode is used).
@@ -110,7 +110,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def _serve(host: str, port: int, model: str, mode: str, arg: int) -> None:
     import asyncio
 
-    import autotune._stub_server as stub
+    import autotune.testing.stub_server as stub
 
     counter = itertools.count(1)
 

@@ -14,7 +14,7 @@ SSE event per HTTP chunk), not a web framework: a stream's events are built once
 request shape and cached, so a token costs the stub one ``transport.write`` (or less, with
 ``chunks_per_write``) and the stub stays out of the way of the client it measures.
 
-Loopback only. ``python -m autotune._stub_server --port 8100 --duration 60`` runs one in
+Loopback only. ``python -m autotune.testing.stub_server --port 8100 --duration 60`` runs one in
 the foreground for a bounded time; :class:`StubServer` runs one on a background thread.
 """
 
@@ -272,7 +272,8 @@ def _plan(
         if len(batch) >= per_write or done >= n_out or then:
             if then is None and n_chunks >= 2 and fault in ("disconnect", "stall"):
                 then = fault
-            writes.append(_Write(b"".join(batch), *counts, then=then))
+            writes.append(_Write(b"".join(batch), counts[0], counts[1], counts[2], counts[3],
+                                 then=then))
             batch.clear()
             counts = [0, 0, 0, 0]
             if then == "end":

@@ -1,0 +1,55 @@
+"""Facts about this machine: the GPU (nvidia-smi), the CPU's features and cores.
+
+One place for what the space's conditions (``gpu_arch``, ``avx512``), the study's records
+(the GPU type) and Ray's sizing read from the machine. Each answer is read once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import lru_cache
+
+__all__ = ["cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_type", "nvidia_smi"]
+
+
+def nvidia_smi(field: str) -> str:
+    """The first GPU's ``--query-gpu`` field ("" without nvidia-smi or a GPU)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+@lru_cache(maxsize=1)
+def gpu_type() -> str:
+    """The GPU's name ("NVIDIA H200"), "unknown" when nvidia-smi does not say."""
+    return nvidia_smi("name") or "unknown"
+
+
+@lru_cache(maxsize=1)
+def gpu_arch() -> str:
+    """The GPU's architecture as vLLM names it ("sm90" on Hopper), "" without a GPU."""
+    cap = nvidia_smi("compute_cap")  # "9.0" on Hopper
+    return "sm" + cap.replace(".", "") if cap else ""
+
+
+@lru_cache(maxsize=1)
+def cpu_has_avx512() -> bool:
+    """The CPU has AVX-512 (or AMX): the CPU build of vLLM needs it for FP8 KV caches."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 16)
+    except OSError:
+        return False
+    return " avx512f" in text or " amx_tile" in text
+
+
+def cpu_count() -> int:
+    """Logical CPUs of this machine (at least 1)."""
+    return os.cpu_count() or 1

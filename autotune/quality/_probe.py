@@ -1,0 +1,108 @@
+"""The probe: a fixed, seeded set of prompts drawn from the traffic shape."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.traffic import TrafficShape
+
+logger = logging.getLogger(__name__)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe
+
+
+class QualitySpec(BaseModel):
+    """How the probe is made and sent (validated once; frozen).
+
+    The defaults send 48 prompts of at most 256 tokens and decode 128 tokens each.
+    ``concurrency`` is how many probe requests are in flight at once. 1 (the default) keeps
+    every request alone in the engine, so the outputs do not depend on batch composition,
+    which varies from run to run and would add noise that is not the lossy knob's doing.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n_prompts: int = Field(default=48, ge=1, le=4096)
+    max_input_tokens: int = Field(default=256, ge=1)
+    # 128, not 32: a lossy recurrent state drifts step by step, so greedy outputs part late
+    # (tiny hybrid, BF16 state: no prompt diverged within 32 tokens, 16-27 % within 128).
+    output_tokens: int = Field(default=128, ge=1, le=4096)
+    seed: int = Field(default=0, ge=0)
+    ignore_eos: bool = True  # every prompt yields output_tokens positions to compare
+    concurrency: int = Field(default=1, ge=1, le=256)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+
+
+class ProbeSet(BaseModel):
+    """A fixed prompt set (token ids) and how to decode it; :attr:`digest` identifies it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompts: tuple[tuple[int, ...], ...] = Field(min_length=1)
+    output_tokens: int = Field(ge=1)
+    ignore_eos: bool = True
+    concurrency: int = Field(default=1, ge=1)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    seed: int = 0
+    shape_fingerprint: str = ""
+
+    @property
+    def digest(self) -> str:
+        """sha256 of everything that decides the outputs (prompts, length, EOS, batching)."""
+        blob = json.dumps(
+            {"prompts": self.prompts, "output_tokens": self.output_tokens,
+             "ignore_eos": self.ignore_eos, "concurrency": self.concurrency},
+            separators=(",", ":"),
+        )  # fmt: skip
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def build_probe(
+    shape: TrafficShape,
+    *,
+    vocab_size: int,
+    spec: QualitySpec | None = None,
+    max_model_len: int | None = None,
+) -> ProbeSet:
+    """The probe's prompt set for ``shape`` (deterministic: same arguments, same prompts).
+
+    Input lengths are drawn from the shape (with its prefix sharing) and capped at
+    ``spec.max_input_tokens`` and, when given, ``max_model_len - spec.output_tokens``.
+    """
+    from autotune.traffic import build_schedule
+
+    spec = spec or QualitySpec()
+    max_in = spec.max_input_tokens
+    if max_model_len is not None:
+        room = max_model_len - spec.output_tokens
+        if room < 1:
+            raise ConfigError(
+                f"quality probe: max_model_len {max_model_len} leaves no room for a prompt "
+                f"before {spec.output_tokens} output tokens; lower output_tokens"
+            )
+        max_in = min(max_in, room)
+    schedule = build_schedule(
+        shape, vocab_size=vocab_size, seed=spec.seed, mode="closed", concurrency=1,
+        num_requests=spec.n_prompts, max_input_tokens=max_in,
+        max_output_tokens=spec.output_tokens,
+    )  # fmt: skip
+    return ProbeSet(
+        prompts=tuple(r.prompt_token_ids for r in schedule.requests),
+        output_tokens=spec.output_tokens,
+        ignore_eos=spec.ignore_eos,
+        concurrency=spec.concurrency,
+        request_timeout_s=spec.request_timeout_s,
+        seed=spec.seed,
+        shape_fingerprint=shape.fingerprint,
+    )
