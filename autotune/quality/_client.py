@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
 import re
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -125,7 +127,11 @@ async def arun_probe(
     """
     url = base_url.rstrip("/") + "/v1/completions"
     timeout_s = request_timeout_s or probe.request_timeout_s
-    sem = asyncio.Semaphore(concurrency or probe.concurrency)
+    limit = concurrency or probe.concurrency
+    sem = asyncio.Semaphore(limit)
+    # its own threads: the default pool (cores + 4) would cap the probe's concurrency
+    pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="quality-probe")
+    loop = asyncio.get_running_loop()
     server_ids: set[str] = set()
 
     async def one(i: int, prompt: tuple[int, ...]) -> Any:
@@ -136,8 +142,8 @@ async def arun_probe(
         }  # fmt: skip
         async with sem:
             try:
-                resp = await asyncio.to_thread(_http.post_json, url, payload,
-                                               timeout_s=timeout_s)
+                resp = await loop.run_in_executor(
+                    pool, functools.partial(_http.post_json, url, payload, timeout_s=timeout_s))
             except _http.HttpError as exc:
                 raise EngineError(
                     f"quality probe: request {i} to {url} failed ({exc}); is the server "
@@ -168,6 +174,8 @@ async def arun_probe(
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)  # retrieve every outcome
         raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return ProbeOutputs(
         probe_digest=probe.digest,
         token_ids=tuple(r[0] for r in results),
