@@ -56,9 +56,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     import optuna
+    from optuna.samplers import BaseSampler
+    from optuna.storages import BaseStorage
 
     from autotune.measure import Slo
     from autotune.parallel import Executor
+    from autotune.quality import ProbeOutputs, ProbeSet, QualityThresholds
+    from autotune.registry import WarmStart
+    from autotune.traffic import TrafficShape
 
 __all__ = [
     "A",
@@ -81,7 +86,7 @@ logger = logging.getLogger(__name__)
 _MAX_REJECTED_IN_A_ROW = 200
 
 
-def make_sampler(settings: TuneSettings) -> Any:
+def make_sampler(settings: TuneSettings) -> BaseSampler:
     """The sampler ``--sampler`` names: TPE with constraints (Bayesian) or random."""
     import warnings
 
@@ -126,23 +131,24 @@ class StudyInputs:
 
     settings: TuneSettings
     model: Path
-    shape: Any  # autotune.traffic.TrafficShape
+    shape: TrafficShape
     engine: EngineInfo
     gpu_type: str
     space: SearchSpace
     enqueued: list[dict[str, Any]]
     gpus_per_trial: int
-    storage: Any  # optuna.storages.RDBStorage
+    storage: BaseStorage
     study_name: str
     out_dir: Path
     log_dir: Path
     tracking_uri: str
     cache_dir: Path
-    thresholds: Any  # autotune.quality.QualityThresholds | None
+    thresholds: QualityThresholds | None
     lossy_in_space: bool
 
 
-def _study_name(settings: TuneSettings, storage: Any, space: SearchSpace, shape: Any) -> str:
+def _study_name(settings: TuneSettings, storage: BaseStorage, space: SearchSpace,
+                shape: TrafficShape) -> str:
     """The study to create (``--study-name`` or SPACE-SHAPE-TIMESTAMP) or to resume."""
     import optuna
 
@@ -209,7 +215,8 @@ def _complete_params(space: SearchSpace, params: dict[str, Any], where: str) -> 
     return full
 
 
-def _quality_thresholds(settings: TuneSettings, space: SearchSpace) -> Any:
+def _quality_thresholds(settings: TuneSettings,
+                        space: SearchSpace) -> QualityThresholds | None:
     thresholds = None
     if settings.quality:
         from autotune.quality import parse_quality
@@ -265,7 +272,7 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
 # Create or resume the study in the storage
 
 
-def _retry_stopped(study: Any) -> list[int]:
+def _retry_stopped(study: optuna.Study) -> list[int]:
     """On resume: enqueue the config of each trial the tuner's end stopped, once.
 
     Re-check trials are left to the re-check phase, which enqueues what is still missing.
@@ -290,7 +297,7 @@ def _retry_stopped(study: Any) -> list[int]:
     return out
 
 
-def _resume(study: Any, inputs: StudyInputs) -> None:
+def _resume(study: optuna.Study, inputs: StudyInputs) -> None:
     prev_shape = study.user_attrs.get(A.SHAPE)
     if prev_shape and prev_shape != inputs.shape.fingerprint:
         raise StudyError(
@@ -302,7 +309,7 @@ def _resume(study: Any, inputs: StudyInputs) -> None:
     _retry_stopped(study)
 
 
-def _warm_start(study: Any, inputs: StudyInputs, warm_start: Any) -> None:
+def _warm_start(study: optuna.Study, inputs: StudyInputs, warm_start: WarmStart) -> None:
     """Enqueue a warm start's configs, then add its priors (they hold the same params and
     would otherwise make the enqueued ones "exist")."""
     space = inputs.space
@@ -319,7 +326,8 @@ def _warm_start(study: Any, inputs: StudyInputs, warm_start: Any) -> None:
         study.add_trials(warm_start.prior_trials)
 
 
-def _start_new(study: Any, inputs: StudyInputs, warm_start: Any) -> None:
+def _start_new(study: optuna.Study, inputs: StudyInputs,
+               warm_start: WarmStart | None) -> None:
     settings, space = inputs.settings, inputs.space
     for key, value in {
         A.MODEL: str(inputs.model), A.SHAPE: inputs.shape.fingerprint,
@@ -337,8 +345,8 @@ def _start_new(study: Any, inputs: StudyInputs, warm_start: Any) -> None:
         _warm_start(study, inputs, warm_start)
 
 
-def open_study(inputs: StudyInputs, *, sampler: Any = None,
-               warm_start: Any = None) -> optuna.Study:
+def open_study(inputs: StudyInputs, *, sampler: BaseSampler | None = None,
+               warm_start: WarmStart | None = None) -> optuna.Study:
     """Create the study (its attributes, baseline, enqueued configs and warm start) or, on
     ``--resume``, load it, fail the trials a dead tuner left running and retry them."""
     import optuna
@@ -387,7 +395,7 @@ def _why_infeasible(outcome: TrialOutcome, settings: TuneSettings, slo: float, e
     return "; ".join(why)
 
 
-def _record_outcome(trial: Any, outcome: TrialOutcome) -> None:
+def _record_outcome(trial: optuna.Trial, outcome: TrialOutcome) -> None:
     trial.set_user_attr(A.WALL_S, round(outcome.wall_s, 2))
     if outcome.node_id:
         trial.set_user_attr(A.NODE, outcome.node_id)
@@ -401,8 +409,9 @@ def _record_outcome(trial: Any, outcome: TrialOutcome) -> None:
         trial.set_user_attr(A.METRICS, outcome.metrics)
 
 
-def judge(trial: Any, outcome: TrialOutcome, settings: TuneSettings, *, thresholds: Any = None,
-          lossy: bool = False) -> tuple[Any, str, str | None]:
+def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
+          thresholds: QualityThresholds | None = None,
+          lossy: bool = False) -> tuple[float | list[float] | None, str, str | None]:
     """Set the trial's attributes and constraints from the outcome; return (value(s) to
     tell, state, reason). Value None: the trial failed (told PRUNED)."""
     _record_outcome(trial, outcome)
@@ -428,7 +437,7 @@ def judge(trial: Any, outcome: TrialOutcome, settings: TuneSettings, *, threshol
                        if outcome.quality is not None else 1.0)  # unknown quality: not accepted
     set_constraints(trial, failed=0.0, slo=min(slo_violation, 1e6), errors=err_violation,
                     quality=q_violation)
-    values: Any = float(value)
+    values: float | list[float] = float(value)
     if settings.objective == "pareto":
         latency = outcome.metrics.get(SLO_KEYS[settings.pareto_latency])
         if latency is None or not math.isfinite(latency):
@@ -448,7 +457,8 @@ def judge(trial: Any, outcome: TrialOutcome, settings: TuneSettings, *, threshol
     return values, State.INFEASIBLE, reason
 
 
-def _commit_tell(study: Any, trial: Any, value: Any, *, fail: bool = False) -> None:
+def _commit_tell(study: optuna.Study, trial: optuna.Trial, value: float | list[float] | None,
+                 *, fail: bool = False) -> None:
     """Finish the trial in the storage: COMPLETE with a value, else PRUNED (infeasible) or FAIL."""
     from optuna.trial import TrialState
 
@@ -458,7 +468,7 @@ def _commit_tell(study: Any, trial: Any, value: Any, *, fail: bool = False) -> N
         study.tell(trial, state=TrialState.FAIL if fail else TrialState.PRUNED)
 
 
-def _enqueue_rechecks(study: Any, k: int) -> int:
+def _enqueue_rechecks(study: optuna.Study, k: int) -> int:
     """Enqueue one more reading of the top ``k`` configs and of the baseline, interleaved
     (leaders first, baseline last), skipping configs already re-measured. Returns how many."""
     groups = readings(study)
@@ -489,11 +499,11 @@ class TrialTemplate:
     """What every trial of a study shares: the model, the shape, folders, quality probe."""
 
     model: str
-    shape: Any  # autotune.traffic.TrafficShape
+    shape: TrafficShape | None
     log_dir: str | None = None
     cache_dir: str | None = None
-    quality_probe: Any = None  # autotune.quality.ProbeSet
-    quality_reference: Any = None  # autotune.quality.ProbeOutputs
+    quality_probe: ProbeSet | None = None
+    quality_reference: ProbeOutputs | None = None
 
     def spec(self, number: int, launch: LaunchSpec, settings: TuneSettings, *,
              probe: bool) -> TrialSpec:
@@ -513,7 +523,7 @@ class TrialTemplate:
 
 @dataclass
 class _Flight:
-    trial: Any  # optuna.Trial
+    trial: optuna.Trial
     params: dict[str, Any]
     launch: LaunchSpec
     baseline: bool
@@ -525,13 +535,13 @@ class StudyLoop:
     ``settings.trials`` finished trials (or the time budget is spent), then re-measures the
     leaders (``settings.recheck``). Failures of trials are recorded, never raised."""
 
-    study: Any  # optuna.Study
+    study: optuna.Study
     settings: TuneSettings
     space: SearchSpace
     executor: Executor
     template: TrialTemplate
     callbacks: StudyCallback = field(default_factory=StudyCallbacks)
-    thresholds: Any = None
+    thresholds: QualityThresholds | None = None
     started: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
@@ -639,7 +649,7 @@ class StudyLoop:
             self._phase(trial.number, "recheck", 0.0,
                         f"re-measuring the config of trial {recheck_of}")
 
-    def _reject(self, trial: Any, params: dict[str, Any], problems: list[str]) -> None:
+    def _reject(self, trial: optuna.Trial, params: dict[str, Any], problems: list[str]) -> None:
         """A sample the space's rules forbid: PRUNED, never launched, not counted."""
         self.rejected_in_a_row += 1
         if self.rejected_in_a_row > _MAX_REJECTED_IN_A_ROW:
@@ -689,7 +699,8 @@ class StudyLoop:
 # tune(): resolve inputs -> run -> write outputs
 
 
-def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]) -> tuple[Any, Any]:
+def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
+                       ) -> tuple[ProbeSet | None, ProbeOutputs | None]:
     """The probe and the reference outputs (cached per model, probe and flags; computed on
     one extra server start the first time)."""
     from autotune.engine import VllmServer
@@ -766,9 +777,9 @@ def tune(
     *,
     executor: Executor | None = None,
     tracker: Any = None,
-    sampler: Any = None,
+    sampler: BaseSampler | None = None,
     on_event: Callable[[StudyEvent], None] | None = None,
-    warm_start: Any = None,
+    warm_start: WarmStart | None = None,
     callbacks: Sequence[StudyCallback] = (),
 ) -> TuneResult:
     """Run (or resume) a study as ``settings`` say and return its result.
