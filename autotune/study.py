@@ -121,6 +121,8 @@ class StudyEvent:
     running: int
     best_value: float | None = None
     best_number: int | None = None
+    best_ci_low: float | None = None  # the best trial's throughput interval, when measured
+    best_ci_high: float | None = None
     baseline_value: float | None = None
     elapsed_s: float = 0.0
     eta_s: float | None = None
@@ -447,6 +449,8 @@ def tune(
             kind=kind, study_name=study_name, done=done, total=target[0],
             running=len(flights), best_value=_primary(best) if best else None,
             best_number=best.number if best else None,
+            best_ci_low=_metric(best, "output_tokens_per_s_ci_low"),
+            best_ci_high=_metric(best, "output_tokens_per_s_ci_high"),
             baseline_value=_primary(base) if base else None,
             elapsed_s=time.monotonic() - t_start, eta_s=eta, **kw,
         ))  # fmt: skip
@@ -751,6 +755,12 @@ def _retry_stopped(study: Any) -> list[int]:
                        t.number)
         out.append(t.number)
     return out
+
+
+def _metric(t: Any, key: str) -> float | None:
+    """A trial's measured metric, None when the trial or the figure is missing."""
+    value = (t.user_attrs.get(A.METRICS) or {}).get(key) if t is not None else None
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _primary(t: Any) -> float:

@@ -113,6 +113,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     help="KV cache GiB for the CPU build (VLLM_CPU_KVCACHE_SPACE)")
     p.add_argument("--json", action="store_true",
                    help="print the result (best.json content) as JSON at the end")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no live display: one plain line per finished trial (the live panel "
+                        "is drawn only on a terminal; logs and CI always get plain lines)")
     p.set_defaults(func=_tune)
 
 
@@ -170,49 +173,6 @@ def _json_arg(text: str) -> dict[str, Any]:
     return value
 
 
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-class _Display:
-    """Progress for people: a line per event; a live bar on a terminal."""
-
-    def __init__(self, metric_label: str) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True, highlight=False)
-        self.label = metric_label
-
-    def __call__(self, e: Any) -> None:
-        best = f"{e.best_value:,.1f} (trial {e.best_number})" if e.best_value is not None else "-"
-        head = f"[{e.done}/{e.total} done, {e.running} running | best {best} | " \
-               f"elapsed {_fmt_s(e.elapsed_s)}, left ~{_fmt_s(e.eta_s)}]"
-        if e.kind == "study_started":
-            self.console.print(f"study [bold]{e.study_name}[/]: {e.message}")
-        elif e.kind == "note":
-            self.console.print(f"{head} {e.message}")
-        elif e.kind == "recheck_started":
-            self.console.print(f"{head} {e.message}")
-        elif e.kind == "trial_started":
-            params = ", ".join(f"{k}={v}" for k, v in e.trial_params.items()) or "vLLM defaults"
-            self.console.print(f"{head} trial {e.trial_number} started: {params}")
-        elif e.kind == "trial_finished":
-            if e.trial_value is not None and e.trial_reason is None:
-                what = f"[green]{e.trial_value:,.1f} {self.label}[/]"
-                if e.baseline_value:
-                    what += f" ({e.trial_value / e.baseline_value:.2f}x defaults)"
-            elif e.trial_value is not None:
-                what = f"[yellow]{e.trial_value:,.1f} {self.label}, infeasible ({e.trial_reason})[/]"
-            else:
-                what = f"[red]failed: {e.trial_reason}[/] {e.message[:160]}"
-            self.console.print(f"{head} trial {e.trial_number}: {what}")
-        elif e.kind == "study_finished":
-            self.console.print(f"study finished in {_fmt_s(e.elapsed_s)}")
-
-
 def _tune(args: argparse.Namespace) -> int:
     import json
 
@@ -224,10 +184,14 @@ def _tune(args: argparse.Namespace) -> int:
     def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
         raise KeyboardInterrupt
 
+    from autotune.cli._progress import make_display
+
+    display = make_display(label, quiet=args.quiet)
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        result = tune(settings, on_event=_Display(label))
+        result = tune(settings, on_event=display)
     finally:
+        display.close()
         signal.signal(signal.SIGTERM, old)
     out = sys.stdout
     if args.json:
