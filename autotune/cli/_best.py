@@ -140,7 +140,8 @@ def _best(args: argparse.Namespace) -> int:
 
 
 def _retune(args: argparse.Namespace) -> int:
-    from autotune.cli._tune import _Display, _settings
+    from autotune.cli._progress import make_display
+    from autotune.cli._tune import _settings
     from autotune.registry import explain_miss, plan_retune
     from autotune.space import load_space
     from autotune.study import tune
@@ -194,10 +195,12 @@ def _retune(args: argparse.Namespace) -> int:
     def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
         raise KeyboardInterrupt
 
+    display = make_display(label, quiet=args.quiet)
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        result = tune(settings, on_event=_Display(label), warm_start=ws)
+        result = tune(settings, on_event=display, warm_start=ws)
     finally:
+        display.close()
         signal.signal(signal.SIGTERM, old)
     if args.json:
         print(json.dumps(result.best, indent=2), file=out)

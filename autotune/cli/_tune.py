@@ -23,14 +23,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "written to OUT/best.json with its 'vllm serve' command."
         ),
     )
+    cf = p.add_argument_group("config file")
+    cf.add_argument("--config", type=Path, default=None, metavar="FILE",
+                    help="a YAML file of tune options (keys: the flags without '--', e.g. "
+                         "'trials: 12', 'slo: {ttft_p99: 2.0}', 'baseline: false'); flags on "
+                         "the command line override it. Every study saves its resolved "
+                         "config as OUT/config.yaml, which runs again as it is")
+    cf.add_argument("--print-config", action="store_true",
+                    help="print a config file of every option (with the values given so "
+                         "far) and exit: 'autotune tune --print-config > study.yaml'")
     req = p.add_argument_group("what to tune")
-    req.add_argument("--model", required=True, type=Path,
-                     help="local model directory (config.json, tokenizer; weights optional "
-                          "with --load-format dummy in the space's fixed flags)")
-    req.add_argument("--shape", required=True, type=Path,
-                     help="traffic shape JSON (autotune shape fit ...; examples in traffic/)")
-    req.add_argument("--space", required=True, type=Path,
-                     help="search space YAML (search_spaces/cpu.yaml, hybrid-mtp.yaml, ...)")
+    req.add_argument("--model", type=Path, default=None,
+                     help="(required, here or in --config) local model directory "
+                          "(config.json, tokenizer; weights optional with --load-format "
+                          "dummy in the space's fixed flags)")
+    req.add_argument("--shape", type=Path, default=None,
+                     help="(required) traffic shape JSON (autotune shape fit ...; examples "
+                          "in traffic/)")
+    req.add_argument("--space", type=Path, default=None,
+                     help="(required) search space YAML (search_spaces/cpu.yaml, "
+                          "hybrid-mtp.yaml, ...)")
     req.add_argument("--trials", type=int, default=20,
                      help="finished trials the study should have (the baseline counts)")
     st = p.add_argument_group("where results go")
@@ -119,12 +131,43 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=_tune)
 
 
+_REQUIRED = ("model", "shape", "space")
+
+
+def tune_actions() -> list[argparse.Action]:
+    """The argparse actions of ``autotune tune`` (the one declaration of its options)."""
+    holder = argparse.ArgumentParser(add_help=False)
+    register(holder.add_subparsers())
+    for action in holder._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices["tune"]._actions)
+    raise RuntimeError("autotune.cli._tune registered no 'tune' parser")  # a bug, not input
+
+
+def resolve_config(args: argparse.Namespace) -> None:
+    """Fill ``args`` from ``--config FILE`` where no flag was given (flags win)."""
+    from autotune.cli._config_file import apply_config, explicit_dests, load_config_file
+
+    if getattr(args, "config", None) is None:
+        return
+    actions = tune_actions()
+    values = load_config_file(args.config)
+    apply_config(args, actions, values, where=f"--config {args.config}",
+                 explicit=explicit_dests(actions, getattr(args, "argv", None) or []))
+
+
 def _settings(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
     from autotune.config import TuneSettings
     from autotune.errors import ConfigError
 
+    resolve_config(args)
+    missing = [f"--{k}" for k in _REQUIRED if getattr(args, k, None) is None]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                          "required: give them as flags or in a --config file (autotune tune "
+                          "--print-config writes one)")
     try:
         return TuneSettings(
             model=args.model, shape=args.shape, space=args.space, trials=args.trials,
@@ -140,7 +183,7 @@ def _settings(args: argparse.Namespace) -> Any:
             request_timeout_s=args.request_timeout, gpus_per_trial=args.gpus_per_trial,
             parallel=args.parallel, cache_dir=args.cache_dir,
             cpu_kv_cache_gib=args.cpu_kv_cache_gib, resume=args.resume,
-            enqueue=[_json_arg(x) for x in args.enqueue], timeout_s=args.timeout,
+            enqueue=[x if isinstance(x, dict) else _json_arg(x) for x in args.enqueue], timeout_s=args.timeout,
             quality=args.quality, quality_probe=args.quality_probe,
         )  # fmt: skip
     except ValidationError as exc:
@@ -178,6 +221,12 @@ def _tune(args: argparse.Namespace) -> int:
 
     from autotune.study import tune
 
+    if args.print_config:
+        from autotune.cli._config_file import render_config
+
+        resolve_config(args)
+        sys.stdout.write(render_config(args, tune_actions(), required=_REQUIRED))
+        return 0
     settings = _settings(args)
     label = "goodput req/s" if settings.objective == "goodput" else "out tok/s"
 
