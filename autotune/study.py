@@ -70,6 +70,7 @@ class A:
     NODE = "autotune.ray_node_id"
     QUALITY = "autotune.quality"  # QualityReport of a probed (lossy) trial
     QUALITY_NOTE = "autotune.quality_note"
+    REQUEST_ERRORS = "autotune.request_errors"  # failed requests by kind (stalled, timeout, ...)
     GPUS = "autotune.gpus"
     MLFLOW_RUN = "autotune.mlflow_run_id"
     # study attributes
@@ -147,6 +148,8 @@ class TuneResult:
     n_failed: int
     tracking_uri: str
     failures_by_reason: dict[str, int]
+    explanation: str = ""  # why no trial won, in one paragraph (empty when one did)
+    report: Path | None = None  # OUT/report.html, when it could be written
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -321,6 +324,7 @@ def tune(
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = out_dir / "logs"
     log_dir.mkdir(exist_ok=True)
+    _write_config(settings, out_dir / "config.yaml")
     tracking_uri = settings.tracking_uri or _default_tracking(settings)
     cache_dir = (settings.cache_dir or Path.home() / ".cache" / "autotune").expanduser()
 
@@ -486,7 +490,8 @@ def tune(
                         )
                     _mark_failed(trial, FailureReason.REJECTED, "; ".join(problems))
                     _log_trial(tracker, trial.number, params, (), {}, {}, base_tags, False,
-                               FailureReason.REJECTED, None, {"violations": problems})
+                               FailureReason.REJECTED, None, {"violations": problems},
+                               message="; ".join(problems))
                     _commit_tell(study, trial, None)
                     continue
                 rejected_in_a_row = 0
@@ -521,6 +526,7 @@ def tune(
                     {**base_tags, TAGS["state"]: state,
                      **({"autotune.baseline": "true"} if is_base else {})},
                     state == "ok", reason, outcome.log_path, outcome.to_dict(),
+                    message=str(trial.user_attrs.get(A.MESSAGE) or ""),
                 )  # fmt: skip
                 if rid:
                     study.set_user_attr(f"{A.MLFLOW_RUN}.{trial.number}", rid)
@@ -528,7 +534,8 @@ def tune(
                 progress("trial_finished", trial_number=outcome.number, trial_ok=outcome.ok,
                          trial_value=value[0] if isinstance(value, list) else value,
                          trial_reason=reason, trial_params=params,
-                         message=outcome.message.splitlines()[0] if outcome.message else "")
+                         message=_short_message(str(trial.user_attrs.get(A.MESSAGE) or
+                                                    outcome.message), 300))
 
     def run_all() -> None:
         run_loop()
@@ -834,6 +841,9 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str, settings: Tune
         trial.set_user_attr(A.LOG, outcome.log_path)
     if outcome.metrics:
         trial.set_user_attr(A.METRICS, outcome.metrics)
+    req_errors = dict((outcome.measurement or {}).get("errors") or {})
+    if req_errors:
+        trial.set_user_attr(A.REQUEST_ERRORS, req_errors)
     value = outcome.metrics.get(metric)
     if not outcome.ok or value is None or not math.isfinite(value):
         msg = outcome.message or "no measurement"
@@ -878,8 +888,12 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str, settings: Tune
             for k, limit in settings.slo.items()
             if outcome.metrics.get(SLO_KEYS[k], math.inf) > limit))
     if err_violation > 0:
+        total = sum(req_errors.values()) or 1
+        kinds = ", ".join(f"{k} {n / total:.0%}" for k, n in
+                          sorted(req_errors.items(), key=lambda kv: -kv[1]))
         why.append(f"error rate {outcome.metrics.get('error_rate', 0):.1%} > "
-                   f"{settings.max_error_rate:.1%}")
+                   f"{settings.max_error_rate:.1%}" + (f" (failed requests: {kinds})"
+                                                       if kinds else ""))
     if q_violation > 0:
         q = outcome.quality or {}
         why.append(f"quality below --quality {settings.quality}: " + (
@@ -895,12 +909,15 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str, settings: Tune
 
 def _log_trial(tracker: Any, number: int, params: dict[str, Any], flags: Any, env: Any,
                metrics: dict[str, float], tags: dict[str, str], ok: bool, reason: str | None,
-               log_path: str | None, outcome: dict[str, Any] | None) -> str | None:
+               log_path: str | None, outcome: dict[str, Any] | None,
+               message: str = "") -> str | None:
     from autotune.tracking import TAGS
 
     tags = dict(tags)
     if reason:
         tags[TAGS["reason"]] = reason
+    if message:
+        tags[TAGS["message"]] = _short_message(message, 1000)
     tags.setdefault(TAGS["state"], "ok" if ok else "failed")
     return tracker.log_trial(number=number, params=params, flags=list(flags), env=dict(env),
                              metrics=metrics, tags=tags, ok=ok, log_path=log_path,
@@ -1006,8 +1023,7 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
         tracker.log_study_metrics({f"best_{k}": v for k, v in metrics.items()})
     _write_trials_csv(study, out_dir / "trials.csv")
     plots = _write_plots(study, out_dir / "plots")
-    tracker.log_study_artifacts({**{f"plots/{p.name}": str(p) for p in plots.values()},
-                                 "trials.csv": str(out_dir / "trials.csv")})
+    explanation = "" if best is not None else _explain(trials, settings)
     summary = {
         "study": study.study_name, "storage": settings.storage, "tracking_uri": tracking_uri,
         "trials": len(trials), "ok": n_ok,
@@ -1016,15 +1032,54 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
         "best_trial": best_t.number if best_t else None,
         "best_value": best["objective"]["value"] if best else None,
         "baseline_value": best["baseline"]["value"] if best and best["baseline"] else None,
+        "explanation": explanation,
+        "settings": settings.model_dump(mode="json"),  # the resolved config (config.yaml)
     }
     write_json_atomic(out_dir / "study.json", summary)
+    report = _write_report(study, settings, out_dir)
+    extra = {name: str(out_dir / name) for name in ("config.yaml", "study.json")
+             if (out_dir / name).exists()}
+    if report is not None:
+        extra["report.html"] = str(report)
+    tracker.log_study_artifacts({**{f"plots/{p.name}": str(p) for p in plots.values()},
+                                 "trials.csv": str(out_dir / "trials.csv"), **extra})
+    if explanation:
+        tracker.set_study_tags({"autotune.no_winner_why": explanation[:4000]})
     tracker.set_study_tags({"autotune.n_ok": str(n_ok), "autotune.n_trials": str(len(trials))})
     tracker.end_study(ok=True)
     return TuneResult(
         study_name=study.study_name, storage=settings.storage, out_dir=out_dir, best=best,
         n_trials=len(trials), n_ok=n_ok, n_failed=summary["failed"], tracking_uri=tracking_uri,
-        failures_by_reason=reasons,
+        failures_by_reason=reasons, explanation=explanation, report=report,
     )  # fmt: skip
+
+
+def _explain(trials: list[Any], settings: TuneSettings) -> str:
+    """Why no trial won, in one paragraph (see :func:`autotune.report.explain_no_winner`)."""
+    from autotune.report import explain_no_winner, trial_row
+
+    return explain_no_winner([trial_row(t) for t in trials], settings.model_dump(mode="json"))
+
+
+def _write_config(settings: TuneSettings, path: Path) -> None:
+    """The resolved settings as a --config file: the study runs again from it as it is."""
+    import yaml
+
+    text = ("# the resolved config of this study: autotune tune --config " + path.name + "\n"
+            + yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False))
+    _write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def _write_report(study: Any, settings: TuneSettings, out_dir: Path) -> Path | None:
+    """OUT/report.html; a convenience like the plots: never fails a finished study."""
+    from autotune.report import write_report
+
+    try:
+        return write_report(out_dir / "report.html", storage=settings.storage,
+                            study_name=study.study_name, out_dir=out_dir)
+    except (AutotuneError, OSError, ValueError, RuntimeError, ImportError) as exc:
+        logger.warning("could not write the study report: %s", exc)
+        return None
 
 
 def _write_plots(study: Any, out: Path) -> dict[str, Path]:
@@ -1054,8 +1109,18 @@ def _write_trials_csv(study: Any, path: Path) -> None:
         row.update({f"param.{k}": v for k, v in t.params.items()})
         row.update({f"metric.{k}": v for k, v in t.user_attrs.get(A.METRICS, {}).items()})
         row["flags"] = " ".join(t.user_attrs.get(A.FLAGS, []))
+        row["message"] = _short_message(str(t.user_attrs.get(A.MESSAGE) or ""), 2000)
+        cons = _constraints(t) if t.state.name != "RUNNING" else []
+        for name, v in zip(("failed", "slo", "errors", "quality"), cons, strict=False):
+            row[f"constraint.{name}"] = v  # > 0: violated (by how much, relative)
         rows.append(row)
     _write_atomic(path, lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
+
+
+def _short_message(message: str, limit: int) -> str:
+    """A trial's message on one line, without the server-log tail appended to failures."""
+    head = message.split("\n--- server log tail ---", 1)[0]
+    return " | ".join(ln.strip() for ln in head.splitlines() if ln.strip())[:limit]
 
 
 def _version() -> str:

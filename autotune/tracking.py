@@ -32,6 +32,7 @@ TAGS = {
     "gpu": "autotune.gpu_type",
     "state": "autotune.trial_state",
     "reason": "autotune.failure_reason",
+    "message": "autotune.failure_message",  # why, in words (first lines; no log tail)
     "trial": "autotune.trial_number",
     "space": "autotune.space",
     "kind": "autotune.kind",

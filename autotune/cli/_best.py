@@ -208,8 +208,8 @@ def _retune(args: argparse.Namespace) -> int:
     print(f"\nstudy {result.study_name}: {result.n_trials} trials, {result.n_ok} feasible, "
           f"{result.n_failed} failed {result.failures_by_reason or ''}", file=out)
     if result.best is None:
-        print("no trial met the constraints; see the failure reasons above and in "
-              f"{result.out_dir}/trials.csv", file=out)
+        print(f"no trial met the constraints: {result.explanation}", file=out)
+        print(f"every trial's reason and message: {result.out_dir}/trials.csv", file=out)
         return EXIT_NOTHING
     b = result.best
     print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} {label}", file=out)

@@ -248,9 +248,11 @@ def _tune(args: argparse.Namespace) -> int:
         return 0 if result.best else 1
     print(f"\nstudy {result.study_name}: {result.n_trials} trials, {result.n_ok} feasible, "
           f"{result.n_failed} failed {result.failures_by_reason or ''}", file=out)
+    report = f"\nreport: {result.report} (opens offline in a browser)" if result.report else ""
     if result.best is None:
-        print("no trial met the constraints; see the failure reasons above and in "
-              f"{result.out_dir}/trials.csv", file=out)
+        print(f"no trial met the constraints: {result.explanation}", file=out)
+        print(f"every trial's reason and message: {result.out_dir}/trials.csv{report}",
+              file=out)
         return 1
     b = result.best
     ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
@@ -259,4 +261,6 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"serve command:\n  {b['serve_command']}", file=out)
     print(f"written: {result.out_dir / 'best.json'}", file=out)
     print(f"browse: mlflow ui --backend-store-uri {result.tracking_uri}", file=out)
+    if result.report:
+        print(f"report: {result.report} (opens offline in a browser)", file=out)
     return 0
