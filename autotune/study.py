@@ -1110,9 +1110,12 @@ def _write_trials_csv(study: Any, path: Path) -> None:
         row.update({f"metric.{k}": v for k, v in t.user_attrs.get(A.METRICS, {}).items()})
         row["flags"] = " ".join(t.user_attrs.get(A.FLAGS, []))
         row["message"] = _short_message(str(t.user_attrs.get(A.MESSAGE) or ""), 2000)
-        cons = _constraints(t) if t.state.name != "RUNNING" else []
-        for name, v in zip(("failed", "slo", "errors", "quality"), cons, strict=False):
-            row[f"constraint.{name}"] = v  # > 0: violated (by how much, relative)
+        named = dict(getattr(t, "constraints", None) or {}) or dict(zip(
+            ("failed", "slo", "errors", "quality"), t.user_attrs.get(A.CONSTRAINTS, []),
+            strict=False))
+        for name in ("failed", "slo", "errors", "quality"):
+            if name in named:  # > 0: violated (by how much, relative to the limit)
+                row[f"constraint.{name}"] = named[name]
         rows.append(row)
     _write_atomic(path, lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
 

@@ -95,7 +95,7 @@ def test_terminal_draws_a_live_panel_with_phase_elapsed_best_interval_and_eta() 
 
 def test_not_a_terminal_prints_plain_lines_with_reasons() -> None:
     buf = io.StringIO()
-    console = Console(file=buf, force_terminal=False, width=200)
+    console = Console(file=buf, force_terminal=False, width=60)  # a narrow log: no wrapping
     d = ProgressDisplay("tok/s", console=console, clock=Clock())
     assert not d.live_mode
     for e in _events():

@@ -124,8 +124,8 @@ class ProgressDisplay:
     def __call__(self, e: Any) -> None:
         self.state.apply(e)
         line = self._line(e)
-        if line is not None:
-            self.console.print(line, highlight=False)
+        if line is not None:  # a log gets whole lines, however long
+            self.console.print(line, highlight=False, soft_wrap=not self.live_mode)
         if e.kind == "study_started" and self.live_mode:
             self._start_live()
         elif e.kind == "study_finished":
@@ -138,7 +138,8 @@ class ProgressDisplay:
         if not self.live_mode and not self.quiet and phase != "starting":
             self.console.print(f"{self.state.head(self.label)} trial {number}: "
                                f"{self.state.phase_label(number)}"
-                               + (f" ({detail})" if detail else ""), highlight=False)
+                               + (f" ({detail})" if detail else ""), highlight=False,
+                               soft_wrap=True)
         self.refresh()
 
     def _line(self, e: Any) -> str | None:
