@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     st.add_argument("--storage", default=DEFAULT_STORAGE,
                     help="Optuna storage URL (SQLite file, or PostgreSQL for many workers)")
     st.add_argument("--tracking-uri", default=None,
-                    help="MLflow store (default sqlite:///experiments/mlflow.db; or an "
+                    help="MLflow store (default sqlite:///$PWD/experiments/mlflow.db; or an "
                          "http://host:5000 tracking server)")
     st.add_argument("--experiment", default="autotune", help="MLflow experiment name")
     st.add_argument("--study-name", default=None,
