@@ -134,14 +134,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 _REQUIRED = ("model", "shape", "space")
 
 
-def tune_actions() -> list[argparse.Action]:
-    """The argparse actions of ``autotune tune`` (the one declaration of its options)."""
+def tune_parser() -> argparse.ArgumentParser:
+    """A fresh parser of ``autotune tune`` (the one declaration of its options)."""
     holder = argparse.ArgumentParser(add_help=False)
     register(holder.add_subparsers())
     for action in holder._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return list(action.choices["tune"]._actions)
+            return action.choices["tune"]  # type: ignore[no-any-return]
     raise RuntimeError("autotune.cli._tune registered no 'tune' parser")  # a bug, not input
+
+
+def tune_actions() -> list[argparse.Action]:
+    """The argparse actions of ``autotune tune``."""
+    return list(tune_parser()._actions)
 
 
 def resolve_config(args: argparse.Namespace) -> None:
