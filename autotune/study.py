@@ -535,7 +535,7 @@ def tune(
                          trial_value=value[0] if isinstance(value, list) else value,
                          trial_reason=reason, trial_params=params,
                          message=_short_message(str(trial.user_attrs.get(A.MESSAGE) or
-                                                    outcome.message), 300))
+                                                    outcome.message), 300, reason))
 
     def run_all() -> None:
         run_loop()
@@ -917,7 +917,7 @@ def _log_trial(tracker: Any, number: int, params: dict[str, Any], flags: Any, en
     if reason:
         tags[TAGS["reason"]] = reason
     if message:
-        tags[TAGS["message"]] = _short_message(message, 1000)
+        tags[TAGS["message"]] = _short_message(message, 1000, reason)
     tags.setdefault(TAGS["state"], "ok" if ok else "failed")
     return tracker.log_trial(number=number, params=params, flags=list(flags), env=dict(env),
                              metrics=metrics, tags=tags, ok=ok, log_path=log_path,
@@ -1109,7 +1109,8 @@ def _write_trials_csv(study: Any, path: Path) -> None:
         row.update({f"param.{k}": v for k, v in t.params.items()})
         row.update({f"metric.{k}": v for k, v in t.user_attrs.get(A.METRICS, {}).items()})
         row["flags"] = " ".join(t.user_attrs.get(A.FLAGS, []))
-        row["message"] = _short_message(str(t.user_attrs.get(A.MESSAGE) or ""), 2000)
+        row["message"] = _short_message(str(t.user_attrs.get(A.MESSAGE) or ""), 2000,
+                                        t.user_attrs.get(A.REASON))
         named = dict(getattr(t, "constraints", None) or {}) or dict(zip(
             ("failed", "slo", "errors", "quality"), t.user_attrs.get(A.CONSTRAINTS, []),
             strict=False))
@@ -1120,10 +1121,13 @@ def _write_trials_csv(study: Any, path: Path) -> None:
     _write_atomic(path, lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
 
 
-def _short_message(message: str, limit: int) -> str:
-    """A trial's message on one line, without the server-log tail appended to failures."""
-    head = message.split("\n--- server log tail ---", 1)[0]
-    return " | ".join(ln.strip() for ln in head.splitlines() if ln.strip())[:limit]
+def _short_message(message: str, limit: int, reason: str | None) -> str:
+    """A trial's message on one line (the log line that named a failure kept), without the
+    server-log tail appended to failures."""
+    from autotune.report import failure_summary
+
+    return failure_summary(message.split("\n--- server log tail ---", 1)[0], reason or "",
+                           limit)
 
 
 def _version() -> str:

@@ -142,6 +142,20 @@ def test_classifying_lines_pick_the_lines_that_named_the_failure() -> None:
     assert classifying_lines("a\nb\nc\n", "crash", max_lines=2) == ["b", "c"]  # no pattern: tail
 
 
+def test_failure_summary_keeps_the_line_that_named_the_failure() -> None:
+    from autotune.report import failure_summary
+
+    msg = ("vLLM exited with code 2 during start (invalid_config); last log lines:\n"
+           + "[--some-flag X]\n" * 40 + "api_server.py: error: unrecognized arguments: --x\n"
+           "--- server log tail ---\n...")
+    assert failure_summary(msg.split("\n---", 1)[0], "invalid_config") == (
+        "vLLM exited with code 2 during start (invalid_config); last log lines: "
+        "api_server.py: error: unrecognized arguments: --x")
+    assert failure_summary("vLLM crashed\na\nlast words", "crash") == "vLLM crashed: last words"
+    assert failure_summary("error rate 50% > 5%", "errors") == "error rate 50% > 5%"
+    assert failure_summary("", "oom") == ""
+
+
 def _row(state: str, reason: str, message: str = "", **metrics: float) -> TrialRow:
     return TrialRow(number=0, state=state, reason=reason, message=message, value=None,
                     values=(), baseline=False, recheck_of=None, params={}, metrics=metrics,
@@ -164,7 +178,7 @@ def test_explain_no_winner_says_why_and_what_to_try() -> None:
     text = explain_no_winner([_row("failed", "invalid_config", "vLLM rejected: --x\nlog"),
                               _row("rejected", "rejected")])
     assert text.startswith("all 1 trial failed or infeasible (invalid_config (1))")
-    assert '"vLLM rejected: --x"' in text and "check the space" in text
+    assert '"vLLM rejected: --x: log"' in text and "check the space" in text
     assert "--resume" in explain_no_winner([_row("interrupted", "interrupted")])
 
 
@@ -200,23 +214,26 @@ def test_report_of_a_real_study_whose_every_server_fails(tiny_llama: Path, tmp_p
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "tune", "--model", str(tiny_llama),
          "--shape", str(REPO / "traffic" / "example-chat.json"), "--space", str(space),
-         "--trials", "2", "--storage", storage, "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
+         "--trials", "1", "--no-baseline", "--storage", storage, "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
          "--study-name", "bad", "--out", str(out), "--no-ray", "--recheck", "0",
          "--cache-dir", str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=600, cwd=tmp_path, check=False)
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
-    assert "all 2 trials failed or infeasible (invalid_config (2))" in proc.stdout
-    assert "unrecognized arguments" in proc.stdout  # the first message, quoted
-    assert proc.stderr.count("failed: invalid_config") == 2  # a reason per trial, as it ends
+    assert "all 1 trial failed or infeasible (invalid_config (1))" in proc.stdout
+    # the line of vLLM's log that named the failure, on the console as the trial ends and
+    # in the closing paragraph
+    assert "error: unrecognized arguments: --no-such-flag\"; vLLM rejected" in proc.stdout
+    assert "failed: invalid_config: vLLM exited" in proc.stderr
+    assert "error: unrecognized arguments: --no-such-flag" in proc.stderr
     import pandas as pd
 
     df = pd.read_csv(out / "trials.csv")
-    assert list(df["reason"]) == ["invalid_config"] * 2
-    assert all("flags" in str(m) or "argument" in str(m) for m in df["message"])
-    assert list(df["constraint.failed"]) == [1.0, 1.0]
+    assert list(df["reason"]) == ["invalid_config"]
+    assert "unrecognized arguments: --no-such-flag" in df["message"][0]
+    assert list(df["constraint.failed"]) == [1.0]
     with open_report(out / "report.html") as page:
         assert page.sections() == [*SECTIONS, "config"]
         assert "No verdict" in page.text("#verdict")
-        assert page.text("#failures").count("unrecognized arguments: --no-such-flag") >= 2
+        assert "unrecognized arguments: --no-such-flag" in page.text("#failures pre")
         assert "invalid_config" in page.hover_a_point("plot-history")
         assert page.errors == [] and page.requests == []

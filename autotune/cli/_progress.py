@@ -159,7 +159,7 @@ class ProgressDisplay:
         return None
 
     def _outcome(self, e: Any) -> str:
-        msg = (e.message or "").split("\n", 1)[0][:200]
+        msg = (e.message or "").split("\n", 1)[0][:300]
         if e.trial_value is not None and e.trial_reason is None:
             what = f"[green]{e.trial_value:,.1f} {self.label}[/]"
             if e.baseline_value:

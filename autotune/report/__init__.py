@@ -13,13 +13,14 @@ from pathlib import Path
 
 from autotune.report._data import ReportData, TrialRow, load_report_data, trial_row
 from autotune.report._html import SECTIONS, log_excerpt, render_html, write_html
-from autotune.report._why import explain_no_winner
+from autotune.report._why import explain_no_winner, failure_summary
 
 __all__ = [
     "SECTIONS",
     "ReportData",
     "TrialRow",
     "explain_no_winner",
+    "failure_summary",
     "load_report_data",
     "log_excerpt",
     "render_html",

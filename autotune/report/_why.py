@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["explain_no_winner"]
+__all__ = ["explain_no_winner", "failure_summary"]
 
 _ERROR_HINTS = {
     "stalled": "requests got no bytes for many seconds: the server is saturated",
@@ -17,6 +17,20 @@ _ERROR_HINTS = {
     "connection_refused": "the server stopped listening",
     "disconnected": "streams were cut mid-way",
 }
+
+
+def failure_summary(message: str, reason: str, limit: int = 300) -> str:
+    """A failed trial's message in one line: its first line, plus the log line that named
+    the failure (``error: unrecognized arguments: --x``), else the log's last line."""
+    from autotune.engine import classifying_lines
+
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    named = classifying_lines("\n".join(lines[1:]), reason, context=0, tail=False)
+    key = named[0].strip() if named else (lines[-1] if len(lines) > 1 else "")
+    head = lines[0]
+    return (head if not key or key in head else f"{head.rstrip(':;,. ')}: {key}")[:limit]
 
 
 class _Trial(Protocol):
@@ -104,7 +118,7 @@ def explain_no_winner(trials: Iterable[_Trial], settings: Mapping[str, Any] | No
         return head + (f"{group[0].message}. Lossy knobs cost more accuracy than --quality "
                        f"{settings.get('quality')} allows: relax it, or fix those knobs to "
                        "their full-precision values in the space.")
-    first = group[0].message.split("\n", 1)[0][:300]
+    first = failure_summary(group[0].message.split("\n--- server log tail ---", 1)[0], top)
     fixes = {
         "invalid_config": "vLLM rejected the flags: check the space's fixed flags and knob "
                           "ranges against this vLLM version",
