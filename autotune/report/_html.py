@@ -172,14 +172,18 @@ def _gpu_html(d: ReportData) -> str:
         return _note("not recorded: no trial recorded its times")
     total = sum(sum(v.values()) for v in d.gpu_time.values())
     start = sum(v.get("start_s", 0.0) for v in d.gpu_time.values())
-    text = (f"<p>{total / 60:.1f} min of device time in all; server starts took "
-            f"{start / 60:.1f} min ({start / total:.0%}).</p>" if total > 0 else "")
+    text = (f"<p>{_dur(total)} of device time in all; server starts took "
+            f"{_dur(start)} ({start / total:.0%}).</p>" if total > 0 else "")
     if d.gpu_time_source == "computed":
         text += _note("computed from each trial's start and wall times (start = server "
                       "start; measure = the rest of a measured trial, warm-up included; "
                       "other = the rest of a failed one): the study did not record "
                       "autotune.gpu_time")
     return text
+
+
+def _dur(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
 def _header(d: ReportData) -> str:
