@@ -251,9 +251,22 @@ def render_html(d: ReportData) -> str:
 
 
 def write_html(d: ReportData, path: Path) -> Path:
-    """Write the report atomically; returns ``path``."""
-    from autotune.study import _write_atomic
+    """Write the report atomically (temp file, then ``os.replace``); returns ``path``.
+    Raises :class:`StudyError` when it cannot be written."""
+    import os
+
+    from autotune.errors import StudyError
 
     text = render_html(d)
-    _write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StudyError(f"cannot write the report {path}: {exc.strerror or exc}; free "
+                         "space or choose another -o") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     return path
