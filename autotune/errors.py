@@ -10,17 +10,17 @@ from __future__ import annotations
 __all__ = [
     "AutotuneError",
     "ConfigError",
-    "TrafficError",
-    "TraceFormatError",
-    "ShapeError",
-    "SpaceError",
+    "EngineCrashedError",
     "EngineError",
     "EngineStartError",
-    "EngineCrashedError",
     "LoadgenError",
-    "StudyError",
-    "TrackingError",
     "ModelGenError",
+    "ShapeError",
+    "SpaceError",
+    "StudyError",
+    "TraceFormatError",
+    "TrackingError",
+    "TrafficError",
 ]
 
 

@@ -7,14 +7,18 @@ failed outcome with reason ``worker_died``; it never loses the study.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.errors import AutotuneError
+from autotune.events import PhaseReporter
+from autotune.schema import FailureReason
 from autotune.trial import TrialOutcome, TrialSpec, run_trial
 
 __all__ = ["Executor", "InlineExecutor", "RayExecutor"]
@@ -26,11 +30,15 @@ class Executor(Protocol):
     """Runs trials. Contract: ``slots`` trials may be in flight; ``submit`` returns a handle;
     ``wait`` blocks until at least one in-flight trial finished and returns those outcomes
     (failed workers come back as failed outcomes, never as exceptions); ``cancel_all``
-    stops what is in flight; ``shutdown`` releases resources and never raises."""
+    stops what is in flight; ``shutdown`` releases resources and never raises.
+
+    ``on_phase`` (optional) is called in the driver, from ``wait``, with the phases the
+    trial reports (``(number, phase, elapsed_s, detail)``, see
+    :data:`autotune.events.PHASES`); an executor may drop them but never fails for them."""
 
     slots: int
 
-    def submit(self, spec: TrialSpec) -> Any: ...
+    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> Any: ...
 
     def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]: ...
 
@@ -46,24 +54,24 @@ class InlineExecutor:
 
     slots = 1
 
-    def __init__(self, fn: Callable[[TrialSpec], TrialOutcome] = run_trial) -> None:
+    def __init__(self, fn: Callable[..., TrialOutcome] = run_trial) -> None:
         self._fn = fn
-        self._pending: list[TrialSpec] = []
+        self._pending: list[tuple[TrialSpec, PhaseReporter | None]] = []
 
-    def submit(self, spec: TrialSpec) -> TrialSpec:
-        self._pending.append(spec)
+    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> TrialSpec:
+        self._pending.append((spec, on_phase))
         return spec
 
     def in_flight(self) -> int:
         return len(self._pending)
 
     def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]:
-        out = [self._fn(s) for s in self._pending]
+        out = [_call(self._fn, s, on_phase) for s, on_phase in self._pending]
         self._pending.clear()
         return out
 
     def cancel_all(self) -> list[int]:
-        numbers = [s.number for s in self._pending]
+        numbers = [s.number for s, _ in self._pending]
         self._pending.clear()
         return numbers
 
@@ -71,10 +79,40 @@ class InlineExecutor:
         pass
 
 
+def _accepts_on_phase(fn: Callable[..., Any]) -> bool:
+    try:
+        return "on_phase" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _call(fn: Callable[..., TrialOutcome], spec: TrialSpec,
+          on_phase: PhaseReporter | None) -> TrialOutcome:
+    """``fn(spec)``, with the phase reporter when ``fn`` takes one."""
+    if on_phase is not None and _accepts_on_phase(fn):
+        return fn(spec, on_phase=on_phase)
+    return fn(spec)
+
+
+def _remote_trial(fn: Callable[..., TrialOutcome], spec: TrialSpec, queue: Any) -> TrialOutcome:
+    """In a Ray worker: run the trial, sending its phases to the driver through ``queue``."""
+    if queue is None:
+        return _call(fn, spec, None)
+
+    def report(number: int, phase: str, elapsed_s: float, detail: str) -> None:
+        try:  # phases are for displays: losing one must never fail the trial
+            queue.put_nowait((number, phase, elapsed_s, detail))
+        except Exception:
+            logger.debug("trial %d: phase %s not delivered", number, phase, exc_info=True)
+
+    return _call(fn, spec, report)
+
+
 @dataclass
 class _Flight:
     spec: TrialSpec
     ref: Any
+    on_phase: PhaseReporter | None = None
 
 
 class RayExecutor:
@@ -93,7 +131,7 @@ class RayExecutor:
         gpus_per_trial: int = 0,
         cpus_per_trial: float = 1.0,
         slots: int | None = None,
-        fn: Callable[[TrialSpec], TrialOutcome] = run_trial,
+        fn: Callable[..., TrialOutcome] = run_trial,
     ) -> None:
         if address:
             _use_cluster_token()  # before Ray reads its auth mode
@@ -148,7 +186,9 @@ class RayExecutor:
             slots = max(1, total_gpus // gpus_per_trial) if gpus_per_trial else 1
         self.slots = slots
         self.gpus_per_trial = gpus_per_trial
-        self._remote = ray.remote(fn).options(  # type: ignore[call-overload]
+        self._fn = fn
+        self._queue: Any = None  # a ray.util.queue.Queue for the trials' phases, made on use
+        self._remote = ray.remote(_remote_trial).options(  # type: ignore[call-overload]
             num_gpus=gpus_per_trial,
             num_cpus=0 if gpus_per_trial else cpus_per_trial,
             max_retries=0,
@@ -159,10 +199,36 @@ class RayExecutor:
     def nodes(self) -> int:
         return sum(1 for n in self._ray.nodes() if n.get("Alive"))
 
-    def submit(self, spec: TrialSpec) -> Any:
-        ref = self._remote.remote(spec)
-        self._flights.append(_Flight(spec, ref))
+    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> Any:
+        queue = self._phase_queue() if on_phase is not None else None
+        ref = self._remote.remote(self._fn, spec, queue)
+        self._flights.append(_Flight(spec, ref, on_phase))
         return ref
+
+    def _phase_queue(self) -> Any:
+        if self._queue is None:
+            try:
+                from ray.util.queue import Queue
+
+                self._queue = Queue(actor_options={"num_cpus": 0})
+            except Exception as exc:  # noqa: BLE001 - no phases is no reason to stop a study
+                logger.warning("Ray: no queue for the trials' phases (%s): phases not shown", exc)
+                self._queue = False
+        return self._queue or None
+
+    def _drain_phases(self) -> None:
+        if not self._queue:
+            return
+        try:
+            items = self._queue.get_nowait_batch(self._queue.qsize())
+        except Exception as exc:  # noqa: BLE001 - phases are for displays
+            logger.debug("Ray: reading the phase queue: %s", exc)
+            return
+        reporters = {f.spec.number: f.on_phase for f in self._flights}
+        for number, phase, elapsed_s, detail in items:
+            report = reporters.get(number)
+            if report is not None:
+                report(number, phase, elapsed_s, detail)
 
     def in_flight(self) -> int:
         return len(self._flights)
@@ -171,7 +237,13 @@ class RayExecutor:
         if not self._flights:
             return []
         refs = [f.ref for f in self._flights]
-        ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:  # in slices of 1 s, handing on the trials' phases in between
+            left = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            ready, _ = self._ray.wait(refs, num_returns=1, timeout=left)
+            self._drain_phases()
+            if ready or (deadline is not None and time.monotonic() >= deadline):
+                break
         done: list[TrialOutcome] = []
         for ref in ready:
             flight = next(f for f in self._flights if f.ref == ref)
@@ -182,7 +254,7 @@ class RayExecutor:
                 logger.warning("trial %d: worker failed: %s", flight.spec.number, exc)
                 done.append(
                     TrialOutcome(
-                        number=flight.spec.number, ok=False, reason="worker_died",
+                        number=flight.spec.number, ok=False, reason=FailureReason.WORKER_DIED,
                         message=f"the Ray worker running this trial failed: "
                                 f"{type(exc).__name__}: {str(exc)[:2000]}",
                     )
@@ -203,6 +275,11 @@ class RayExecutor:
     def shutdown(self) -> None:
         if self._flights:
             self.cancel_all()
+        if self._queue:
+            try:
+                self._queue.shutdown(force=True)
+            except Exception as exc:  # noqa: BLE001 - shutdown never raises
+                logger.debug("Ray: stopping the phase queue: %s", exc)
         if self._owns_ray:
             try:
                 self._ray.shutdown()

@@ -3,7 +3,7 @@
 Matplotlib's object API with the Agg canvas (no pyplot, no global backend switch, no display).
 Every plot is written even when the study has too few trials for it: the figure then says
 why, so a study always has the same artifacts. Trials copied from an earlier study as prior
-knowledge (:data:`autotune.registry.PRIOR_ATTR`) are left out: they were measured under
+knowledge (:attr:`autotune.schema.A.PRIOR`) are left out: they were measured under
 another traffic shape.
 """
 
@@ -18,6 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import TrackingError
+from autotune.schema import (
+    A,
+    FailureReason,
+    State,
+    feasible,
+    is_prior,
+    objective_metric,
+    pareto_front,
+)
 
 __all__ = ["PLOT_FILES", "param_importances", "pareto_front", "trial_points", "write_study_plots"]
 
@@ -50,12 +59,9 @@ class _Point:
 def trial_points(study: Any) -> list[_Point]:
     from optuna.trial import TrialState
 
-    from autotune.registry import PRIOR_ATTR
-    from autotune.study import A
-
     out: list[_Point] = []
     for t in study.get_trials(deepcopy=False):
-        if PRIOR_ATTR in t.user_attrs or t.state not in (
+        if is_prior(t) or t.state not in (
             TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL
         ):  # fmt: skip
             continue
@@ -69,13 +75,11 @@ def trial_points(study: Any) -> list[_Point]:
         if value is not None and not math.isfinite(value):
             value = None
         if t.state == TrialState.COMPLETE and value is not None:
-            state = t.user_attrs.get(A.STATE)
-            feasible = all(c <= 0 for c in t.constraints.values())
-            kind = "ok" if (state == "ok" or (state is None and feasible)) else "infeasible"
-            reason = reason or ("" if kind == "ok" else "infeasible")
+            kind: str = State.OK if feasible(t) else State.INFEASIBLE
+            reason = reason or ("" if kind == State.OK else State.INFEASIBLE)
         else:
             reason = reason or t.state.name.lower()
-            kind = "rejected" if reason == "rejected" else "failed"
+            kind = "rejected" if reason == FailureReason.REJECTED else State.FAILED
         out.append(_Point(t.number, kind, value, reason, bool(t.user_attrs.get(A.BASELINE)),
                           metrics))
     return out
@@ -83,11 +87,9 @@ def trial_points(study: Any) -> list[_Point]:
 
 def _prior_sources(study: Any) -> dict[str, int]:
     """Study name -> number of prior trials copied from it by a warm start."""
-    from autotune.registry import PRIOR_ATTR
-
     out: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
-        prior = t.user_attrs.get(PRIOR_ATTR)
+        prior = t.user_attrs.get(A.PRIOR)
         if prior:
             name = str(prior.get("study", "?")) if isinstance(prior, dict) else "?"
             out[name] = out.get(name, 0) + 1
@@ -95,8 +97,6 @@ def _prior_sources(study: Any) -> dict[str, int]:
 
 
 def _metric_label(study: Any) -> str:
-    from autotune.study import A, objective_metric
-
     settings = study.user_attrs.get(A.SETTINGS) or {}
     objective = settings.get("objective", "throughput") if isinstance(settings, dict) else ""
     try:
@@ -106,8 +106,6 @@ def _metric_label(study: Any) -> str:
 
 
 def _slo(study: Any, key: str) -> float | None:
-    from autotune.study import A
-
     settings = study.user_attrs.get(A.SETTINGS) or {}
     slo = settings.get("slo") if isinstance(settings, dict) else None
     value = slo.get(key) if isinstance(slo, dict) else None
@@ -227,10 +225,8 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
     import optuna
     from optuna.trial import TrialState
 
-    from autotune.registry import PRIOR_ATTR
-
     trials = [t for t in study.get_trials(deepcopy=False)
-              if t.state == TrialState.COMPLETE and PRIOR_ATTR not in t.user_attrs
+              if t.state == TrialState.COMPLETE and not is_prior(t)
               and t.values and math.isfinite(t.values[0])]
     if len(trials) < 2:
         return None, (f"parameter importances need at least 2 measured trials "
@@ -276,19 +272,6 @@ def _importance(study: Any, path: Path) -> Path:
 
 # ------------------------------------------------------------------------------------------
 # Pareto front
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points not dominated when maximizing ``x`` and minimizing ``y``."""
-    front = []
-    for i, (x, y) in enumerate(points):
-        dominated = any(
-            (x2 >= x and y2 <= y) and (x2 > x or y2 < y) for j, (x2, y2) in enumerate(points)
-            if j != i
-        )  # fmt: skip
-        if not dominated:
-            front.append(i)
-    return front
 
 
 def _pareto(study: Any, points: Sequence[_Point], path: Path) -> Path:

@@ -3,7 +3,7 @@
 The Optuna storage is the registry. Every study autotune runs records the shape it was tuned
 for (``autotune.shape_fingerprint`` and the file in ``autotune.shape_path``), the model, the
 engine version and the GPU type; every trial its state, metrics, flags and environment (see
-:mod:`autotune.study`). :func:`find_best` scans all studies: the winner (as the study's
+:mod:`autotune.schema`). :func:`find_best` scans all studies: the winner (as the study's
 best.json names it) of the studies tuned for the exact fingerprint, else that of the nearest
 tuned shape (by :func:`autotune.traffic.diff_shapes`). :func:`plan_retune` compares a new shape with that
 one and, when it drifted, builds a :class:`WarmStart` from the earlier study. See
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from autotune.errors import ShapeError, StudyError
-from autotune.study import A, open_storage
+from autotune.schema import A, feasible, is_prior, objective_metric, open_storage, primary, verdict
 from autotune.traffic import ShapeDiff, TrafficShape, diff_shapes, load_shape
 
 if TYPE_CHECKING:
@@ -187,12 +187,7 @@ def _open(storage: str) -> Any | None:
 
     A missing SQLite file is not created: looking something up must not leave files behind.
     """
-
-    if storage.startswith("sqlite:///"):
-        path = Path(storage[len("sqlite:///"):])
-        if str(path) not in ("", ":memory:") and not path.exists():
-            return None
-    return open_storage(storage)
+    return open_storage(storage, create=False)
 
 
 def _load_study(st: Any, name: str) -> optuna.study.Study:
@@ -205,31 +200,7 @@ def _load_study(st: Any, name: str) -> optuna.study.Study:
         raise StudyError(f"study {name!r} is not in the storage") from exc
 
 
-def _is_prior(t: Any) -> bool:
-    return PRIOR_ATTR in t.user_attrs
-
-
-def _is_ok(t: Any) -> bool:
-    """A feasible, measured trial of this study (not a prior copied from another one)."""
-    from optuna.trial import TrialState
-
-    return (
-        t.state == TrialState.COMPLETE
-        and t.user_attrs.get(A.STATE) == "ok"
-        and bool(t.values)
-        and math.isfinite(t.values[0])
-        and not _is_prior(t)
-    )
-
-
-def _value(t: Any) -> float:
-    """The primary objective value (a Pareto study's first, throughput), as tune() ranks."""
-    return float(t.values[0])
-
-
 def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
-    from autotune.study import objective_metric
-
     settings = attrs.get(A.SETTINGS) or {}
     objective = settings.get("objective", "throughput") if isinstance(settings, dict) else "throughput"
     try:
@@ -251,12 +222,10 @@ class _Best:
 
 
 def _winner(study: Any) -> _Best | None:
-    """The study's winner as ``tune()`` declares it in best.json (:func:`study._verdict`): the
+    """The study's winner as ``tune()`` declares it in best.json (:func:`schema.verdict`): the
     best median over configs measured more than once when any was re-measured, else the
     best single reading; prior trials never win."""
-    from autotune.study import _verdict
-
-    rep, readings, _, _ = _verdict(study)
+    rep, readings, _, _ = verdict(study)
     if rep is None or not readings or not all(math.isfinite(v) for v in readings):
         return None
     return _Best(rep, [float(v) for v in readings])
@@ -291,7 +260,7 @@ def _scan(storage: str, st: Any | None = None, model: str | None = None,
             continue  # filtered before reading its trials
         study = _load_study(st, s.study_name)
         trials = study.get_trials(deepcopy=False)  # cached: _winner reads them again
-        ok = [t for t in trials if _is_ok(t)]
+        ok = [t for t in trials if feasible(t)]
         best = _winner(study) if ok else None
         objective, metric = _objective(attrs)
         starts = [t.datetime_start for t in trials if t.datetime_start is not None]
@@ -301,7 +270,7 @@ def _scan(storage: str, st: Any | None = None, model: str | None = None,
             engine_version=attrs.get(A.ENGINE),
             gpu_type=gpu_type, objective=objective,
             metric=metric, started=min(starts) if starts else None,
-            n_trials=sum(1 for t in trials if not _is_prior(t)), n_feasible=len(ok),
+            n_trials=sum(1 for t in trials if not is_prior(t)), n_feasible=len(ok),
             best_trial=best.trial.number if best else None,
             best_value=best.value if best else None,
         )  # fmt: skip
@@ -550,7 +519,6 @@ def _prior_values(t: Any, objective: str | None, latency: str,
                   scale: float) -> list[float] | None:
     """A COMPLETE trial's values for the new study (throughput scaled); None = unusable."""
     from autotune.config import SLO_KEYS
-    from autotune.study import objective_metric
 
     if objective is None:
         vals = [float(v) for v in t.values]
@@ -595,9 +563,9 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
     # tune() ranks
     groups: dict[str, list[Any]] = {}
     for t in trials:
-        if _is_ok(t) and (include_baseline or not t.user_attrs.get(A.BASELINE)):
+        if feasible(t) and (include_baseline or not t.user_attrs.get(A.BASELINE)):
             groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
-    ranked = sorted(groups.values(), key=lambda ts: statistics.median(_value(t) for t in ts),
+    ranked = sorted(groups.values(), key=lambda ts: statistics.median(primary(t) for t in ts),
                     reverse=True)
     enqueue: list[dict[str, Any]] = []
     origin: list[int] = []
@@ -618,7 +586,7 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
     priors: list[optuna.trial.FrozenTrial] = []
     dropped = 0
     for t in trials:
-        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or _is_prior(t):
+        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or is_prior(t):
             continue
         fitted = _fit_to_space(dict(t.params), dict(t.distributions), space)
         if fitted is None:

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import TrackingError
+from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
+from autotune.schema import A, State, sqlite_path
 
-__all__ = ["BEST_TAG", "TAGS", "MlflowTracker", "default_tracking_uri"]
+__all__ = ["BEST_TAG", "TAGS", "MlflowCallback", "MlflowTracker", "default_tracking_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +48,8 @@ def default_tracking_uri(out_root: str | Path = "experiments") -> str:
 
 
 def _artifact_root(tracking_uri: str) -> str | None:
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
+    db = sqlite_path(tracking_uri)
+    if db is not None:
         return (db.parent / "mlartifacts").resolve().as_uri()
     return None
 
@@ -66,8 +68,9 @@ class MlflowTracker:
         self.failures: list[str] = []
         self.parent_run_id: str | None = None
         self.disabled = False
-        if tracking_uri.startswith("sqlite:///"):
-            Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite_path(tracking_uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
         if tracking_uri.startswith(("http://", "https://")):
             _probe_server(tracking_uri)  # MLflow's own client retries for minutes
             # ...and so would every write to a server that dies mid-study.
@@ -258,6 +261,85 @@ class MlflowTracker:
             status = RunStatus.FINISHED if ok else RunStatus.KILLED
             self._safe("close the study run", self.client.set_terminated, self.parent_run_id,
                        RunStatus.to_string(status))
+
+
+class MlflowCallback(StudyCallback):
+    """Logs a study to MLflow as a subscriber of its events: the parent run at the start, a
+    child run per finished trial (rejected samples too), the best config, plots and
+    trials.csv at the end. The Optuna trial is final before any of it is written: a
+    tracking store that hangs never costs a measured trial."""
+
+    def __init__(self, tracker: MlflowTracker) -> None:
+        self.tracker = tracker
+        self._study: Any = None
+        self._tags: dict[str, str] = {}
+
+    def on_study_start(self, event: StudyEvent, context: StudyContext) -> None:
+        settings, study = context.settings, context.study
+        self._study = study
+        self._tags = {
+            TAGS["shape"]: context.shape.fingerprint,
+            TAGS["shape_name"]: context.shape.name,
+            TAGS["model"]: str(context.model),
+            TAGS["engine"]: f"{context.engine.package} {context.engine.version}",
+            TAGS["gpu"]: context.gpu_type,
+            TAGS["space"]: context.space.name,
+            TAGS["study"]: context.study_name,
+        }
+        parent = self.tracker.start_study(
+            study_name=context.study_name,
+            tags=self._tags,
+            params={"trials": settings.trials, "objective": settings.objective,
+                    "sampler": settings.sampler, "seed": settings.seed, "slo": settings.slo,
+                    "repeats": settings.repeats, "space": str(settings.space),
+                    "shape": str(settings.shape), "storage": settings.storage},
+            resume_run_id=study.user_attrs.get(A.MLFLOW_PARENT) if settings.resume else None,
+        )  # fmt: skip
+        if parent and not settings.resume:
+            study.set_user_attr(A.MLFLOW_PARENT, parent)
+
+    def on_trial_end(self, event: StudyEvent, record: TrialRecord) -> None:
+        tags = dict(self._tags)
+        if record.rejected:
+            metrics: dict[str, float] = {}
+            log_path, outcome = None, {"violations": list(record.violations)}
+        else:
+            tags[TAGS["state"]] = record.state
+            if record.baseline:
+                tags["autotune.baseline"] = "true"
+            metrics = record.outcome.metrics
+            log_path, outcome = record.outcome.log_path, record.outcome.to_dict()
+        ok = record.state == State.OK
+        if record.reason:
+            tags[TAGS["reason"]] = str(record.reason)
+        why = "; ".join(record.violations) if record.rejected else event.message
+        if why and not ok:
+            tags[TAGS["message"]] = why[:1000]  # the why, beside the reason
+        tags.setdefault(TAGS["state"], "ok" if ok else "failed")
+        rid = self.tracker.log_trial(number=record.number, params=record.params,
+                                     flags=list(record.flags), env=dict(record.env),
+                                     metrics=metrics, tags=tags, ok=ok, log_path=log_path,
+                                     outcome=outcome)
+        if rid and not record.rejected and self._study is not None:
+            self._study.set_user_attr(f"{A.MLFLOW_RUN}.{record.number}", rid)
+
+    def on_study_end(self, event: StudyEvent, result: Any) -> None:
+        if result is None:
+            self.tracker.end_study(ok=False)
+            return
+        best = result.best
+        if best is not None:
+            if best.get("mlflow_run_id"):
+                self.tracker.mark_best(run_id=best["mlflow_run_id"],
+                                       shape_fingerprint=best["shape"]["fingerprint"],
+                                       best=best, serve_command=best["serve_command"])
+            self.tracker.log_study_metrics({f"best_{k}": v for k, v in best["metrics"].items()})
+        self.tracker.log_study_artifacts({k: str(v) for k, v in result.files.items()})
+        self.tracker.set_study_tags({"autotune.n_ok": str(result.n_ok),
+                                     "autotune.n_trials": str(result.n_trials)})
+        if getattr(result, "explanation", ""):
+            self.tracker.set_study_tags({"autotune.no_winner_why": result.explanation[:4000]})
+        self.tracker.end_study(ok=True)
 
 
 def _probe_server(uri: str, timeout_s: float = 5.0) -> None:

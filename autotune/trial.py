@@ -12,12 +12,15 @@ import json
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.engine import FailureReason, VllmServer, detect_engine
+from autotune.engine import VllmServer, detect_engine
 from autotune.errors import AutotuneError, EngineCrashedError, EngineStartError
+from autotune.events import PhaseReporter
+from autotune.schema import FailureReason
 
 __all__ = ["TrialOutcome", "TrialSpec", "model_max_len", "model_vocab_size", "run_trial"]
 
@@ -116,7 +119,7 @@ def _assigned_gpus(spec: TrialSpec) -> tuple[int, ...] | None:
             if ids:
                 return tuple(int(i) for i in ids)
     except Exception:  # noqa: BLE001 - not in Ray, or no GPUs: leave the environment alone
-        pass
+        logger.debug("no Ray GPU ids", exc_info=True)
     return None
 
 
@@ -149,13 +152,108 @@ def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -
     outcome.metrics.update(report.flat())
 
 
-def run_trial(spec: TrialSpec) -> TrialOutcome:
-    """Run one trial and return its outcome; failures of the config come back as data."""
-    import socket
+def _token_limits(max_len: int) -> tuple[int, int]:
+    """(output, prompt) token bounds that fit a server of ``max_len`` tokens."""
+    return max(1, max_len // 2), max(1, max_len - max_len // 2 - 8)
 
+
+def _crash_or_error(server: VllmServer, exc: AutotuneError, outcome: TrialOutcome) -> None:
+    """A load-generator or metrics error right after the server died is the death. A
+    killed server's sockets close before the kernel lets us reap it: look for 2 s."""
+    try:
+        settle = time.monotonic() + 2.0
+        server.check_alive()
+        while time.monotonic() < settle:
+            time.sleep(0.05)
+            server.check_alive()
+        outcome.reason = FailureReason.CRASH
+        outcome.message = str(exc)
+    except EngineCrashedError as dead:
+        outcome.reason = dead.reason
+        outcome.message = f"{dead} (while measuring: {exc})"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the trial replays (built before the server starts: bad input costs no start)."""
+
+    vocab: int
+    max_len: int
+    schedule: Any  # autotune.traffic.Schedule
+
+
+def _plan(spec: TrialSpec) -> _Plan:
+    from autotune.traffic import build_schedule
+
+    vocab = model_vocab_size(spec.model)
+    max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
+    out_max, in_max = _token_limits(max_len)
+    schedule = build_schedule(
+        spec.shape, vocab_size=vocab, seed=spec.seed, concurrency=spec.concurrency,
+        num_requests=spec.num_requests, max_output_tokens=out_max, max_input_tokens=in_max,
+    )  # fmt: skip
+    return _Plan(vocab, max_len, schedule)
+
+
+def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
+             phase: Callable[[str, str], None]) -> None:
+    """Warm-up, the measured replays and (for a lossy config) the quality probe."""
     from autotune.loadgen import replay
     from autotune.measure import combine, measure, snapshot_metrics
     from autotune.traffic import build_schedule
+
+    vocab, max_len, schedule = plan.vocab, plan.max_len, plan.schedule
+    client_kw: dict[str, Any] = {
+        "base_url": server.base_url,
+        "model": server.served_model_name,
+        "api": spec.api,
+        "request_timeout_s": spec.request_timeout_s,
+    }
+    n_warm = spec.warmup_requests
+    if n_warm is None:
+        conc = schedule.concurrency or 8
+        n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
+    if n_warm > 0:
+        phase("warming_up", f"{n_warm} requests")
+        out_max, in_max = _token_limits(max_len)
+        warm = build_schedule(
+            spec.shape, vocab_size=vocab, seed=spec.seed + 10_000, mode="closed",
+            concurrency=schedule.concurrency or 8, num_requests=n_warm,
+            max_output_tokens=out_max, max_input_tokens=in_max,
+        )  # fmt: skip
+        replay(warm, **client_kw)
+        server.check_alive()
+    results = []
+    repeats = max(1, spec.repeats)
+    for r in range(repeats):
+        phase("measuring", f"replay {r + 1}/{repeats}, {len(schedule.requests)} requests")
+        before = snapshot_metrics(server.base_url)
+        run = replay(schedule, **client_kw)
+        server.check_alive()
+        after = snapshot_metrics(server.base_url)
+        results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
+        logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
+                    results[-1].output_tokens_per_s)
+    m = combine(results) if len(results) > 1 else results[0]
+    outcome.measurement = m.model_dump(mode="json")
+    outcome.metrics = m.flat()
+    if m.n_ok == 0:
+        server.check_alive()
+        outcome.reason = FailureReason.NO_OUTPUT
+        outcome.message = f"no request succeeded ({m.n_errors} failed: {m.errors})"
+        return
+    outcome.ok = True
+    if spec.quality_probe is not None and spec.quality_reference is not None:
+        phase("quality", f"{len(spec.quality_probe.prompts)} greedy prompts")
+        _probe_quality(spec, server, outcome)
+
+
+def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOutcome:
+    """Run one trial and return its outcome; failures of the config come back as data.
+
+    ``on_phase(number, phase, elapsed_s, detail)`` hears of each phase as it begins
+    (starting, warming_up, measuring, quality)."""
+    import socket
 
     t0 = time.monotonic()
     info = detect_engine()
@@ -166,6 +264,11 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
         hostname=socket.gethostname(), node_id=_ray_node_id(), gpus=gpus,
         log_path=str(log_path) if log_path else None,
     )  # fmt: skip
+
+    def phase(name: str, detail: str = "") -> None:
+        if on_phase is not None:
+            on_phase(spec.number, name, time.monotonic() - t0, detail)
+
     def new_server() -> VllmServer:
         return VllmServer(
             model=spec.model,
@@ -180,13 +283,8 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
 
     server = new_server()
     try:
-        vocab = model_vocab_size(spec.model)
-        max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
-        schedule = build_schedule(
-            spec.shape, vocab_size=vocab, seed=spec.seed, concurrency=spec.concurrency,
-            num_requests=spec.num_requests,
-            max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
-        )  # fmt: skip
+        plan = _plan(spec)
+        phase("starting", " ".join(spec.flags))
         for attempt in range(_PORT_ATTEMPTS):
             server.start()
             try:
@@ -201,69 +299,24 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
                                spec.number, server.port)
                 server.stop()
                 server = new_server()
-        client_kw: dict[str, Any] = {
-            "base_url": server.base_url,
-            "model": server.served_model_name,
-            "api": spec.api,
-            "request_timeout_s": spec.request_timeout_s,
-        }
-        n_warm = spec.warmup_requests
-        if n_warm is None:
-            conc = schedule.concurrency or 8
-            n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
-        if n_warm > 0:
-            warm = build_schedule(
-                spec.shape, vocab_size=vocab, seed=spec.seed + 10_000, mode="closed",
-                concurrency=schedule.concurrency or 8, num_requests=n_warm,
-                max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
-            )  # fmt: skip
-            replay(warm, **client_kw)
-            server.check_alive()
-        results = []
-        for r in range(max(1, spec.repeats)):
-            before = snapshot_metrics(server.base_url)
-            run = replay(schedule, **client_kw)
-            server.check_alive()
-            after = snapshot_metrics(server.base_url)
-            results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
-            logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
-                        results[-1].output_tokens_per_s)
-        m = combine(results) if len(results) > 1 else results[0]
-        outcome.measurement = m.model_dump(mode="json")
-        outcome.metrics = m.flat()
-        if m.n_ok == 0:
-            server.check_alive()
-            outcome.reason = "no_output"
-            outcome.message = f"no request succeeded ({m.n_errors} failed: {m.errors})"
-        else:
-            outcome.ok = True
-            if spec.quality_probe is not None and spec.quality_reference is not None:
-                _probe_quality(spec, server, outcome)
+        _measure(spec, plan, server, outcome, phase)
     except (EngineStartError, EngineCrashedError) as exc:
         outcome.reason = exc.reason
         outcome.message = str(exc)
     except AutotuneError as exc:
-        # A load-generator or metrics error right after the server died is the death. A
-        # killed server's sockets close before the kernel lets us reap it: look for 2 s.
-        try:
-            settle = time.monotonic() + 2.0
-            server.check_alive()
-            while time.monotonic() < settle:
-                time.sleep(0.05)
-                server.check_alive()
-            outcome.reason = FailureReason.CRASH
-            outcome.message = str(exc)
-        except EngineCrashedError as dead:
-            outcome.reason = dead.reason
-            outcome.message = f"{dead} (while measuring: {exc})"
+        _crash_or_error(server, exc, outcome)
     except Exception as exc:
-        outcome.reason = "internal_error"
+        outcome.reason = FailureReason.INTERNAL_ERROR
         outcome.message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         logger.exception("trial %d failed with an internal error", spec.number)
     finally:
-        errors = server.stop()
-        outcome.log_tail = server.log_tail(6000)
-        if errors:
-            outcome.message = (outcome.message + "\nstop: " + "; ".join(errors)).strip()
+        _stop(server, outcome)
         outcome.wall_s = time.monotonic() - t0
     return outcome
+
+
+def _stop(server: VllmServer, outcome: TrialOutcome) -> None:
+    errors = server.stop()
+    outcome.log_tail = server.log_tail(6000)
+    if errors:
+        outcome.message = (outcome.message + "\nstop: " + "; ".join(errors)).strip()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import build_parser, main
-from autotune.cli._tune import _settings
+from autotune.cli._tune import settings_from_args as _settings
 from autotune.errors import ConfigError
 
 

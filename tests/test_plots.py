@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from autotune.errors import TrackingError
 from autotune.plots import PLOT_FILES, param_importances, pareto_front, write_study_plots
 from autotune.registry import PRIOR_ATTR
-from autotune.study import A
+from autotune.schema import A
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

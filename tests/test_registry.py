@@ -25,7 +25,7 @@ from autotune.registry import (
     warm_start_from,
 )
 from autotune.space import SearchSpace, load_space
-from autotune.study import A
+from autotune.schema import A
 from autotune.traffic import LoadSpec, TrafficShape, constant_shape, save_shape
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -8,7 +8,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from autotune.study import A, _n_finished, _retry_stopped
+from autotune.schema import A, n_finished
+from autotune.study import _retry_stopped
 
 DISTS = {"max_num_seqs": IntDistribution(1, 64), "chunked": CategoricalDistribution([True, False])}
 
@@ -35,7 +36,7 @@ def test_stopped_trials_do_not_count_and_are_retried_once(tmp_path: Path) -> Non
     _add(study, TrialState.FAIL, "interrupted")
     _add(study, TrialState.PRUNED, "rejected")
     _add(study, TrialState.FAIL, "interrupted", **{A.RECHECK_OF: 0})  # left to the re-check
-    assert _n_finished(study) == 2
+    assert n_finished(study) == 2
 
     assert _retry_stopped(study) == [1, 3]
     waiting = study.get_trials(states=(TrialState.WAITING,))

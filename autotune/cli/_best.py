@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -135,14 +134,12 @@ def _best(args: argparse.Namespace) -> int:
 
 
 def _retune(args: argparse.Namespace) -> int:
-    from autotune.cli._progress import make_display
-    from autotune.cli._tune import _settings
+    from autotune.cli._tune import run_study_command, settings_from_args
     from autotune.registry import explain_miss, plan_retune
     from autotune.space import load_space
-    from autotune.study import tune
     from autotune.traffic import load_shape
 
-    settings = _settings(args)  # validate every option before comparing anything
+    settings = settings_from_args(args)  # validate every option before comparing anything
     out = sys.stdout
     ws = None
     if args.resume:
@@ -185,29 +182,5 @@ def _retune(args: argparse.Namespace) -> int:
                   "trial(s) as prior knowledge (their values were measured under the old shape)",
                   file=out)
 
-    label = "out tok/s" if settings.objective == "throughput" else "goodput req/s"
-
-    def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
-        raise KeyboardInterrupt
-
-    display = make_display(label, quiet=args.quiet)
-    old = signal.signal(signal.SIGTERM, _sigterm)
-    try:
-        result = tune(settings, on_event=display, warm_start=ws)
-    finally:
-        display.close()
-        signal.signal(signal.SIGTERM, old)
-    if args.json:
-        print(json.dumps(result.best, indent=2), file=out)
-        return EXIT_OK if result.best else EXIT_NOTHING
-    print(f"\nstudy {result.study_name}: {result.n_trials} trials, {result.n_ok} feasible, "
-          f"{result.n_failed} failed {result.failures_by_reason or ''}", file=out)
-    if result.best is None:
-        print(f"no trial met the constraints: {result.explanation}", file=out)
-        print(f"every trial's reason and message: {result.out_dir}/trials.csv", file=out)
-        return EXIT_NOTHING
-    b = result.best
-    print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} {label}", file=out)
-    print(f"serve command:\n  {b['serve_command']}", file=out)
-    print(f"written: {result.out_dir / 'best.json'}", file=out)
-    return EXIT_OK
+    return run_study_command(settings, as_json=args.json, out=out, warm_start=ws,
+                             quiet=args.quiet)

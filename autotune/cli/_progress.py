@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PHASES", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display"]
+from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 
-#: phase -> what the display calls it
-PHASES = {"starting": "starting", "warming_up": "warming up", "measuring": "measuring",
+__all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display"]
+
+#: phase (:data:`autotune.events.PHASES`) -> what the display calls it
+PHASE_LABELS = {"starting": "starting", "warming_up": "warming up", "measuring": "measuring",
           "recheck": "re-check", "quality": "quality probe"}
 
 
@@ -81,8 +83,8 @@ class ProgressState:
 
     def phase_label(self, number: int) -> str:
         run = self.running[number]
-        label = PHASES.get(run.phase, run.phase)
-        return f"re-check: {label}" if run.recheck else label
+        label = PHASE_LABELS.get(run.phase, run.phase)
+        return f"re-check: {label}" if run.recheck and run.phase != "recheck" else label
 
     def best_text(self, label: str) -> str:
         if self.best_value is None:
@@ -102,10 +104,10 @@ def _params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "vLLM defaults"
 
 
-class ProgressDisplay:
-    """Subscriber to a study's events: call it with a ``StudyEvent``; ``on_trial_phase`` for
-    the phases of a running trial. ``live``: draw a rich Live panel (a terminal), else print
-    plain lines; ``quiet``: plain lines for finished trials and the study only."""
+class ProgressDisplay(StudyCallback):
+    """Subscriber to a study's events (:class:`autotune.events.StudyCallback`; also
+    callable with a bare ``StudyEvent``). ``live``: draw a rich Live panel (a terminal),
+    else print plain lines; ``quiet``: plain lines for finished trials and the study only."""
 
     def __init__(self, metric_label: str, *, console: Any = None, live: bool | None = None,
                  quiet: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
@@ -119,6 +121,25 @@ class ProgressDisplay:
         self._live: Any = None
         self._bar: Any = None
         self._task: Any = None
+
+    # -- the study's hooks -------------------------------------------------------------------
+    def on_study_start(self, event: StudyEvent, context: StudyContext) -> None:
+        self(event)
+
+    def on_note(self, event: StudyEvent) -> None:
+        self(event)
+
+    def on_trial_start(self, event: StudyEvent) -> None:
+        self(event)
+
+    def on_trial_end(self, event: StudyEvent, record: TrialRecord) -> None:
+        if not record.rejected:  # a sample the space's rules forbid never ran: no line
+            self(event)
+
+    def on_study_end(self, event: StudyEvent, result: Any) -> None:
+        if result is not None:
+            self(event)
+        self.close()
 
     # -- events ------------------------------------------------------------------------------
     def __call__(self, e: Any) -> None:

@@ -1,14 +1,193 @@
-"""``autotune tune``: run a Bayesian study against real vLLM servers."""
+"""``autotune tune``: run a Bayesian study against real vLLM servers.
+
+Every option is declared once, in :data:`OPTIONS`: its flag, the :class:`TuneSettings`
+field it sets and its help. Types, choices and defaults come from the settings model, so a
+default is written in one place (``autotune/config.py``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from autotune.config import DEFAULT_STORAGE, parse_slo
+from autotune.config import TuneSettings, parse_slo
+from autotune.errors import ConfigError
+
+__all__ = ["OPTIONS", "Option", "add_tune_options", "register", "resolve_config",
+           "run_study_command", "settings_from_args", "tune_actions", "tune_parser"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``autotune tune`` option: ``flag`` sets the settings ``field``.
+
+    ``action``: "store" (a value), "store_true"/"store_false" (a switch), "append"
+    (repeatable). ``parse`` turns the command-line text into the settings value (then the
+    flag's own default is None: the settings' default applies when it is not given)."""
+
+    flag: str
+    field: str
+    group: str
+    help: str
+    action: str = "store"
+    metavar: str | None = None
+    required: bool = False
+    parse: Callable[[Any], Any] | None = None
+
+
+_GROUPS = {
+    "what": "what to tune",
+    "where": "where results go",
+    "search": "search",
+    "measure": "measurement",
+    "resources": "resources",
+}
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--model", "model", "what", required=True,
+           help="local model directory (config.json, tokenizer; weights optional with "
+                "--load-format dummy in the space's fixed flags)"),
+    Option("--shape", "shape", "what", required=True,
+           help="traffic shape JSON (autotune shape fit ...; examples in traffic/)"),
+    Option("--space", "space", "what", required=True,
+           help="search space YAML (search_spaces/cpu.yaml, hybrid-mtp.yaml, ...)"),
+    Option("--trials", "trials", "what",
+           help="finished trials the study should have (the baseline counts)"),
+    Option("--storage", "storage", "where",
+           help="Optuna storage URL (SQLite file, or PostgreSQL for many workers)"),
+    Option("--tracking-uri", "tracking_uri", "where",
+           help="MLflow store (default sqlite:///$PWD/experiments/mlflow.db; or an "
+                "http://host:5000 tracking server)"),
+    Option("--experiment", "experiment", "where", help="MLflow experiment name"),
+    Option("--study-name", "study_name", "where",
+           help="study name (default SPACE-SHAPE-TIMESTAMP)"),
+    Option("--out", "out", "where",
+           help="output folder for best.json, trials.csv, logs (default "
+                "experiments/<study-name>/)"),
+    Option("--resume", "resume", "where", action="store_true",
+           help="continue a killed study (the newest one in --storage unless --study-name "
+                "is given); finished trials are kept"),
+    Option("--sampler", "sampler", "search",
+           help="tpe: Bayesian (multivariate TPE with constraints); random: baseline"),
+    Option("--objective", "objective", "search",
+           help="maximise output tokens/s (throughput), requests/s that meet the SLOs "
+                "(goodput), or both throughput and --pareto-latency as two objectives "
+                "(pareto: the front is reported, plotted and logged)"),
+    Option("--pareto-latency", "pareto_latency", "search",
+           help="the latency a Pareto study minimises (ttft_p99, tpot_p99, e2e_p99, ...)"),
+    Option("--slo", "slo", "search", parse=parse_slo,
+           help="latency SLOs in seconds, e.g. ttft_p99=2.0,tpot_p99=0.05; trials that miss "
+                "them are infeasible"),
+    Option("--max-error-rate", "max_error_rate", "search",
+           help="trials with more failed requests are infeasible"),
+    Option("--no-baseline", "baseline", "search", action="store_false",
+           help="do not measure vLLM's defaults first"),
+    Option("--seed", "seed", "search", help="sampler and traffic seed"),
+    Option("--quality", "quality", "search", metavar="THRESHOLDS",
+           help="bound the accuracy cost of lossy knobs, e.g. min_agreement=0.95 (greedy "
+                "exact-match rate vs the full-precision reference; also max_logprob_diff, "
+                "min_divergence_p10): trials below are infeasible (docs/quality.md)"),
+    Option("--no-quality-probe", "quality_probe", "search", action="store_false",
+           help="do not probe lossy trials (no reference server, no quality figures)"),
+    Option("--enqueue", "enqueue", "search", action="append", metavar="JSON",
+           parse=lambda xs: [x if isinstance(x, dict) else _json_arg(x) for x in xs or []],
+           help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}' or "
+                "@file.json); knobs not given take vLLM's defaults; repeatable"),
+    Option("--timeout", "timeout_s", "search", metavar="SECONDS",
+           help="time budget: start no new trial after this many seconds"),
+    Option("--repeats", "repeats", "measure",
+           help="measured replays per trial on the same server (median reported)"),
+    Option("--recheck", "recheck", "measure", metavar="K",
+           help="before declaring a winner, measure the top K configs and the baseline once "
+                "more (new server starts) and choose by the median of all readings "
+                "(default 3; 0 = off)"),
+    Option("--warmup-requests", "warmup_requests", "measure",
+           help="warm-up requests before measuring (default 2 x concurrency)"),
+    Option("--num-requests", "num_requests", "measure",
+           help="requests per replay (default: the shape's load.requests)"),
+    Option("--concurrency", "concurrency", "measure",
+           help="closed-loop streams (default: the shape's load.concurrency)"),
+    Option("--api", "api", "measure", help="OpenAI endpoint the load generator uses"),
+    Option("--start-timeout", "start_timeout_s", "measure",
+           help="seconds a server may take to answer /health"),
+    Option("--request-timeout", "request_timeout_s", "measure",
+           help="seconds one request may take"),
+    Option("--ray-address", "ray_address", "resources",
+           help="join a Ray cluster (host:port of 'ray start --head'); default: a local Ray"),
+    Option("--no-ray", "use_ray", "resources", action="store_false",
+           help="run trials in this process (debugging)"),
+    Option("--gpus-per-trial", "gpus_per_trial", "resources",
+           help="GPUs per trial (default 1 on GPU hosts, 0 on CPU)"),
+    Option("--parallel", "parallel", "resources",
+           help="trials at once (default: one per GPU slot; 1 on CPU)"),
+    Option("--cache-dir", "cache_dir", "resources",
+           help="compile/JIT cache shared by all trials (default ~/.cache/autotune)"),
+    Option("--cpu-kv-cache-gib", "cpu_kv_cache_gib", "resources",
+           help="KV cache GiB for the CPU build (VLLM_CPU_KVCACHE_SPACE)"),
+)
+
+
+def _field_type(field: str) -> tuple[Any, tuple[Any, ...] | None]:
+    """(argparse type, choices) from the settings field's annotation."""
+    ann = TuneSettings.model_fields[field].annotation
+    args = typing.get_args(ann)
+    if isinstance(ann, types.UnionType) or typing.get_origin(ann) is typing.Union:
+        ann = next(a for a in args if a is not type(None))
+        args = typing.get_args(ann)
+    if typing.get_origin(ann) is typing.Literal:
+        return str, args
+    return (ann if ann in (int, float, Path) else str), None
+
+
+def _default(field: str) -> Any:
+    info = TuneSettings.model_fields[field]
+    return info.get_default(call_default_factory=True)
+
+
+def add_tune_options(p: argparse.ArgumentParser) -> None:
+    """Add every option of :data:`OPTIONS` to ``p`` (in its group)."""
+    groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
+    for opt in OPTIONS:
+        g = groups[opt.group]
+        kw: dict[str, Any] = {"dest": opt.field, "help": opt.help}
+        if opt.action in ("store_true", "store_false"):
+            g.add_argument(opt.flag, action=opt.action, **kw)
+            continue
+        kw["metavar"] = opt.metavar or opt.flag.lstrip("-").upper().replace("-", "_")
+        if opt.action == "append":
+            g.add_argument(opt.flag, action="append", default=[], **kw)
+            continue
+        typ, choices = _field_type(opt.field)
+        if opt.parse is not None:
+            typ, choices = str, None
+        if choices is not None and opt.metavar is None:
+            del kw["metavar"]  # argparse shows {a,b,c}
+        if opt.required:  # here or in --config: checked once the file is read
+            kw["help"] = f"(required) {opt.help}"
+        kw.update(type=typ, choices=choices)
+        kw["default"] = None if opt.parse is not None or opt.required else _default(opt.field)
+        g.add_argument(opt.flag, **kw)
+    cf = p.add_argument_group("config file and display")
+    cf.add_argument("--config", type=Path, default=None, metavar="FILE",
+                    help="a YAML file of these options (keys: the flags without '--' or the "
+                         "settings' names, e.g. 'trials: 12', 'slo: {ttft_p99: 2.0}', "
+                         "'baseline: false'); flags on the command line override it. Every "
+                         "study saves its resolved config as OUT/config.yaml, which runs "
+                         "again as it is")
+    cf.add_argument("--print-config", action="store_true",
+                    help="print a config file of every option (with the values given so "
+                         "far) and exit: 'autotune tune --print-config > study.yaml'")
+    cf.add_argument("-q", "--quiet", action="store_true",
+                    help="no live display: one plain line per finished trial (the live panel "
+                         "is drawn only on a terminal; logs and CI always get plain lines)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -23,119 +202,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "written to OUT/best.json with its 'vllm serve' command."
         ),
     )
-    cf = p.add_argument_group("config file")
-    cf.add_argument("--config", type=Path, default=None, metavar="FILE",
-                    help="a YAML file of tune options (keys: the flags without '--', e.g. "
-                         "'trials: 12', 'slo: {ttft_p99: 2.0}', 'baseline: false'); flags on "
-                         "the command line override it. Every study saves its resolved "
-                         "config as OUT/config.yaml, which runs again as it is")
-    cf.add_argument("--print-config", action="store_true",
-                    help="print a config file of every option (with the values given so "
-                         "far) and exit: 'autotune tune --print-config > study.yaml'")
-    req = p.add_argument_group("what to tune")
-    req.add_argument("--model", type=Path, default=None,
-                     help="(required, here or in --config) local model directory "
-                          "(config.json, tokenizer; weights optional with --load-format "
-                          "dummy in the space's fixed flags)")
-    req.add_argument("--shape", type=Path, default=None,
-                     help="(required) traffic shape JSON (autotune shape fit ...; examples "
-                          "in traffic/)")
-    req.add_argument("--space", type=Path, default=None,
-                     help="(required) search space YAML (search_spaces/cpu.yaml, "
-                          "hybrid-mtp.yaml, ...)")
-    req.add_argument("--trials", type=int, default=20,
-                     help="finished trials the study should have (the baseline counts)")
-    st = p.add_argument_group("where results go")
-    st.add_argument("--storage", default=DEFAULT_STORAGE,
-                    help="Optuna storage URL (SQLite file, or PostgreSQL for many workers)")
-    st.add_argument("--tracking-uri", default=None,
-                    help="MLflow store (default sqlite:///$PWD/experiments/mlflow.db; or an "
-                         "http://host:5000 tracking server)")
-    st.add_argument("--experiment", default="autotune", help="MLflow experiment name")
-    st.add_argument("--study-name", default=None,
-                    help="study name (default SPACE-SHAPE-TIMESTAMP)")
-    st.add_argument("--out", type=Path, default=None,
-                    help="output folder for best.json, trials.csv, logs "
-                         "(default experiments/<study-name>/)")
-    st.add_argument("--resume", action="store_true",
-                    help="continue a killed study (the newest one in --storage unless "
-                         "--study-name is given); finished trials are kept")
-    se = p.add_argument_group("search")
-    se.add_argument("--sampler", choices=("tpe", "random"), default="tpe",
-                    help="tpe: Bayesian (multivariate TPE with constraints); random: baseline")
-    se.add_argument("--objective", choices=("throughput", "goodput", "pareto"),
-                    default="throughput",
-                    help="maximise output tokens/s (throughput), requests/s that meet the "
-                         "SLOs (goodput), or both throughput and --pareto-latency as two "
-                         "objectives (pareto: the front is reported, plotted and logged)")
-    se.add_argument("--pareto-latency", default="ttft_p99",
-                    help="the latency a Pareto study minimises (ttft_p99, tpot_p99, e2e_p99, ...)")
-    se.add_argument("--slo", default=None,
-                    help="latency SLOs in seconds, e.g. ttft_p99=2.0,tpot_p99=0.05; trials "
-                         "that miss them are infeasible")
-    se.add_argument("--max-error-rate", type=float, default=0.05,
-                    help="trials with more failed requests are infeasible")
-    se.add_argument("--no-baseline", dest="baseline", action="store_false",
-                    help="do not measure vLLM's defaults first")
-    se.add_argument("--seed", type=int, default=0, help="sampler and traffic seed")
-    se.add_argument("--quality", default=None, metavar="THRESHOLDS",
-                    help="bound the accuracy cost of lossy knobs, e.g. min_agreement=0.95 "
-                         "(greedy exact-match rate vs the full-precision reference; also "
-                         "max_logprob_diff, min_divergence_p10): trials below are infeasible "
-                         "(docs/quality.md)")
-    se.add_argument("--no-quality-probe", dest="quality_probe", action="store_false",
-                    help="do not probe lossy trials (no reference server, no quality figures)")
-    se.add_argument("--enqueue", action="append", default=[], metavar="JSON",
-                    help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}'"
-                         " or @file.json); knobs not given take vLLM's defaults; repeatable")
-    se.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                    help="time budget: start no new trial after this many seconds")
-    ms = p.add_argument_group("measurement")
-    ms.add_argument("--repeats", type=int, default=1,
-                    help="measured replays per trial on the same server (median reported)")
-    ms.add_argument("--recheck", type=int, default=3, metavar="K",
-                    help="before declaring a winner, measure the top K configs and the "
-                         "baseline once more (new server starts) and choose by the median of "
-                         "all readings (default 3; 0 = off)")
-    ms.add_argument("--warmup-requests", type=int, default=None,
-                    help="warm-up requests before measuring (default 2 x concurrency)")
-    ms.add_argument("--num-requests", type=int, default=None,
-                    help="requests per replay (default: the shape's load.requests)")
-    ms.add_argument("--concurrency", type=int, default=None,
-                    help="closed-loop streams (default: the shape's load.concurrency)")
-    ms.add_argument("--api", choices=("completions", "chat"), default="completions",
-                    help="OpenAI endpoint the load generator uses")
-    ms.add_argument("--start-timeout", type=float, default=600.0,
-                    help="seconds a server may take to answer /health")
-    ms.add_argument("--request-timeout", type=float, default=600.0,
-                    help="seconds one request may take")
-    rs = p.add_argument_group("resources")
-    rs.add_argument("--ray-address", default=None,
-                    help="join a Ray cluster (host:port of 'ray start --head'); default: "
-                         "a local Ray")
-    rs.add_argument("--no-ray", dest="use_ray", action="store_false",
-                    help="run trials in this process (debugging)")
-    rs.add_argument("--gpus-per-trial", type=int, default=None,
-                    help="GPUs per trial (default 1 on GPU hosts, 0 on CPU)")
-    rs.add_argument("--parallel", type=int, default=None,
-                    help="trials at once (default: one per GPU slot; 1 on CPU)")
-    rs.add_argument("--cache-dir", type=Path, default=None,
-                    help="compile/JIT cache shared by all trials (default ~/.cache/autotune)")
-    rs.add_argument("--cpu-kv-cache-gib", type=float, default=1.0,
-                    help="KV cache GiB for the CPU build (VLLM_CPU_KVCACHE_SPACE)")
+    add_tune_options(p)
     p.add_argument("--json", action="store_true",
                    help="print the result (best.json content) as JSON at the end")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="no live display: one plain line per finished trial (the live panel "
-                        "is drawn only on a terminal; logs and CI always get plain lines)")
     p.set_defaults(func=_tune)
 
 
-_REQUIRED = ("model", "shape", "space")
-
-
 def tune_parser() -> argparse.ArgumentParser:
-    """A fresh parser of ``autotune tune`` (the one declaration of its options)."""
+    """A fresh parser of ``autotune tune``."""
     holder = argparse.ArgumentParser(add_help=False)
     register(holder.add_subparsers())
     for action in holder._actions:
@@ -161,51 +235,34 @@ def resolve_config(args: argparse.Namespace) -> None:
                  explicit=explicit_dests(actions, getattr(args, "argv", None) or []))
 
 
-def _settings(args: argparse.Namespace) -> Any:
+def settings_from_args(args: argparse.Namespace) -> TuneSettings:
+    """The validated :class:`TuneSettings` of parsed ``tune`` options (``--config FILE``
+    first, flags over it); one-line errors that name the flag."""
     from pydantic import ValidationError
 
-    from autotune.config import TuneSettings
-    from autotune.errors import ConfigError
-
     resolve_config(args)
-    missing = [f"--{k}" for k in _REQUIRED if getattr(args, k, None) is None]
+    missing = [o.flag for o in OPTIONS if o.required and getattr(args, o.field, None) is None]
     if missing:
         raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
                           "required: give them as flags or in a --config file (autotune tune "
                           "--print-config writes one)")
+    values = {}
+    for opt in OPTIONS:
+        value = getattr(args, opt.field)
+        values[opt.field] = opt.parse(value) if opt.parse is not None else value
     try:
-        return TuneSettings(
-            model=args.model, shape=args.shape, space=args.space, trials=args.trials,
-            storage=args.storage, tracking_uri=args.tracking_uri, experiment=args.experiment,
-            study_name=args.study_name, out=args.out, ray_address=args.ray_address,
-            use_ray=args.use_ray, seed=args.seed, sampler=args.sampler,
-            objective=args.objective, pareto_latency=args.pareto_latency,
-            slo=parse_slo(args.slo),
-            max_error_rate=args.max_error_rate, baseline=args.baseline, repeats=args.repeats,
-            recheck=args.recheck,
-            warmup_requests=args.warmup_requests, num_requests=args.num_requests,
-            concurrency=args.concurrency, api=args.api, start_timeout_s=args.start_timeout,
-            request_timeout_s=args.request_timeout, gpus_per_trial=args.gpus_per_trial,
-            parallel=args.parallel, cache_dir=args.cache_dir,
-            cpu_kv_cache_gib=args.cpu_kv_cache_gib, resume=args.resume,
-            enqueue=[x if isinstance(x, dict) else _json_arg(x) for x in args.enqueue], timeout_s=args.timeout,
-            quality=args.quality, quality_probe=args.quality_probe,
-        )  # fmt: skip
+        return TuneSettings(**values)
     except ValidationError as exc:
-        flag = {"timeout_s": "--timeout", "start_timeout_s": "--start-timeout",
-                "request_timeout_s": "--request-timeout", "use_ray": "--no-ray"}
+        flags = {opt.field: opt.flag for opt in OPTIONS}
         msgs = "; ".join(
-            f"{flag.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))} "
+            f"{flags.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))} "
             f"{e.get('input')!r}: {e['msg']}" for e in exc.errors()
         )
         raise ConfigError(msgs) from None
 
 
+
 def _json_arg(text: str) -> dict[str, Any]:
-    import json
-
-    from autotune.errors import ConfigError
-
     src = text
     if text.startswith("@"):
         try:
@@ -221,34 +278,26 @@ def _json_arg(text: str) -> dict[str, Any]:
     return value
 
 
-def _tune(args: argparse.Namespace) -> int:
-    import json
-
+def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
+                      warm_start: Any = None, quiet: bool = False) -> int:
+    """The tail ``tune`` and ``retune`` share: run the study (SIGTERM stops it like Ctrl-C)
+    with the progress display, then print the result; exit 0 when a config won, else 1."""
+    from autotune.schema import objective_label
     from autotune.study import tune
-
-    if args.print_config:
-        from autotune.cli._config_file import render_config
-
-        resolve_config(args)
-        sys.stdout.write(render_config(args, tune_actions(), required=_REQUIRED))
-        return 0
-    settings = _settings(args)
-    label = "goodput req/s" if settings.objective == "goodput" else "out tok/s"
 
     def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
         raise KeyboardInterrupt
 
     from autotune.cli._progress import make_display
 
-    display = make_display(label, quiet=args.quiet)
+    display = make_display(objective_label(settings.objective), quiet=quiet)
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        result = tune(settings, on_event=display)
+        result = tune(settings, callbacks=[display], warm_start=warm_start)
     finally:
         display.close()
         signal.signal(signal.SIGTERM, old)
-    out = sys.stdout
-    if args.json:
+    if as_json:
         print(json.dumps(result.best, indent=2), file=out)
         return 0 if result.best else 1
     print(f"\nstudy {result.study_name}: {result.n_trials} trials, {result.n_ok} feasible, "
@@ -261,7 +310,8 @@ def _tune(args: argparse.Namespace) -> int:
         return 1
     b = result.best
     ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
-    print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} {label}{ratio}", file=out)
+    print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} "
+          f"{objective_label(settings.objective)}{ratio}", file=out)
     print(f"params: {json.dumps(b['params'])}", file=out)
     print(f"serve command:\n  {b['serve_command']}", file=out)
     print(f"written: {result.out_dir / 'best.json'}", file=out)
@@ -269,3 +319,15 @@ def _tune(args: argparse.Namespace) -> int:
     if result.report:
         print(f"report: {result.report} (opens offline in a browser)", file=out)
     return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    if args.print_config:
+        from autotune.cli._config_file import render_config
+
+        resolve_config(args)
+        sys.stdout.write(render_config(args, tune_actions(),
+                                       required=[o.field for o in OPTIONS if o.required]))
+        return 0
+    return run_study_command(settings_from_args(args), as_json=args.json, out=sys.stdout,
+                             quiet=args.quiet)

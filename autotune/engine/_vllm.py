@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from autotune.errors import EngineCrashedError, EngineError, EngineStartError
+from autotune.schema import FailureReason
 
 __all__ = [
     "EngineInfo",
@@ -42,19 +43,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class FailureReason:
-    """Failure classes recorded in Optuna and MLflow (string constants)."""
-
-    INVALID_CONFIG = "invalid_config"  # vLLM rejected the flags or their combination
-    OOM = "oom"  # out of memory (GPU, CPU or KV cache too large for memory)
-    CRASH = "crash"  # the server exited for another reason
-    START_TIMEOUT = "start_timeout"  # /health never answered in time
-    PORT_IN_USE = "port_in_use"  # the port was taken between choosing and binding it
-    DIED = "died"  # the server died while it was being measured
-    SLO = "slo"  # measured, but missed the SLOs (set by the study, not here)
-    REJECTED = "rejected"  # never started: the search space's rules forbid the sample
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from autotune.report._data import ReportData, TrialRow, load_report_data, trial_row
 from autotune.report._html import SECTIONS, log_excerpt, render_html, write_html
-from autotune.report._why import explain_no_winner, failure_summary
+from autotune.report._why import explain_no_winner, failure_summary, one_line_message
 
 __all__ = [
     "SECTIONS",
@@ -23,6 +23,7 @@ __all__ = [
     "failure_summary",
     "load_report_data",
     "log_excerpt",
+    "one_line_message",
     "render_html",
     "trial_row",
     "write_report",

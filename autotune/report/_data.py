@@ -109,7 +109,7 @@ def _finite_metrics(raw: Any) -> dict[str, float]:
 def trial_row(t: Any) -> TrialRow:
     from optuna.trial import TrialState
 
-    from autotune.study import A
+    from autotune.schema import A
 
     ua = t.user_attrs
     values = tuple(float(v) for v in (t.values or ()) if v is not None)
@@ -193,7 +193,7 @@ def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
              ) -> tuple[dict[str, Any] | None, str]:
     import numpy as np
 
-    from autotune.study import _verdict as study_verdict
+    from autotune.schema import verdict as study_verdict
 
     rec = attrs.get(VERDICT_ATTR)
     if isinstance(rec, dict) and rec.get("verdict"):
@@ -247,12 +247,12 @@ def load_report_data(*, storage: str, study_name: str | None = None,
     import optuna
 
     from autotune.plots import param_importances
-    from autotune.study import A, _latest_study, objective_metric, open_storage
+    from autotune.schema import A, latest_study, objective_metric, open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_storage(storage)
     if study_name is None:
-        study_name = _latest_study(store)
+        study_name = latest_study(store)
         if study_name is None:
             raise StudyError(f"no study in {storage}; run 'autotune tune' first, or pass "
                              "--storage with the URL the study used")

@@ -7,7 +7,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["explain_no_winner", "failure_summary"]
+__all__ = ["explain_no_winner", "failure_summary", "one_line_message"]
+
+#: what the study appends to a failed trial's message (the server log's tail)
+LOG_TAIL_MARK = "\n--- server log tail ---"
 
 _ERROR_HINTS = {
     "stalled": "requests got no bytes for many seconds: the server is saturated",
@@ -31,6 +34,12 @@ def failure_summary(message: str, reason: str, limit: int = 300) -> str:
     key = named[0].strip() if named else (lines[-1] if len(lines) > 1 else "")
     head = lines[0]
     return (head if not key or key in head else f"{head.rstrip(':;,. ')}: {key}")[:limit]
+
+
+def one_line_message(message: str, reason: str | None, limit: int) -> str:
+    """A trial's message on one line for the console, trials.csv and MLflow tags: the log
+    tail appended to failures left out, the log line that named the failure kept."""
+    return failure_summary(message.split(LOG_TAIL_MARK, 1)[0], reason or "", limit)
 
 
 class _Trial(Protocol):
@@ -118,7 +127,7 @@ def explain_no_winner(trials: Iterable[_Trial], settings: Mapping[str, Any] | No
         return head + (f"{group[0].message}. Lossy knobs cost more accuracy than --quality "
                        f"{settings.get('quality')} allows: relax it, or fix those knobs to "
                        "their full-precision values in the space.")
-    first = failure_summary(group[0].message.split("\n--- server log tail ---", 1)[0], top)
+    first = one_line_message(group[0].message, top, 300)
     fixes = {
         "invalid_config": "vLLM rejected the flags: check the space's fixed flags and knob "
                           "ranges against this vLLM version",

@@ -2,14 +2,15 @@
 
     python experiments/sample_efficiency/run.py --seeds 30 --budget 150
 
-Each run is a study driven exactly like :func:`autotune.study.tune` drives one: the sampler
-from ``autotune.study._make_sampler`` (or a variant, ``--variant``), trial 0 = vLLM's
-defaults (enqueued), ``SearchSpace.suggest`` define-by-run over search_spaces/hybrid-mtp.yaml
-with the H200's facts, samples that break a rule of the space told PRUNED with a failed
-constraint and not counted (they cost no server), start failures PRUNED with a failed
-constraint and counted, measured trials COMPLETE with their noisy value and feasible
-constraints. The value of a config comes from surface.py (measured cells first, the
-documented model elsewhere) times log-normal noise.
+Each run is a study driven by autotune's own loop (:class:`autotune.study.StudyLoop`, what
+``autotune tune`` runs) with a simulated executor (:class:`autotune.testing.SimulatedExecutor`)
+instead of vLLM servers: the sampler from :func:`autotune.study.make_sampler` (or a variant,
+``--variant``), trial 0 = vLLM's defaults (enqueued), ``SearchSpace.suggest`` define-by-run
+over search_spaces/hybrid-mtp.yaml with the H200's facts, samples that break a rule of the
+space told PRUNED with a failed constraint and not counted (they cost no server), start
+failures PRUNED with a failed constraint and counted, measured trials COMPLETE with their
+noisy value and feasible constraints; no re-check phase. The value of a config comes from
+surface.py (measured cells first, the documented model elsewhere) times log-normal noise.
 
 Reported per sampler: the number of counted trials until a config within 3 % of the best
 cell's (noise-free) value has been measured (median and IQR over seeds; runs that never get
@@ -47,7 +48,7 @@ SPACE = REPO / "search_spaces" / "hybrid-mtp.yaml"
 TOL = 0.03
 
 # Sampler variants tried when the default misses the goal (see results.md). "default" and
-# "random" are exactly autotune.study._make_sampler for --sampler tpe / random.
+# "random" are exactly autotune.study.make_sampler for --sampler tpe / random.
 VARIANTS = ("default", "random", "startup5", "startup20", "independent", "endpoints",
             "nogroup", "startup5_endpoints")  # fmt: skip
 
@@ -61,13 +62,10 @@ def _facts() -> Any:
 def make_sampler(variant: str, seed: int, budget: int) -> Any:
     import optuna
 
-    from autotune.config import TuneSettings
-    from autotune.study import _make_sampler
+    from autotune.study import make_sampler
 
-    settings = TuneSettings(model=Path("m"), shape=Path("s"), space=SPACE, trials=budget,
-                            seed=seed, sampler="random" if variant == "random" else "tpe")
     if variant in ("default", "random"):
-        return _make_sampler(settings)
+        return make_sampler(_settings(variant, seed, budget))
     n_startup = max(3, min(10, budget // 3))
     kw: dict[str, Any] = {"seed": seed, "n_startup_trials": n_startup, "multivariate": True,
                           "group": True, "constant_liar": True}
@@ -86,6 +84,14 @@ def make_sampler(variant: str, seed: int, budget: int) -> Any:
         return optuna.samplers.TPESampler(**kw)
 
 
+def _settings(variant: str, seed: int, budget: int) -> Any:
+    from autotune.config import TuneSettings
+
+    return TuneSettings(model=Path("m"), shape=Path("s"), space=SPACE, trials=budget,
+                        seed=seed, sampler="random" if variant == "random" else "tpe",
+                        recheck=0, use_ray=False, quality_probe=False)
+
+
 @dataclass
 class Run:
     variant: str
@@ -98,13 +104,45 @@ class Run:
     wall_s: float
 
 
+class _Score:
+    """Counts a run's trials as the study finishes them (a subscriber of the study)."""
+
+    def __init__(self, best: float) -> None:
+        self.best = best
+        self.truth: dict[int, float | None] = {}
+        self.counted = self.failed = self.rejected = 0
+        self.first_hit: int | None = None
+        self.inc_hit: int | None = None
+        self.inc_obs, self.inc_true = -math.inf, 0.0
+
+    def trial_end(self, record: Any) -> None:
+        if record.rejected:
+            self.rejected += 1
+            return
+        self.counted += 1
+        true = self.truth.get(record.number)
+        if true is None or record.value is None:
+            self.failed += 1
+            return
+        observed = float(record.value)
+        if self.first_hit is None and true >= (1 - TOL) * self.best:
+            self.first_hit = self.counted
+        if observed > self.inc_obs:
+            self.inc_obs, self.inc_true = observed, true
+        if self.inc_hit is None and self.inc_true >= (1 - TOL) * self.best:
+            self.inc_hit = self.counted
+
+
 def one_run(variant: str, seed: int, budget: int, noise: float, best: float,
             measured: list[Any], accept: dict[int, float]) -> Run:
     """One study of ``budget`` counted trials; returns when it hit."""
     import optuna
 
+    from autotune.events import StudyCallback, StudyCallbacks
+    from autotune.schema import A
     from autotune.space import load_space
-    from autotune.study import A, _commit_tell, _mark_failed, _set_constraints
+    from autotune.study import StudyLoop, TrialTemplate
+    from autotune.testing import SimulatedExecutor
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.simplefilter("ignore")
@@ -112,45 +150,29 @@ def one_run(variant: str, seed: int, budget: int, noise: float, best: float,
     space = load_space(SPACE, facts=_facts())
     surf = S.Surface(measured, accept)
     rng = np.random.default_rng(10_000 + seed)  # noise stream: the same for every sampler
+    score = _Score(best)
+
+    def evaluate(params: dict[str, Any], spec: Any) -> dict[str, float] | str:
+        true, reason, _ = surf.value(params)
+        noise_draw = float(rng.normal(0.0, noise))  # drawn for failures too: same stream
+        score.truth[spec.number] = true
+        if true is None:
+            return str(reason)
+        return {"output_tokens_per_s": true * math.exp(noise_draw)}
+
+    class Subscriber(StudyCallback):
+        def on_trial_end(self, event: Any, record: Any) -> None:
+            score.trial_end(record)
+
     study = optuna.create_study(direction="maximize",
                                 sampler=make_sampler(variant, seed, budget))
     study.enqueue_trial(space.baseline_params(), user_attrs={A.BASELINE: True})
-    counted = failed = rejected = 0
-    first_hit = inc_hit = None
-    inc_obs, inc_true = -math.inf, 0.0
-    while counted < budget:
-        trial = study.ask()
-        is_base = bool(trial.user_attrs.get(A.BASELINE))
-        params = space.suggest(trial, baseline=is_base)
-        problems = space.violations(params)
-        if problems and not is_base:
-            rejected += 1
-            _mark_failed(trial, "rejected", "; ".join(problems))
-            _commit_tell(study, trial, None)
-            if rejected > 20 * budget:
-                raise RuntimeError(f"{variant} seed {seed}: the rules reject everything")
-            continue
-        counted += 1
-        true, reason, _ = surf.value(params)
-        noise_draw = float(rng.normal(0.0, noise))
-        if true is None:
-            failed += 1
-            _mark_failed(trial, reason, "start failure (surface)")
-            _commit_tell(study, trial, None)
-            continue
-        observed = true * math.exp(noise_draw)
-        trial.set_user_attr(A.METRICS, {"output_tokens_per_s": observed})
-        _set_constraints(trial, failed=0.0, slo=-1.0, errors=-0.05)
-        trial.set_user_attr(A.STATE, "ok")
-        _commit_tell(study, trial, observed)
-        if first_hit is None and true >= (1 - TOL) * best:
-            first_hit = counted
-        if observed > inc_obs:
-            inc_obs, inc_true = observed, true
-        if inc_hit is None and inc_true >= (1 - TOL) * best:
-            inc_hit = counted
-    return Run(variant, seed, first_hit, inc_hit, inc_true / best, failed, rejected,
-               time.monotonic() - t0)
+    sim = SimulatedExecutor(evaluate)
+    StudyLoop(study=study, settings=_settings(variant, seed, budget), space=space,
+              executor=sim, template=TrialTemplate(model="m", shape=None),
+              callbacks=StudyCallbacks([sim, Subscriber()])).run()
+    return Run(variant, seed, score.first_hit, score.inc_hit, score.inc_true / best,
+               score.failed, score.rejected, time.monotonic() - t0)
 
 
 def _sampler_config(sampler: Any) -> dict[str, Any]:

@@ -1,0 +1,147 @@
+"""The whole study loop in process: real Optuna (SQLite), the real loop and result files,
+a simulated executor instead of vLLM servers (seconds, not minutes)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import pytest
+
+from autotune.config import TuneSettings
+from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
+from autotune.schema import A, FailureReason, n_finished
+from autotune.study import tune
+from autotune.testing import SimulatedExecutor
+from autotune.trial import TrialSpec
+from tests.conftest import REPO
+
+
+def _value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | str:
+    seqs = int(params.get("max_num_seqs", 16))
+    if seqs > 48:
+        return FailureReason.OOM  # a config that cannot start
+    tput = 100.0 + seqs + (10.0 if params.get("enable_chunked_prefill") else 0.0)
+    return {"output_tokens_per_s": tput, "ttft_p99_s": 0.5, "ttft_p50_s": 0.2,
+            "error_rate": 0.0, "goodput_rps": tput / 100}
+
+
+class Recorder(StudyCallback):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def on_study_start(self, event: StudyEvent, context: StudyContext) -> None:
+        self.calls.append(("study_start", context.study_name))
+
+    def on_trial_start(self, event: StudyEvent) -> None:
+        self.calls.append(("trial_start", event.trial_number))
+
+    def on_trial_phase(self, number: int, phase: str, elapsed_s: float, detail: str) -> None:
+        self.calls.append(("phase", (number, phase)))
+
+    def on_trial_end(self, event: StudyEvent, record: TrialRecord) -> None:
+        self.calls.append(("trial_end", (record.number, record.state, record.rejected)))
+
+    def on_study_end(self, event: StudyEvent, result: Any) -> None:
+        self.calls.append(("study_end", result))
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "vocab_size": 1000, "max_position_embeddings": 2048}))
+    return d
+
+
+def _settings(model: Path, tmp_path: Path, **kw: Any) -> TuneSettings:
+    base: dict[str, Any] = {
+        "model": model, "shape": REPO / "traffic" / "example-chat.json",
+        "space": REPO / "search_spaces" / "cpu.yaml", "trials": 8, "seed": 1, "recheck": 2,
+        "storage": f"sqlite:///{tmp_path}/optuna.db", "study_name": "sim",
+        "out": tmp_path / "out", "quality_probe": False, "use_ray": False}
+    base.update(kw)
+    return TuneSettings(**base)
+
+
+def test_a_whole_study_with_a_simulated_executor(model: Path, tmp_path: Path) -> None:
+    sim = SimulatedExecutor(_value, slots=2)
+    rec = Recorder()
+    result = tune(_settings(model, tmp_path), executor=sim, tracker=False,
+                  callbacks=[sim, rec])
+
+    study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
+    trials = study.get_trials()
+    searched = [t for t in trials if A.RECHECK_OF not in t.user_attrs
+                and t.user_attrs.get(A.REASON) != "rejected"]
+    assert len(searched) == 8 and searched[0].user_attrs[A.BASELINE] is True
+    rechecks = [t for t in trials if A.RECHECK_OF in t.user_attrs]
+    assert 1 <= len(rechecks) <= 3  # the top 2 and the baseline, once more
+    assert n_finished(study) == 8 + len(rechecks)
+    for t in trials:
+        if t.params.get("max_num_seqs", 0) > 48 and t.user_attrs.get(A.REASON) != "rejected":
+            assert t.state.name == "PRUNED" and t.user_attrs[A.REASON] == "oom"
+            assert t.constraints["failed"] == 1.0
+
+    # best.json: the best measured config, its command, and the other result files
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert result.best == best
+    ok = [t for t in trials if t.user_attrs.get(A.STATE) == "ok"]
+    assert sorted(best["readings"]) == sorted(t.value for t in ok if t.params == best["params"])
+    assert best["objective"]["value"] == statistics.median(best["readings"])
+    assert best["objective"]["value"] >= max(t.value for t in ok if A.RECHECK_OF not in
+                                             t.user_attrs) - 1e-9 or len(best["readings"]) > 1
+    assert best["serve_command"].startswith("vllm serve ")
+    assert best["baseline"]["trial"] == 0 and best["mlflow_run_id"] is None
+    csv = pd.read_csv(tmp_path / "out" / "trials.csv")
+    assert len(csv) == len(trials)
+    summary = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert summary["trials"] == len(trials) and summary["best_trial"] == best["trial"]
+    assert "trials.csv" in result.files
+    assert not (tmp_path / "experiments").exists()  # no tracker: no MLflow store anywhere
+
+    # the subscribers heard every step, in order
+    kinds = [k for k, _ in rec.calls]
+    assert kinds[0] == "study_start" and kinds[-1] == "study_end"
+    assert rec.calls[-1][1] is result
+    started = [v for k, v in rec.calls if k == "trial_start"]
+    ended = [v[0] for k, v in rec.calls if k == "trial_end" and not v[2]]
+    assert sorted(started) == sorted(ended) and len(started) == 8 + len(rechecks)
+    phases = [v for k, v in rec.calls if k == "phase"]
+    assert (0, "starting") in phases and (0, "measuring") in phases
+    assert {n for n, p in phases if p == "recheck"} == {t.number for t in rechecks}
+
+
+def test_an_interrupt_fails_the_running_trial_and_resume_retries_it(
+        model: Path, tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def stop_on_third(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | str:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return _value(params, spec)
+
+    sim = SimulatedExecutor(stop_on_third)
+    rec = Recorder()
+    settings = _settings(model, tmp_path, trials=4, recheck=0)
+    with pytest.raises(KeyboardInterrupt):
+        tune(settings, executor=sim, tracker=False, callbacks=[sim, rec])
+    assert rec.calls[-1] == ("study_end", None)
+    study = optuna.load_study(study_name="sim", storage=settings.storage)
+    stopped = [t for t in study.get_trials() if t.state.name == "FAIL"]
+    assert [t.user_attrs[A.REASON] for t in stopped] == ["interrupted"]
+
+    sim2 = SimulatedExecutor(_value)
+    result = tune(settings.model_copy(update={"resume": True}), executor=sim2, tracker=False,
+                  callbacks=[sim2])
+    study = optuna.load_study(study_name="sim", storage=settings.storage)
+    assert n_finished(study) == 4 and result.n_trials == len(study.get_trials())
+    retry = [t for t in study.get_trials() if A.RETRY_OF in t.user_attrs]
+    assert [t.user_attrs[A.RETRY_OF] for t in retry] == [stopped[0].number]
+    assert retry[0].params == stopped[0].params
