@@ -57,6 +57,8 @@ class StudyEvent:
     running: int
     best_value: float | None = None
     best_number: int | None = None
+    best_ci_low: float | None = None  # the best trial's throughput interval, when measured
+    best_ci_high: float | None = None
     baseline_value: float | None = None
     elapsed_s: float = 0.0
     eta_s: float | None = None

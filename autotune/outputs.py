@@ -19,6 +19,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError, StudyError
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
+from autotune.report import one_line_message
 from autotune.schema import (
     A,
     failures_by_reason,
@@ -31,8 +32,8 @@ from autotune.schema import (
     verdict,
 )
 
-__all__ = ["TrialsCsvCallback", "TuneResult", "write_json_atomic", "write_results",
-           "write_trials_csv"]
+__all__ = ["TrialsCsvCallback", "TuneResult", "write_config", "write_json_atomic",
+           "write_results", "write_trials_csv"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class TuneResult:
     failures_by_reason: dict[str, int]
     # artifact name -> file ("plots/optimization_history.png", "trials.csv")
     files: dict[str, Path] = field(default_factory=dict)
+    explanation: str = ""  # why no trial won, in one paragraph (empty when one did)
+    report: Path | None = None  # OUT/report.html, when it could be written
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -94,6 +97,14 @@ def write_trials_csv(study: Any, path: Path) -> None:
         row.update({f"param.{k}": v for k, v in t.params.items()})
         row.update({f"metric.{k}": v for k, v in t.user_attrs.get(A.METRICS, {}).items()})
         row["flags"] = " ".join(t.user_attrs.get(A.FLAGS, []))
+        row["message"] = one_line_message(str(t.user_attrs.get(A.MESSAGE) or ""),
+                                          t.user_attrs.get(A.REASON), 2000)
+        named = dict(getattr(t, "constraints", None) or {}) or dict(zip(
+            ("failed", "slo", "errors", "quality"), t.user_attrs.get(A.CONSTRAINTS, []),
+            strict=False))  # Optuna keeps constraints in key order: by name, not position
+        for name in ("failed", "slo", "errors", "quality"):
+            if name in named:  # > 0: violated (by how much, relative to the limit)
+                row[f"constraint.{name}"] = named[name]
         rows.append(row)
     write_atomic(path, lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
 
@@ -122,6 +133,34 @@ def _write_plots(study: Any, out: Path) -> dict[str, Path]:
     except AutotuneError as exc:  # plots are a convenience: never fail a finished study
         logger.warning("could not write the study plots: %s", exc)
         return {}
+
+
+def write_config(settings: Any, path: Path) -> None:
+    """The resolved settings as a --config file: the study runs again from it as it is."""
+    import yaml
+
+    text = ("# the resolved config of this study: autotune tune --config " + path.name + "\n"
+            + yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False))
+    write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def _write_report(ctx: StudyContext) -> Path | None:
+    """OUT/report.html; a convenience like the plots: never fails a finished study."""
+    from autotune.report import write_report
+
+    try:
+        return write_report(ctx.out_dir / "report.html", storage=ctx.settings.storage,
+                            study_name=ctx.study.study_name, out_dir=ctx.out_dir)
+    except (AutotuneError, OSError, ValueError, RuntimeError, ImportError) as exc:
+        logger.warning("could not write the study report: %s", exc)
+        return None
+
+
+def _explain(trials: list[Any], settings: Any) -> str:
+    """Why no trial won, in one paragraph (see :func:`autotune.report.explain_no_winner`)."""
+    from autotune.report import explain_no_winner, trial_row
+
+    return explain_no_winner([trial_row(t) for t in trials], settings.model_dump(mode="json"))
 
 
 def _version() -> str:
@@ -206,6 +245,7 @@ def write_results(ctx: StudyContext) -> TuneResult:
     write_trials_csv(study, out_dir / "trials.csv")
     plots = _write_plots(study, out_dir / "plots")
     n_failed = sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL))
+    explanation = "" if best is not None else _explain(trials, settings)
     summary = {
         "study": study.study_name, "storage": settings.storage,
         "tracking_uri": ctx.tracking_uri, "trials": len(trials), "ok": n_ok,
@@ -213,12 +253,19 @@ def write_results(ctx: StudyContext) -> TuneResult:
         "best_trial": best["trial"] if best else None,
         "best_value": best["objective"]["value"] if best else None,
         "baseline_value": best["baseline"]["value"] if best and best["baseline"] else None,
+        "explanation": explanation,
+        "settings": settings.model_dump(mode="json"),  # the resolved config (config.yaml)
     }
     write_json_atomic(out_dir / "study.json", summary)
+    report = _write_report(ctx)
+    extra = {name: out_dir / name for name in ("config.yaml", "study.json")
+             if (out_dir / name).exists()}
+    if report is not None:
+        extra["report.html"] = report
     return TuneResult(
         study_name=study.study_name, storage=settings.storage, out_dir=out_dir, best=best,
         n_trials=len(trials), n_ok=n_ok, n_failed=n_failed, tracking_uri=ctx.tracking_uri,
-        failures_by_reason=reasons,
+        failures_by_reason=reasons, explanation=explanation, report=report,
         files={**{f"plots/{p.name}": p for p in plots.values()},
-               "trials.csv": out_dir / "trials.csv"},
+               "trials.csv": out_dir / "trials.csv", **extra},
     )  # fmt: skip

@@ -28,7 +28,7 @@ from autotune.schema import (
     pareto_front,
 )
 
-__all__ = ["PLOT_FILES", "pareto_front", "write_study_plots"]
+__all__ = ["PLOT_FILES", "param_importances", "pareto_front", "trial_points", "write_study_plots"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class _Point:
     metrics: dict[str, float]
 
 
-def _points(study: Any) -> list[_Point]:
+def trial_points(study: Any) -> list[_Point]:
     from optuna.trial import TrialState
 
     out: list[_Point] = []
@@ -220,7 +220,7 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
 # Parameter importances
 
 
-def _importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
+def param_importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
     """(importances, why not, trials used) over this study's own COMPLETE trials."""
     import optuna
     from optuna.trial import TrialState
@@ -257,7 +257,7 @@ def _importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
 
 def _importance(study: Any, path: Path) -> Path:
     fig, ax = _figure((8.0, 4.5))
-    imp, why, n = _importances(study)
+    imp, why, n = param_importances(study)
     ax.set_title(f"{study.study_name}: parameter importances (fANOVA, {n} measured trials)")
     if imp is None:
         ax.set_axis_off()
@@ -336,7 +336,7 @@ def write_study_plots(study: Any, out_dir: str | Path) -> dict[str, Path]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TrackingError(f"cannot create the plot folder {out}: {exc}") from exc
-    points = _points(study)
+    points = trial_points(study)
     written: dict[str, Path] = {}
     for key, name in PLOT_FILES.items():
         path = out / name

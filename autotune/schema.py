@@ -91,6 +91,7 @@ class A(StrEnum):
     NODE = "autotune.ray_node_id"
     QUALITY = "autotune.quality"  # QualityReport of a probed (lossy) trial
     QUALITY_NOTE = "autotune.quality_note"
+    REQUEST_ERRORS = "autotune.request_errors"  # failed requests by kind (stalled, timeout, ...)
     GPUS = "autotune.gpus"
     MLFLOW_RUN = "autotune.mlflow_run_id"  # also "<this>.<trial number>" on the study
     # study attributes

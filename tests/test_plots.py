@@ -11,7 +11,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.errors import TrackingError
-from autotune.plots import PLOT_FILES, _importances, pareto_front, write_study_plots
+from autotune.plots import PLOT_FILES, param_importances, pareto_front, write_study_plots
 from autotune.registry import PRIOR_ATTR
 from autotune.schema import A
 
@@ -83,7 +83,7 @@ def test_full_study(storage: Any, tmp_path: Path) -> None:
     study.ask()  # a trial in flight: nothing to plot for it yet
     paths = write_study_plots(study, tmp_path / "plots")
     _check(paths, tmp_path / "plots")
-    imp, why, n = _importances(study)
+    imp, why, n = param_importances(study)
     assert imp is not None and set(imp) == {"max_num_seqs", "kv_cache_dtype"}, why
     assert n == 6  # the measured trials of this study: not the failures, not the prior
 
@@ -115,7 +115,7 @@ def test_pareto_study(storage: Any, tmp_path: Path) -> None:
             user_attrs=t.user_attrs, constraints=t.constraints))  # fmt: skip
     study.add_trial(_t(48, "auto", "oom"))
     _check(write_study_plots(study, tmp_path), tmp_path)
-    imp, why, n = _importances(study)
+    imp, why, n = param_importances(study)
     assert imp is not None and n == 3, why
 
 
@@ -131,7 +131,7 @@ def test_pareto_study(storage: Any, tmp_path: Path) -> None:
 )
 def test_importances_say_why_not(storage: Any, name: str,
                                  trials: list[optuna.trial.FrozenTrial], why: str) -> None:
-    imp, reason, _ = _importances(_study(storage, name, trials))
+    imp, reason, _ = param_importances(_study(storage, name, trials))
     assert imp is None and why in reason
 
 

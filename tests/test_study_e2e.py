@@ -114,7 +114,31 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         else:
             assert c.data.tags.get("autotune.failure_reason")
     arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"best.json", "serve_command.sh"} <= arts
+    assert {"best.json", "serve_command.sh", "report.html", "config.yaml"} <= arts
+
+    # What the user looks at (issue 17): the resolved config, every trial's reason in
+    # trials.csv, and the report in a real browser.
+    summary = json.loads((out / "study.json").read_text())
+    assert summary["settings"]["trials"] == 3 and summary["settings"]["recheck"] == 1
+    assert "trials: 3" in (out / "config.yaml").read_text()
+    import pandas as pd
+
+    df = pd.read_csv(out / "trials.csv")
+    assert {"message", "constraint.failed", "constraint.slo", "constraint.errors"} <= set(df)
+    for row in df.itertuples():
+        if row.state in ("failed", "infeasible"):
+            assert isinstance(row.message, str) and row.message  # the why, beside the reason
+    from autotune.report import SECTIONS
+    from tests._browser import open_report
+
+    assert "report: " in proc.stdout and str(out / "report.html") in proc.stdout
+    with open_report(out / "report.html") as page:
+        assert page.sections() == [*SECTIONS, "config"]
+        assert "#" in page.hover_a_point("plot-history")  # a trial's label
+        assert "ratio to vLLM" in page.text("#verdict") or "defaults" in page.text("#verdict")
+        for plot in ("shape", "history", "latency", "gpu-time"):
+            assert page.page.locator(f"#plot-{plot} .main-svg").count() > 0, plot
+        assert page.errors == [] and page.requests == []
 
     # no vLLM server of ours left running
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

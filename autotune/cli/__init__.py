@@ -14,7 +14,7 @@ from autotune.errors import AutotuneError
 
 __all__ = ["build_parser", "main"]
 
-_GROUPS = ("_model", "_shape", "_tune", "_bench", "_best")
+_GROUPS = ("_model", "_shape", "_tune", "_bench", "_best", "_report")
 
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # flags given (they beat --config)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -60,14 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _tune_options() -> argparse.ArgumentParser:
     """The parser of ``autotune tune``, as a parent: retune takes exactly its options."""
-    from autotune.cli import _tune
+    from autotune.cli._tune import tune_parser
 
-    holder = argparse.ArgumentParser(add_help=False)
-    _tune.register(holder.add_subparsers())
-    for action in holder._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices["tune"]  # type: ignore[no-any-return]
-    raise RuntimeError("autotune.cli._tune registered no 'tune' parser")  # a bug, not input
+    return tune_parser()
 
 
 def _facts(model: str) -> Any:
@@ -188,4 +183,5 @@ def _retune(args: argparse.Namespace) -> int:
                   "trial(s) as prior knowledge (their values were measured under the old shape)",
                   file=out)
 
-    return run_study_command(settings, as_json=args.json, out=out, warm_start=ws)
+    return run_study_command(settings, as_json=args.json, out=out, warm_start=ws,
+                             quiet=args.quiet)

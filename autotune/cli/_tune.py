@@ -20,10 +20,9 @@ from typing import Any, TextIO
 
 from autotune.config import TuneSettings, parse_slo
 from autotune.errors import ConfigError
-from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 
-__all__ = ["OPTIONS", "Option", "add_tune_options", "register", "run_study_command",
-           "settings_from_args"]
+__all__ = ["OPTIONS", "Option", "add_tune_options", "register", "resolve_config",
+           "run_study_command", "settings_from_args", "tune_actions", "tune_parser"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--storage", "storage", "where",
            help="Optuna storage URL (SQLite file, or PostgreSQL for many workers)"),
     Option("--tracking-uri", "tracking_uri", "where",
-           help="MLflow store (default sqlite:///experiments/mlflow.db; or an "
+           help="MLflow store (default sqlite:///$PWD/experiments/mlflow.db; or an "
                 "http://host:5000 tracking server)"),
     Option("--experiment", "experiment", "where", help="MLflow experiment name"),
     Option("--study-name", "study_name", "where",
@@ -99,7 +98,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-quality-probe", "quality_probe", "search", action="store_false",
            help="do not probe lossy trials (no reference server, no quality figures)"),
     Option("--enqueue", "enqueue", "search", action="append", metavar="JSON",
-           parse=lambda xs: [_json_arg(x) for x in xs or []],
+           parse=lambda xs: [x if isinstance(x, dict) else _json_arg(x) for x in xs or []],
            help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}' or "
                 "@file.json); knobs not given take vLLM's defaults; repeatable"),
     Option("--timeout", "timeout_s", "search", metavar="SECONDS",
@@ -171,10 +170,24 @@ def add_tune_options(p: argparse.ArgumentParser) -> None:
             typ, choices = str, None
         if choices is not None and opt.metavar is None:
             del kw["metavar"]  # argparse shows {a,b,c}
-        kw.update(type=typ, choices=choices, required=opt.required)
-        if not opt.required:
-            kw["default"] = None if opt.parse is not None else _default(opt.field)
+        if opt.required:  # here or in --config: checked once the file is read
+            kw["help"] = f"(required) {opt.help}"
+        kw.update(type=typ, choices=choices)
+        kw["default"] = None if opt.parse is not None or opt.required else _default(opt.field)
         g.add_argument(opt.flag, **kw)
+    cf = p.add_argument_group("config file and display")
+    cf.add_argument("--config", type=Path, default=None, metavar="FILE",
+                    help="a YAML file of these options (keys: the flags without '--' or the "
+                         "settings' names, e.g. 'trials: 12', 'slo: {ttft_p99: 2.0}', "
+                         "'baseline: false'); flags on the command line override it. Every "
+                         "study saves its resolved config as OUT/config.yaml, which runs "
+                         "again as it is")
+    cf.add_argument("--print-config", action="store_true",
+                    help="print a config file of every option (with the values given so "
+                         "far) and exit: 'autotune tune --print-config > study.yaml'")
+    cf.add_argument("-q", "--quiet", action="store_true",
+                    help="no live display: one plain line per finished trial (the live panel "
+                         "is drawn only on a terminal; logs and CI always get plain lines)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -195,11 +208,44 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=_tune)
 
 
+def tune_parser() -> argparse.ArgumentParser:
+    """A fresh parser of ``autotune tune``."""
+    holder = argparse.ArgumentParser(add_help=False)
+    register(holder.add_subparsers())
+    for action in holder._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices["tune"]  # type: ignore[no-any-return]
+    raise RuntimeError("autotune.cli._tune registered no 'tune' parser")  # a bug, not input
+
+
+def tune_actions() -> list[argparse.Action]:
+    """The argparse actions of ``autotune tune``."""
+    return list(tune_parser()._actions)
+
+
+def resolve_config(args: argparse.Namespace) -> None:
+    """Fill ``args`` from ``--config FILE`` where no flag was given (flags win)."""
+    from autotune.cli._config_file import apply_config, explicit_dests, load_config_file
+
+    if getattr(args, "config", None) is None:
+        return
+    actions = tune_actions()
+    values = load_config_file(args.config)
+    apply_config(args, actions, values, where=f"--config {args.config}",
+                 explicit=explicit_dests(actions, getattr(args, "argv", None) or []))
+
+
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
-    """The validated :class:`TuneSettings` of parsed ``tune`` options; one-line errors that
-    name the flag."""
+    """The validated :class:`TuneSettings` of parsed ``tune`` options (``--config FILE``
+    first, flags over it); one-line errors that name the flag."""
     from pydantic import ValidationError
 
+    resolve_config(args)
+    missing = [o.flag for o in OPTIONS if o.required and getattr(args, o.field, None) is None]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                          "required: give them as flags or in a --config file (autotune tune "
+                          "--print-config writes one)")
     values = {}
     for opt in OPTIONS:
         value = getattr(args, opt.field)
@@ -232,60 +278,8 @@ def _json_arg(text: str) -> dict[str, Any]:
     return value
 
 
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-class Display(StudyCallback):
-    """Progress for people, on stderr: a line per event (a subscriber of the study)."""
-
-    def __init__(self, objective: str) -> None:
-        from rich.console import Console
-
-        from autotune.schema import objective_label
-
-        self.console = Console(stderr=True, highlight=False)
-        self.label = objective_label(objective)
-
-    def _head(self, e: StudyEvent) -> str:
-        best = f"{e.best_value:,.1f} (trial {e.best_number})" if e.best_value is not None else "-"
-        return (f"[{e.done}/{e.total} done, {e.running} running | best {best} | "
-                f"elapsed {_fmt_s(e.elapsed_s)}, left ~{_fmt_s(e.eta_s)}]")
-
-    def on_study_start(self, event: StudyEvent, context: StudyContext) -> None:
-        self.console.print(f"study [bold]{event.study_name}[/]: {event.message}")
-
-    def on_note(self, event: StudyEvent) -> None:
-        self.console.print(f"{self._head(event)} {event.message}")
-
-    def on_trial_start(self, event: StudyEvent) -> None:
-        params = ", ".join(f"{k}={v}" for k, v in event.trial_params.items()) or "vLLM defaults"
-        self.console.print(f"{self._head(event)} trial {event.trial_number} started: {params}")
-
-    def on_trial_end(self, event: StudyEvent, record: TrialRecord) -> None:
-        if record.rejected:
-            return
-        e = event
-        if e.trial_value is not None and e.trial_reason is None:
-            what = f"[green]{e.trial_value:,.1f} {self.label}[/]"
-            if e.baseline_value:
-                what += f" ({e.trial_value / e.baseline_value:.2f}x defaults)"
-        elif e.trial_value is not None:
-            what = f"[yellow]{e.trial_value:,.1f} {self.label}, infeasible ({e.trial_reason})[/]"
-        else:
-            what = f"[red]failed: {e.trial_reason}[/] {e.message[:160]}"
-        self.console.print(f"{self._head(e)} trial {e.trial_number}: {what}")
-
-    def on_study_end(self, event: StudyEvent, result: Any) -> None:
-        if result is not None:
-            self.console.print(f"study finished in {_fmt_s(event.elapsed_s)}")
-
-
 def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
-                      warm_start: Any = None) -> int:
+                      warm_start: Any = None, quiet: bool = False) -> int:
     """The tail ``tune`` and ``retune`` share: run the study (SIGTERM stops it like Ctrl-C)
     with the progress display, then print the result; exit 0 when a config won, else 1."""
     from autotune.schema import objective_label
@@ -294,19 +288,25 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
     def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
         raise KeyboardInterrupt
 
+    from autotune.cli._progress import make_display
+
+    display = make_display(objective_label(settings.objective), quiet=quiet)
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        result = tune(settings, callbacks=[Display(settings.objective)], warm_start=warm_start)
+        result = tune(settings, callbacks=[display], warm_start=warm_start)
     finally:
+        display.close()
         signal.signal(signal.SIGTERM, old)
     if as_json:
         print(json.dumps(result.best, indent=2), file=out)
         return 0 if result.best else 1
     print(f"\nstudy {result.study_name}: {result.n_trials} trials, {result.n_ok} feasible, "
           f"{result.n_failed} failed {result.failures_by_reason or ''}", file=out)
+    report = f"\nreport: {result.report} (opens offline in a browser)" if result.report else ""
     if result.best is None:
-        print("no trial met the constraints; see the failure reasons above and in "
-              f"{result.out_dir}/trials.csv", file=out)
+        print(f"no trial met the constraints: {result.explanation}", file=out)
+        print(f"every trial's reason and message: {result.out_dir}/trials.csv{report}",
+              file=out)
         return 1
     b = result.best
     ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
@@ -316,8 +316,18 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
     print(f"serve command:\n  {b['serve_command']}", file=out)
     print(f"written: {result.out_dir / 'best.json'}", file=out)
     print(f"browse: mlflow ui --backend-store-uri {result.tracking_uri}", file=out)
+    if result.report:
+        print(f"report: {result.report} (opens offline in a browser)", file=out)
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
-    return run_study_command(settings_from_args(args), as_json=args.json, out=sys.stdout)
+    if args.print_config:
+        from autotune.cli._config_file import render_config
+
+        resolve_config(args)
+        sys.stdout.write(render_config(args, tune_actions(),
+                                       required=[o.field for o in OPTIONS if o.required]))
+        return 0
+    return run_study_command(settings_from_args(args), as_json=args.json, out=sys.stdout,
+                             quiet=args.quiet)

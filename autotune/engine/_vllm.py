@@ -35,6 +35,7 @@ __all__ = [
     "FailureReason",
     "VllmServer",
     "classify_failure",
+    "classifying_lines",
     "detect_engine",
     "free_port",
     "serve_command",
@@ -122,6 +123,24 @@ def classify_failure(log_text: str, returncode: int | None, *, during_start: boo
         # fault injector, the OOM killer too): the log did not say, so it just died.
         return FailureReason.OOM if during_start else FailureReason.DIED
     return FailureReason.CRASH
+
+
+def classifying_lines(log_text: str, reason: str, *, context: int = 1,
+                      max_lines: int = 12, tail: bool = True) -> list[str]:
+    """The lines of a server log that :func:`classify_failure` matched for ``reason`` (with
+    ``context`` lines around each), or (``tail``) the log's last lines when no pattern names
+    it (a crash, a timeout): what a person reads to see why a trial failed."""
+    lines = log_text.splitlines()
+    pattern = dict(_PATTERNS).get(reason)
+    hits = [i for i, ln in enumerate(lines) if pattern is not None and pattern.search(ln)]
+    if not hits:
+        return lines[-max_lines:] if tail else []
+    keep: list[int] = []
+    for i in hits:
+        for j in range(max(0, i - context), min(len(lines), i + context + 1)):
+            if j not in keep:
+                keep.append(j)
+    return [lines[j] for j in keep[:max_lines]]
 
 
 # Flags whose spelling or existence differs between vLLM releases, as (flag, first version

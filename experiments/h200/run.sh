@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 proof (issue 5), one command on the offline GPU host, from the repo root:
 #   bash experiments/h200/run.sh STAGING_DIR OUT_DIR BUDGET_S [--resume]
-# STAGING_DIR holds the wheel parts made by shared/gpu/make_bundle.py (installed once);
+# STAGING_DIR holds the wheel parts made by scripts/gpu/make_bundle.py (installed once);
 # OUT_DIR receives the results; BUDGET_S: no new trial starts after this many seconds.
 # The study: Nemotron-3-Nano-30B-A3B shape + 1 MTP layer, random weights, the case study's
 # traffic (512 in / 512 out, 256 closed-loop streams); trial 0 = vLLM defaults, trial 1 = the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The capacity benchmark on the lent H200 host's CPUs (16 cores), one command from the repo root:
 #   bash experiments/loadgen_capacity/gpu_host.sh STAGING_DIR OUT_DIR MODE [REPEATS]
-# STAGING_DIR holds the wheel parts made by shared/gpu/make_bundle.py (installed once; vLLM's
+# STAGING_DIR holds the wheel parts made by scripts/gpu/make_bundle.py (installed once; vLLM's
 # client needs vLLM); MODE is interleaved or burst. The client gets one core, the stub 8
 # processes on 8 other cores (none the client's hyperthread sibling), so the stub is not
 # the limit, which a 2-core machine cannot show.

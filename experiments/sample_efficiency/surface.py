@@ -7,13 +7,13 @@ Every cell (a valid combination of knob values) gets a noise-free value from, in
 
 1. **measured** rows (``measured.csv`` beside this file, plus any ``--measured CSV``): the
    mean of the rows for that cell. Out of the box only two cells are measured on an H200
-   (shared/reference/gpu-measurements.md): vLLM's defaults with ``--max-num-seqs 256``
+   (docs/reference/gpu-measurements.md): vLLM's defaults with ``--max-num-seqs 256``
    (10,920 out tok/s) and MTP 1 + FlashInfer + FP16 state + stochastic rounding (13,172).
 2. **modelled**: :func:`model` below, a multiplicative model anchored on those two cells,
    with the case study's public steps (6,058 -> ~7,000 MTP3+OMP1 -> async -> 7,800
    FlashInfer -> 9,500 MTP1 -> 11,840 FP16+SR, on another GPU) setting the *proportions*
    of the MTP / FlashInfer / FP16+SR gains, and the engine facts in
-   shared/reference/vllm-0.26-engine-knobs.md setting memory limits and interactions.
+   docs/reference/vllm-0.26-engine-knobs.md setting memory limits and interactions.
 
 Each evaluation multiplies the cell's value by log-normal noise (sigma 7 % by default; the
 same config measured 21 % apart on two starts on the H200). Cells whose Mamba state does
@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-# --- anchors (measured on an H200, shared/reference/gpu-measurements.md) ---------------------
+# --- anchors (measured on an H200, docs/reference/gpu-measurements.md) ---------------------
 STREAMS = 256
 DEFAULTS_256 = 10_920.0  # depth 0, async on, triton, fp32 state, max-num-seqs 256, no prefix cache
 # MTP 1 + FlashInfer + FP16 + SR = 13,172: a total gain of 13,172 / 10,920 = 1.2062 over it.

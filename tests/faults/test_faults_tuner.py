@@ -78,6 +78,19 @@ def test_study_goes_on_through_every_server_fault(lab: Lab) -> None:
     assert reasons == sorted(["", "", "crash", "start_timeout", "errors", "died", "errors",
                               "invalid_config"])
 
+    # the report: every failure with the lines of its server log that classified it
+    from autotune.report import SECTIONS
+    from tests._browser import open_report
+
+    with open_report(lab.out / "report.html") as page:
+        assert page.sections() == [*SECTIONS, "config"]
+        failures = page.text("#failures")
+        for reason in ("crash", "start_timeout", "died", "errors", "invalid_config"):
+            assert reason in failures, reason
+        assert "error: argument --max-num-seqs: invalid int value" in failures  # from its log
+        page.hover_a_point("plot-history")
+        assert page.errors == [] and page.requests == []
+
 
 def test_a_new_study_in_a_used_out_folder_gets_its_own_failure_reasons(lab: Lab) -> None:
     """Two studies with one --out: trial 0 of each writes logs/trial-0000-server.log. The

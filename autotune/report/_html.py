@@ -1,0 +1,272 @@
+"""Assemble the report: one self-contained HTML file (plotly.js inlined once), a section per
+question a user brings to a study."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from autotune.report._data import ReportData, TrialRow
+from autotune.report._figures import FIGURES, leaders
+
+__all__ = ["SECTIONS", "log_excerpt", "render_html", "write_html"]
+
+#: section id -> heading, in page order (the browser test checks every one)
+SECTIONS = {
+    "verdict": "Verdict",
+    "shape": "Traffic shape",
+    "history": "Optimization history",
+    "importance": "Parameter importances",
+    "pareto": "Pareto front",
+    "latency": "Latency: leaders vs defaults",
+    "failures": "Failures and why",
+    "gpu-time": "GPU-time account",
+}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222}
+header{background:#1f2937;color:#fff;padding:16px 28px}
+header h1{margin:0 0 6px;font-size:22px} header .meta{font-size:13px;opacity:.85}
+nav{position:sticky;top:0;background:#f3f4f6;padding:8px 28px;border-bottom:1px solid #ddd;
+  z-index:10} nav a{margin-right:14px;color:#1f2937;font-size:14px}
+main{padding:8px 28px 40px;max-width:1200px} section{margin-top:26px}
+h2{border-bottom:2px solid #e5e7eb;padding-bottom:4px;font-size:19px}
+.note{color:#555;font-size:14px;background:#f9fafb;border-left:3px solid #9ca3af;
+  padding:6px 10px;margin:8px 0}
+.big{font-size:20px;margin:6px 0} table{border-collapse:collapse;font-size:13px;margin:8px 0}
+td,th{border:1px solid #e5e7eb;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f3f4f6} pre{background:#111827;color:#e5e7eb;padding:8px;font-size:12px;
+  overflow-x:auto;white-space:pre-wrap;margin:4px 0;max-width:760px}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{_e(text)}</p>'
+
+
+def _fmt(x: float | None, spec: str = ",.1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """``rows`` cells are already HTML."""
+    h = "".join(f"<th>{_e(c)}</th>" for c in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{h}</tr>{body}</table>"
+
+
+def _verdict_html(d: ReportData) -> str:
+    from autotune.report._why import explain_no_winner
+
+    v = d.verdict
+    if v is None:
+        return f'<p class="big">No verdict: no trial met the constraints.</p>' \
+               f"<p>{_e(explain_no_winner(d.trials, d.settings))}</p>"
+    r = v.get("ratio_to_defaults") or {}
+    win = v.get("winner_number")
+    what = ("vLLM's defaults are the best config found" if v.get("verdict") == "defaults_best"
+            else f"trial #{win} beats vLLM's defaults")
+    parts = [f'<p class="big">{_e(what)}</p>']
+    if r.get("median") is not None:
+        ci = (f" (95 % interval {r['ci_low']:.2f}x - {r['ci_high']:.2f}x)"
+              if r.get("ci_low") is not None and r.get("ci_high") is not None
+              else " (no interval: a single reading on one side)")
+        parts.append(f"<p>ratio to vLLM's defaults: <b>{r['median']:.2f}x</b>{_e(ci)}</p>")
+    else:
+        parts.append(_note("no ratio to the defaults: vLLM's defaults were not measured "
+                           "(--no-baseline) or did not meet the constraints"))
+    row = next((t for t in d.trials if t.number == win), None)
+    if row is not None:
+        params = ", ".join(f"{k}={v}" for k, v in row.params.items()) or "vLLM defaults"
+        parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} "
+                     f"{_fmt(v.get('winner_value', row.value))}</p>")
+    if d.verdict_source == "computed":
+        parts.append(_note("computed by this report from the stored readings (median of each "
+                           "config's readings; interval: bootstrap of both medians): the "
+                           "study did not record autotune.verdict"))
+    return "".join(parts)
+
+
+def _shape_html(d: ReportData) -> str:
+    s = d.shape
+    if not s:
+        return _note(d.shape_note)
+    rows = []
+    for key in ("input_tokens", "output_tokens"):
+        x = s.get(key) or {}
+        rows.append([_e(key.replace("_", " "))] + [_e(_fmt(x.get(k), ",.0f"))
+                                                   for k in ("mean", "p50", "p90", "p99", "max")])
+    arr = s.get("arrivals") or {}
+    load = s.get("load") or {}
+    extra = (f"<p>{_fmt(s.get('requests'), ',.0f')} requests over "
+             f"{_fmt(s.get('duration_s'), ',.0f')} s recorded ({_fmt(s.get('rate_rps'), '.2f')} "
+             f"req/s, peak {_fmt(arr.get('peak_rate_rps'), '.2f')}, inter-arrival CV "
+             f"{_fmt(arr.get('interarrival_cv'), '.2f')}); replayed as "
+             f"{_e(load.get('mode', '?'))} loop, {_e(load.get('concurrency') or load.get('rate_rps') or '?')} "
+             f"{'streams' if load.get('mode') == 'closed' else 'req/s'}, "
+             f"{_e(load.get('requests', '?'))} requests.</p>")
+    return (_table(["tokens", "mean", "p50", "p90", "p99", "max"], rows) + extra
+            + (_note(d.shape_note) if d.shape_note else ""))
+
+
+def _read_tail(path: str | None, limit: int = 400_000) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def log_excerpt(t: TrialRow) -> str:
+    """The lines of the trial's server log that named its failure (else its last lines)."""
+    from autotune.engine import classifying_lines
+
+    text = _read_tail(t.log_path)
+    if not text and "--- server log tail ---" in t.message:
+        text = t.message.split("--- server log tail ---", 1)[1]
+    return "\n".join(classifying_lines(text, t.reason)) if text else ""
+
+
+def _failures_html(d: ReportData) -> str:
+    bad = d.failed + d.infeasible
+    if not bad:
+        return _note("every trial was measured and met the constraints")
+    rows = []
+    for t in sorted(bad, key=lambda t: t.number):
+        msg = t.message.split("\n--- server log tail ---", 1)[0]
+        excerpt = log_excerpt(t) if t.state not in ("infeasible", "rejected") else ""
+        rows.append([_e(t.label), _e(t.reason or t.state), _e(msg[:600]),
+                     f"<pre>{_e(excerpt)}</pre>" if excerpt else
+                     ("" if t.state in ("infeasible", "rejected")
+                      else _e(f"log not readable here ({t.log_path or 'no log'})"))])
+    return _table(["trial", "reason", "message", "server log (the lines that classified it)"],
+                  rows)
+
+
+def _latency_html(d: ReportData) -> str:
+    rows = leaders(d)
+    if not rows:
+        return ""
+    head = ["config", d.metric] + [f"{m} {p}" for m in ("TTFT", "TPOT", "E2E")
+                                   for p in ("p50", "p99")]
+    body = [[_e(t.label), _e(_fmt(t.value))] +
+            [_e(_fmt(t.metrics.get(f"{m}_{p}_s"), ".4f")) for m in ("ttft", "tpot", "e2e")
+             for p in ("p50", "p99")] for t in rows]
+    return _table(head, body)
+
+
+def _gpu_html(d: ReportData) -> str:
+    if not d.gpu_time:
+        return _note("not recorded: no trial recorded its times")
+    total = sum(sum(v.values()) for v in d.gpu_time.values())
+    start = sum(v.get("start_s", 0.0) for v in d.gpu_time.values())
+    text = (f"<p>{_dur(total)} of device time in all; server starts took "
+            f"{_dur(start)} ({start / total:.0%}).</p>" if total > 0 else "")
+    if d.gpu_time_source == "computed":
+        text += _note("computed from each trial's start and wall times (start = server "
+                      "start; measure = the rest of a measured trial, warm-up included; "
+                      "other = the rest of a failed one): the study did not record "
+                      "autotune.gpu_time")
+    return text
+
+
+def _dur(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _header(d: ReportData) -> str:
+    a = d.attrs
+    meta = " | ".join(_e(x) for x in (
+        f"model {a.get('autotune.model', '?')}", f"space {a.get('autotune.space', '?')}",
+        f"{a.get('autotune.engine_version', '?')} on {a.get('autotune.gpu_type', '?')}",
+        f"{len(d.trials)} trials ({len(d.feasible)} feasible, {len(d.infeasible)} infeasible, "
+        f"{len(d.failed)} failed)" + (f", {d.priors} prior" if d.priors else ""),
+        f"storage {d.storage}",
+        f"report written {datetime.now(UTC).isoformat(timespec='seconds')}",
+    ))
+    return (f"<header><h1>autotune study {_e(d.study_name)}</h1>"
+            f'<div class="meta">{meta}</div></header>')
+
+
+_TEXT: dict[str, Callable[[ReportData], str]] = {
+    "verdict": _verdict_html, "shape": _shape_html, "failures": _failures_html,
+    "latency": _latency_html, "gpu-time": _gpu_html,
+}
+
+_WHY_NO_FIGURE = {
+    "shape": lambda d: "",
+    "history": lambda d: "no finished trials yet",
+    "importance": lambda d: d.importance_note or "not available",
+    "pareto": lambda d: ("not a Pareto study (--objective pareto gives one)"
+                         if d.n_objectives != 2 else "no feasible trial: no front"),
+    "latency": lambda d: "no measured trial: no latencies",
+    "failures": lambda d: "",
+    "gpu-time": lambda d: "",
+}
+
+
+def render_html(d: ReportData) -> str:
+    """The whole page as one string (plotly.js inlined in the first figure)."""
+    import plotly.io as pio
+
+    first = True
+    body = []
+    for key, title in SECTIONS.items():
+        parts = [f'<section id="{key}"><h2>{_e(title)}</h2>']
+        if key in _TEXT:
+            parts.append(_TEXT[key](d))
+        make = FIGURES.get(key)
+        fig = make(d) if make else None
+        if fig is not None:
+            parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=first,
+                                     div_id=f"plot-{key}",
+                                     config={"displaylogo": False, "responsive": True}))
+            first = False
+        elif key in _WHY_NO_FIGURE and _WHY_NO_FIGURE[key](d):
+            parts.append(_note(_WHY_NO_FIGURE[key](d)))
+        parts.append("</section>")
+        body.append("".join(parts))
+    settings = json.dumps(d.settings, indent=2, sort_keys=True, default=str)
+    nav = "".join(f'<a href="#{k}">{_e(v)}</a>' for k, v in SECTIONS.items())
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>autotune report: {_e(d.study_name)}</title><style>{_CSS}</style></head>"
+        f"<body>{_header(d)}<nav>{nav}</nav><main>{''.join(body)}"
+        f'<section id="config"><h2>Study config</h2><details><summary>the resolved '
+        f"settings this study ran with</summary><pre>{_e(settings)}</pre></details></section>"
+        "</main></body></html>\n"
+    )
+
+
+def write_html(d: ReportData, path: Path) -> Path:
+    """Write the report atomically (temp file, then ``os.replace``); returns ``path``.
+    Raises :class:`StudyError` when it cannot be written."""
+    import os
+
+    from autotune.errors import StudyError
+
+    text = render_html(d)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StudyError(f"cannot write the report {path}: {exc.strerror or exc}; free "
+                         "space or choose another -o") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
