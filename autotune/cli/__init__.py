@@ -14,7 +14,7 @@ from autotune.errors import AutotuneError
 
 __all__ = ["main", "build_parser"]
 
-_GROUPS = ("_model", "_shape", "_tune", "_bench", "_best")
+_GROUPS = ("_model", "_shape", "_tune", "_bench", "_best", "_watch")
 
 EXIT_OK = 0
 EXIT_ERROR = 2
