@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
@@ -73,7 +74,7 @@ def fetch_metrics(url: str, *, timeout_s: float = 10.0) -> str:
     :class:`NotVllmError` when it has no /metrics (HTTP 404)."""
     target = metrics_url(url)
     try:
-        with urllib.request.urlopen(target, timeout=timeout_s) as resp:  # noqa: S310 - http(s) only
+        with urllib.request.urlopen(target, timeout=timeout_s) as resp:
             return str(resp.read().decode("utf-8", errors="replace"))
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
@@ -177,7 +178,7 @@ def _finished(samples: Sequence[MetricsSample]) -> float:
 
     name = METRIC_NAMES["prompt_tokens"][0]
     total = 0.0
-    for a, b in zip(samples, samples[1:], strict=False):
+    for a, b in pairwise(samples):
         ha, hb = a.histograms.get(name), b.histograms.get(name)
         total += counter_delta(ha.count if ha else None, hb.count if hb else None) or 0.0
     return total
@@ -450,4 +451,4 @@ def run_command(command: str, shape_path: Path, diff: ShapeDiff, *,
     env["AUTOTUNE_DRIFTED"] = ",".join(diff.drifted_dimensions)
     if tuned_path:
         env["AUTOTUNE_TUNED_SHAPE"] = tuned_path
-    return subprocess.run(cmd, shell=True, env=env, check=False).returncode  # noqa: S602
+    return subprocess.run(cmd, shell=True, env=env, check=False).returncode

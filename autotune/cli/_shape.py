@@ -156,7 +156,7 @@ def parse_duration(text: str) -> float:
 
 
 def _clock(seconds: float) -> str:
-    m, sec = divmod(int(round(seconds)), 60)
+    m, sec = divmod(round(seconds), 60)
     return f"{m}:{sec:02d}"
 
 

@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--interval", default=None, type=parse_duration,
                    help="scrape interval within a window (default: window/20, 0.5-10 s)")
     p.add_argument("--on-drift", metavar="CMD", default=None,
-                   help="shell command run on drift: '{shape}' in it is replaced by the new "
+                   help="shell command run on drift: {shape} in it is replaced by the new (shell-quoted) "
                    "shape's path, else the path is appended as the last argument; env "
                    "AUTOTUNE_SHAPE (the path), AUTOTUNE_TUNED_SHAPE, AUTOTUNE_DRIFTED "
                    "(dimensions, comma-separated). Default: print the retune command")

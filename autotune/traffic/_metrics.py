@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Final
 
 import numpy as np
@@ -296,7 +297,7 @@ def _window_counts(times: np.ndarray, per_interval: np.ndarray, window: float) -
     """Counts per full ``window`` from the first sample, from per-interval counts (the
     cumulative count interpolated linearly in time at the window edges)."""
     rel = times - times[0]
-    full = int(math.floor(float(rel[-1]) / window + 1e-9))
+    full = math.floor(float(rel[-1]) / window + 1e-9)
     if full == 0:
         return np.zeros(0)
     cum = np.concatenate(([0.0], np.cumsum(per_interval)))
@@ -348,7 +349,7 @@ def shape_from_samples(
     for key in ("prompt_tokens", "generation_tokens", "e2e_latency"):
         hname = _pick(last, key)
         total: Histogram | None = None
-        for a, b in zip(samples, samples[1:], strict=False):
+        for a, b in pairwise(samples):
             if hname is not None:
                 total = _add(total, histogram_delta(a.histograms.get(hname),
                                                     b.histograms.get(hname)))

@@ -9,8 +9,6 @@ valid lines: they are counted in ``failed`` and left out of the records.
 
 from __future__ import annotations
 
-import zlib
-
 import gzip
 import io
 import json
@@ -18,6 +16,7 @@ import logging
 import math
 import re
 import warnings
+import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field

@@ -94,7 +94,7 @@ def full_window_counts(ts: np.ndarray, window: float) -> np.ndarray:
     if ts.shape[0] == 0:
         return np.zeros(0, dtype=np.int64)
     rel = ts - ts[0]
-    full = int(math.floor(float(rel[-1]) / window))
+    full = math.floor(float(rel[-1]) / window)
     if full == 0:
         return np.zeros(0, dtype=np.int64)
     idx = np.floor(rel / window).astype(np.int64)
