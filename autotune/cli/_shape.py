@@ -306,6 +306,12 @@ def _show(args: argparse.Namespace) -> int:
                 f"  prefixes      {shape.prefix.shared_token_fraction:.1%} of prompt tokens "
                 f"cacheable ({shape.prefix.source})"
             )
+        if shape.precision is not None:
+            print(
+                f"  precision     lengths within W1/mean {shape.precision.input_tokens:.2g} "
+                f"(input), {shape.precision.output_tokens:.2g} (output) of the true ones "
+                f"({shape.source.format if shape.source else 'coarse source'})"
+            )
         ld = shape.load
         target = (
             f"{ld.concurrency} streams"
