@@ -92,7 +92,7 @@ def fetch_metrics(url: str, *, timeout_s: float = 10.0) -> str:
 
 def _scrape(url: str, clock: Callable[[], float], timeout_s: float) -> MetricsSample:
     text = fetch_metrics(url, timeout_s=timeout_s)
-    return parse_vllm_metrics(text, taken_at=clock())
+    return parse_vllm_metrics(text, taken_at=clock(), wall_at=time.time())
 
 
 def default_interval(duration_s: float) -> float:
@@ -165,12 +165,23 @@ def sample_shape(
     name: str | None = None,
     on_progress: Callable[[float, int, float], None] | None = None,
     stop: threading.Event | None = None,
+    request_log: str | Path | None = None,
 ) -> TrafficShape:
     """The shape of ``url``'s traffic over the next ``duration_s`` (see
-    :func:`sample_window`). Raises :class:`NoTrafficError` when no request finished."""
+    :func:`sample_window`); arrivals from the server's ``request_log`` file when given.
+    Raises :class:`NoTrafficError` when no request finished."""
     samples = sample_window(url=url, duration_s=duration_s, interval_s=interval_s,
                             on_progress=on_progress, stop=stop)
-    return shape_from_samples(samples, url=metrics_url(url), name=name)
+    return shape_from_samples(samples, url=metrics_url(url), name=name,
+                              request_log=_log_arrivals(request_log))
+
+
+def _log_arrivals(path: str | Path | None) -> Any:
+    if path is None:
+        return None
+    from autotune.traffic._vllm_log import read_vllm_request_log
+
+    return read_vllm_request_log(path)
 
 
 def _finished(samples: Sequence[MetricsSample]) -> float:
@@ -347,6 +358,7 @@ def watch(
     stop: threading.Event | None = None,
     backoff_s: tuple[float, float] = BACKOFF_S,
     clock: Callable[[], float] = time.monotonic,
+    request_log: str | Path | None = None,
 ) -> WatchSummary:
     """Build a shape every ``every_s`` seconds from ``url``'s /metrics and compare it with
     ``tuned``, until ``max_checks`` comparisons, ``stop`` or Ctrl-C (then
@@ -357,6 +369,7 @@ def watch(
     episode: it is re-armed only by a comparison that says "same" again. The tuned shape
     stays the reference (watch a new study to change it). An unreachable endpoint is retried
     with doubling delays (``backoff_s`` = first, cap); the next window starts afresh.
+    ``request_log``: the server's log file, re-read each window for arrival times.
     """
     if not (every_s > 0 and math.isfinite(every_s)):
         raise TrafficError(f"--every must be > 0 s (got {every_s})")
@@ -386,7 +399,8 @@ def watch(
                 if stop.is_set():
                     break  # a window cut short by Ctrl-C is not compared
                 shape = shape_from_samples(samples, url=metrics_url(url),
-                                           name=f"live-{attempt}")
+                                           name=f"live-{attempt}",
+                                           request_log=_log_arrivals(request_log))
             except (EndpointUnreachableError, NotVllmError) as exc:
                 last = None  # the next window starts from a fresh sample
                 state: State = ("not_vllm" if isinstance(exc, NotVllmError)

@@ -161,8 +161,8 @@ def test_the_endpoint_going_away_and_coming_back(
         def on_event(self, ev: WatchEvent, diff: ShapeDiff | None) -> None:
             events.append(ev)
             if ev.check == 1 and ev.state == "same" and len(events) == 1:
-                self.fake.stop()  # gone; back (restarted, counters from 0) 1.2 s later
-                threading.Timer(1.2, self.fake.start).start()
+                self.fake.stop()  # gone; back (restarted, counters from 0) 2.5 s later,
+                threading.Timer(2.5, self.fake.start).start()  # after the 0.5 s window
 
     s = watch(url=fake.url, tuned=tuned_short, every_s=0.5, interval_s=0.1,
               shapes_dir=tmp_path, max_checks=3, backoff_s=(0.2, 0.4),
@@ -173,6 +173,8 @@ def test_the_endpoint_going_away_and_coming_back(
     assert gone and set(gone) == {"unreachable"}, states
     assert "cannot reach" in (events[1].message or "") and "retrying in 0.2 s" in (
         events[1].message or "")
+    if len(gone) > 2:  # the delay doubles up to the cap
+        assert "retrying in 0.4 s" in (events[-3].message or "")
     assert s.checks == 3 and s.unreachable == len(gone)
 
 

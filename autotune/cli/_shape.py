@@ -136,6 +136,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     fm.add_argument("-o", "--output", metavar="OUT.json", required=True,
                     help="where to write the shape")
     fm.add_argument("--name", default=None, help="the shape's name (default: the file stem)")
+    fm.add_argument("--request-log", metavar="LOG", default=None,
+                    help="the server's log with --enable-log-requests: arrival times from "
+                    "its 'Received request' lines (1 s resolution) instead of per-interval "
+                    "counts (gives the inter-arrival CV too)")
     fm.add_argument("--quiet", action="store_true", help="no progress lines")
     fm.set_defaults(func=_from_metrics)
 
@@ -186,12 +190,15 @@ def _from_metrics(args: argparse.Namespace) -> int:
 
     url = metrics_url(args.url)
     out = Path(args.output)
+    if args.request_log and not Path(args.request_log).is_file():
+        raise ConfigError(f"--request-log {args.request_log}: no such file")
     if not args.quiet:
         print(f"sampling {url} for {_clock(args.duration)} ...", file=sys.stderr)
     shape = sample_shape(
         url=args.url, duration_s=args.duration, interval_s=args.interval,
         name=args.name or out.stem,
         on_progress=None if args.quiet else progress_printer(args.duration),
+        request_log=args.request_log,
     )
     save_shape(shape, out)
     prec = shape.precision

@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "shape's path, else the path is appended as the last argument; env "
                    "AUTOTUNE_SHAPE (the path), AUTOTUNE_TUNED_SHAPE, AUTOTUNE_DRIFTED "
                    "(dimensions, comma-separated). Default: print the retune command")
+    p.add_argument("--request-log", metavar="LOG", default=None,
+                   help="the server's log with --enable-log-requests: arrival times from it "
+                   "(see 'autotune shape from-metrics --help')")
     p.add_argument("--checks", type=int, default=None,
                    help="stop after this many comparisons (default: run until Ctrl-C)")
     p.add_argument("--out", type=Path, default=None,
@@ -125,6 +128,8 @@ def _watch(args: argparse.Namespace) -> int:
     if args.checks is not None and args.checks < 1:
         raise ConfigError(f"--checks must be >= 1 (got {args.checks})")
     metrics_url(args.url)  # validates the URL's form before anything else
+    if args.request_log and not Path(args.request_log).is_file():
+        raise ConfigError(f"--request-log {args.request_log}: no such file")
     tuned, tuned_path, model = _tuned(args.tuned, args.storage)
     out = args.out or Path("experiments") / "watch" / datetime.now(UTC).strftime(
         "%Y%m%dT%H%M%SZ")
@@ -149,7 +154,8 @@ def _watch(args: argparse.Namespace) -> int:
     try:
         summary = watch(url=args.url, tuned=tuned, every_s=args.every,
                         interval_s=args.interval, shapes_dir=out, on_drift=on_drift,
-                        callbacks=callbacks, max_checks=args.checks)
+                        callbacks=callbacks, max_checks=args.checks,
+                        request_log=args.request_log)
     finally:
         signal.signal(signal.SIGTERM, old)
     print(f"log: {out / 'watch.jsonl'}", file=sys.stderr)

