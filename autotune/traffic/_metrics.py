@@ -37,13 +37,14 @@ from autotune.traffic._models import (
     PrefixStats,
     SourceInfo,
     TrafficShape,
-    compute_fingerprint,
 )
 from autotune.traffic._shape import (
     DEFAULT_REPLAY_REQUESTS,
     DISPERSION_WINDOW_S,
+    _r,
     arrival_stats,
     dispersion,
+    stats_fingerprint,
 )
 
 __all__ = [
@@ -277,11 +278,6 @@ def histogram_length_dist(h: Histogram) -> tuple[LengthDist, float]:
     return dist, _r(w1_bound / max(mean, 1.0))
 
 
-def _r(x: float) -> float:
-    x = float(x)
-    return 0.0 if x == 0 else float(f"{x:.6g}")
-
-
 def _interval_deltas(
     samples: Sequence[MetricsSample], name: str | None, *, counter: bool
 ) -> np.ndarray:
@@ -425,9 +421,7 @@ def shape_from_samples(
         "concurrency": concurrency,
         "prefix": prefix,
     }
-    fingerprint = compute_fingerprint(
-        {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in stats.items()}
-    )
+    fingerprint = stats_fingerprint(stats)
     if load is None:
         load = LoadSpec(mode="open", requests=min(max(n, 1), DEFAULT_REPLAY_REQUESTS))
     return TrafficShape(

@@ -36,6 +36,7 @@ __all__ = [
     "fit_shape",
     "full_window_counts",
     "length_dist",
+    "stats_fingerprint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,13 @@ def _r(x: float) -> float:
     """6 significant digits: stable in JSON and far below any statistical noise."""
     x = float(x)
     return 0.0 if x == 0 else float(f"{x:.6g}")
+
+
+def stats_fingerprint(stats: dict[str, Any]) -> str:
+    """:func:`compute_fingerprint` of a dict of statistics, models or plain values."""
+    return compute_fingerprint(
+        {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in stats.items()}
+    )
 
 
 def length_dist(values: npt.ArrayLike) -> LengthDist:
@@ -227,9 +235,7 @@ def fit_shape(
         "concurrency": _concurrency(rate, inp, out, records.latencies_s),
         "prefix": _prefix(records),
     }
-    fingerprint = compute_fingerprint(
-        {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in stats.items()}
-    )
+    fingerprint = stats_fingerprint(stats)
     if load is None:
         load = LoadSpec(mode="open", requests=min(n, DEFAULT_REPLAY_REQUESTS))
     return TrafficShape(
@@ -277,9 +283,7 @@ def constant_shape(
         "concurrency": None,
         "prefix": None,
     }
-    fingerprint = compute_fingerprint(
-        {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in stats.items()}
-    )
+    fingerprint = stats_fingerprint(stats)
     return TrafficShape(
         name=name or f"fixed-{input_tokens}x{output_tokens}",
         fingerprint=fingerprint,
