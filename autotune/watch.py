@@ -387,9 +387,9 @@ def watch(
         for cb in callbacks:
             cb.on_event(ev, diff)
 
-    for cb in callbacks:
-        cb.on_start(url=url, tuned=tuned, every_s=every_s)
     try:
+        for cb in callbacks:
+            cb.on_start(url=url, tuned=tuned, every_s=every_s)
         while not stop.is_set() and (max_checks is None or summary.checks < max_checks):
             attempt += 1
             try:
