@@ -283,3 +283,26 @@ def test_cli_from_metrics(fake: FakeVllm, tmp_path: Path,
     shape = load_shape(out)
     assert shape.source is not None and shape.source.format == "vllm_metrics"
     assert shape.precision is not None
+
+
+def test_tuned_study_resolves_to_its_shape(tmp_path: Path, tuned_short: TrafficShape) -> None:
+    """--tuned STUDY: the shape file the study recorded (and its model for the command)."""
+    import optuna
+
+    from autotune.cli._watch import _tuned
+    from autotune.errors import ConfigError
+    from autotune.study import A
+    from autotune.traffic import save_shape
+
+    path = save_shape(tuned_short, tmp_path / "tuned.json")
+    storage = f"sqlite:///{tmp_path}/s.db"
+    st = optuna.create_study(study_name="prod-1", storage=storage)
+    st.set_user_attr(A.SHAPE, tuned_short.fingerprint)
+    st.set_user_attr(A.SHAPE_PATH, str(path))
+    st.set_user_attr(A.MODEL, "models/m")
+    shape, shape_path, model = _tuned("prod-1", storage)
+    assert shape.fingerprint == tuned_short.fingerprint and shape_path == str(path)
+    assert model == "models/m"
+    assert _tuned(str(path), storage)[0].fingerprint == tuned_short.fingerprint
+    with pytest.raises(ConfigError, match="neither a shape file"):
+        _tuned("nope", storage)
