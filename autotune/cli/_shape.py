@@ -309,9 +309,11 @@ def _show(args: argparse.Namespace) -> int:
                 f"({shape.concurrency.method})"
             )
         if shape.prefix is not None:
+            what = ("hit the server's prefix cache" if shape.prefix.source == "server_cache"
+                    else "cacheable")
             print(
                 f"  prefixes      {shape.prefix.shared_token_fraction:.1%} of prompt tokens "
-                f"cacheable ({shape.prefix.source})"
+                f"{what} ({shape.prefix.source})"
             )
         if shape.precision is not None:
             print(
