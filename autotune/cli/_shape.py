@@ -112,6 +112,105 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     diff.add_argument("--json", action="store_true", help="print JSON instead of text")
     diff.set_defaults(func=_diff)
 
+    fm = ssub.add_parser(
+        "from-metrics",
+        help="build a shape from a running vLLM server's /metrics",
+        description=(
+            "Sample a running vLLM server's /metrics for --duration and build the shape of "
+            "the traffic it served meanwhile, from histogram and counter deltas: lengths "
+            "from the bucket counts of vllm:request_prompt_tokens / "
+            "vllm:request_generation_tokens (coarser than a log: the bound is stored in the "
+            "shape's 'precision' and 'shape diff' widens its length thresholds by it), "
+            "arrival rate and burstiness from request counts per scrape interval, prefix "
+            "sharing from the prefix-cache hit counters. Exit 2 when the endpoint is "
+            "unreachable, not vLLM, or served no request in the window. See docs/traffic.md."
+        ),
+    )
+    fm.add_argument("url", metavar="URL", help="the server, e.g. http://localhost:8000 "
+                    "(or its /metrics URL)")
+    fm.add_argument("--duration", default="10m", type=parse_duration,
+                    help="how long to sample: 90, 90s, 10m, 1h (default 10m); burstiness "
+                    "(dispersion per 60 s) needs at least 2m")
+    fm.add_argument("--interval", default=None, type=parse_duration,
+                    help="scrape interval (default: duration/20, between 0.5 s and 10 s)")
+    fm.add_argument("-o", "--output", metavar="OUT.json", required=True,
+                    help="where to write the shape")
+    fm.add_argument("--name", default=None, help="the shape's name (default: the file stem)")
+    fm.add_argument("--request-log", metavar="LOG", default=None,
+                    help="the server's log with --enable-log-requests: arrival times from "
+                    "its 'Received request' lines (1 s resolution) instead of per-interval "
+                    "counts (gives the inter-arrival CV too)")
+    fm.add_argument("--quiet", action="store_true", help="no progress lines")
+    fm.set_defaults(func=_from_metrics)
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '10m', '1.5h' -> seconds (> 0)."""
+    t = str(text).strip().lower()
+    mult = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:], None)
+    num = t[:-1] if mult is not None else t
+    try:
+        v = float(num) * (mult or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; write e.g. 90, 90s, 10m or 1h") from None
+    if not (v > 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be > 0")
+    return v
+
+
+def _clock(seconds: float) -> str:
+    m, sec = divmod(round(seconds), 60)
+    return f"{m}:{sec:02d}"
+
+
+def progress_printer(duration_s: float, *, prefix: str = "") -> Any:
+    """A progress callback printing '[elapsed / total] samples, requests finished' to stderr
+    (rewritten in place on a terminal, a line per ~10 % otherwise)."""
+    tty = sys.stderr.isatty()
+    step = [0]
+
+    def show(elapsed: float, samples: int, finished: float) -> None:
+        line = (f"{prefix}[{_clock(elapsed)} / {_clock(duration_s)}] {samples} samples, "
+                f"{finished:.0f} requests finished")
+        if tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+            if elapsed >= duration_s - 1e-6:
+                print(file=sys.stderr)
+        elif int(10 * elapsed / duration_s) > step[0] or elapsed >= duration_s - 1e-6:
+            step[0] = int(10 * elapsed / duration_s)
+            print(line, file=sys.stderr, flush=True)
+
+    return show
+
+
+def _from_metrics(args: argparse.Namespace) -> int:
+    from autotune.traffic import save_shape
+    from autotune.watch import metrics_url, sample_shape
+
+    url = metrics_url(args.url)
+    out = Path(args.output)
+    if args.request_log and not Path(args.request_log).is_file():
+        raise ConfigError(f"--request-log {args.request_log}: no such file")
+    if not args.quiet:
+        print(f"sampling {url} for {_clock(args.duration)} ...", file=sys.stderr)
+    shape = sample_shape(
+        url=args.url, duration_s=args.duration, interval_s=args.interval,
+        name=args.name or out.stem,
+        on_progress=None if args.quiet else progress_printer(args.duration),
+        request_log=args.request_log,
+    )
+    save_shape(shape, out)
+    prec = shape.precision
+    bound = (f"; lengths within W1/mean {prec.input_tokens:.2g} (input) and "
+             f"{prec.output_tokens:.2g} (output) of the true ones" if prec else "")
+    print(
+        f"built from {shape.requests} requests over {shape.duration_s:.0f} s "
+        f"({shape.rate_rps:.3g} req/s) at {url} -> {out} [fingerprint {shape.fingerprint}]"
+        f"{bound}"
+    )
+    return 0
+
 
 def _resolve(ref: str) -> Path:
     """A shape path; a bare name falls back to traffic/<name>.json."""
@@ -210,9 +309,17 @@ def _show(args: argparse.Namespace) -> int:
                 f"({shape.concurrency.method})"
             )
         if shape.prefix is not None:
+            what = ("hit the server's prefix cache" if shape.prefix.source == "server_cache"
+                    else "cacheable")
             print(
                 f"  prefixes      {shape.prefix.shared_token_fraction:.1%} of prompt tokens "
-                f"cacheable ({shape.prefix.source})"
+                f"{what} ({shape.prefix.source})"
+            )
+        if shape.precision is not None:
+            print(
+                f"  precision     lengths within W1/mean {shape.precision.input_tokens:.2g} "
+                f"(input), {shape.precision.output_tokens:.2g} (output) of the true ones "
+                f"({shape.source.format if shape.source else 'coarse source'})"
             )
         ld = shape.load
         target = (

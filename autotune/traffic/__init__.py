@@ -2,11 +2,22 @@
 
 Read a trace (:func:`read_trace`), fit its shape (:func:`fit_shape`), save/load it
 (:func:`save_shape`, :func:`load_shape`), compare two shapes (:func:`diff_shapes`) and turn
-one into the requests a load generator sends (:func:`build_schedule`). See docs/traffic.md.
+one into the requests a load generator sends (:func:`build_schedule`). A shape can also come
+from a vLLM server's /metrics samples (:func:`shape_from_samples`). See docs/traffic.md.
 """
 
 from autotune.traffic._diff import THRESHOLDS, DimensionDiff, ShapeDiff, diff_shapes
 from autotune.traffic._io import load_shape, save_shape
+from autotune.traffic._metrics import (
+    METRIC_NAMES,
+    Histogram,
+    MetricsSample,
+    NoTrafficError,
+    NotVllmError,
+    histogram_length_dist,
+    parse_vllm_metrics,
+    shape_from_samples,
+)
 from autotune.traffic._models import (
     SHAPE_VERSION,
     ArrivalStats,
@@ -14,6 +25,7 @@ from autotune.traffic._models import (
     Correlation,
     LengthDist,
     LoadSpec,
+    Precision,
     PrefixStats,
     SourceInfo,
     TrafficShape,
@@ -30,18 +42,25 @@ from autotune.traffic._replay import (
     ideal_prefix_hit_fraction,
 )
 from autotune.traffic._shape import constant_shape, fit_shape, length_dist
+from autotune.traffic._vllm_log import parse_vllm_request_log, read_vllm_request_log
 
 __all__ = [
     "ARRIVALS",
     "FORMATS",
+    "METRIC_NAMES",
     "SHAPE_VERSION",
     "THRESHOLDS",
     "ArrivalStats",
     "ConcurrencyEstimate",
     "Correlation",
     "DimensionDiff",
+    "Histogram",
     "LengthDist",
     "LoadSpec",
+    "MetricsSample",
+    "NoTrafficError",
+    "NotVllmError",
+    "Precision",
     "PrefixInfo",
     "PrefixStats",
     "RequestSpec",
@@ -57,10 +76,15 @@ __all__ = [
     "detect_format",
     "diff_shapes",
     "fit_shape",
+    "histogram_length_dist",
     "ideal_prefix_hit_fraction",
     "length_dist",
     "load_shape",
+    "parse_vllm_metrics",
+    "parse_vllm_request_log",
     "read_trace",
+    "read_vllm_request_log",
     "save_shape",
+    "shape_from_samples",
     "write_plots",
 ]

@@ -93,14 +93,24 @@ def _log2_ratio(x: float | None, y: float | None) -> float | None:
     return abs(math.log2(y / x))
 
 
+def _widening(a: TrafficShape, b: TrafficShape, dim: str) -> float:
+    """How much coarser statistics (a shape from /metrics histograms) widen a threshold:
+    the sum of both shapes' precision bounds, so that "drifted" still means drifted."""
+    return sum(getattr(s.precision, dim, 0.0) for s in (a, b) if s.precision is not None)
+
+
 def _dim(
     name: str,
     distance: float | None,
     a: float | None = None,
     b: float | None = None,
     detail: dict[str, float | None] | None = None,
+    widen: float = 0.0,
 ) -> DimensionDiff:
     metric, threshold = THRESHOLDS[name]
+    threshold += widen
+    if widen:
+        detail = {**(detail or {}), "precision_widening": round(widen, 6)}
     d = None if distance is None else round(distance, 6)
     return DimensionDiff(
         metric=metric,
@@ -118,11 +128,13 @@ def diff_shapes(a: TrafficShape, b: TrafficShape) -> ShapeDiff:
     dims: dict[str, DimensionDiff] = {}
     d_in, det_in = _lengths(a.input_tokens, b.input_tokens)
     dims["input_tokens"] = _dim(
-        "input_tokens", d_in, a.input_tokens.mean, b.input_tokens.mean, det_in
+        "input_tokens", d_in, a.input_tokens.mean, b.input_tokens.mean, det_in,
+        _widening(a, b, "input_tokens"),
     )
     d_out, det_out = _lengths(a.output_tokens, b.output_tokens)
     dims["output_tokens"] = _dim(
-        "output_tokens", d_out, a.output_tokens.mean, b.output_tokens.mean, det_out
+        "output_tokens", d_out, a.output_tokens.mean, b.output_tokens.mean, det_out,
+        _widening(a, b, "output_tokens"),
     )
 
     ca = a.correlation.spearman if a.correlation else None

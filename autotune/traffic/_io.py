@@ -82,7 +82,9 @@ def save_shape(shape: TrafficShape, path: str | Path) -> Path:
         try:
             os.chmod(tmp, mode)  # mkstemp makes 0600; a shape file is meant to be shared
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(_compact_lists(shape.model_dump_json(indent=2)))
+                # no "precision": null in exact shapes (files from before it stay unchanged)
+                skip = {"precision"} if shape.precision is None else None
+                fh.write(_compact_lists(shape.model_dump_json(indent=2, exclude=skip)))
                 fh.write("\n")
                 fh.flush()
                 os.fsync(fh.fileno())

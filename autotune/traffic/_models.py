@@ -22,6 +22,7 @@ __all__ = [
     "Correlation",
     "LengthDist",
     "LoadSpec",
+    "Precision",
     "PrefixStats",
     "SourceInfo",
     "TrafficShape",
@@ -152,7 +153,7 @@ class PrefixStats(_Model):
     whose prompt starts with tokens another request has too. ``shared_prefix_ratio``:
     distribution of (shared leading tokens / prompt tokens) among those requests."""
 
-    source: Literal["hash_ids", "session", "prefix_id"]
+    source: Literal["hash_ids", "session", "prefix_id", "server_cache"]
     block_tokens: int | None = Field(default=None, ge=1)
     shared_token_fraction: float = Field(ge=0, le=1)
     sharing_request_fraction: float = Field(ge=0, le=1)
@@ -162,6 +163,19 @@ class PrefixStats(_Model):
     shared_prefix_ratio: list[float] | None = Field(
         default=None, min_length=N_QUANTILES, max_length=N_QUANTILES
     )
+
+
+class Precision(_Model):
+    """How coarse a shape's statistics are, where they are coarser than a request log's.
+
+    ``input_tokens`` / ``output_tokens``: a bound on the Wasserstein-1 distance between the
+    true length distribution and the stored one, relative to its mean (the unit of
+    ``shape diff``'s length distance, which widens its threshold by it). 0 = exact.
+    """
+
+    input_tokens: float = Field(default=0.0, ge=0)
+    output_tokens: float = Field(default=0.0, ge=0)
+    note: str | None = None
 
 
 class SourceInfo(_Model):
@@ -193,6 +207,7 @@ class TrafficShape(_Model):
     concurrency: ConcurrencyEstimate | None = None
     prefix: PrefixStats | None = None
     source: SourceInfo | None = None
+    precision: Precision | None = None
     load: LoadSpec
 
     @field_validator("version")
@@ -227,6 +242,8 @@ class TrafficShape(_Model):
         }
         if self.source is not None:
             out["source"] = self.source.model_dump()
+        if self.precision is not None:
+            out["precision"] = self.precision.model_dump()
         return out
 
     def with_load(self, load: LoadSpec) -> TrafficShape:

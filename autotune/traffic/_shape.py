@@ -30,9 +30,13 @@ __all__ = [
     "ASSUMED_PREFILL_TPS",
     "ASSUMED_TPOT_S",
     "DEFAULT_REPLAY_REQUESTS",
+    "arrival_stats",
     "constant_shape",
+    "dispersion",
     "fit_shape",
+    "full_window_counts",
     "length_dist",
+    "stats_fingerprint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +56,13 @@ def _r(x: float) -> float:
     """6 significant digits: stable in JSON and far below any statistical noise."""
     x = float(x)
     return 0.0 if x == 0 else float(f"{x:.6g}")
+
+
+def stats_fingerprint(stats: dict[str, Any]) -> str:
+    """:func:`compute_fingerprint` of a dict of statistics, models or plain values."""
+    return compute_fingerprint(
+        {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in stats.items()}
+    )
 
 
 def length_dist(values: npt.ArrayLike) -> LengthDist:
@@ -82,26 +93,53 @@ def _correlation(inp: np.ndarray, out: np.ndarray) -> Correlation | None:
     )
 
 
-def _arrivals(ts: np.ndarray) -> ArrivalStats | None:
-    span = float(ts[-1]) if ts.shape[0] else 0.0
+def full_window_counts(ts: np.ndarray, window: float) -> np.ndarray:
+    """Arrivals per consecutive ``window``-second window from ``ts[0]``, full windows only.
+
+    A trailing partial window (the recording stopped inside it) is left out: counted as a
+    full one it reads as a dip (or, with the last few requests in a few seconds, as noise),
+    and where a recording stops must not move a statistic.
+    """
+    if ts.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    rel = ts - ts[0]
+    full = math.floor(float(rel[-1]) / window)
+    if full == 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = np.floor(rel / window).astype(np.int64)
+    return np.bincount(idx[idx < full], minlength=full)
+
+
+def dispersion(counts: np.ndarray) -> float | None:
+    """var/mean of window counts (population variance); None below 2 windows or 0 arrivals."""
+    if counts.shape[0] < 2 or counts.sum() == 0:
+        return None
+    return float(counts.var() / counts.mean())
+
+
+def arrival_stats(ts: np.ndarray) -> ArrivalStats | None:
+    """Inter-arrival CV, dispersion per 60 s and rate profile of sorted arrival times."""
+    span = float(ts[-1] - ts[0]) if ts.shape[0] else 0.0
     if ts.shape[0] < 2 or span <= 0:
         return None
     gaps = np.diff(ts)
     cv = float(gaps.std() / gaps.mean())
-    # counts per 60 s window, the last (partial) window included
-    counts60 = np.bincount(np.floor(ts / DISPERSION_WINDOW_S).astype(np.int64))
-    dispersion = float(counts60.var() / counts60.mean()) if counts60.shape[0] >= 2 else None
+    disp = dispersion(full_window_counts(ts, DISPERSION_WINDOW_S))
     window = DISPERSION_WINDOW_S * max(
         1, math.ceil(span / DISPERSION_WINDOW_S / _MAX_PROFILE_WINDOWS)
     )
-    counts = np.bincount(np.floor(ts / window).astype(np.int64))
-    profile = counts / window
+    counts = full_window_counts(ts, window)
+    if counts.shape[0] == 0:  # shorter than one window: one value over the whole span
+        window = span
+        profile = np.array([ts.shape[0] / span])
+    else:
+        profile = counts / window
     return ArrivalStats(
         interarrival_cv=_r(cv),
-        dispersion_60s=_r(dispersion) if dispersion is not None else None,
+        dispersion_60s=_r(disp) if disp is not None else None,
         zero_gap_fraction=_r(float(np.mean(gaps == 0))),
         peak_rate_rps=_r(float(profile.max())),
-        window_s=window,
+        window_s=_r(window),
         rate_profile=[_r(v) for v in profile],
     )
 
@@ -193,13 +231,11 @@ def fit_shape(
         "input_tokens": length_dist(inp),
         "output_tokens": length_dist(out),
         "correlation": _correlation(inp, out),
-        "arrivals": _arrivals(ts),
+        "arrivals": arrival_stats(ts),
         "concurrency": _concurrency(rate, inp, out, records.latencies_s),
         "prefix": _prefix(records),
     }
-    fingerprint = compute_fingerprint(
-        {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in stats.items()}
-    )
+    fingerprint = stats_fingerprint(stats)
     if load is None:
         load = LoadSpec(mode="open", requests=min(n, DEFAULT_REPLAY_REQUESTS))
     return TrafficShape(
@@ -247,9 +283,7 @@ def constant_shape(
         "concurrency": None,
         "prefix": None,
     }
-    fingerprint = compute_fingerprint(
-        {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in stats.items()}
-    )
+    fingerprint = stats_fingerprint(stats)
     return TrafficShape(
         name=name or f"fixed-{input_tokens}x{output_tokens}",
         fingerprint=fingerprint,

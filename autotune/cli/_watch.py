@@ -1,0 +1,162 @@
+"""``autotune watch``: build shapes from a live endpoint, compare them with the tuned one."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from autotune.cli._shape import _resolve, parse_duration
+from autotune.config import DEFAULT_STORAGE
+from autotune.errors import ConfigError
+
+EXIT_OK = 0
+EXIT_INTERRUPTED = 130
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "watch",
+        help="watch a live vLLM endpoint's traffic for drift from the tuned shape",
+        description=(
+            "Every --every, build the shape of the traffic a running vLLM server served "
+            "(from its /metrics, as 'autotune shape from-metrics') and compare it with the "
+            "shape the current config was tuned for ('autotune shape diff'). On drift, print "
+            "the 'autotune retune' command, or run --on-drift with the new shape's path; "
+            "once per drift episode: the action is re-armed only after a window compares "
+            "'same' again. Every state goes to OUT/watch.jsonl and to MLflow (a run per "
+            "watch in experiment 'autotune-watch', a metric per comparison). An endpoint "
+            "that goes away is retried (1 s, 2 s, ... up to 60 s). Ctrl-C stops it with a "
+            "summary line (exit 130); --checks N stops after N comparisons (exit 0). "
+            "See docs/traffic.md section 8."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("url", metavar="URL", help="the vLLM server, e.g. http://localhost:8000")
+    p.add_argument("--tuned", required=True, metavar="SHAPE_OR_STUDY",
+                   help="the shape the current config was tuned for: a shape JSON file, a "
+                   "name in traffic/, or a study name in --storage (its recorded shape)")
+    p.add_argument("--every", default="10m", type=parse_duration,
+                   help="window length: a shape is built and compared every this long "
+                   "(90, 90s, 10m, 1h); burstiness is only compared with windows >= 2m")
+    p.add_argument("--interval", default=None, type=parse_duration,
+                   help="scrape interval within a window (default: window/20, 0.5-10 s)")
+    p.add_argument("--on-drift", metavar="CMD", default=None,
+                   help="shell command run on drift: {shape} in it is replaced by the new (shell-quoted) "
+                   "shape's path, else the path is appended as the last argument; env "
+                   "AUTOTUNE_SHAPE (the path), AUTOTUNE_TUNED_SHAPE, AUTOTUNE_DRIFTED "
+                   "(dimensions, comma-separated). Default: print the retune command")
+    p.add_argument("--request-log", metavar="LOG", default=None,
+                   help="the server's log with --enable-log-requests: arrival times from it "
+                   "(see 'autotune shape from-metrics --help')")
+    p.add_argument("--checks", type=int, default=None,
+                   help="stop after this many comparisons (default: run until Ctrl-C)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where the window shapes and watch.jsonl go "
+                   "(default: experiments/watch/<UTC time>)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE,
+                   help="Optuna storage, to read --tuned STUDY's shape")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow store (default sqlite:///experiments/mlflow.db)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("--model", default=None,
+                   help="model for the printed retune command (default: the study's)")
+    p.add_argument("--space", default="SPACE.yaml",
+                   help="search space for the printed retune command")
+    p.set_defaults(func=_watch)
+
+
+def _tuned(ref: str, storage: str) -> tuple[Any, str | None, str | None]:
+    """(shape, its path, the study's model) for --tuned: a file, a traffic/ name, a study."""
+    from autotune.traffic import load_shape
+
+    path = _resolve(ref)
+    if path.exists():
+        return load_shape(path), str(path), None
+    from autotune.registry import tuned_studies
+
+    for info in tuned_studies(storage=storage):
+        if info.name == ref:
+            if not info.shape_path or not Path(info.shape_path).exists():
+                raise ConfigError(
+                    f"--tuned {ref}: study {ref} recorded the shape file "
+                    f"{info.shape_path!r}, which does not exist here; pass the shape file")
+            return load_shape(info.shape_path), info.shape_path, info.model
+    raise ConfigError(f"--tuned {ref!r} is neither a shape file, a name in traffic/, nor a "
+                      f"study in {storage}; pass a shape JSON file or a study name")
+
+
+class _Printer:
+    """Prints each state as one line (the retune command on the first drift)."""
+
+    def __init__(self, retune: str) -> None:
+        self.retune = retune
+
+    def on_start(self, *, url: str, tuned: Any, every_s: float) -> None:
+        print(f"watching {url} every {every_s:g} s against {tuned.name} "
+              f"[{tuned.fingerprint}] (Ctrl-C stops)", flush=True)
+
+    def on_event(self, ev: Any, diff: Any) -> None:
+        t = ev.time[11:19]
+        if ev.state in ("unreachable", "not_vllm", "idle"):
+            print(f"{t} {ev.state}: {ev.message}", flush=True)
+            return
+        what = ("same" if ev.state == "same"
+                else "DRIFTED in " + ", ".join(ev.drifted_dimensions))
+        print(f"{t} check {ev.check}: {what} (distance {ev.distance:.3g}; {ev.requests} "
+              f"requests, {ev.rate_rps:.3g} req/s) -> {ev.shape_path}", flush=True)
+        if ev.action == "printed":
+            print(f"  traffic drifted; re-tune with:\n    {self.retune} --shape "
+                  f"{shlex.quote(ev.shape_path)}", flush=True)
+        elif ev.action is not None:
+            print(f"  drift action: {ev.action}", flush=True)
+        elif ev.state == "drifted":
+            print("  (still drifted: the action already ran for this episode)", flush=True)
+
+    def on_end(self, summary: Any) -> None:
+        print(summary.line(), flush=True)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from autotune.tracking import default_tracking_uri
+    from autotune.watch import JsonlLog, MlflowWatchLog, metrics_url, run_command, watch
+
+    if args.checks is not None and args.checks < 1:
+        raise ConfigError(f"--checks must be >= 1 (got {args.checks})")
+    metrics_url(args.url)  # validates the URL's form before anything else
+    if args.request_log and not Path(args.request_log).is_file():
+        raise ConfigError(f"--request-log {args.request_log}: no such file")
+    tuned, tuned_path, model = _tuned(args.tuned, args.storage)
+    out = args.out or Path("experiments") / "watch" / datetime.now(UTC).strftime(
+        "%Y%m%dT%H%M%SZ")
+    out.mkdir(parents=True, exist_ok=True)
+    model = args.model or model or "MODEL"
+    retune = (f"autotune retune --model {shlex.quote(model)} --space "
+              f"{shlex.quote(args.space)}")
+    callbacks: list[Any] = [_Printer(retune), JsonlLog(out / "watch.jsonl")]
+    if not args.no_mlflow:
+        callbacks.append(MlflowWatchLog(args.tracking_uri or default_tracking_uri()))
+
+    def on_drift(shape: Any, path: Path, diff: Any) -> str:
+        if args.on_drift is None:
+            return "printed"
+        rc = run_command(args.on_drift, path, diff, tuned_path=tuned_path)
+        return f"ran {args.on_drift!r}: exit {rc}"
+
+    def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        summary = watch(url=args.url, tuned=tuned, every_s=args.every,
+                        interval_s=args.interval, shapes_dir=out, on_drift=on_drift,
+                        callbacks=callbacks, max_checks=args.checks,
+                        request_log=args.request_log)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    print(f"log: {out / 'watch.jsonl'}", file=sys.stderr)
+    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
