@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,17 @@ class TrialSpec:
     cpu_kv_cache_gib: float = 1.0
     quality_probe: Any = None  # autotune.quality.ProbeSet: probe this trial's server
     quality_reference: Any = None  # autotune.quality.ProbeOutputs to compare with
+    log_path: str | None = None  # the server log's own path (default: in log_dir by number)
+    # Closed loop: one continuous run cut into segments of segment_requests completions
+    # (None: max(concurrency, 16)); warm-up and measurement end by ``rule``
+    # (autotune.stats.SegmentRule; None: its defaults). Open loop: warm-up replay, then
+    # the schedule, with the interval over sub-windows.
+    segment_requests: int | None = None
+    rule: Any = None  # autotune.stats.SegmentRule
+    # The pruner: the incumbent's interval low end (output tokens/s); a trial whose own
+    # interval lies wholly below it is stopped as a clear loser (reason "pruned").
+    incumbent_low: float | None = None
+    stagger: bool = True  # closed loop: desynchronise the streams' first requests
 
 
 @dataclass
@@ -71,6 +85,14 @@ class TrialOutcome:
     quality: dict[str, Any] | None = None  # QualityReport.model_dump() of a probed trial
     quality_note: str = ""  # why a lossy trial has no quality figures
     gpus: tuple[int, ...] | None = None
+    # time account (seconds): start_s above, then warming up and measuring
+    warmup_s: float = 0.0
+    measure_s: float = 0.0
+    # {"seconds", "segments", "converged", "jit_in_last_segment"} (autotune.warmup)
+    warmup: dict[str, Any] | None = None
+    segments: list[float] = field(default_factory=list)  # measured segment rates (tok/s)
+    stop: str | None = None  # why measuring stopped: precise | cap | pruned | schedule_end
+    pruned: bool = False  # a clear loser: stopped early against the incumbent
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,6 +144,99 @@ def _assigned_gpus(spec: TrialSpec) -> tuple[int, ...] | None:
 
 _PORT_ATTEMPTS = 3
 
+# vLLM's kernel JIT monitor (vllm/utils/jit_monitor.py, GPU workers, after warm-up):
+# "Triton kernel JIT compilation during inference: fused_moe_kernel (...). This causes a
+# latency spike; consider extending warmup to cover this shape/config." (autotuning cache
+# misses read "... autotuning during inference: ..."). CPU workers install no monitor.
+JIT_LINE = re.compile(rb"during inference: .*consider extending warmup")
+
+
+class _LogWatch:
+    """New lines of the server log since the last look: was a kernel JIT-compiled?"""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.offset = 0
+        self.events = 0
+        self.broken = False
+        if path is not None:
+            try:
+                self.offset = path.stat().st_size
+            except OSError:
+                self.offset = 0
+
+    def jit_since_last(self) -> bool:
+        if self.path is None or self.broken:
+            return False
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError as exc:  # a log problem never costs the measurement
+            logger.warning("cannot read the server log %s for JIT events: %s", self.path, exc)
+            self.broken = True
+            return False
+        cut = data.rfind(b"\n") + 1  # a half-written last line is read next time
+        self.offset += cut
+        n = len(JIT_LINE.findall(data[:cut]))
+        self.events += n
+        return n > 0
+
+
+class _Segments:
+    """A :class:`~autotune.loadgen.SegmentControl`: warm-up, then measurement, by ``rule``."""
+
+    def __init__(self, rule: Any, segment_requests: int, watch: _LogWatch,
+                 incumbent_low: float | None, number: int,
+                 on_phase: Callable[[str, float, dict[str, Any]], None] | None) -> None:
+        self.rule = rule
+        self.segment_requests = segment_requests
+        self.watch = watch
+        self.incumbent_low = incumbent_low
+        self.number = number
+        self.on_phase = on_phase
+        self.last_t, self.last_tokens = 0.0, 0
+        self.warm_rates: list[float] = []
+        self.jit_last = False
+        self.warm_end: float | None = None
+        self.converged = False
+        self.bounds: list[float] = []
+        self.rates: list[float] = []
+        self.stop: str | None = None
+
+    def on_segment(self, t_s: float, tokens: int) -> bool:
+        dt = t_s - self.last_t
+        rate = (tokens - self.last_tokens) / dt if dt > 0 else math.nan
+        self.last_t, self.last_tokens = t_s, tokens
+        if self.warm_end is None:
+            self.jit_last = self.watch.jit_since_last()
+            self.warm_rates.append(rate)
+            if self.rule.warmup(self.warm_rates, self.jit_last, t_s) == "warm":
+                self.warm_end = t_s
+                self.converged = self.rule.warmup_converged(self.warm_rates, self.jit_last)
+                self.bounds = [t_s]
+                self._phase("measuring", t_s, {"segments": 0})
+            else:
+                self._phase("warming_up", t_s, {"segments": len(self.warm_rates),
+                                                "rate": rate, "jit": self.jit_last})
+            return False
+        self.rates.append(rate)
+        self.bounds.append(t_s)
+        decision = self.rule.measure(self.rates, t_s - self.warm_end, self.incumbent_low)
+        self._phase("measuring", t_s, {"segments": len(self.rates), "rate": rate})
+        if decision == "continue":
+            return False
+        self.stop = decision.removeprefix("stop_")
+        return True
+
+    def _phase(self, phase: str, t_s: float, detail: dict[str, Any]) -> None:
+        logger.info("trial %d %s at %.1f s: %s", self.number, phase, t_s, detail)
+        if self.on_phase is not None:
+            try:
+                self.on_phase(phase, t_s, detail)
+            except Exception:  # a display must never cost the measurement
+                logger.warning("trial %d: phase callback failed", self.number, exc_info=True)
+
 
 def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -> None:
     """Run the quality probe on the trial's server and compare it with the reference.
@@ -149,8 +264,13 @@ def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -
     outcome.metrics.update(report.flat())
 
 
-def run_trial(spec: TrialSpec) -> TrialOutcome:
-    """Run one trial and return its outcome; failures of the config come back as data."""
+def run_trial(spec: TrialSpec,
+              on_phase: Callable[[int, str, float, dict[str, Any]], None] | None = None
+              ) -> TrialOutcome:
+    """Run one trial and return its outcome; failures of the config come back as data.
+
+    ``on_phase(number, phase, elapsed_s, detail)`` hears ``warming_up``/``measuring``
+    segment by segment (phase in the study's callback vocabulary)."""
     import socket
 
     from autotune.loadgen import replay
@@ -160,7 +280,9 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
     t0 = time.monotonic()
     info = detect_engine()
     gpus = _assigned_gpus(spec)
-    log_path = Path(spec.log_dir) / f"trial-{spec.number:04d}-server.log" if spec.log_dir else None
+    log_path = (Path(spec.log_path) if spec.log_path
+                else Path(spec.log_dir) / f"trial-{spec.number:04d}-server.log" if spec.log_dir
+                else None)
     outcome = TrialOutcome(
         number=spec.number, ok=False, engine_version=f"{info.package} {info.version}",
         hostname=socket.gethostname(), node_id=_ray_node_id(), gpus=gpus,
@@ -207,30 +329,96 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
             "api": spec.api,
             "request_timeout_s": spec.request_timeout_s,
         }
-        n_warm = spec.warmup_requests
-        if n_warm is None:
-            conc = schedule.concurrency or 8
-            n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
-        if n_warm > 0:
-            warm = build_schedule(
-                spec.shape, vocab_size=vocab, seed=spec.seed + 10_000, mode="closed",
-                concurrency=schedule.concurrency or 8, num_requests=n_warm,
+        def chunk(k: int, n: int | None = None) -> Any:
+            return build_schedule(
+                spec.shape, vocab_size=vocab, seed=spec.seed + 1000 * k, mode=schedule.mode,
+                concurrency=schedule.concurrency, num_requests=n or len(schedule.requests),
                 max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
             )  # fmt: skip
-            replay(warm, **client_kw)
-            server.check_alive()
+
+        phase = (lambda name, t, d: on_phase(spec.number, name, t, d)) if on_phase else None
         results = []
-        for r in range(max(1, spec.repeats)):
-            before = snapshot_metrics(server.base_url)
-            run = replay(schedule, **client_kw)
-            server.check_alive()
-            after = snapshot_metrics(server.base_url)
-            results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
-            logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
-                        results[-1].output_tokens_per_s)
+        if schedule.mode == "closed":
+            from autotune.stats import SegmentRule
+
+            rule = spec.rule or SegmentRule()
+            seg_n = spec.segment_requests or max(schedule.concurrency or 1, 16)
+            refills = [0]
+
+            def refill(next_index: int) -> list[Any]:
+                refills[0] += 1
+                return [replace(r, index=next_index + i)
+                        for i, r in enumerate(chunk(refills[0]).requests)]
+
+            for r in range(max(1, spec.repeats)):
+                ctl = _Segments(rule if r == 0 else replace(rule, warmup_max_segments=1),
+                                seg_n, _LogWatch(server.log_path), spec.incumbent_low,
+                                spec.number, phase)
+                t_run = time.monotonic()
+                run = replay(schedule if r == 0 else chunk(100 + r), **client_kw,
+                             control=ctl, refill=refill, stagger=spec.stagger,
+                             metrics_interval_s=5.0)
+                server.check_alive()
+                wall = time.monotonic() - t_run
+                warm = ctl.warm_end if ctl.warm_end is not None else wall
+                if r == 0:
+                    outcome.warmup_s = min(warm, wall)
+                    outcome.warmup = {"seconds": round(outcome.warmup_s, 2),
+                                      "segments": len(ctl.warm_rates),
+                                      "converged": ctl.converged,
+                                      "jit_in_last_segment": ctl.jit_last,
+                                      "jit_events": ctl.watch.events}
+                outcome.measure_s += max(0.0, wall - min(warm, wall))
+                m = measure(run, slo=spec.slo, segments=ctl.bounds)
+                results.append(m)
+                outcome.segments += list(m.segment_tokens_per_s)
+                outcome.stop = ctl.stop or "schedule_end"
+                logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
+                            spec.number, r, m.output_tokens_per_s, outcome.stop,
+                            len(m.segment_tokens_per_s), outcome.warmup)
+                if ctl.stop == "pruned":
+                    outcome.pruned = True
+                    break
+        else:
+            n_warm = spec.warmup_requests
+            if n_warm is None:
+                conc = schedule.concurrency or 8
+                n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
+            t_warm = time.monotonic()
+            if n_warm > 0:
+                warm = build_schedule(
+                    spec.shape, vocab_size=vocab, seed=spec.seed + 10_000, mode="closed",
+                    concurrency=schedule.concurrency or 8, num_requests=n_warm,
+                    max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
+                )  # fmt: skip
+                replay(warm, **client_kw)
+                server.check_alive()
+            outcome.warmup_s = time.monotonic() - t_warm
+            outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": 1 if n_warm else 0,
+                              "converged": False, "jit_in_last_segment": False}
+            for r in range(max(1, spec.repeats)):
+                t_run = time.monotonic()
+                before = snapshot_metrics(server.base_url)
+                run = replay(schedule, **client_kw)
+                server.check_alive()
+                after = snapshot_metrics(server.base_url)
+                results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
+                outcome.measure_s += time.monotonic() - t_run
+                outcome.segments += list(results[-1].segment_tokens_per_s)
+                outcome.stop = "schedule_end"
+                logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
+                            results[-1].output_tokens_per_s)
         m = combine(results) if len(results) > 1 else results[0]
         outcome.measurement = m.model_dump(mode="json")
         outcome.metrics = m.flat()
+        if outcome.warmup is not None:
+            outcome.metrics.update({
+                "warmup_s": float(outcome.warmup["seconds"]),
+                "warmup_segments": float(outcome.warmup["segments"]),
+                "warmup_converged": float(bool(outcome.warmup["converged"])),
+                "warmup_jit_in_last_segment": float(bool(outcome.warmup["jit_in_last_segment"])),
+            })
+        outcome.metrics["measure_s"] = round(outcome.measure_s, 3)
         if m.n_ok == 0:
             server.check_alive()
             outcome.reason = "no_output"

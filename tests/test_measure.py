@@ -243,6 +243,9 @@ FLAT_KEYS = {
     *(f"{n}_{p}_s" for n in ("ttft", "tpot", "itl", "e2e") for p in ("p50", "p90", "p99")),
     "cv",
     "window_s",
+    "output_tokens_per_s_ci_low",
+    "output_tokens_per_s_ci_high",
+    "segments",
 }
 
 
