@@ -8,6 +8,11 @@ Optuna's storage is the source of truth. How trials are stored:
   whose sample broke a rule of the space is ``PRUNED`` with a constraint violation of 1 and
   the reason in ``user_attrs["autotune.reason"]``: the TPE sampler treats it as an
   infeasible point and learns to avoid the region; it is never scored as throughput 0;
+* a trial the pruner stopped as a clear loser (its interval lay wholly below the
+  incumbent's) is ``PRUNED`` with its segment rates as intermediate values, constraints
+  of 0 (feasible) and reason ``pruned``: TPE ranks pruned trials after every complete one,
+  so the sampler learns that the region is worse than what it has, without a made-up
+  value;
 * a trial that was running when the tuner died is ``FAIL`` with reason ``tuner_died`` (or
   ``interrupted`` after SIGINT/SIGTERM); such a trial says nothing about its config, so it
   does not count toward ``--trials`` and ``--resume`` runs its config again (a new trial
@@ -71,6 +76,8 @@ class A:
     QUALITY = "autotune.quality"  # QualityReport of a probed (lossy) trial
     QUALITY_NOTE = "autotune.quality_note"
     GPUS = "autotune.gpus"
+    WARMUP = "autotune.warmup"  # {"seconds", "segments", "converged", "jit_in_last_segment"}
+    TIME = "autotune.time"  # {"start_s", "warmup_s", "measure_s", "other_s", "slot"}
     MLFLOW_RUN = "autotune.mlflow_run_id"
     # study attributes
     MODEL = "autotune.model"
@@ -82,6 +89,11 @@ class A:
     GPU = "autotune.gpu_type"
     SETTINGS = "autotune.settings"
     MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
+    VERDICT = "autotune.verdict"  # {"verdict", "ratio_to_defaults", "winner_number", ...}
+    GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s", "other_s"}}
+
+
+PRUNED = "pruned"  # reason of a trial the pruner stopped
 
 
 _N_CONSTRAINTS = 4  # [failed or rejected, SLO, error rate, quality] violations
@@ -145,6 +157,8 @@ class TuneResult:
     n_failed: int
     tracking_uri: str
     failures_by_reason: dict[str, int]
+    verdict: dict[str, Any] = field(default_factory=dict)  # autotune.verdict
+    gpu_time: dict[str, dict[str, float]] = field(default_factory=dict)  # autotune.gpu_time
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -427,6 +441,11 @@ def tune(
 
     metric = objective_metric(settings.objective)
     slo_obj = _goodput_slo(settings)
+    from autotune.stats import SegmentRule
+
+    rule = SegmentRule(precision=settings.precision, warmup_tolerance=settings.warmup_tolerance,
+                       warmup_max_s=settings.warmup_max_s, measure_max_s=settings.measure_max_s)
+    account = _GpuTime(slots=executor.slots)
     flights: dict[int, tuple[Any, dict[str, Any], Any, bool]] = {}
     walls: list[float] = []
     finished_before = _n_finished(study)
@@ -460,58 +479,75 @@ def tune(
     t_loop = time.monotonic()  # the time budget counts from here (Ray and MLflow are up)
 
     def more() -> bool:
-        if (phase[0] == "search" and settings.timeout_s is not None
-                and time.monotonic() - t_loop > settings.timeout_s):
-            return False  # time budget spent: let running trials finish, start no new one
+        if phase[0] == "search" and settings.timeout_s is not None:
+            # The budget holds the re-check too: stop searching when what is left would
+            # not fit the re-check at the trials' mean wall time so far.
+            reserve = 0.0
+            if settings.recheck and walls:
+                n_re = (settings.recheck + 1) * settings.recheck_starts
+                reserve = sum(walls) / len(walls) * math.ceil(n_re / max(1, executor.slots))
+            if time.monotonic() - t_loop + reserve > settings.timeout_s:
+                return False  # budget spent: let running trials finish, start no new one
         return _n_finished(study) + len(flights) < target[0]
 
-    def run_loop() -> None:
+    def submit() -> None:
         nonlocal rejected_in_a_row
+        while len(flights) < executor.slots and more():
+            trial = study.ask()
+            is_base = bool(trial.user_attrs.get(A.BASELINE))
+            params = space.suggest(trial, baseline=is_base)
+            problems = space.violations(params)
+            if problems and not is_base:
+                rejected_in_a_row += 1
+                if rejected_in_a_row > 200:
+                    raise StudyError(
+                        f"the space {space.name} rejected 200 samples in a row (last: "
+                        f"{problems[0]}); its rules exclude almost everything - fix them"
+                    )
+                _mark_failed(trial, FailureReason.REJECTED, "; ".join(problems))
+                _log_trial(tracker, trial.number, params, (), {}, {}, base_tags, False,
+                           FailureReason.REJECTED, None, {"violations": problems})
+                _commit_tell(study, trial, None)
+                continue
+            rejected_in_a_row = 0
+            launch = space.launch_spec(params, baseline=is_base)
+            trial.set_user_attr(A.FLAGS, list(launch.flags))
+            trial.set_user_attr(A.ENV, dict(launch.env))
+            spec = TrialSpec(
+                number=trial.number, model=str(model), flags=launch.flags,
+                env=dict(launch.env), shape=shape, seed=settings.seed,
+                warmup_requests=settings.warmup_requests, repeats=settings.repeats,
+                slo=slo_obj, api=settings.api, num_requests=settings.num_requests,
+                concurrency=settings.concurrency,
+                start_timeout_s=settings.start_timeout_s,
+                request_timeout_s=settings.request_timeout_s, log_dir=str(log_dir),
+                cache_dir=str(cache_dir), cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
+                quality_probe=probe if (not is_base and space.lossy_knobs(params)) else None,
+                quality_reference=reference, rule=rule,
+                segment_requests=settings.segment_requests,
+                incumbent_low=_incumbent_low(study, settings, trial),
+            )  # fmt: skip
+            executor.submit(spec)
+            flights[trial.number] = (trial, params, launch, is_base)
+            progress("trial_started", trial_number=trial.number, trial_params=params)
+
+    def run_loop() -> None:
         while more() or flights:
-            while len(flights) < executor.slots and more():
-                trial = study.ask()
-                is_base = bool(trial.user_attrs.get(A.BASELINE))
-                params = space.suggest(trial, baseline=is_base)
-                problems = space.violations(params)
-                if problems and not is_base:
-                    rejected_in_a_row += 1
-                    if rejected_in_a_row > 200:
-                        raise StudyError(
-                            f"the space {space.name} rejected 200 samples in a row (last: "
-                            f"{problems[0]}); its rules exclude almost everything - fix them"
-                        )
-                    _mark_failed(trial, FailureReason.REJECTED, "; ".join(problems))
-                    _log_trial(tracker, trial.number, params, (), {}, {}, base_tags, False,
-                               FailureReason.REJECTED, None, {"violations": problems})
-                    _commit_tell(study, trial, None)
-                    continue
-                rejected_in_a_row = 0
-                launch = space.launch_spec(params, baseline=is_base)
-                trial.set_user_attr(A.FLAGS, list(launch.flags))
-                trial.set_user_attr(A.ENV, dict(launch.env))
-                spec = TrialSpec(
-                    number=trial.number, model=str(model), flags=launch.flags,
-                    env=dict(launch.env), shape=shape, seed=settings.seed,
-                    warmup_requests=settings.warmup_requests, repeats=settings.repeats,
-                    slo=slo_obj, api=settings.api, num_requests=settings.num_requests,
-                    concurrency=settings.concurrency,
-                    start_timeout_s=settings.start_timeout_s,
-                    request_timeout_s=settings.request_timeout_s, log_dir=str(log_dir),
-                    cache_dir=str(cache_dir), cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
-                    quality_probe=probe if (not is_base and space.lossy_knobs(params)) else None,
-                    quality_reference=reference,
-                )  # fmt: skip
-                executor.submit(spec)
-                flights[trial.number] = (trial, params, launch, is_base)
-                progress("trial_started", trial_number=trial.number, trial_params=params)
+            submit()
+            told = []
             for outcome in executor.wait(timeout_s=5.0):
                 trial, params, launch, is_base = flights.pop(outcome.number)
                 lossy = (not is_base) and bool(space.lossy_knobs(params))
                 value, state, reason = _prepare_tell(trial, outcome, metric, settings,
                                                      thresholds=thresholds, lossy=lossy)
                 walls.append(outcome.wall_s)
+                account.add(outcome)
                 # Optuna first: a tracking store that hangs must not cost a measured trial.
                 _commit_tell(study, trial, value)
+                told.append((outcome, trial, params, launch, is_base, value, state, reason))
+            if told:
+                submit()  # free slots get their next trial before the slower bookkeeping
+            for outcome, trial, params, launch, is_base, value, state, reason in told:
                 rid = _log_trial(
                     tracker, outcome.number, params, launch.flags, launch.env, outcome.metrics,
                     {**base_tags, TAGS["state"]: state,
@@ -530,12 +566,13 @@ def tune(
         run_loop()
         if settings.recheck:
             phase[0] = "recheck"
-            n = _enqueue_rechecks(study, settings.recheck)
+            n = _enqueue_rechecks(study, settings.recheck, settings.recheck_starts)
             if n:
                 target[0] = _n_finished(study) + n
                 progress("recheck_started", message=(
-                    f"re-measuring the top {settings.recheck} config(s) and the baseline "
-                    f"({n} trials) before declaring a winner"))
+                    f"re-measuring the top {settings.recheck} config(s) and the baseline on "
+                    f"fresh servers ({settings.recheck_starts} starts each, {n} trials) "
+                    "before the verdict"))
                 run_loop()
 
     try:
@@ -559,6 +596,8 @@ def tune(
         if own_executor:
             executor.shutdown()
 
+    account.close(time.monotonic() - t_loop)
+    _save_gpu_time(study, account)
     result = _finish(study, settings, space, shape, model, info, out_dir, tracker, tracking_uri)
     progress("study_finished")
     return result
@@ -579,25 +618,34 @@ def _readings(study: Any) -> dict[str, list[Any]]:
     return groups
 
 
-def _enqueue_rechecks(study: Any, k: int) -> int:
-    """Enqueue one more reading of the top ``k`` configs and of the baseline, interleaved
-    (leaders first, baseline last), skipping configs already re-measured. Returns how many."""
+def _enqueue_rechecks(study: Any, k: int, starts: int = 2) -> int:
+    """Enqueue ``starts`` fresh-server readings of the top ``k`` configs and of the
+    defaults, interleaved (round by round: leaders first, defaults last), less those a
+    resumed study already has. Returns how many were enqueued."""
+    from optuna.trial import TrialState
+
     groups = _readings(study)
-    ranked = sorted(groups.values(), key=lambda ts: max(_primary(t) for t in ts), reverse=True)
-    chosen = ranked[:k]
     base = next((ts for ts in groups.values() if ts[0].user_attrs.get(A.BASELINE)), None)
-    if base is not None and all(ts is not base for ts in chosen):
-        chosen.append(base)
+    ranked = sorted((ts for ts in groups.values() if ts is not base),
+                    key=lambda ts: max(_primary(t) for t in ts), reverse=True)
+    chosen = ranked[:k] + ([base] if base is not None else [])
+    have: dict[int, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        of = t.user_attrs.get(A.RECHECK_OF)
+        if of is not None and not (t.state == TrialState.FAIL
+                                   and t.user_attrs.get(A.REASON) in _STOPPED):
+            have[int(of)] = have.get(int(of), 0) + 1
     n = 0
-    for ts in chosen:
-        if len(ts) > 1 or any(t.user_attrs.get(A.RECHECK_OF) is not None for t in ts):
-            continue  # already has more than one reading
-        first = ts[0]
-        attrs: dict[str, Any] = {A.RECHECK_OF: first.number}
-        if first.user_attrs.get(A.BASELINE):
-            attrs[A.BASELINE] = True
-        study.enqueue_trial(dict(first.params), user_attrs=attrs)
-        n += 1
+    for round_ in range(starts):
+        for ts in chosen:
+            first = min(ts, key=lambda t: t.number)
+            if have.get(first.number, 0) > round_:
+                continue
+            attrs: dict[str, Any] = {A.RECHECK_OF: first.number}
+            if first.user_attrs.get(A.BASELINE):
+                attrs[A.BASELINE] = True
+            study.enqueue_trial(dict(first.params), user_attrs=attrs)
+            n += 1
     return n
 
 
@@ -800,6 +848,73 @@ def _mark_failed(trial: Any, reason: str, message: str) -> None:
     _set_constraints(trial, failed=1.0, slo=0.0, errors=0.0, quality=0.0)
 
 
+def _trial_time(outcome: TrialOutcome) -> dict[str, Any]:
+    """Where a trial's wall time went (seconds) and on which slot."""
+    start = float(outcome.start_s or 0.0)
+    other = max(0.0, outcome.wall_s - start - outcome.warmup_s - outcome.measure_s)
+    return {"start_s": round(start, 2), "warmup_s": round(outcome.warmup_s, 2),
+            "measure_s": round(outcome.measure_s, 2), "other_s": round(other, 2),
+            "slot": _slot_label(outcome)}
+
+
+def _slot_label(outcome: TrialOutcome) -> str:
+    if outcome.gpus:
+        return "gpu" + ",".join(str(g) for g in outcome.gpus)
+    return f"cpu@{outcome.hostname}" if outcome.hostname else "cpu"
+
+
+class _GpuTime:
+    """Seconds per GPU (or CPU slot) spent starting servers, warming up, measuring, in the
+    rest of a trial (stop, quality probe) and idle (the study's span less all of those)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.per: dict[str, dict[str, float]] = {}
+
+    def add(self, outcome: TrialOutcome) -> None:
+        t = _trial_time(outcome)
+        acc = self.per.setdefault(str(t["slot"]), {"start_s": 0.0, "warmup_s": 0.0,
+                                                   "measure_s": 0.0, "idle_s": 0.0,
+                                                   "other_s": 0.0})
+        for k in ("start_s", "warmup_s", "measure_s", "other_s"):
+            acc[k] += float(t[k])
+
+    def close(self, span_s: float) -> None:
+        """Idle = the loop's span (times the slots a CPU label stands for) less busy time."""
+        for label, acc in self.per.items():
+            n = 1 if label.startswith("gpu") else self.slots
+            busy = acc["start_s"] + acc["warmup_s"] + acc["measure_s"] + acc["other_s"]
+            acc["idle_s"] = max(0.0, n * span_s - busy)
+            for k in acc:
+                acc[k] = round(acc[k], 1)
+
+
+def _save_gpu_time(study: Any, account: _GpuTime) -> None:
+    """Add this session's account to what earlier sessions of the study recorded."""
+    total = {k: dict(v) for k, v in (study.user_attrs.get(A.GPU_TIME) or {}).items()}
+    for label, acc in account.per.items():
+        cur = total.setdefault(label, {})
+        for k, v in acc.items():
+            cur[k] = round(float(cur.get(k, 0.0)) + v, 1)
+    study.set_user_attr(A.GPU_TIME, total)
+
+
+def _incumbent_low(study: Any, settings: TuneSettings, trial: Any) -> float | None:
+    """The pruner's bar for a new trial: the low end of the incumbent's interval.
+
+    Passed in with the trial (it runs in a Ray worker; no storage round-trip mid-trial).
+    None (never pruned) for the defaults, re-check trials, studies that do not maximise
+    throughput, and ``--pruner none``."""
+    if (settings.pruner == "none" or settings.objective != "throughput"
+            or trial.user_attrs.get(A.BASELINE) or trial.user_attrs.get(A.RECHECK_OF) is not None):
+        return None
+    best = _best_trial(study)
+    if best is None:
+        return None
+    low = best.user_attrs.get(A.METRICS, {}).get("output_tokens_per_s_ci_low")
+    return float(low) if low is not None and math.isfinite(low) else None
+
+
 def _commit_tell(study: Any, trial: Any, value: Any, *, fail: bool = False) -> None:
     """Finish the trial in the storage: COMPLETE with a value, else PRUNED (infeasible) or FAIL."""
     from optuna.trial import TrialState
@@ -824,7 +939,25 @@ def _prepare_tell(trial: Any, outcome: TrialOutcome, metric: str, settings: Tune
         trial.set_user_attr(A.LOG, outcome.log_path)
     if outcome.metrics:
         trial.set_user_attr(A.METRICS, outcome.metrics)
+    if outcome.warmup is not None:
+        trial.set_user_attr(A.WARMUP, outcome.warmup)
+    trial.set_user_attr(A.TIME, _trial_time(outcome))
+    if settings.objective != "pareto":  # Optuna takes intermediate values single-objective only
+        for step, rate in enumerate(outcome.segments):
+            if math.isfinite(rate):
+                trial.report(float(rate), step)
     value = outcome.metrics.get(metric)
+    if outcome.ok and outcome.pruned:
+        lo, hi = (outcome.metrics.get("output_tokens_per_s_ci_low"),
+                  outcome.metrics.get("output_tokens_per_s_ci_high"))
+        trial.set_user_attr(A.STATE, PRUNED)
+        trial.set_user_attr(A.REASON, PRUNED)
+        trial.set_user_attr(A.MESSAGE, (
+            f"stopped after {len(outcome.segments)} segments: its 95 % interval "
+            f"[{lo or float('nan'):,.1f}, {hi or float('nan'):,.1f}] out tok/s lay below the "
+            "incumbent's"))
+        _set_constraints(trial, failed=0.0, slo=0.0, errors=0.0, quality=0.0)
+        return None, PRUNED, PRUNED
     if not outcome.ok or value is None or not math.isfinite(value):
         msg = outcome.message or "no measurement"
         if outcome.log_tail and outcome.reason not in (None, _INTERRUPTED):
@@ -908,21 +1041,71 @@ def _pareto_front(study: Any) -> list[Any]:
     return sorted(front, key=lambda t: -t.values[0])
 
 
-def _verdict(study: Any) -> tuple[Any, list[float], Any, list[float]]:
-    """The winner: the best median over configs measured more than once when any was
-    re-measured (a lucky single reading cannot win), else the best single reading.
-    Returns (winner's representative trial, its readings, baseline trial, its readings)."""
+@dataclass
+class _Judgement:
+    """The study's verdict and the readings behind it."""
+
+    verdict: str  # "winner" | "defaults_best" | "unverified" (no defaults measured)
+    reason: str
+    ratio: Any  # autotune.stats.RatioInterval | None
+    declared: list[Any]  # readings (trials) of the config best.json names
+    candidate: list[Any]  # readings of the best config other than the defaults
+    defaults: list[Any]  # readings of the defaults
+
+
+def _fresh(ts: list[Any]) -> list[Any]:
+    return [t for t in ts if t.user_attrs.get(A.RECHECK_OF) is not None]
+
+
+def _judge(study: Any) -> _Judgement | None:
+    """The verdict (docs/measurement.md): the best re-checked config against the defaults.
+
+    When the re-check ran, only its fresh-server readings count (a search reading was
+    picked for being high); the candidate is the config with the best mean log reading.
+    A winner is declared only if the 95 % interval of its ratio to the defaults lies
+    above 1; otherwise the defaults remain best and best.json names them."""
+    from autotune.stats import Interval, decide_verdict, ratio_to_defaults
+
     groups = list(_readings(study).values())
     if not groups:
-        return None, [], None, []
-    multi = [ts for ts in groups if len(ts) > 1]
-    pool = multi or groups
-    win = max(pool, key=lambda ts: float(np.median([_primary(t) for t in ts])))
-    med = float(np.median([_primary(t) for t in win]))
-    rep = min(win, key=lambda t: abs(_primary(t) - med))  # the reading closest to the median
+        return None
     base = next((ts for ts in groups if ts[0].user_attrs.get(A.BASELINE)), None)
-    base_rep = min(base, key=lambda t: t.number) if base else None
-    return rep, [_primary(t) for t in win], base_rep, [_primary(t) for t in base or []]
+    others = [ts for ts in groups if ts is not base]
+    rechecked = [ts for ts in others if _fresh(ts)]
+    pool = [_fresh(ts) for ts in rechecked] or others
+    base_use = (_fresh(base) or base) if base else []
+    cand = max(pool, key=lambda ts: float(np.mean(np.log([max(_primary(t), 1e-300) for t in ts])))) if pool else []
+    if not base_use:
+        return _Judgement("unverified", "the defaults were not measured (--no-baseline): "
+                          "nothing to compare with", None, cand, cand, [])
+    if not cand:
+        return _Judgement("defaults_best", "no other config was measured feasible", None,
+                          base_use, [], base_use)
+
+    def within(ts: list[Any]) -> Interval | None:
+        m = ts[0].user_attrs.get(A.METRICS, {})
+        lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
+        return Interval(_primary(ts[0]), lo, hi) if lo is not None and hi is not None else None
+
+    ratio = ratio_to_defaults([_primary(t) for t in cand], [_primary(t) for t in base_use],
+                              others=[[_primary(t) for t in ts] for ts in pool if ts is not cand],
+                              within={"config": within(cand), "defaults": within(base_use)})
+    v = decide_verdict(ratio)
+    return _Judgement(v.verdict, v.reason, ratio, cand if v.verdict == "winner" else base_use,
+                      cand, base_use)
+
+
+def _verdict(study: Any) -> tuple[Any, list[float], Any, list[float]]:
+    """The config best.json names (the winner, or the defaults when no config is shown to
+    beat them): (its representative trial, its readings, the defaults' trial, readings)."""
+    j = _judge(study)
+    if j is None or not j.declared:
+        return None, [], None, []
+    vals = [_primary(t) for t in j.declared]
+    med = float(np.median(vals))
+    rep = min(j.declared, key=lambda t: abs(_primary(t) - med))  # the reading nearest the median
+    base_rep = min(j.defaults, key=lambda t: t.number) if j.defaults else None
+    return rep, vals, base_rep, [_primary(t) for t in j.defaults]
 
 
 def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, model: Path,
@@ -932,11 +1115,14 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
     trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(A.PRIOR)]
     reasons: dict[str, int] = {}
     for t in trials:
-        if t.user_attrs.get(A.STATE) in ("failed", "infeasible"):
+        if t.user_attrs.get(A.STATE) in ("failed", "infeasible", PRUNED):
             r = str(t.user_attrs.get(A.REASON, "unknown"))
             reasons[r] = reasons.get(r, 0) + 1
     n_ok = sum(1 for t in trials if _feasible(t))
     best_t, best_vals, base_t, base_vals = _verdict(study)
+    judged = _judge(study)
+    verdict = _verdict_record(judged)
+    study.set_user_attr(A.VERDICT, verdict)
     metric = objective_metric(settings.objective)
     best: dict[str, Any] | None = None
     if best_t is not None:
@@ -947,13 +1133,17 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
         cmd = serve_command(str(model), flags, env)
         metrics = dict(best_t.user_attrs.get(A.METRICS, {}))
         best = {
+            "verdict": verdict["verdict"],
+            "ratio_to_defaults": verdict["ratio_to_defaults"],
+            "verdict_detail": {k: v for k, v in verdict.items()
+                               if k not in ("verdict", "ratio_to_defaults")},
             "params": dict(best_t.params),
             "serve_command": cmd,
             "metrics": metrics,
             "objective": {"name": settings.objective, "metric": metric, "value": best_value},
             "readings": best_vals,
             "spread": (max(best_vals) - min(best_vals)) / best_value if best_value else None,
-            "selection": (f"median of {len(best_vals)} readings (top configs re-measured)"
+            "selection": (f"median of {len(best_vals)} readings (fresh-server re-check)"
                           if len(best_vals) > 1 else "single reading"),
             "flags": flags,
             "env": env,
@@ -994,6 +1184,13 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
             tracker.mark_best(run_id=_mlflow_run(study, best_t),
                               shape_fingerprint=shape.fingerprint, best=best, serve_command=cmd)
         tracker.log_study_metrics({f"best_{k}": v for k, v in metrics.items()})
+    ratio = verdict["ratio_to_defaults"]
+    if ratio:
+        tracker.log_study_metrics({f"ratio_to_defaults_{k}": v for k, v in ratio.items()})
+    gpu_time = dict(study.user_attrs.get(A.GPU_TIME) or {})
+    tracker.log_study_metrics({f"gpu_time.{label}.{k}": v for label, acc in gpu_time.items()
+                               for k, v in acc.items()})
+    tracker.set_study_tags({"autotune.verdict": verdict["verdict"]})
     _write_trials_csv(study, out_dir / "trials.csv")
     plots = _write_plots(study, out_dir / "plots")
     tracker.log_study_artifacts({**{f"plots/{p.name}": str(p) for p in plots.values()},
@@ -1006,6 +1203,8 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
         "best_trial": best_t.number if best_t else None,
         "best_value": best["objective"]["value"] if best else None,
         "baseline_value": best["baseline"]["value"] if best and best["baseline"] else None,
+        "verdict": verdict,
+        "gpu_time": gpu_time,
     }
     write_json_atomic(out_dir / "study.json", summary)
     tracker.set_study_tags({"autotune.n_ok": str(n_ok), "autotune.n_trials": str(len(trials))})
@@ -1013,8 +1212,32 @@ def _finish(study: Any, settings: TuneSettings, space: SearchSpace, shape: Any, 
     return TuneResult(
         study_name=study.study_name, storage=settings.storage, out_dir=out_dir, best=best,
         n_trials=len(trials), n_ok=n_ok, n_failed=summary["failed"], tracking_uri=tracking_uri,
-        failures_by_reason=reasons,
+        failures_by_reason=reasons, verdict=verdict, gpu_time=gpu_time,
     )  # fmt: skip
+
+
+def _verdict_record(j: _Judgement | None) -> dict[str, Any]:
+    """``autotune.verdict`` (study attribute, study.json, best.json's two top-level keys)."""
+    if j is None:
+        return {"verdict": "none", "ratio_to_defaults": None,
+                "winner_number": None, "baseline_number": None,
+                "reason": "no feasible trial"}
+    cand_rep = min(j.candidate, key=lambda t: t.number) if j.candidate else None
+    base_rep = min(j.defaults, key=lambda t: t.number) if j.defaults else None
+    first = (cand_rep.user_attrs.get(A.RECHECK_OF, cand_rep.number) if cand_rep else None)
+    return {
+        "verdict": j.verdict,
+        "ratio_to_defaults": j.ratio.as_dict() if j.ratio is not None else None,
+        "winner_number": first if j.verdict != "defaults_best" else None,
+        "baseline_number": (base_rep.user_attrs.get(A.RECHECK_OF, base_rep.number)
+                            if base_rep else None),
+        "candidate_number": first,
+        "candidate_params": dict(cand_rep.params) if cand_rep else None,
+        "readings": {"candidate": [_primary(t) for t in j.candidate],
+                     "defaults": [_primary(t) for t in j.defaults]},
+        "method": j.ratio.method if j.ratio is not None else None,
+        "reason": j.reason,
+    }
 
 
 def _write_plots(study: Any, out: Path) -> dict[str, Path]:

@@ -450,7 +450,10 @@ def run_trial(spec: TrialSpec,
         logger.exception("trial %d failed with an internal error", spec.number)
     finally:
         errors = server.stop()
-        outcome.log_tail = server.log_tail(6000)
+        try:
+            outcome.log_tail = server.log_tail(6000)
+        except OSError as exc:  # a log problem is a warning, never the loss of the result
+            logger.warning("trial %d: cannot read the server log: %s", spec.number, exc)
         if errors:
             outcome.message = (outcome.message + "\nstop: " + "; ".join(errors)).strip()
         outcome.wall_s = time.monotonic() - t0

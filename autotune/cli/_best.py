@@ -140,7 +140,7 @@ def _best(args: argparse.Namespace) -> int:
 
 
 def _retune(args: argparse.Namespace) -> int:
-    from autotune.cli._tune import _Display, _settings
+    from autotune.cli._tune import _Display, _settings, _verdict_line
     from autotune.registry import explain_miss, plan_retune
     from autotune.space import load_space
     from autotune.study import tune
@@ -209,6 +209,7 @@ def _retune(args: argparse.Namespace) -> int:
               f"{result.out_dir}/trials.csv", file=out)
         return EXIT_NOTHING
     b = result.best
+    print(_verdict_line(result.verdict), file=out)
     print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} {label}", file=out)
     print(f"serve command:\n  {b['serve_command']}", file=out)
     print(f"written: {result.out_dir / 'best.json'}", file=out)

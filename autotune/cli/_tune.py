@@ -76,17 +76,42 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     se.add_argument("--enqueue", action="append", default=[], metavar="JSON",
                     help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}'"
                          " or @file.json); knobs not given take vLLM's defaults; repeatable")
-    se.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                    help="time budget: start no new trial after this many seconds")
+    se.add_argument("--timeout", "--budget", dest="timeout", type=float, default=None,
+                    metavar="SECONDS",
+                    help="time budget of the whole study, re-check included: the search "
+                         "stops when what is left would not fit the re-check at the mean "
+                         "trial time so far; running trials finish, then the verdict")
+    se.add_argument("--pruner", choices=("interval", "none"), default="interval",
+                    help="interval (default): stop a trial as soon as its 95 %% interval lies "
+                         "wholly below the incumbent's (recorded as 'pruned'; throughput "
+                         "studies only); none: measure every trial to the end")
     ms = p.add_argument_group("measurement")
     ms.add_argument("--repeats", type=int, default=1,
                     help="measured replays per trial on the same server (median reported)")
     ms.add_argument("--recheck", type=int, default=3, metavar="K",
-                    help="before declaring a winner, measure the top K configs and the "
-                         "baseline once more (new server starts) and choose by the median of "
-                         "all readings (default 3; 0 = off)")
+                    help="before the verdict, measure the top K configs and vLLM's defaults "
+                         "again on fresh servers (--recheck-starts each); a winner is declared "
+                         "only if the 95 %% interval of its ratio to the defaults lies above 1 "
+                         "(default 3; 0 = off: the verdict then rests on within-run intervals)")
+    ms.add_argument("--recheck-starts", type=int, default=2, metavar="N",
+                    help="fresh server starts per re-checked config (default 2)")
+    ms.add_argument("--precision", type=float, default=0.02,
+                    help="stop measuring a trial when the 95 %% interval of its output "
+                         "tokens/s is within this fraction of it (default 0.02 = 2 %%)")
+    ms.add_argument("--measure-max-s", type=float, default=180.0, metavar="SECONDS",
+                    help="measure a trial at most this long (default 180)")
+    ms.add_argument("--warmup-max-s", type=float, default=120.0, metavar="SECONDS",
+                    help="warm up at most this long; the warm-up ends earlier when two "
+                         "consecutive segments agree within --warmup-tolerance and the server "
+                         "logged no kernel JIT compilation in the last one (default 120)")
+    ms.add_argument("--warmup-tolerance", type=float, default=0.05,
+                    help="segments agree when they differ by at most this fraction (0.05)")
+    ms.add_argument("--segment-requests", type=int, default=None, metavar="N",
+                    help="completed requests per segment (default max(concurrency, 16): "
+                         "about one wave of the closed loop)")
     ms.add_argument("--warmup-requests", type=int, default=None,
-                    help="warm-up requests before measuring (default 2 x concurrency)")
+                    help="open-loop shapes only: warm-up requests before the measured "
+                         "replay (default 2 x concurrency); closed loops warm up in segments")
     ms.add_argument("--num-requests", type=int, default=None,
                     help="requests per replay (default: the shape's load.requests)")
     ms.add_argument("--concurrency", type=int, default=None,
@@ -139,9 +164,13 @@ def _settings(args: argparse.Namespace) -> Any:
             cpu_kv_cache_gib=args.cpu_kv_cache_gib, resume=args.resume,
             enqueue=[_json_arg(x) for x in args.enqueue], timeout_s=args.timeout,
             quality=args.quality, quality_probe=args.quality_probe,
+            precision=args.precision, pruner=args.pruner, recheck_starts=args.recheck_starts,
+            measure_max_s=args.measure_max_s, warmup_max_s=args.warmup_max_s,
+            warmup_tolerance=args.warmup_tolerance, segment_requests=args.segment_requests,
         )  # fmt: skip
     except ValidationError as exc:
         flag = {"timeout_s": "--timeout", "start_timeout_s": "--start-timeout",
+                "measure_max_s": "--measure-max-s", "warmup_max_s": "--warmup-max-s",
                 "request_timeout_s": "--request-timeout", "use_ray": "--no-ray"}
         msgs = "; ".join(
             f"{flag.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))} "
@@ -204,6 +233,8 @@ class _Display:
                 what = f"[green]{e.trial_value:,.1f} {self.label}[/]"
                 if e.baseline_value:
                     what += f" ({e.trial_value / e.baseline_value:.2f}x defaults)"
+            elif e.trial_reason == "pruned":
+                what = f"[cyan]pruned[/] {e.message[:160]}"
             elif e.trial_value is not None:
                 what = f"[yellow]{e.trial_value:,.1f} {self.label}, infeasible ({e.trial_reason})[/]"
             else:
@@ -211,6 +242,30 @@ class _Display:
             self.console.print(f"{head} trial {e.trial_number}: {what}")
         elif e.kind == "study_finished":
             self.console.print(f"study finished in {_fmt_s(e.elapsed_s)}")
+
+
+def _verdict_line(v: dict[str, Any]) -> str:
+    """The verdict for people: who won, by how much, how sure."""
+    r = v.get("ratio_to_defaults")
+    ci = (f"{r['median']:.3f}x the defaults (95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})"
+          if r else "no ratio to the defaults")
+    if v.get("verdict") == "winner":
+        return f"verdict: WINNER trial {v.get('winner_number')}: {ci}"
+    if v.get("verdict") == "defaults_best":
+        return (f"verdict: vLLM's defaults remain best for this shape; best other config "
+                f"(trial {v.get('candidate_number')}): {ci}")
+    return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"
+
+
+def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
+    lines = []
+    for label, a in sorted(acct.items()):
+        total = sum(a.values()) or 1.0
+        lines.append(f"time on {label}: start {a.get('start_s', 0):.0f} s, warm-up "
+                     f"{a.get('warmup_s', 0):.0f} s, measuring {a.get('measure_s', 0):.0f} s "
+                     f"({a.get('measure_s', 0) / total:.0%}), other {a.get('other_s', 0):.0f} s, "
+                     f"idle {a.get('idle_s', 0):.0f} s")
+    return lines
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -240,10 +295,13 @@ def _tune(args: argparse.Namespace) -> int:
               f"{result.out_dir}/trials.csv", file=out)
         return 1
     b = result.best
+    print(_verdict_line(result.verdict), file=out)
     ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
     print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} {label}{ratio}", file=out)
     print(f"params: {json.dumps(b['params'])}", file=out)
     print(f"serve command:\n  {b['serve_command']}", file=out)
+    for line in _gpu_time_lines(result.gpu_time):
+        print(line, file=out)
     print(f"written: {result.out_dir / 'best.json'}", file=out)
     print(f"browse: mlflow ui --backend-store-uri {result.tracking_uri}", file=out)
     return 0
