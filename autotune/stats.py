@@ -93,10 +93,10 @@ class SegmentRule:
     precision: float = 0.02
     warmup_tolerance: float = 0.05
     warmup_max_segments: int = 12
-    warmup_max_s: float = 300.0
+    warmup_max_s: float = 120.0
     min_segments: int = 3
     measure_max_segments: int = 40
-    measure_max_s: float = 300.0
+    measure_max_s: float = 180.0
     prune_after: int = 2
     confidence: float = CONFIDENCE
 

@@ -858,9 +858,9 @@ def _trial_time(outcome: TrialOutcome) -> dict[str, Any]:
 
 
 def _slot_label(outcome: TrialOutcome) -> str:
-    if outcome.gpus:
-        return "gpu" + ",".join(str(g) for g in outcome.gpus)
-    return f"cpu@{outcome.hostname}" if outcome.hostname else "cpu"
+    if outcome.gpus:  # "gpu0", "gpu2-3" (a trial on two GPUs); names MLflow accepts as keys
+        return "gpu" + "-".join(str(g) for g in outcome.gpus)
+    return f"cpu:{outcome.hostname}" if outcome.hostname else "cpu"
 
 
 class _GpuTime:
