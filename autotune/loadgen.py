@@ -560,8 +560,8 @@ async def run_schedule(
         with _gc_relaxed():
             if mode == "closed":
                 streams = conc or 1
-                first = staggered(specs[:streams], streams) if stagger else list(specs[:streams])
-                feed = enumerate(_feed(first, specs[streams:], refill, runner))
+                heads = staggered(specs[:streams], streams) if stagger else list(specs[:streams])
+                feed = enumerate(_feed(heads, specs[streams:], refill, runner))
                 await _closed(runner, feed, records, streams)
             else:
                 await _open(runner, specs, records, conc)

@@ -15,6 +15,7 @@ import re
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -343,42 +344,57 @@ def run_trial(spec: TrialSpec,
 
             rule = spec.rule or SegmentRule()
             seg_n = spec.segment_requests or max(schedule.concurrency or 1, 16)
-            refills = [0]
+            n_chunk = len(schedule.requests)
+
+            def numbered(k: int) -> list[Any]:
+                return [replace(r, index=n_chunk * k + i) for i, r in enumerate(chunk(k).requests)]
+
+            # The next chunk is built in a thread ahead of need: built on the event loop
+            # it would stall every stream (140 ms for 1,280 requests of 512 tokens here).
+            prefetch = ThreadPoolExecutor(1, thread_name_prefix="autotune-schedule")
+            ahead: dict[int, Future[list[Any]]] = {1: prefetch.submit(numbered, 1)}
 
             def refill(next_index: int) -> list[Any]:
-                refills[0] += 1
-                return [replace(r, index=next_index + i)
-                        for i, r in enumerate(chunk(refills[0]).requests)]
+                ((k, fut),) = ahead.items()
+                ahead.clear()
+                ahead[k + 1] = prefetch.submit(numbered, k + 1)
+                got = fut.result()
+                if got and got[0].index != next_index:  # a schedule shorter than asked
+                    got = [replace(r, index=next_index + i) for i, r in enumerate(got)]
+                return got
 
-            for r in range(max(1, spec.repeats)):
-                ctl = _Segments(rule if r == 0 else replace(rule, warmup_max_segments=1),
-                                seg_n, _LogWatch(server.log_path), spec.incumbent_low,
-                                spec.number, phase)
-                t_run = time.monotonic()
-                run = replay(schedule if r == 0 else chunk(100 + r), **client_kw,
-                             control=ctl, refill=refill, stagger=spec.stagger,
-                             metrics_interval_s=5.0)
-                server.check_alive()
-                wall = time.monotonic() - t_run
-                warm = ctl.warm_end if ctl.warm_end is not None else wall
-                if r == 0:
-                    outcome.warmup_s = min(warm, wall)
-                    outcome.warmup = {"seconds": round(outcome.warmup_s, 2),
-                                      "segments": len(ctl.warm_rates),
-                                      "converged": ctl.converged,
-                                      "jit_in_last_segment": ctl.jit_last,
-                                      "jit_events": ctl.watch.events}
-                outcome.measure_s += max(0.0, wall - min(warm, wall))
-                m = measure(run, slo=spec.slo, segments=ctl.bounds)
-                results.append(m)
-                outcome.segments += list(m.segment_tokens_per_s)
-                outcome.stop = ctl.stop or "schedule_end"
-                logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
-                            spec.number, r, m.output_tokens_per_s, outcome.stop,
-                            len(m.segment_tokens_per_s), outcome.warmup)
-                if ctl.stop == "pruned":
-                    outcome.pruned = True
-                    break
+            try:
+                for r in range(max(1, spec.repeats)):
+                    ctl = _Segments(rule if r == 0 else replace(rule, warmup_max_segments=1),
+                                    seg_n, _LogWatch(server.log_path), spec.incumbent_low,
+                                    spec.number, phase)
+                    t_run = time.monotonic()
+                    run = replay(schedule if r == 0 else chunk(100 + r), **client_kw,
+                                 control=ctl, refill=refill, stagger=spec.stagger,
+                                 metrics_interval_s=5.0)
+                    server.check_alive()
+                    wall = time.monotonic() - t_run
+                    warm_s = ctl.warm_end if ctl.warm_end is not None else wall
+                    if r == 0:
+                        outcome.warmup_s = min(warm_s, wall)
+                        outcome.warmup = {"seconds": round(outcome.warmup_s, 2),
+                                          "segments": len(ctl.warm_rates),
+                                          "converged": ctl.converged,
+                                          "jit_in_last_segment": ctl.jit_last,
+                                          "jit_events": ctl.watch.events}
+                    outcome.measure_s += max(0.0, wall - min(warm_s, wall))
+                    m = measure(run, slo=spec.slo, segments=ctl.bounds)
+                    results.append(m)
+                    outcome.segments += list(m.segment_tokens_per_s)
+                    outcome.stop = ctl.stop or "schedule_end"
+                    logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
+                                spec.number, r, m.output_tokens_per_s, outcome.stop,
+                                len(m.segment_tokens_per_s), outcome.warmup)
+                    if ctl.stop == "pruned":
+                        outcome.pruned = True
+                        break
+            finally:
+                prefetch.shutdown(wait=False, cancel_futures=True)
         else:
             n_warm = spec.warmup_requests
             if n_warm is None:
