@@ -564,6 +564,10 @@ def tune(
 
     def run_all() -> None:
         run_loop()
+        skipped = _skip_waiting(study)  # the re-check must not run left-over search configs
+        if skipped:
+            progress("note", message=f"time budget: {len(skipped)} queued config(s) not "
+                     "started (--resume with more --timeout runs them)")
         if settings.recheck:
             phase[0] = "recheck"
             n = _enqueue_rechecks(study, settings.recheck, settings.recheck_starts)
@@ -761,7 +765,8 @@ def goodput_slo(slo: dict[str, float]) -> Any:
 # Reasons that say nothing about the config: the tuner stopped while the trial ran.
 _TUNER_DIED = "tuner_died"
 _INTERRUPTED = "interrupted"
-_STOPPED = (_TUNER_DIED, _INTERRUPTED)
+_BUDGET = "budget"  # enqueued, never started: the time budget ended the search first
+_STOPPED = (_TUNER_DIED, _INTERRUPTED, _BUDGET)
 
 
 def _n_finished(study: Any) -> int:
@@ -774,6 +779,27 @@ def _n_finished(study: Any) -> int:
                if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
                and t.user_attrs.get(A.REASON) not in (FailureReason.REJECTED, *_STOPPED)
                and not t.user_attrs.get(A.PRIOR))
+
+
+def _skip_waiting(study: Any) -> list[int]:
+    """Queued (WAITING) search configs left when the search ended: FAIL them with reason
+    ``budget`` so the re-check phase, which asks for the next queued trial, runs only its
+    own; like a stopped trial they do not count, and ``--resume`` runs them again."""
+    from optuna.trial import TrialState
+
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if t.user_attrs.get(A.RECHECK_OF) is not None:
+            continue
+        st = study._storage
+        if not st.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+            continue  # taken meanwhile
+        st.set_trial_user_attr(t._trial_id, A.STATE, "failed")
+        st.set_trial_user_attr(t._trial_id, A.REASON, _BUDGET)
+        st.set_trial_user_attr(t._trial_id, A.MESSAGE, "the time budget ended the search first")
+        st.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        out.append(t.number)
+    return out
 
 
 def _retry_stopped(study: Any) -> list[int]:

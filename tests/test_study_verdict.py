@@ -33,7 +33,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def simulated(means: dict[str, float], *, start_cv: float, seg_cv: float = 0.01
+def simulated(means: dict[str, float], *, start_cv: float, seg_cv: float = 0.01,
+              wall: Callable[[str], float] = lambda key: 1.0
               ) -> Callable[[TrialSpec], TrialOutcome]:
     """A trial: each start draws its level (start_cv), each segment its rate (seg_cv)."""
 
@@ -62,7 +63,7 @@ def simulated(means: dict[str, float], *, start_cv: float, seg_cv: float = 0.01
             number=spec.number, ok=True, metrics=metrics, segments=rates,
             pruned=decision == "stop_pruned", stop=decision.removeprefix("stop_"),
             start_s=20.0, warmup_s=5.0 * n_warm, measure_s=5.0 * len(rates),
-            wall_s=20.0 + 5.0 * (n_warm + len(rates)) + 1.0, hostname="sim",
+            wall_s=20.0 + 5.0 * (n_warm + len(rates)) + wall(key), hostname="sim",
             warmup={"seconds": 5.0 * n_warm, "segments": n_warm, "converged": True,
                     "jit_in_last_segment": False},
         )  # fmt: skip
@@ -156,3 +157,23 @@ def test_a_gap_within_the_noise_leaves_the_defaults_best(tmp_path: Path, model: 
     assert best["verdict_detail"]["candidate_params"]["max_num_seqs"] == 8
     assert (out / "serve_command.sh").read_text().count("--max-num-seqs") == 0
     assert "pruned" not in result.failures_by_reason  # type: ignore[attr-defined]
+
+
+def test_a_budget_keeps_room_for_the_recheck_and_ends_with_the_verdict(tmp_path: Path,
+                                                                      model: Path) -> None:
+    import optuna
+
+    # The defaults and the enqueued config report about 45 s of wall time each, sampled
+    # configs about 100 s: the re-check's 4 trials (leader and defaults, 2 starts each)
+    # at the mean trial time soon do not fit a 300 s budget, so the search stops early,
+    # its queue is left alone, and the study still ends with its verdict.
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 800.0}, start_cv=0.01,
+                   wall=lambda key: 60.0 if key.startswith("seqs=") and key != "seqs=8" else 0.0)
+    result, out, _ = study(tmp_path, model, fn, timeout_s=300.0)
+    trials = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db").trials
+    search = [t for t in trials if "autotune.recheck_of" not in t.user_attrs]
+    assert 2 <= len(search) < 6  # cut short by the budget
+    rechecks = [t for t in trials if "autotune.recheck_of" in t.user_attrs]
+    assert sorted(t.user_attrs["autotune.recheck_of"] for t in rechecks) == [0, 0, 1, 1]
+    best = json.loads((out / "best.json").read_text())
+    assert best["verdict"] == "winner" and best["ratio_to_defaults"]["ci_low"] > 1
