@@ -23,16 +23,6 @@ from autotune.trial import TrialOutcome, TrialSpec
 from tests.conftest import REPO
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("sim-model")
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000,
-        "max_position_embeddings": 2048,
-    }))  # fmt: skip
-    return d
-
-
 def simulated(means: dict[str, float], *, start_cv: float, seg_cv: float = 0.01,
               wall: Callable[[str], float] = lambda key: 1.0
               ) -> Callable[[TrialSpec], TrialOutcome]:
@@ -86,14 +76,14 @@ def study(tmp_path: Path, model: Path, fn: Callable[[TrialSpec], TrialOutcome], 
     return tune(settings, executor=InlineExecutor(fn)), tmp_path / "out", tracking
 
 
-def test_a_real_winner_is_declared_and_clear_losers_are_pruned(tmp_path: Path, model: Path
+def test_a_real_winner_is_declared_and_clear_losers_are_pruned(tmp_path: Path, fake_model: Path
                                                                ) -> None:
     import optuna
     from mlflow.tracking import MlflowClient
     from optuna.trial import TrialState
 
     fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 800.0}, start_cv=0.01)
-    result, out, tracking = study(tmp_path, model, fn)
+    result, out, tracking = study(tmp_path, fake_model, fn)
     best = json.loads((out / "best.json").read_text())
     assert best["verdict"] == "winner" == result.verdict["verdict"]  # type: ignore[attr-defined]
     r = best["ratio_to_defaults"]
@@ -143,10 +133,10 @@ def test_a_real_winner_is_declared_and_clear_losers_are_pruned(tmp_path: Path, m
     assert parent.data.metrics["gpu_time.cpu:sim.measure_s"] == acct["measure_s"]
 
 
-def test_a_gap_within_the_noise_leaves_the_defaults_best(tmp_path: Path, model: Path) -> None:
+def test_a_gap_within_the_noise_leaves_the_defaults_best(tmp_path: Path, fake_model: Path) -> None:
     # 2 % better on average, but server starts differ by 4 %: not shown to be better
     fn = simulated({"defaults": 1000.0, "seqs=8": 1020.0, "other": 700.0}, start_cv=0.04)
-    result, out, _ = study(tmp_path, model, fn, pruner="none")
+    result, out, _ = study(tmp_path, fake_model, fn, pruner="none")
     best = json.loads((out / "best.json").read_text())
     assert best["verdict"] == "defaults_best"
     r = best["ratio_to_defaults"]
@@ -160,7 +150,7 @@ def test_a_gap_within_the_noise_leaves_the_defaults_best(tmp_path: Path, model: 
 
 
 def test_a_budget_keeps_room_for_the_recheck_and_ends_with_the_verdict(tmp_path: Path,
-                                                                      model: Path) -> None:
+                                                                      fake_model: Path) -> None:
     import optuna
 
     # The defaults and the enqueued config report about 45 s of wall time each, sampled
@@ -169,7 +159,7 @@ def test_a_budget_keeps_room_for_the_recheck_and_ends_with_the_verdict(tmp_path:
     # its queue is left alone, and the study still ends with its verdict.
     fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 800.0}, start_cv=0.01,
                    wall=lambda key: 60.0 if key.startswith("seqs=") and key != "seqs=8" else 0.0)
-    result, out, _ = study(tmp_path, model, fn, timeout_s=300.0)
+    _, out, _ = study(tmp_path, fake_model, fn, timeout_s=300.0)
     trials = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db").trials
     search = [t for t in trials if "autotune.recheck_of" not in t.user_attrs]
     assert 2 <= len(search) < 6  # cut short by the budget

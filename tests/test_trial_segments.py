@@ -24,19 +24,9 @@ from tests.conftest import REPO
 from tests.faults._lab import FAKE_VLLM, SHAPE
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("fake-model")
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000,
-        "max_position_embeddings": 512,
-    }))  # fmt: skip
-    return d
-
-
-def trial(model: Path, tmp: Path, plan: str, rule: SegmentRule, **kw: object) -> TrialOutcome:
+def trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule, **kw: object) -> TrialOutcome:
     spec = TrialSpec(
-        number=7, model=str(model), flags=(), shape=load_shape(SHAPE), num_requests=16,
+        number=7, model=str(fake_model), flags=(), shape=load_shape(SHAPE), num_requests=16,
         concurrency=4, segment_requests=8, rule=rule, start_timeout_s=30,
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": plan,
              "AUTOTUNE_FAKE_CHUNK_S": "0.004"},
@@ -45,11 +35,11 @@ def trial(model: Path, tmp: Path, plan: str, rule: SegmentRule, **kw: object) ->
     return run_trial(spec)
 
 
-def test_warmup_goes_on_while_the_server_compiles_kernels(model: Path, tmp_path: Path) -> None:
+def test_warmup_goes_on_while_the_server_compiles_kernels(fake_model: Path, tmp_path: Path) -> None:
     seen: list[tuple[str, dict[str, object]]] = []
     rule = SegmentRule(precision=0.1, warmup_tolerance=0.2, warmup_max_s=30, measure_max_s=10)
     spec = TrialSpec(
-        number=3, model=str(model), flags=(), shape=load_shape(SHAPE), num_requests=16,
+        number=3, model=str(fake_model), flags=(), shape=load_shape(SHAPE), num_requests=16,
         concurrency=4, segment_requests=8, rule=rule, start_timeout_s=30,
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": "jit:28",
              "AUTOTUNE_FAKE_CHUNK_S": "0.004"},
@@ -69,8 +59,8 @@ def test_warmup_goes_on_while_the_server_compiles_kernels(model: Path, tmp_path:
     assert out.warmup_s > 0 and out.measure_s > 0 and out.stop in ("precise", "cap")
 
 
-def test_measurement_stops_when_precise_or_at_its_cap(model: Path, tmp_path: Path) -> None:
-    loose = trial(model, tmp_path / "a", "slow", SegmentRule(precision=0.2, measure_max_s=30))
+def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path: Path) -> None:
+    loose = trial(fake_model, tmp_path / "a", "slow", SegmentRule(precision=0.2, measure_max_s=30))
     assert loose.ok, loose.message
     assert loose.stop == "precise" and len(loose.segments) == 3  # the minimum
     m = loose.metrics
@@ -80,23 +70,23 @@ def test_measurement_stops_when_precise_or_at_its_cap(model: Path, tmp_path: Pat
     assert (m["output_tokens_per_s_ci_high"] - m["output_tokens_per_s_ci_low"]) / 2 == \
         pytest.approx((iv.high - iv.low) / 2, rel=1e-6)
     # a precision no run reaches: the time cap ends it
-    tight = trial(model, tmp_path / "b", "slow",
+    tight = trial(fake_model, tmp_path / "b", "slow",
                   SegmentRule(precision=1e-6, measure_max_s=3, measure_max_segments=1000))
     assert tight.ok and tight.stop == "cap" and len(tight.segments) > 3
     assert 3 <= tight.measure_s < 8
 
 
-def test_a_clear_loser_is_pruned_after_two_segments(model: Path, tmp_path: Path) -> None:
-    out = trial(model, tmp_path, "slow", SegmentRule(precision=1e-6, measure_max_s=30),
+def test_a_clear_loser_is_pruned_after_two_segments(fake_model: Path, tmp_path: Path) -> None:
+    out = trial(fake_model, tmp_path, "slow", SegmentRule(precision=1e-6, measure_max_s=30),
                 incumbent_low=1e9)
     assert out.ok and out.pruned and out.stop == "pruned", out.message
     assert len(out.segments) == 2 and out.measure_s < 10
 
 
-def test_two_benches_log_into_one_folder_without_losing_a_measurement(model: Path,
+def test_two_benches_log_into_one_folder_without_losing_a_measurement(fake_model: Path,
                                                                       tmp_path: Path) -> None:
     log = tmp_path / "logs" / "bench.log"
-    cmd = [sys.executable, "-m", "autotune", "bench", "--model", str(model), "--shape",
+    cmd = [sys.executable, "-m", "autotune", "bench", "--model", str(fake_model), "--shape",
            str(SHAPE), "--num-requests", "16", "--concurrency", "4", "--precision", "0.2",
            "--measure-max-s", "5", "--warmup-max-s", "5", "--segment-requests", "8",
            "--env", f"PYTHONPATH={FAKE_VLLM}", "--env", "AUTOTUNE_FAKE_PLAN=slow",
