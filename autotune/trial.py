@@ -204,6 +204,7 @@ class _Segments:
         self.bounds: list[float] = []
         self.rates: list[float] = []
         self.stop: str | None = None
+        self.jit_measuring = 0  # measured segments during which a kernel was compiled
 
     def on_segment(self, t_s: float, tokens: int) -> bool:
         dt = t_s - self.last_t
@@ -223,6 +224,8 @@ class _Segments:
             return False
         self.rates.append(rate)
         self.bounds.append(t_s)
+        if self.watch.jit_since_last():  # evidence: the warm-up did not cover everything
+            self.jit_measuring += 1
         decision = self.rule.measure(self.rates, t_s - self.warm_end, self.incumbent_low)
         self._phase("measuring", t_s, {"segments": len(self.rates), "rate": rate})
         if decision == "continue":
@@ -381,7 +384,8 @@ def run_trial(spec: TrialSpec,
                                           "segments": len(ctl.warm_rates),
                                           "converged": ctl.converged,
                                           "jit_in_last_segment": ctl.jit_last,
-                                          "jit_events": ctl.watch.events}
+                                          "jit_events": ctl.watch.events,
+                                          "jit_segments_measuring": ctl.jit_measuring}
                     outcome.measure_s += max(0.0, wall - min(warm_s, wall))
                     m = measure(run, slo=spec.slo, segments=ctl.bounds)
                     results.append(m)
