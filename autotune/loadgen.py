@@ -99,16 +99,16 @@ class RunResult:
 class SegmentControl(Protocol):
     """Watches a closed-loop run in segments and decides when to stop sending.
 
-    ``on_segment(t_s, tokens)`` is called on the event loop (keep it quick) each time
-    ``segment_requests`` more requests have finished: ``t_s`` is the time from the run's
-    start, ``tokens`` the output tokens received so far by successful or in-flight
-    requests. Returning True stops the sends; requests in flight finish (their latencies
-    count) and the run ends.
+    ``on_segment(t_s, tokens, failed)`` is called on the event loop (keep it quick) each
+    time ``segment_requests`` more requests have finished: ``t_s`` is the time from the
+    run's start, ``tokens`` the output tokens received so far by successful or in-flight
+    requests, ``failed`` the requests failed so far. Returning True stops the sends;
+    requests in flight finish (their latencies count) and the run ends.
     """
 
     segment_requests: int
 
-    def on_segment(self, t_s: float, tokens: int) -> bool: ...
+    def on_segment(self, t_s: float, tokens: int, failed: int) -> bool: ...
 
 
 def staggered(first: Sequence[RequestSpec], streams: int) -> list[RequestSpec]:
@@ -287,6 +287,7 @@ class _Runner:
         self.done = 0
         self.live: set[_SseParser] = set()  # parsers of requests in flight
         self.tokens_done = 0  # output tokens of finished successful requests
+        self.failed = 0
         self.control: SegmentControl | None = None
         self.stopped_at: float | None = None
         self._next_boundary = 0
@@ -301,7 +302,7 @@ class _Runner:
             if self.done > 0:
                 now = time.monotonic() - self.t0
                 tokens = self.tokens_done + sum(p.cum for p in self.live)
-                if control.on_segment(now, tokens):
+                if control.on_segment(now, tokens, self.failed):
                     self.stopped_at = now
 
     async def request(self, spec: RequestSpec) -> RequestRecord:
@@ -343,6 +344,8 @@ class _Runner:
         self.live.discard(sse)
         if error is None:
             self.tokens_done += sse.cum
+        else:
+            self.failed += 1
         self._finished()
         times = sse.times
         usage_total = sse.usage_total

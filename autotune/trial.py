@@ -92,7 +92,7 @@ class TrialOutcome:
     # {"seconds", "segments", "converged", "jit_in_last_segment"} (autotune.warmup)
     warmup: dict[str, Any] | None = None
     segments: list[float] = field(default_factory=list)  # measured segment rates (tok/s)
-    stop: str | None = None  # why measuring stopped: precise | cap | pruned | schedule_end
+    stop: str | None = None  # why measuring stopped: precise | cap | pruned | failing | schedule_end
     pruned: bool = False  # a clear loser: stopped early against the incumbent
 
     def to_dict(self) -> dict[str, Any]:
@@ -196,7 +196,7 @@ class _Segments:
         self.incumbent_low = incumbent_low
         self.number = number
         self.on_phase = on_phase
-        self.last_t, self.last_tokens = 0.0, 0
+        self.last_t, self.last_tokens, self.last_failed = 0.0, 0, 0
         self.warm_rates: list[float] = []
         self.jit_last = False
         self.warm_end: float | None = None
@@ -206,10 +206,16 @@ class _Segments:
         self.stop: str | None = None
         self.jit_measuring = 0  # measured segments during which a kernel was compiled
 
-    def on_segment(self, t_s: float, tokens: int) -> bool:
+    def on_segment(self, t_s: float, tokens: int, failed: int) -> bool:
         dt = t_s - self.last_t
         rate = (tokens - self.last_tokens) / dt if dt > 0 else math.nan
-        self.last_t, self.last_tokens = t_s, tokens
+        all_failed = failed - self.last_failed >= self.segment_requests
+        self.last_t, self.last_tokens, self.last_failed = t_s, tokens, failed
+        if all_failed:  # a dead or broken server: stop now, the trial says why
+            self.stop = "failing"
+            logger.warning("trial %d: every request of a segment failed; stopping the run",
+                           self.number)
+            return True
         if self.warm_end is None:
             self.jit_last = self.watch.jit_since_last()
             self.warm_rates.append(rate)

@@ -332,7 +332,8 @@ class _StopAfter:
         self.n = n
         self.seen: list[tuple[float, int]] = []
 
-    def on_segment(self, t_s: float, tokens: int) -> bool:
+    def on_segment(self, t_s: float, tokens: int, failed: int) -> bool:
+        assert failed == 0
         self.seen.append((t_s, tokens))
         return len(self.seen) >= self.n
 

@@ -62,7 +62,7 @@ def test_warmup_goes_on_while_the_server_compiles_kernels(fake_model: Path, tmp_
 def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path: Path) -> None:
     loose = trial(fake_model, tmp_path / "a", "slow", SegmentRule(precision=0.2, measure_max_s=30))
     assert loose.ok, loose.message
-    assert loose.stop == "precise" and len(loose.segments) == 3  # the minimum
+    assert loose.stop == "precise" and 3 <= len(loose.segments) < 10  # 3: the minimum
     m = loose.metrics
     assert m["output_tokens_per_s_ci_low"] < m["output_tokens_per_s"] < m["output_tokens_per_s_ci_high"]
     iv = mean_interval(loose.segments)
@@ -73,7 +73,7 @@ def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path
     tight = trial(fake_model, tmp_path / "b", "slow",
                   SegmentRule(precision=1e-6, measure_max_s=3, measure_max_segments=1000))
     assert tight.ok and tight.stop == "cap" and len(tight.segments) > 3
-    assert 3 <= tight.measure_s < 8
+    assert 3 <= tight.measure_s < 15
 
 
 def test_a_clear_loser_is_pruned_after_two_segments(fake_model: Path, tmp_path: Path) -> None:
@@ -105,3 +105,15 @@ def test_two_benches_log_into_one_folder_without_losing_a_measurement(fake_model
     for path in paths:  # each server wrote its own log, whole
         text = Path(path).read_text()
         assert text.count("fake-vllm: launch") == 1 and "fake-vllm: serving" in text
+
+
+def test_a_server_that_dies_mid_run_ends_the_trial_at_once(fake_model: Path,
+                                                           tmp_path: Path) -> None:
+    import time
+
+    from autotune.engine import FailureReason
+
+    t0 = time.monotonic()
+    out = trial(fake_model, tmp_path, "die:40", SegmentRule())  # default caps: minutes
+    assert (out.ok, out.reason) == (False, FailureReason.DIED), out.message
+    assert time.monotonic() - t0 < 30  # every request of a segment failed: stopped

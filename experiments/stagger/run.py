@@ -35,7 +35,7 @@ class Record:
         self.n = n
         self.seen: list[tuple[float, int]] = []
 
-    def on_segment(self, t_s: float, tokens: int) -> bool:
+    def on_segment(self, t_s: float, tokens: int, failed: int) -> bool:
         self.seen.append((t_s, tokens))
         return len(self.seen) >= self.n
 
