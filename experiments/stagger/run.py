@@ -4,7 +4,7 @@ One CPU vLLM server (the tiny llama) serves, in alternating order, closed-loop r
 ``--streams`` streams with (a) fixed lengths (every request IN in / OUT out, the case
 study's 512/512 scaled down) and (b) lengths drawn from a recorded shape, each with the
 streams' first requests staggered (``autotune.loadgen.staggered``) and without. Each run
-is cut into segments of ``--streams`` completions (autotune's segments: about one wave);
+is cut into segments of ``--every`` completions (default max(streams, 16), autotune's);
 the first ``--skip`` segments are the warm-up. Reported per run: the CV (std / mean) of
 the segment rates, and of 1-second time slices (where lockstep waves show directly).
 
@@ -44,15 +44,15 @@ def cv(values: list[float]) -> float:
     return float(np.std(values, ddof=1) / np.mean(values)) if len(values) > 1 else float("nan")
 
 
-def one_run(server, shape, *, streams: int, stagger: bool, segments: int, skip: int,
-            seed: int) -> dict:
+def one_run(server, shape, *, streams: int, every: int, stagger: bool, segments: int,
+            skip: int, seed: int) -> dict:
     from autotune.loadgen import replay
     from autotune.traffic import build_schedule
 
     sched = build_schedule(shape, vocab_size=8192, seed=seed, mode="closed",
-                           concurrency=streams, num_requests=streams * (segments + 2),
+                           concurrency=streams, num_requests=every * (segments + 2),
                            max_input_tokens=900, max_output_tokens=900)
-    ctl = Record(streams, segments)
+    ctl = Record(every, segments)
     run = replay(sched, base_url=server.base_url, model=server.served_model_name,
                  control=ctl, stagger=stagger)
     t = [0.0] + [s[0] for s in ctl.seen]
@@ -77,9 +77,11 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--fixed", type=int, nargs=2, default=(128, 128), metavar=("IN", "OUT"))
     p.add_argument("--shape", type=Path, default=REPO / "traffic" / "example-chat.json")
-    p.add_argument("--segments", type=int, default=10)
+    p.add_argument("--every", type=int, default=None,
+                   help="completions per segment (default max(streams, 16))")
+    p.add_argument("--segments", type=int, default=15)
     p.add_argument("--skip", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", type=Path, default=None, help="tiny model dir (default: make one)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results.json")
     args = p.parse_args()
@@ -104,6 +106,7 @@ def main() -> int:
                 for stagger in ((False, True) if rnd % 2 == 0 else (True, False)):
                     t = time.monotonic()
                     r = one_run(server, shape, streams=args.streams, stagger=stagger,
+                                every=args.every or max(args.streams, 16),
                                 segments=args.segments, skip=args.skip, seed=rnd)
                     r.update({"lengths": name, "stagger": stagger, "round": rnd})
                     rows.append(r)
@@ -126,7 +129,8 @@ def main() -> int:
             }
     info = detect_engine()
     out = {"command": " ".join(sys.argv), "engine": f"{info.package} {info.version}",
-           "streams": args.streams, "segments": args.segments, "skip": args.skip,
+           "streams": args.streams, "every": args.every or max(args.streams, 16),
+           "segments": args.segments, "skip": args.skip,
            "summary": summary, "runs": rows}
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
