@@ -91,7 +91,16 @@ class TuneSettings(BaseModel):
     enqueue: list[dict[str, Any]] = Field(default_factory=list)  # configs to try first
     quality: str | None = None  # thresholds, e.g. "min_agreement=0.95" (a constraint)
     quality_probe: bool = True  # probe trials that set a lossy knob (figures logged)
-    timeout_s: float | None = Field(default=None, gt=0)  # no new trials after this
+    # the study's time budget (re-check included)
+    timeout_s: float | None = Field(default=None, gt=0)
+    # measurement (docs/measurement.md): adaptive stop, warm-up, pruner, re-check starts
+    precision: float = Field(default=0.02, gt=0, lt=1)  # 95 % interval half-width / value
+    warmup_tolerance: float = Field(default=0.05, gt=0, lt=1)
+    warmup_max_s: float = Field(default=120.0, gt=0)
+    measure_max_s: float = Field(default=180.0, gt=0)
+    segment_requests: int | None = Field(default=None, ge=1)  # None: max(concurrency, 16)
+    pruner: Literal["interval", "none"] = "interval"
+    recheck_starts: int = Field(default=2, ge=1, le=20)  # fresh starts per re-checked config
 
     @field_validator("pareto_latency")
     @classmethod

@@ -20,9 +20,9 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
@@ -33,7 +33,8 @@ from autotune.server_metrics import ServerSnapshot, fetch_metrics_text, parse_me
 if TYPE_CHECKING:
     from autotune.traffic import RequestSpec, Schedule
 
-__all__ = ["ERROR_REASONS", "RequestRecord", "RunResult", "replay", "run_schedule"]
+__all__ = ["ERROR_REASONS", "RequestRecord", "RunResult", "SegmentControl", "replay",
+           "run_schedule", "staggered"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,33 @@ class RunResult:
     concurrency: int | None = None
     api: Api = "completions"
     snapshots: tuple[ServerSnapshot, ...] = ()  # /metrics samples taken during the run
+    stopped_at_s: float | None = None  # a SegmentControl stopped the sends at this time
+
+
+class SegmentControl(Protocol):
+    """Watches a closed-loop run in segments and decides when to stop sending.
+
+    ``on_segment(t_s, tokens, failed)`` is called on the event loop (keep it quick) each
+    time ``segment_requests`` more requests have finished: ``t_s`` is the time from the
+    run's start, ``tokens`` the output tokens received so far by successful or in-flight
+    requests, ``failed`` the requests failed so far. Returning True stops the sends;
+    requests in flight finish (their latencies count) and the run ends.
+    """
+
+    segment_requests: int
+
+    def on_segment(self, t_s: float, tokens: int, failed: int) -> bool: ...
+
+
+def staggered(first: Sequence[RequestSpec], streams: int) -> list[RequestSpec]:
+    """The first request of each closed-loop stream with its output shortened to
+    (k + 1) / streams of its length, so that streams that start together do not end
+    together: with equal lengths they would stay in lockstep (waves of prefills, then
+    decodes), and throughput would oscillate with the waves. Only the first request of a
+    stream changes; what follows is the shape's own traffic."""
+    n = max(1, min(streams, len(first)))
+    return [replace(s, max_tokens=max(1, round(s.max_tokens * (k + 1) / n))) if k < n else s
+            for k, s in enumerate(first)]
 
 
 # --- typed views of the SSE chunks: msgspec decodes only these fields -----------------
@@ -253,11 +281,25 @@ class _Runner:
         self.total = total
         self.progress = progress
         self.done = 0
+        self.live: set[_SseParser] = set()  # parsers of requests in flight
+        self.tokens_done = 0  # output tokens of finished successful requests
+        self.failed = 0
+        self.control: SegmentControl | None = None
+        self.stopped_at: float | None = None
+        self._next_boundary = 0
 
     def _finished(self) -> None:
         self.done += 1
         if self.progress is not None:
             self.progress(self.done, self.total)
+        control = self.control
+        if control is not None and self.stopped_at is None and self.done >= self._next_boundary:
+            self._next_boundary = self.done + max(1, control.segment_requests)
+            if self.done > 0:
+                now = time.monotonic() - self.t0
+                tokens = self.tokens_done + sum(p.cum for p in self.live)
+                if control.on_segment(now, tokens, self.failed):
+                    self.stopped_at = now
 
     async def request(self, spec: RequestSpec) -> RequestRecord:
         """Send one streaming request and record what came back."""
@@ -268,6 +310,7 @@ class _Runner:
         sse = _SseParser(chat=self.api == "chat")
         status: int | None = None
         send = clock() - t0
+        self.live.add(sse)
         try:
             status = await self.pool.request(
                 head + body,
@@ -294,6 +337,11 @@ class _Runner:
         error: str | None,
         detail: str | None,
     ) -> RequestRecord:
+        self.live.discard(sse)
+        if error is None:
+            self.tokens_done += sse.cum
+        else:
+            self.failed += 1
         self._finished()
         times = sse.times
         usage_total = sse.usage_total
@@ -440,6 +488,9 @@ async def run_schedule(
     stall_timeout_s: float = 120.0,
     progress: Callable[[int, int], None] | None = None,
     metrics_interval_s: float | None = None,
+    control: SegmentControl | None = None,
+    refill: Callable[[int], Iterable[RequestSpec]] | None = None,
+    stagger: bool = False,
 ) -> RunResult:
     """Drive ``schedule`` against an OpenAI-compatible server and record every request.
 
@@ -450,8 +501,15 @@ async def run_schedule(
     (``RunResult.snapshots``) so :func:`autotune.measure.measure` can read server figures
     over its steady-state window. Raises :class:`LoadgenError` only for an unusable
     schedule or argument; failed requests are records with an error reason.
+
+    Closed loop only: ``control`` (a :class:`SegmentControl`) is told each segment and may
+    stop the sends; ``refill(next_index)`` gives more requests when the schedule runs out
+    before the control stopped (an empty result ends the run); ``stagger`` shortens each
+    stream's first request (:func:`staggered`) so streams do not run in lockstep.
     """
     mode, conc, specs = _check(schedule)
+    if mode != "closed" and (control is not None or refill is not None or stagger):
+        raise LoadgenError("control, refill and stagger apply to closed-loop schedules only")
     if api not in _PATHS:
         raise LoadgenError(f"api is {api!r}; use 'completions' or 'chat'")
     if not (request_timeout_s > 0 and stall_timeout_s > 0):
@@ -468,7 +526,7 @@ async def run_schedule(
         raise LoadgenError(f"base_url {base_url!r}: {exc}") from None
     n = len(specs)
     _raise_nofile((conc if conc is not None else n) + 64)
-    records: list[RequestRecord | None] = [None] * n
+    records: dict[int, RequestRecord] = {}
     samples: list[tuple[float, str]] = []
     stop = asyncio.Event()
     sampler: asyncio.Task[None] | None = None
@@ -492,10 +550,16 @@ async def run_schedule(
         total=n,
         progress=progress,
     )
+    runner.control = control
+    if control is not None:
+        runner._next_boundary = max(1, control.segment_requests)
     try:
         with _gc_relaxed():
             if mode == "closed":
-                await _closed(runner, specs, records, conc or 1)
+                streams = conc or 1
+                heads = staggered(specs[:streams], streams) if stagger else list(specs[:streams])
+                feed = enumerate(_feed(heads, specs[streams:], refill, runner))
+                await _closed(runner, feed, records, streams)
             else:
                 await _open(runner, specs, records, conc)
     finally:
@@ -505,34 +569,56 @@ async def run_schedule(
             stop.set()
             await sampler
     return RunResult(
-        records=tuple(r for r in records if r is not None),
+        records=tuple(records[i] for i in sorted(records)),
         started_at=started_at,
         wall_s=wall,
         mode=mode,
         concurrency=conc,
         api=api,
         snapshots=_parse_samples(samples),
+        stopped_at_s=runner.stopped_at,
     )
 
 
-async def _closed(
-    runner: _Runner, specs: Sequence[RequestSpec], out: list[RequestRecord | None], streams: int
-) -> None:
-    it = iter(enumerate(specs))
+def _feed(first: Sequence[RequestSpec], rest: Sequence[RequestSpec],
+          refill: Callable[[int], Iterable[RequestSpec]] | None,
+          runner: _Runner) -> Iterator[RequestSpec]:
+    """The closed loop's requests in order: the schedule, then refills until stopped."""
+    yield from first
+    for spec in rest:
+        if runner.stopped_at is not None:
+            return
+        yield spec
+    nxt = (rest[-1].index if rest else first[-1].index if first else -1) + 1
+    while refill is not None and runner.stopped_at is None:
+        got = False
+        for spec in refill(nxt):
+            if runner.stopped_at is not None:
+                return
+            got = True
+            nxt = spec.index + 1
+            yield spec
+        if not got:
+            return
 
+
+async def _closed(
+    runner: _Runner, specs: Iterator[tuple[int, RequestSpec]], out: dict[int, RequestRecord],
+    streams: int,
+) -> None:
     async def stream() -> None:
-        for i, spec in it:
+        for i, spec in specs:  # one iterator shared by all streams: each takes the next
             out[i] = await runner.request(spec)
 
     async with asyncio.TaskGroup() as tg:
-        for _ in range(min(streams, len(specs))):
+        for _ in range(streams):
             tg.create_task(stream())
 
 
 async def _open(
     runner: _Runner,
     specs: Sequence[RequestSpec],
-    out: list[RequestRecord | None],
+    out: dict[int, RequestRecord],
     cap: int | None,
 ) -> None:
     sem = asyncio.Semaphore(cap) if cap is not None else None

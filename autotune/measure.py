@@ -25,6 +25,7 @@ from autotune.server_metrics import (
     scrape_metrics,
     snapshot_metrics,
 )
+from autotune.stats import Interval, mean_interval
 
 if TYPE_CHECKING:
     from autotune.loadgen import RequestRecord, RunResult
@@ -201,12 +202,20 @@ class Measurement(BaseModel):
     repeat_tokens_per_s: tuple[float, ...] = ()
     total_output_tokens: int = 0
     server: dict[str, float] = Field(default_factory=dict)
+    # 95 % interval of output_tokens_per_s: t-interval over the segment rates (batch
+    # means), its half-width placed around output_tokens_per_s
+    output_tokens_per_s_ci_low: float | None = None
+    output_tokens_per_s_ci_high: float | None = None
+    segment_tokens_per_s: tuple[float, ...] = ()
+    segment_kind: Literal["segments", "subwindows"] | None = None
 
     def flat(self) -> dict[str, float]:
         """Finite floats for trackers: throughputs, counts, pXX of each latency, cv,
         window_s and ``server_*``; a figure that is None or not finite is left out."""
         out: dict[str, Any] = {
             "output_tokens_per_s": self.output_tokens_per_s,
+            "output_tokens_per_s_ci_low": self.output_tokens_per_s_ci_low,
+            "output_tokens_per_s_ci_high": self.output_tokens_per_s_ci_high,
             "requests_per_s": self.requests_per_s,
             "goodput_rps": self.goodput_rps,
             "error_rate": self.error_rate,
@@ -220,6 +229,7 @@ class Measurement(BaseModel):
             out[f"{name}_p99_s"] = p.p99
         out["cv"] = self.cv
         out["window_s"] = self.window_s
+        out["segments"] = len(self.segment_tokens_per_s) or None
         for k, v in self.server.items():
             out[f"server_{k}"] = v
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
@@ -322,6 +332,30 @@ def _pick_snapshots(
     return snaps[before], snaps[after], inside
 
 
+def _token_rate(times: np.ndarray, toks: np.ndarray, window: tuple[float, float] | None,
+                rule: str, bounds: Sequence[float], subwindows: int
+                ) -> tuple[float | None, list[float], float | None, float | None]:
+    """(token rate over the window, segment rates, interval low, high): the segments are
+    ``bounds`` when given (a segmented run), else ``subwindows`` equal sub-windows; the
+    interval is the t-interval's half-width over the segments placed around the rate."""
+    if window is None:
+        return None, [], None, None
+    t0, t1 = window
+    inside = (times >= t0) & (times < t1) if rule == "steady" else (times >= t0) & (times <= t1)
+    tok_rate = float(toks[inside].sum() / (t1 - t0))
+    edges = np.asarray(bounds if bounds else np.linspace(t0, t1, max(1, subwindows) + 1),
+                       dtype=float)
+    if edges.size < 3:
+        return tok_rate, [], None, None
+    sums, _ = np.histogram(times[inside], bins=edges, weights=toks[inside])
+    seg_rates = [float(x) for x in sums / np.diff(edges)]
+    ci: Interval | None = mean_interval(seg_rates)
+    if ci is None:
+        return tok_rate, seg_rates, None, None
+    half = (ci.high - ci.low) / 2
+    return tok_rate, seg_rates, tok_rate - half, tok_rate + half
+
+
 def measure(
     run: RunResult,
     *,
@@ -331,6 +365,7 @@ def measure(
     server_after: ServerSnapshot | None = None,
     warmup_fraction: float = WARMUP_FRACTION,
     subwindows: int = SUBWINDOWS,
+    segments: Sequence[float] | None = None,
 ) -> Measurement:
     """Measure one run over its steady-state window (see ``docs/measurement.md``).
 
@@ -350,7 +385,11 @@ def measure(
     ok = [r for r in recs if r.ok and _finite(r.send_s)]
     total_tokens = int(sum(r.output_tokens for r in recs if r.output_tokens > 0))
 
-    window = _window(run, warmup_s, warmup_fraction)
+    bounds = sorted(b for b in (segments or ()) if _finite(b))
+    window = (bounds[0], bounds[-1]) if len(bounds) >= 2 and bounds[-1] > bounds[0] else None
+    if window is None:
+        bounds = []
+        window = _window(run, warmup_s, warmup_fraction)
     rule: Literal["steady", "whole_run", "none"] = "steady"
     times, toks = _token_arrays(ok)
     if window is not None and not np.any((times >= window[0]) & (times < window[1])):
@@ -364,18 +403,9 @@ def measure(
     if window is None:
         rule = "none"
 
-    tok_rate: float | None = None
-    cv: float | None = None
-    if window is not None:
-        t0, t1 = window
-        inside = (times >= t0) & (times < t1) if rule == "steady" else (times >= t0) & (times <= t1)
-        tok_rate = float(toks[inside].sum() / (t1 - t0))
-        k = max(1, subwindows)
-        if k >= 2:
-            sums, _ = np.histogram(
-                times[inside], bins=np.linspace(t0, t1, k + 1), weights=toks[inside]
-            )
-            cv = _cv(list(sums / ((t1 - t0) / k)))
+    tok_rate, seg_rates, ci_lo, ci_hi = _token_rate(
+        times, toks, window, rule, bounds if rule == "steady" else [], subwindows)
+    cv = _cv(seg_rates) if seg_rates else None
 
     lat_set = ok
     if window is not None and rule == "steady":
@@ -437,6 +467,11 @@ def measure(
         repeat_tokens_per_s=(tok_rate,) if tok_rate is not None else (),
         total_output_tokens=total_tokens,
         server=server,
+        output_tokens_per_s_ci_low=ci_lo,
+        output_tokens_per_s_ci_high=ci_hi,
+        segment_tokens_per_s=tuple(seg_rates),
+        segment_kind=("segments" if bounds and rule == "steady" else "subwindows")
+        if seg_rates else None,
     )
 
 
@@ -471,8 +506,17 @@ def combine(measurements: Sequence[Measurement]) -> Measurement:
     keys = sorted({k for m in ms for k in m.server})
     cv = _cv(per_repeat)
     windows = [m.window_s for m in ms if m.window_s is not None]
+    rate = _median(m.output_tokens_per_s for m in ms)
+    # the interval pools every repeat's segments (same server: one population of segments)
+    pooled = [v for m in ms for v in m.segment_tokens_per_s]
+    ci = mean_interval(pooled)
+    half = (ci.high - ci.low) / 2 if ci is not None and rate is not None else None
     return Measurement(
-        output_tokens_per_s=_median(m.output_tokens_per_s for m in ms),
+        output_tokens_per_s=rate,
+        output_tokens_per_s_ci_low=rate - half if half is not None and rate is not None else None,
+        output_tokens_per_s_ci_high=rate + half if half is not None and rate is not None else None,
+        segment_tokens_per_s=tuple(pooled),
+        segment_kind=ms[0].segment_kind if pooled else None,
         requests_per_s=_median(m.requests_per_s for m in ms),
         goodput_rps=_median(m.goodput_rps for m in ms),
         error_rate=n_err / n if n else None,

@@ -55,6 +55,8 @@ class TuneResult:
     files: dict[str, Path] = field(default_factory=dict)
     explanation: str = ""  # why no trial won, in one paragraph (empty when one did)
     report: Path | None = None  # OUT/report.html, when it could be written
+    verdict: dict[str, Any] = field(default_factory=dict)  # autotune.verdict
+    gpu_time: dict[str, dict[str, float]] = field(default_factory=dict)  # autotune.gpu_time
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -182,9 +184,14 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
     best_t, best_vals, base_t, base_vals = verdict(study)
     if best_t is None:
         return None
+    record = dict(study.user_attrs.get(A.VERDICT) or {})
     best_value = float(statistics.median(best_vals))
     base_value = float(statistics.median(base_vals)) if base_vals else None
     best: dict[str, Any] = {
+        "verdict": record.get("verdict"),
+        "ratio_to_defaults": record.get("ratio_to_defaults"),
+        "verdict_detail": {k: v for k, v in record.items()
+                           if k not in ("verdict", "ratio_to_defaults")},
         "params": dict(best_t.params),
         "serve_command": _serve_command(ctx.model, best_t),
         "metrics": dict(best_t.user_attrs.get(A.METRICS, {})),
@@ -192,7 +199,7 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
                       "value": best_value},
         "readings": best_vals,
         "spread": (max(best_vals) - min(best_vals)) / best_value if best_value else None,
-        "selection": (f"median of {len(best_vals)} readings (top configs re-measured)"
+        "selection": (f"median of {len(best_vals)} readings (fresh-server re-check)"
                       if len(best_vals) > 1 else "single reading"),
         "flags": list(best_t.user_attrs.get(A.FLAGS, [])),
         "env": dict(best_t.user_attrs.get(A.ENV, {})),
@@ -246,6 +253,8 @@ def write_results(ctx: StudyContext) -> TuneResult:
     plots = _write_plots(study, out_dir / "plots")
     n_failed = sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL))
     explanation = "" if best is not None else _explain(trials, settings)
+    verdict_rec: dict[str, Any] = dict(study.user_attrs.get(A.VERDICT) or {})
+    gpu_time: dict[str, dict[str, float]] = dict(study.user_attrs.get(A.GPU_TIME) or {})
     summary = {
         "study": study.study_name, "storage": settings.storage,
         "tracking_uri": ctx.tracking_uri, "trials": len(trials), "ok": n_ok,
@@ -254,6 +263,8 @@ def write_results(ctx: StudyContext) -> TuneResult:
         "best_value": best["objective"]["value"] if best else None,
         "baseline_value": best["baseline"]["value"] if best and best["baseline"] else None,
         "explanation": explanation,
+        "verdict": verdict_rec,
+        "gpu_time": gpu_time,
         "settings": settings.model_dump(mode="json"),  # the resolved config (config.yaml)
     }
     write_json_atomic(out_dir / "study.json", summary)
@@ -266,6 +277,7 @@ def write_results(ctx: StudyContext) -> TuneResult:
         study_name=study.study_name, storage=settings.storage, out_dir=out_dir, best=best,
         n_trials=len(trials), n_ok=n_ok, n_failed=n_failed, tracking_uri=ctx.tracking_uri,
         failures_by_reason=reasons, explanation=explanation, report=report,
+        verdict=verdict_rec, gpu_time=gpu_time,
         files={**{f"plots/{p.name}": p for p in plots.values()},
                "trials.csv": out_dir / "trials.csv", **extra},
     )  # fmt: skip

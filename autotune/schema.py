@@ -3,7 +3,8 @@
 The bottom of the study layer (Optuna's ``_constrained_optimization.py`` plays this part in
 Optuna): :mod:`autotune.study` writes these attributes, :mod:`autotune.registry`,
 :mod:`autotune.plots`, the experiments and the tests read them. It imports nothing of
-autotune but :mod:`autotune.errors`, so no reader needs the orchestrator.
+autotune but :mod:`autotune.errors` and the pure :mod:`autotune.stats` (the verdict's
+interval), so no reader needs the orchestrator.
 
 How trials are stored:
 
@@ -14,9 +15,15 @@ How trials are stored:
   whose sample broke a rule of the space is ``PRUNED`` with a constraint violation of 1 and
   the reason in ``user_attrs["autotune.reason"]``: the TPE sampler treats it as an
   infeasible point and learns to avoid the region; it is never scored as throughput 0;
+* a trial the pruner stopped as a clear loser (its interval lay wholly below the
+  incumbent's) is ``PRUNED`` with its segment rates as intermediate values, constraints
+  of 0 and state and reason ``pruned``: TPE ranks pruned trials after every complete one,
+  so the sampler learns that the region is worse than what it has, without a made-up
+  value;
 * a trial that was running when the tuner died is ``FAIL`` with reason ``tuner_died`` (or
   ``interrupted`` after SIGINT/SIGTERM); such a trial says nothing about its config, so it
-  does not count toward ``--trials`` and ``--resume`` runs its config again.
+  does not count toward ``--trials`` and ``--resume`` runs its config again; so is a
+  queued config the time budget left unstarted (reason ``budget``).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import logging
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -41,6 +49,7 @@ __all__ = [
     "STOPPED",
     "A",
     "FailureReason",
+    "Judgement",
     "State",
     "Verdict",
     "baseline_trial",
@@ -51,6 +60,7 @@ __all__ = [
     "failures_by_reason",
     "feasible",
     "is_prior",
+    "judge_study",
     "latest_study",
     "mark_failed",
     "mlflow_run",
@@ -65,6 +75,7 @@ __all__ = [
     "set_constraints",
     "sqlite_path",
     "verdict",
+    "verdict_record",
 ]
 
 logger = logging.getLogger(__name__)
@@ -93,6 +104,8 @@ class A(StrEnum):
     QUALITY_NOTE = "autotune.quality_note"
     REQUEST_ERRORS = "autotune.request_errors"  # failed requests by kind (stalled, timeout, ...)
     GPUS = "autotune.gpus"
+    WARMUP = "autotune.warmup"  # {"seconds", "segments", "converged", "jit_in_last_segment"}
+    TIME = "autotune.time"  # {"start_s", "warmup_s", "measure_s", "other_s", "slot"}
     MLFLOW_RUN = "autotune.mlflow_run_id"  # also "<this>.<trial number>" on the study
     # study attributes
     MODEL = "autotune.model"
@@ -104,6 +117,9 @@ class A(StrEnum):
     GPU = "autotune.gpu_type"
     SETTINGS = "autotune.settings"
     MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
+    VERDICT = "autotune.verdict"  # verdict_record(): {"verdict", "ratio_to_defaults", ...}
+    GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s",
+    #                                         "other_s"}}
 
 
 class State(StrEnum):
@@ -112,6 +128,7 @@ class State(StrEnum):
     OK = "ok"
     FAILED = "failed"  # no measurement: the config failed, or the tuner stopped it
     INFEASIBLE = "infeasible"  # measured, but missed the SLOs, error rate or quality bound
+    PRUNED = "pruned"  # stopped early as a clear loser against the incumbent (the pruner)
 
 
 class FailureReason(StrEnum):
@@ -134,13 +151,17 @@ class FailureReason(StrEnum):
     ERRORS = "errors"  # measured, but too many requests failed
     QUALITY = "quality"  # measured, but below the --quality bound (or quality unknown)
     REJECTED = "rejected"  # never started: the search space's rules forbid the sample
+    PRUNED = "pruned"  # the pruner stopped it: its interval lay below the incumbent's
     # the tuner stopped while the trial ran: says nothing about the config
     TUNER_DIED = "tuner_died"
     INTERRUPTED = "interrupted"
+    BUDGET = "budget"  # queued, never started: the time budget ended the search first
 
 
-#: Reasons that say nothing about the config: the tuner stopped while the trial ran.
-STOPPED = frozenset({FailureReason.TUNER_DIED, FailureReason.INTERRUPTED})
+#: Reasons that say nothing about the config: the tuner stopped while the trial ran (or
+#: before a queued one started).
+STOPPED = frozenset({FailureReason.TUNER_DIED, FailureReason.INTERRUPTED,
+                     FailureReason.BUDGET})
 
 N_CONSTRAINTS = 4  # [failed or rejected, SLO, error rate, quality] violations
 
@@ -246,7 +267,7 @@ def failures_by_reason(trials: Iterable[Any]) -> dict[str, int]:
     """Reason -> count over the failed and infeasible trials."""
     reasons: dict[str, int] = {}
     for t in trials:
-        if t.user_attrs.get(A.STATE) in (State.FAILED, State.INFEASIBLE):
+        if t.user_attrs.get(A.STATE) in (State.FAILED, State.INFEASIBLE, State.PRUNED):
             r = str(t.user_attrs.get(A.REASON, "unknown"))
             reasons[r] = reasons.get(r, 0) + 1
     return reasons
@@ -278,28 +299,109 @@ def readings(study: Any) -> dict[str, list[Any]]:
 
 
 class Verdict(NamedTuple):
-    """The winner of a study and the baseline, each with every reading of its config."""
+    """The config a study declares (the winner, or vLLM's defaults when no config is shown
+    to beat them) and the defaults, each with the readings the verdict used."""
 
-    winner: Any  # FrozenTrial | None: the reading closest to the winner's median
+    winner: Any  # FrozenTrial | None: the reading closest to the declared config's median
     readings: list[float]
     baseline: Any  # FrozenTrial | None: the first reading of vLLM's defaults
     baseline_readings: list[float]
 
 
-def verdict(study: Any) -> Verdict:
-    """The winner: the best median over configs measured more than once when any was
-    re-measured (a lucky single reading cannot win), else the best single reading."""
+@dataclass(frozen=True)
+class Judgement:
+    """The study's verdict and the readings (trials) behind it."""
+
+    verdict: str  # "winner" | "defaults_best" | "unverified" (no defaults measured)
+    reason: str
+    ratio: Any  # autotune.stats.RatioInterval | None
+    declared: list[Any]  # readings of the config best.json names
+    candidate: list[Any]  # readings of the best config other than the defaults
+    defaults: list[Any]  # readings of the defaults
+
+
+def _fresh(ts: list[Any]) -> list[Any]:
+    return [t for t in ts if t.user_attrs.get(A.RECHECK_OF) is not None]
+
+
+def _within(ts: list[Any]) -> Any:
+    """The within-run interval of a config's first reading (autotune.stats.Interval)."""
+    from autotune.stats import Interval
+
+    m = ts[0].user_attrs.get(A.METRICS) or {}
+    lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
+    return Interval(primary(ts[0]), lo, hi) if lo is not None and hi is not None else None
+
+
+def judge_study(study: Any) -> Judgement | None:
+    """The verdict (docs/measurement.md): the best re-checked config against the defaults.
+
+    When the re-check ran, only its fresh-server readings count (a search reading was
+    picked for being high); the candidate is the config with the best mean log reading.
+    A winner is declared only if the 95 % interval of its ratio to the defaults lies
+    above 1; otherwise the defaults remain best and best.json names them. None: no
+    feasible trial."""
+    from autotune.stats import decide_verdict, ratio_to_defaults
+
     groups = list(readings(study).values())
     if not groups:
-        return Verdict(None, [], None, [])
-    multi = [ts for ts in groups if len(ts) > 1]
-    pool = multi or groups
-    win = max(pool, key=lambda ts: statistics.median([primary(t) for t in ts]))
-    med = statistics.median([primary(t) for t in win])
-    rep = min(win, key=lambda t: abs(primary(t) - med))  # the reading closest to the median
+        return None
     base = next((ts for ts in groups if ts[0].user_attrs.get(A.BASELINE)), None)
-    base_rep = min(base, key=lambda t: t.number) if base else None
-    return Verdict(rep, [primary(t) for t in win], base_rep, [primary(t) for t in base or []])
+    others = [ts for ts in groups if ts is not base]
+    pool = [_fresh(ts) for ts in others if _fresh(ts)] or others
+    base_use = (_fresh(base) or base) if base else []
+    cand = max(pool, key=lambda ts: statistics.fmean(
+        math.log(max(primary(t), 1e-300)) for t in ts)) if pool else []
+    if not base_use:
+        return Judgement("unverified", "the defaults were not measured (--no-baseline): "
+                         "nothing to compare with", None, cand, cand, [])
+    if not cand:
+        return Judgement("defaults_best", "no other config was measured feasible", None,
+                         base_use, [], base_use)
+    ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
+                              others=[[primary(t) for t in ts] for ts in pool if ts is not cand],
+                              within={"config": _within(cand), "defaults": _within(base_use)})
+    v = decide_verdict(ratio)
+    return Judgement(v.verdict, v.reason, ratio, cand if v.verdict == "winner" else base_use,
+                     cand, base_use)
+
+
+def verdict(study: Any) -> Verdict:
+    """The config best.json names (:func:`judge_study`): its reading nearest its median, its
+    readings, and the defaults' first reading and readings."""
+    j = judge_study(study)
+    if j is None or not j.declared:
+        return Verdict(None, [], None, [])
+    vals = [primary(t) for t in j.declared]
+    med = statistics.median(vals)
+    rep = min(j.declared, key=lambda t: abs(primary(t) - med))
+    base_rep = min(j.defaults, key=lambda t: t.number) if j.defaults else None
+    return Verdict(rep, vals, base_rep, [primary(t) for t in j.defaults])
+
+
+def verdict_record(j: Judgement | None) -> dict[str, Any]:
+    """``autotune.verdict`` (study attribute, study.json, best.json's ``verdict``,
+    ``ratio_to_defaults`` and ``verdict_detail``)."""
+    if j is None:
+        return {"verdict": "none", "ratio_to_defaults": None,
+                "winner_number": None, "baseline_number": None,
+                "reason": "no feasible trial"}
+    cand_rep = min(j.candidate, key=lambda t: t.number) if j.candidate else None
+    base_rep = min(j.defaults, key=lambda t: t.number) if j.defaults else None
+    first = cand_rep.user_attrs.get(A.RECHECK_OF, cand_rep.number) if cand_rep else None
+    return {
+        "verdict": j.verdict,
+        "ratio_to_defaults": j.ratio.as_dict() if j.ratio is not None else None,
+        "winner_number": first if j.verdict != "defaults_best" else None,
+        "baseline_number": (base_rep.user_attrs.get(A.RECHECK_OF, base_rep.number)
+                            if base_rep else None),
+        "candidate_number": first,
+        "candidate_params": dict(cand_rep.params) if cand_rep else None,
+        "readings": {"candidate": [primary(t) for t in j.candidate],
+                     "defaults": [primary(t) for t in j.defaults]},
+        "method": j.ratio.method if j.ratio is not None else None,
+        "reason": j.reason,
+    }
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

@@ -47,6 +47,7 @@ from autotune.schema import (
     baseline_trial,
     best_trial,
     fail_stopped_trials,
+    judge_study,
     latest_study,
     mark_failed,
     n_finished,
@@ -55,6 +56,7 @@ from autotune.schema import (
     primary,
     readings,
     set_constraints,
+    verdict_record,
 )
 from autotune.space import LaunchSpec, ModelFacts, SearchSpace, load_space
 from autotune.trial import TrialOutcome, TrialSpec
@@ -428,14 +430,43 @@ def _record_outcome(trial: optuna.Trial, outcome: TrialOutcome) -> None:
     errors = (outcome.measurement or {}).get("errors")
     if errors:
         trial.set_user_attr(A.REQUEST_ERRORS, dict(errors))
+    if outcome.warmup is not None:
+        trial.set_user_attr(A.WARMUP, outcome.warmup)
+    trial.set_user_attr(A.TIME, trial_time(outcome))
+
+
+def _report_segments(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings) -> None:
+    """Segment rates as Optuna intermediate values (single-objective studies only)."""
+    if settings.objective == "pareto":
+        return
+    for step, rate in enumerate(outcome.segments):
+        if math.isfinite(rate):
+            trial.report(float(rate), step)
+
+
+def _mark_pruned(trial: optuna.Trial, outcome: TrialOutcome) -> None:
+    """A clear loser the pruner stopped: feasible constraints, state and reason pruned."""
+    lo = outcome.metrics.get("output_tokens_per_s_ci_low", math.nan)
+    hi = outcome.metrics.get("output_tokens_per_s_ci_high", math.nan)
+    trial.set_user_attr(A.STATE, State.PRUNED)
+    trial.set_user_attr(A.REASON, FailureReason.PRUNED)
+    trial.set_user_attr(A.MESSAGE, (
+        f"stopped after {len(outcome.segments)} segments: its 95 % interval "
+        f"[{lo:,.1f}, {hi:,.1f}] out tok/s lay below the incumbent's"))
+    set_constraints(trial, failed=0.0, slo=0.0, errors=0.0, quality=0.0)
 
 
 def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
           thresholds: QualityThresholds | None = None,
           lossy: bool = False) -> tuple[float | list[float] | None, str, str | None]:
     """Set the trial's attributes and constraints from the outcome; return (value(s) to
-    tell, state, reason). Value None: the trial failed (told PRUNED)."""
+    tell, state, reason). Value None: the trial failed or the pruner stopped it (told
+    PRUNED)."""
     _record_outcome(trial, outcome)
+    _report_segments(trial, outcome, settings)
+    if outcome.ok and outcome.pruned:
+        _mark_pruned(trial, outcome)
+        return None, State.PRUNED, FailureReason.PRUNED
     value = outcome.metrics.get(objective_metric(settings.objective))
     if not outcome.ok or value is None or not math.isfinite(value):
         msg = outcome.message or "no measurement"
@@ -489,26 +520,125 @@ def _commit_tell(study: optuna.Study, trial: optuna.Trial, value: float | list[f
         study.tell(trial, state=TrialState.FAIL if fail else TrialState.PRUNED)
 
 
-def _enqueue_rechecks(study: optuna.Study, k: int) -> int:
-    """Enqueue one more reading of the top ``k`` configs and of the baseline, interleaved
-    (leaders first, baseline last), skipping configs already re-measured. Returns how many."""
+def _enqueue_rechecks(study: optuna.Study, k: int, starts: int = 2) -> int:
+    """Enqueue ``starts`` fresh-server readings of the top ``k`` configs and of the
+    defaults, interleaved (round by round: leaders first, defaults last), less those a
+    resumed study already has. Returns how many were enqueued."""
+    from optuna.trial import TrialState
+
     groups = readings(study)
-    ranked = sorted(groups.values(), key=lambda ts: max(primary(t) for t in ts), reverse=True)
-    chosen = ranked[:k]
     base = next((ts for ts in groups.values() if ts[0].user_attrs.get(A.BASELINE)), None)
-    if base is not None and all(ts is not base for ts in chosen):
-        chosen.append(base)
+    ranked = sorted((ts for ts in groups.values() if ts is not base),
+                    key=lambda ts: max(primary(t) for t in ts), reverse=True)
+    chosen = ranked[:k] + ([base] if base is not None else [])
+    have: dict[int, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        of = t.user_attrs.get(A.RECHECK_OF)
+        if of is not None and not (t.state == TrialState.FAIL
+                                   and t.user_attrs.get(A.REASON) in STOPPED):
+            have[int(of)] = have.get(int(of), 0) + 1
     n = 0
-    for ts in chosen:
-        if len(ts) > 1 or any(t.user_attrs.get(A.RECHECK_OF) is not None for t in ts):
-            continue  # already has more than one reading
-        first = ts[0]
-        attrs: dict[str, Any] = {A.RECHECK_OF: first.number}
-        if first.user_attrs.get(A.BASELINE):
-            attrs[A.BASELINE] = True
-        study.enqueue_trial(dict(first.params), user_attrs=attrs)
-        n += 1
+    for round_ in range(starts):
+        for ts in chosen:
+            first = min(ts, key=lambda t: t.number)
+            if have.get(first.number, 0) > round_:
+                continue
+            attrs: dict[str, Any] = {A.RECHECK_OF: first.number}
+            if first.user_attrs.get(A.BASELINE):
+                attrs[A.BASELINE] = True
+            study.enqueue_trial(dict(first.params), user_attrs=attrs)
+            n += 1
     return n
+
+
+def _skip_waiting(study: optuna.Study, storage: BaseStorage) -> list[int]:
+    """Queued (WAITING) search configs left when the search ended: FAIL them with reason
+    ``budget`` so the re-check phase, which asks for the next queued trial, runs only its
+    own; like a stopped trial they do not count, and ``--resume`` runs them again."""
+    from optuna.trial import TrialState
+
+    study_id = storage.get_study_id_from_name(study.study_name)
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if t.user_attrs.get(A.RECHECK_OF) is not None:
+            continue
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+        if not storage.set_trial_state_values(trial_id, state=TrialState.RUNNING):
+            continue  # taken meanwhile
+        storage.set_trial_user_attr(trial_id, A.STATE, State.FAILED)
+        storage.set_trial_user_attr(trial_id, A.REASON, FailureReason.BUDGET)
+        storage.set_trial_user_attr(trial_id, A.MESSAGE,
+                                    "the time budget ended the search first")
+        storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+        out.append(t.number)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# The GPU-time account (issue 14)
+
+
+def _slot_label(outcome: TrialOutcome) -> str:
+    if outcome.gpus:  # "gpu0", "gpu2-3" (a trial on two GPUs); names MLflow accepts as keys
+        return "gpu" + "-".join(str(g) for g in outcome.gpus)
+    return f"cpu:{outcome.hostname}" if outcome.hostname else "cpu"
+
+
+def trial_time(outcome: TrialOutcome) -> dict[str, Any]:
+    """Where a trial's wall time went (seconds) and on which slot (``autotune.time``)."""
+    start = float(outcome.start_s or 0.0)
+    other = max(0.0, outcome.wall_s - start - outcome.warmup_s - outcome.measure_s)
+    return {"start_s": round(start, 2), "warmup_s": round(outcome.warmup_s, 2),
+            "measure_s": round(outcome.measure_s, 2), "other_s": round(other, 2),
+            "slot": _slot_label(outcome)}
+
+
+class GpuTime:
+    """Seconds per GPU (or CPU slot) spent starting servers, warming up, measuring, in the
+    rest of a trial (stop, quality probe) and idle (the study's span less all of those)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.per: dict[str, dict[str, float]] = {}
+
+    def add(self, outcome: TrialOutcome) -> None:
+        t = trial_time(outcome)
+        acc = self.per.setdefault(str(t["slot"]), {"start_s": 0.0, "warmup_s": 0.0,
+                                                   "measure_s": 0.0, "idle_s": 0.0,
+                                                   "other_s": 0.0})
+        for k in ("start_s", "warmup_s", "measure_s", "other_s"):
+            acc[k] += float(t[k])
+
+    def close(self, span_s: float) -> None:
+        """Idle = the loop's span (times the slots a CPU label stands for) less busy time."""
+        for label, acc in self.per.items():
+            n = 1 if label.startswith("gpu") else self.slots
+            busy = acc["start_s"] + acc["warmup_s"] + acc["measure_s"] + acc["other_s"]
+            acc["idle_s"] = max(0.0, n * span_s - busy)
+            for k in acc:
+                acc[k] = round(acc[k], 1)
+
+    def save(self, study: optuna.Study) -> None:
+        """Add this session's account to what earlier sessions of the study recorded."""
+        total = {k: dict(v) for k, v in (study.user_attrs.get(A.GPU_TIME) or {}).items()}
+        for label, acc in self.per.items():
+            cur = total.setdefault(label, {})
+            for k, v in acc.items():
+                cur[k] = round(float(cur.get(k, 0.0)) + v, 1)
+        study.set_user_attr(A.GPU_TIME, total)
+
+
+def _incumbent_low(study: optuna.Study, settings: TuneSettings, trial: optuna.Trial
+                   ) -> float | None:
+    """The pruner's bar for a new trial: the low end of the incumbent's interval.
+
+    Passed in with the trial (it runs in a Ray worker; no storage round-trip mid-trial).
+    None (never pruned) for the defaults, re-check trials, studies that do not maximise
+    throughput, and ``--pruner none``."""
+    if (settings.pruner == "none" or settings.objective != "throughput"
+            or trial.user_attrs.get(A.BASELINE) or trial.user_attrs.get(A.RECHECK_OF) is not None):
+        return None
+    return _metric(best_trial(study), "output_tokens_per_s_ci_low")
 
 
 # ------------------------------------------------------------------------------------------
@@ -527,8 +657,15 @@ class TrialTemplate:
     quality_reference: ProbeOutputs | None = None
 
     def spec(self, number: int, launch: LaunchSpec, settings: TuneSettings, *,
-             probe: bool) -> TrialSpec:
-        """The :class:`TrialSpec` of one trial (``probe``: run the quality probe)."""
+             probe: bool, incumbent_low: float | None = None) -> TrialSpec:
+        """The :class:`TrialSpec` of one trial (``probe``: run the quality probe;
+        ``incumbent_low``: the pruner's bar)."""
+        from autotune.stats import SegmentRule
+
+        rule = SegmentRule(precision=settings.precision,
+                           warmup_tolerance=settings.warmup_tolerance,
+                           warmup_max_s=settings.warmup_max_s,
+                           measure_max_s=settings.measure_max_s)
         return TrialSpec(
             number=number, model=self.model, flags=launch.flags, env=dict(launch.env),
             shape=self.shape, seed=settings.seed, warmup_requests=settings.warmup_requests,
@@ -539,6 +676,7 @@ class TrialTemplate:
             cache_dir=self.cache_dir, cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
             quality_probe=self.quality_probe if probe else None,
             quality_reference=self.quality_reference,
+            rule=rule, segment_requests=settings.segment_requests, incumbent_low=incumbent_low,
         )  # fmt: skip
 
 
@@ -573,6 +711,7 @@ class StudyLoop:
         self.rejected_in_a_row = 0
         self.t_loop = time.monotonic()
         self._last: StudyEvent | None = None
+        self.gpu_time = GpuTime(slots=self.executor.slots)
 
     # -- progress ---------------------------------------------------------------------------
     def event(self, kind: str, **kw: Any) -> StudyEvent:
@@ -617,36 +756,63 @@ class StudyLoop:
         self.t_loop = time.monotonic()  # the time budget counts from here
         try:
             self._run_until_done()
+            skipped = _skip_waiting(self.study, self.study._storage)
+            if skipped:  # the re-check must not run left-over search configs
+                self.callbacks.on_note(self.event("note", message=(
+                    f"time budget: {len(skipped)} queued config(s) not started (--resume with "
+                    "more --timeout runs them)")))
             if self.settings.recheck:
                 self._recheck()
+            self.close()
         except optuna.exceptions.StorageInternalError as exc:
             raise StudyError(
                 f"the Optuna storage {self.settings.storage} failed mid-study ({exc}); every "
                 "finished trial is kept there: fix the storage, then continue with --resume"
             ) from exc
 
+    def close(self) -> None:
+        """Record the GPU-time account and the verdict on the study (``autotune.gpu_time``,
+        ``autotune.verdict``) for the result files, MLflow and the report."""
+        self.gpu_time.close(time.monotonic() - self.t_loop)
+        self.gpu_time.save(self.study)
+        self.study.set_user_attr(A.VERDICT, verdict_record(judge_study(self.study)))
+
     def _more(self) -> bool:
-        if (self.phase == "search" and self.settings.timeout_s is not None
-                and time.monotonic() - self.t_loop > self.settings.timeout_s):
-            return False  # time budget spent: let running trials finish, start no new one
+        if self.phase == "search" and self.settings.timeout_s is not None:
+            # The budget holds the re-check too: stop searching when what is left would
+            # not fit the re-check at the trials' mean wall time so far.
+            reserve = 0.0
+            if self.settings.recheck and self.walls:
+                n_re = (self.settings.recheck + 1) * self.settings.recheck_starts
+                reserve = (sum(self.walls) / len(self.walls)
+                           * math.ceil(n_re / max(1, self.executor.slots)))
+            if time.monotonic() - self.t_loop + reserve > self.settings.timeout_s:
+                return False  # budget spent: let running trials finish, start no new one
         return n_finished(self.study) + len(self.flights) < self.target
 
     def _run_until_done(self) -> None:
         while self._more() or self.flights:
-            while len(self.flights) < self.executor.slots and self._more():
-                self._launch_next()
-            for outcome in self.executor.wait(timeout_s=5.0):
-                self._finish(outcome)
+            self._fill_slots()
+            told = [self._tell(outcome) for outcome in self.executor.wait(timeout_s=5.0)]
+            if told:
+                self._fill_slots()  # free slots get their next trial before the bookkeeping
+            for event, record in told:
+                self.callbacks.on_trial_end(event, record)
+
+    def _fill_slots(self) -> None:
+        while len(self.flights) < self.executor.slots and self._more():
+            self._launch_next()
 
     def _recheck(self) -> None:
         self.phase = "recheck"
-        n = _enqueue_rechecks(self.study, self.settings.recheck)
+        n = _enqueue_rechecks(self.study, self.settings.recheck, self.settings.recheck_starts)
         if not n:
             return
         self.target = n_finished(self.study) + n
         self.callbacks.on_note(self.event("recheck_started", message=(
-            f"re-measuring the top {self.settings.recheck} config(s) and the baseline "
-            f"({n} trials) before declaring a winner")))
+            f"re-measuring the top {self.settings.recheck} config(s) and the baseline on "
+            f"fresh servers ({self.settings.recheck_starts} starts each, {n} trials) "
+            "before the verdict")))
         self._run_until_done()
 
     def _launch_next(self) -> None:
@@ -662,7 +828,8 @@ class StudyLoop:
         trial.set_user_attr(A.FLAGS, list(launch.flags))
         trial.set_user_attr(A.ENV, dict(launch.env))
         probe = not is_base and bool(self.space.lossy_knobs(params))
-        spec = self.template.spec(trial.number, launch, self.settings, probe=probe)
+        spec = self.template.spec(trial.number, launch, self.settings, probe=probe,
+                                  incumbent_low=_incumbent_low(self.study, self.settings, trial))
         self.executor.submit(spec, on_phase=self._phase)
         self.flights[trial.number] = _Flight(trial, params, launch, is_base)
         self.callbacks.on_trial_start(self.event("trial_started", trial_number=trial.number,
@@ -690,12 +857,14 @@ class StudyLoop:
                                                trial_reason=FailureReason.REJECTED),
                                     record)
 
-    def _finish(self, outcome: TrialOutcome) -> None:
+    def _tell(self, outcome: TrialOutcome) -> tuple[StudyEvent, TrialRecord]:
+        """Judge and tell a finished trial; returns what its subscribers are told."""
         f = self.flights.pop(outcome.number)
         lossy = (not f.baseline) and bool(self.space.lossy_knobs(f.params))
         value, state, reason = judge(f.trial, outcome, self.settings,
                                      thresholds=self.thresholds, lossy=lossy)
         self.walls.append(outcome.wall_s)
+        self.gpu_time.add(outcome)
         # Optuna first: a tracking store that hangs must not cost a measured trial.
         _commit_tell(self.study, f.trial, value)
         record = TrialRecord(number=outcome.number, params=f.params, flags=f.launch.flags,
@@ -708,7 +877,7 @@ class StudyLoop:
             message=one_line_message(str(f.trial.user_attrs.get(A.MESSAGE) or outcome.message),
                                      reason, 500),
         )  # fmt: skip
-        self.callbacks.on_trial_end(event, record)
+        return event, record
 
     def interrupt(self) -> None:
         """Stop the trials in flight; each becomes FAIL with reason ``interrupted``."""

@@ -334,6 +334,15 @@ class MlflowCallback(StudyCallback):
                                        shape_fingerprint=best["shape"]["fingerprint"],
                                        best=best, serve_command=best["serve_command"])
             self.tracker.log_study_metrics({f"best_{k}": v for k, v in best["metrics"].items()})
+        # the verdict with its interval and the GPU-time account (issue 14)
+        ratio = (result.verdict or {}).get("ratio_to_defaults") or {}
+        self.tracker.log_study_metrics({f"ratio_to_defaults_{k}": float(v)
+                                        for k, v in ratio.items() if v is not None})
+        self.tracker.log_study_metrics({f"gpu_time.{label}.{k}": float(v)
+                                        for label, acc in (result.gpu_time or {}).items()
+                                        for k, v in acc.items()})
+        if result.verdict:
+            self.tracker.set_study_tags({A.VERDICT: str(result.verdict.get("verdict"))})
         self.tracker.log_study_artifacts({k: str(v) for k, v in result.files.items()})
         self.tracker.set_study_tags({"autotune.n_ok": str(result.n_ok),
                                      "autotune.n_trials": str(result.n_trials)})

@@ -13,7 +13,8 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,18 @@ class TrialSpec:
     cpu_kv_cache_gib: float = 1.0
     quality_probe: Any = None  # autotune.quality.ProbeSet: probe this trial's server
     quality_reference: Any = None  # autotune.quality.ProbeOutputs to compare with
+    # -- issue 14: segmented warm-up and measurement, the pruner (docs/measurement.md) --
+    log_path: str | None = None  # the server log's own path (default: in log_dir by number)
+    # Closed loop: one continuous run cut into segments of segment_requests completions
+    # (None: max(concurrency, 16)); warm-up and measurement end by ``rule``
+    # (autotune.stats.SegmentRule; None: its defaults). Open loop: warm-up replay, then
+    # the schedule, with the interval over sub-windows.
+    segment_requests: int | None = None
+    rule: Any = None  # autotune.stats.SegmentRule
+    # The pruner: the incumbent's interval low end (output tokens/s); a trial whose own
+    # interval lies wholly below it is stopped as a clear loser (reason "pruned").
+    incumbent_low: float | None = None
+    stagger: bool = True  # closed loop: desynchronise the streams' first requests
 
 
 @dataclass
@@ -74,6 +87,15 @@ class TrialOutcome:
     quality: dict[str, Any] | None = None  # QualityReport.model_dump() of a probed trial
     quality_note: str = ""  # why a lossy trial has no quality figures
     gpus: tuple[int, ...] | None = None
+    # -- issue 14: time account (seconds; start_s above), warm-up, segments, stop --
+    warmup_s: float = 0.0
+    measure_s: float = 0.0
+    # {"seconds", "segments", "converged", "jit_in_last_segment", ...} (autotune.warmup)
+    warmup: dict[str, Any] | None = None
+    segments: list[float] = field(default_factory=list)  # measured segment rates (tok/s)
+    # why measuring stopped: precise | cap | pruned | failing | schedule_end
+    stop: str | None = None
+    pruned: bool = False  # a clear loser: stopped early against the incumbent
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -198,54 +220,168 @@ def _plan(spec: TrialSpec) -> _Plan:
 def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
              phase: Callable[[str, str], None]) -> None:
     """Warm-up, the measured replays and (for a lossy config) the quality probe."""
-    from autotune.loadgen import replay
-    from autotune.measure import combine, measure, snapshot_metrics
-    from autotune.traffic import build_schedule
+    from autotune.measure import combine
 
-    vocab, max_len, schedule = plan.vocab, plan.max_len, plan.schedule
     client_kw: dict[str, Any] = {
         "base_url": server.base_url,
         "model": server.served_model_name,
         "api": spec.api,
         "request_timeout_s": spec.request_timeout_s,
     }
-    n_warm = spec.warmup_requests
-    if n_warm is None:
-        conc = schedule.concurrency or 8
-        n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
-    if n_warm > 0:
-        phase("warming_up", f"{n_warm} requests")
-        out_max, in_max = _token_limits(max_len)
-        warm = build_schedule(
-            spec.shape, vocab_size=vocab, seed=spec.seed + 10_000, mode="closed",
-            concurrency=schedule.concurrency or 8, num_requests=n_warm,
-            max_output_tokens=out_max, max_input_tokens=in_max,
-        )  # fmt: skip
-        replay(warm, **client_kw)
-        server.check_alive()
-    results = []
-    repeats = max(1, spec.repeats)
-    for r in range(repeats):
-        phase("measuring", f"replay {r + 1}/{repeats}, {len(schedule.requests)} requests")
-        before = snapshot_metrics(server.base_url)
-        run = replay(schedule, **client_kw)
-        server.check_alive()
-        after = snapshot_metrics(server.base_url)
-        results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
-        logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
-                    results[-1].output_tokens_per_s)
+    if plan.schedule.mode == "closed":
+        results = _measure_segments(spec, plan, server, outcome, phase, client_kw)
+    else:
+        results = _measure_open(spec, plan, server, outcome, phase, client_kw)
     m = combine(results) if len(results) > 1 else results[0]
     outcome.measurement = m.model_dump(mode="json")
     outcome.metrics = m.flat()
+    _time_metrics(outcome)
     if m.n_ok == 0:
         server.check_alive()
         outcome.reason = FailureReason.NO_OUTPUT
         outcome.message = f"no request succeeded ({m.n_errors} failed: {m.errors})"
         return
     outcome.ok = True
-    if spec.quality_probe is not None and spec.quality_reference is not None:
+    if outcome.pruned:  # a clear loser is no candidate: its quality does not matter
+        outcome.quality_note = "quality probe skipped: the pruner stopped the trial"
+    elif spec.quality_probe is not None and spec.quality_reference is not None:
         phase("quality", f"{len(spec.quality_probe.prompts)} greedy prompts")
         _probe_quality(spec, server, outcome)
+
+
+def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
+                  phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> list[Any]:
+    """Open loop: a fixed warm-up replay, then the schedule ``repeats`` times (its
+    interval over sub-windows of each run)."""
+    from autotune.loadgen import replay
+    from autotune.measure import measure, snapshot_metrics
+    from autotune.traffic import build_schedule
+
+    schedule = plan.schedule
+    n_warm = spec.warmup_requests
+    if n_warm is None:
+        conc = schedule.concurrency or 8
+        n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
+    t_warm = time.monotonic()
+    if n_warm > 0:
+        phase("warming_up", f"{n_warm} requests")
+        out_max, in_max = _token_limits(plan.max_len)
+        warm = build_schedule(
+            spec.shape, vocab_size=plan.vocab, seed=spec.seed + 10_000, mode="closed",
+            concurrency=schedule.concurrency or 8, num_requests=n_warm,
+            max_output_tokens=out_max, max_input_tokens=in_max,
+        )  # fmt: skip
+        replay(warm, **client_kw)
+        server.check_alive()
+    outcome.warmup_s = time.monotonic() - t_warm
+    outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": 1 if n_warm else 0,
+                      "converged": False, "jit_in_last_segment": False}
+    results = []
+    repeats = max(1, spec.repeats)
+    for r in range(repeats):
+        phase("measuring", f"replay {r + 1}/{repeats}, {len(schedule.requests)} requests")
+        t_run = time.monotonic()
+        before = snapshot_metrics(server.base_url)
+        run = replay(schedule, **client_kw)
+        server.check_alive()
+        after = snapshot_metrics(server.base_url)
+        results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
+        outcome.measure_s += time.monotonic() - t_run
+        outcome.segments += list(results[-1].segment_tokens_per_s)
+        outcome.stop = "schedule_end"
+        logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
+                    results[-1].output_tokens_per_s)
+    return results
+
+
+def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
+                      outcome: TrialOutcome, phase: Callable[[str, str], None],
+                      client_kw: dict[str, Any]) -> list[Any]:
+    """Closed loop: one continuous run per repeat, cut into segments; warm-up until two
+    segments agree with no kernel JIT in the last, measurement until the interval is
+    within the precision (or a cap, or the pruner); the schedule refilled as needed."""
+    from autotune._segments import LogWatch, SegmentWatch
+    from autotune.loadgen import replay
+    from autotune.measure import measure
+    from autotune.stats import SegmentRule
+    from autotune.traffic import build_schedule
+
+    schedule = plan.schedule
+    out_max, in_max = _token_limits(plan.max_len)
+    rule = spec.rule or SegmentRule()
+    seg_n = spec.segment_requests or max(schedule.concurrency or 1, 16)
+    n_chunk = len(schedule.requests)
+
+    def chunk(k: int) -> Any:
+        return build_schedule(
+            spec.shape, vocab_size=plan.vocab, seed=spec.seed + 1000 * k, mode=schedule.mode,
+            concurrency=schedule.concurrency, num_requests=n_chunk,
+            max_output_tokens=out_max, max_input_tokens=in_max,
+        )  # fmt: skip
+
+    def numbered(k: int) -> list[Any]:
+        return [replace(r, index=n_chunk * k + i) for i, r in enumerate(chunk(k).requests)]
+
+    # The next chunk is built in a thread ahead of need: built on the event loop it would
+    # stall every stream (140 ms for 1,280 requests of 512 tokens here).
+    prefetch = ThreadPoolExecutor(1, thread_name_prefix="autotune-schedule")
+    ahead: dict[int, Future[list[Any]]] = {1: prefetch.submit(numbered, 1)}
+
+    def refill(next_index: int) -> list[Any]:
+        ((k, fut),) = ahead.items()
+        ahead.clear()
+        ahead[k + 1] = prefetch.submit(numbered, k + 1)
+        got = fut.result()
+        if got and got[0].index != next_index:  # a schedule shorter than asked
+            got = [replace(r, index=next_index + i) for i, r in enumerate(got)]
+        return got
+
+    results = []
+    try:
+        for r in range(max(1, spec.repeats)):
+            phase("warming_up", f"segments of {seg_n} requests" if r == 0
+                  else f"repeat {r + 1}: one segment")
+            ctl = SegmentWatch(rule if r == 0 else replace(rule, warmup_max_segments=1),
+                               seg_n, LogWatch(server.log_path), spec.incumbent_low,
+                               spec.number, phase)
+            t_run = time.monotonic()
+            run = replay(schedule if r == 0 else chunk(100 + r), **client_kw, control=ctl,
+                         refill=refill, stagger=spec.stagger, metrics_interval_s=5.0)
+            server.check_alive()
+            wall = time.monotonic() - t_run
+            warm_s = min(ctl.warm_end if ctl.warm_end is not None else wall, wall)
+            if r == 0:
+                outcome.warmup_s = warm_s
+                outcome.warmup = {"seconds": round(warm_s, 2), "segments": len(ctl.warm_rates),
+                                  "converged": ctl.converged, "jit_in_last_segment": ctl.jit_last,
+                                  "jit_events": ctl.watch.events,
+                                  "jit_segments_measuring": ctl.jit_measuring}
+            outcome.measure_s += max(0.0, wall - warm_s)
+            m = measure(run, slo=spec.slo, segments=ctl.bounds)
+            results.append(m)
+            outcome.segments += list(m.segment_tokens_per_s)
+            outcome.stop = ctl.stop or "schedule_end"
+            logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
+                        spec.number, r, m.output_tokens_per_s, outcome.stop,
+                        len(m.segment_tokens_per_s), outcome.warmup)
+            if ctl.stop == "pruned":
+                outcome.pruned = True
+                break
+    finally:
+        prefetch.shutdown(wait=False, cancel_futures=True)
+    return results
+
+
+def _time_metrics(outcome: TrialOutcome) -> None:
+    """The warm-up and measuring figures beside the measurement's own (MLflow, trials.csv)."""
+    if outcome.warmup is not None:
+        outcome.metrics.update({
+            "warmup_s": float(outcome.warmup["seconds"]),
+            "warmup_segments": float(outcome.warmup["segments"]),
+            "warmup_converged": float(bool(outcome.warmup["converged"])),
+            "warmup_jit_in_last_segment": float(bool(outcome.warmup["jit_in_last_segment"])),
+        })  # fmt: skip
+    outcome.metrics["measure_s"] = round(outcome.measure_s, 3)
 
 
 def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOutcome:
@@ -258,7 +394,9 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
     t0 = time.monotonic()
     info = detect_engine()
     gpus = _assigned_gpus(spec)
-    log_path = Path(spec.log_dir) / f"trial-{spec.number:04d}-server.log" if spec.log_dir else None
+    log_path = (Path(spec.log_path) if spec.log_path
+                else Path(spec.log_dir) / f"trial-{spec.number:04d}-server.log" if spec.log_dir
+                else None)
     outcome = TrialOutcome(
         number=spec.number, ok=False, engine_version=f"{info.package} {info.version}",
         hostname=socket.gethostname(), node_id=_ray_node_id(), gpus=gpus,
@@ -317,6 +455,9 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
 
 def _stop(server: VllmServer, outcome: TrialOutcome) -> None:
     errors = server.stop()
-    outcome.log_tail = server.log_tail(6000)
+    try:
+        outcome.log_tail = server.log_tail(6000)
+    except OSError as exc:  # a log problem is a warning, never the loss of the result
+        logger.warning("trial %d: cannot read the server log: %s", outcome.number, exc)
     if errors:
         outcome.message = (outcome.message + "\nstop: " + "; ".join(errors)).strip()

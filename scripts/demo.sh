@@ -15,6 +15,7 @@ exec "$VENV/bin/autotune" tune \
   --shape traffic/example-chat.json \
   --space search_spaces/cpu.yaml \
   --trials 3 --recheck 0 \
+  --precision 0.05 --warmup-max-s 30 --measure-max-s 30 \
   --study-name "$name" \
   --out "experiments/demo/$name" \
   "$@"

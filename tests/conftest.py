@@ -7,6 +7,7 @@ llama and stops its whole process group at the end.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,17 @@ def tiny_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model folder with just a config.json: enough for the tuner and the fake engine."""
+    d = tmp_path_factory.mktemp("fake-model")
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000,
+        "max_position_embeddings": 2048,
+    }))  # fmt: skip
+    return d
 
 
 @pytest.fixture

@@ -118,7 +118,9 @@ def test_no_import_cycle_in_autotune() -> None:
 
 def test_the_schema_is_the_bottom_of_the_study_layer() -> None:
     graph = _graph()
-    assert graph["autotune.schema"] <= {"autotune.errors"}
+    # stats is pure (numpy, scipy): the verdict's interval, read by every reader of a study
+    assert graph["autotune.schema"] <= {"autotune.errors", "autotune.stats"}
+    assert graph["autotune.stats"] == set()
     for reader in ("autotune.registry", "autotune.plots"):
         assert "autotune.study" not in graph[reader], reader
 

@@ -319,3 +319,69 @@ def test_metrics_failures_are_clear_and_never_stop_a_run(stub: StubServer) -> No
 
     with pytest.raises(LoadgenError, match="await scrape_metrics"):
         asyncio.run(inside())
+
+
+# --- segments, refills and staggered streams (issue 14) ---------------------------------
+
+
+class _StopAfter:
+    """A SegmentControl that stops the sends after ``n`` segments and keeps what it saw."""
+
+    def __init__(self, every: int, n: int) -> None:
+        self.segment_requests = every
+        self.n = n
+        self.seen: list[tuple[float, int]] = []
+
+    def on_segment(self, t_s: float, tokens: int, failed: int) -> bool:
+        assert failed == 0
+        self.seen.append((t_s, tokens))
+        return len(self.seen) >= self.n
+
+
+def test_control_cuts_segments_refills_and_stops_the_sends(stub: StubServer) -> None:
+    from dataclasses import replace
+
+    ctl = _StopAfter(every=8, n=5)
+    asked: list[int] = []
+
+    def refill(next_index: int) -> list[RequestSpec]:
+        asked.append(next_index)
+        return [replace(r, index=next_index + i) for i, r in enumerate(closed(8, conc=4).requests)]
+
+    run = replay(closed(8, conc=4), base_url=stub.base_url, model="tiny", control=ctl,
+                 refill=refill)
+    assert len(ctl.seen) == 5 and run.stopped_at_s == ctl.seen[-1][0]
+    times = [t for t, _ in ctl.seen]
+    tokens = [k for _, k in ctl.seen]
+    assert times == sorted(times) and tokens == sorted(tokens) and tokens[0] > 0
+    assert asked and asked[0] == 8  # the schedule's 8, then refills numbered on from 8
+    # the sends stopped at the last segment: what was in flight finished, nothing after
+    n = len(run.records)
+    assert 5 * 8 <= n <= 5 * 8 + 4
+    assert [r.index for r in run.records] == list(range(n))
+    assert all(r.ok for r in run.records)
+    assert max(r.send_s for r in run.records) <= run.stopped_at_s
+    # tokens seen at a segment end are at most what had arrived by then
+    got = sum(k for r in run.records for t, k in zip(r.chunk_times_s, r.chunk_tokens,
+                                                    strict=True) if t <= times[-1])
+    assert tokens[-1] <= got + 12 * 4
+
+
+def test_a_refill_that_runs_dry_ends_the_run(stub: StubServer) -> None:
+    ctl = _StopAfter(every=4, n=1000)
+    run = replay(closed(6, conc=2), base_url=stub.base_url, model="tiny", control=ctl,
+                 refill=lambda i: [])
+    assert len(run.records) == 6 and run.stopped_at_s is None
+
+
+def test_stagger_shortens_only_each_streams_first_request(stub: StubServer) -> None:
+    from autotune.loadgen import staggered
+
+    first = list(closed(4, conc=4, max_tokens=40).requests)
+    assert [s.max_tokens for s in staggered(first, 4)] == [10, 20, 30, 40]
+    run = replay(closed(12, conc=4, max_tokens=40), base_url=stub.base_url, model="tiny",
+                 stagger=True)
+    assert [r.output_tokens for r in run.records] == [10, 20, 30, 40] + [40] * 8
+    with pytest.raises(LoadgenError, match="closed-loop"):
+        replay(Schedule(mode="open", requests=(RequestSpec(0, PROMPT, 4, 0.0),)),
+               base_url=stub.base_url, model="tiny", stagger=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import ValidationError
@@ -243,6 +244,9 @@ FLAT_KEYS = {
     *(f"{n}_{p}_s" for n in ("ttft", "tpot", "itl", "e2e") for p in ("p50", "p90", "p99")),
     "cv",
     "window_s",
+    "output_tokens_per_s_ci_low",
+    "output_tokens_per_s_ci_high",
+    "segments",
 }
 
 
@@ -369,3 +373,27 @@ def test_measure_reads_server_figures_from_samples_around_the_window() -> None:
     assert m.server["generation_tokens_per_s"] == pytest.approx(100.0)
     assert m.server["kv_cache_usage"] == pytest.approx(0.75)  # mean of samples inside (0.5, 1.0)
     assert m.server["kv_cache_usage_max"] == pytest.approx(1.0)
+
+
+def test_segments_set_the_window_and_the_interval() -> None:
+    run = closed_run(streams=4, per_stream=20)  # 4 streams x 10 tokens every ~0.2 s
+    bounds = [0.5, 1.0, 1.5, 2.0, 2.5]
+    m = measure(run, segments=bounds)
+    assert (m.window_start_s, m.window_end_s) == (0.5, 2.5)
+    assert m.segment_kind == "segments" and len(m.segment_tokens_per_s) == 4
+    lo, hi = m.output_tokens_per_s_ci_low, m.output_tokens_per_s_ci_high
+    assert lo is not None and hi is not None and m.output_tokens_per_s is not None
+    assert lo <= m.output_tokens_per_s <= hi
+    # half-width from the t-interval of the segment rates, around the window's rate
+    seg = np.asarray(m.segment_tokens_per_s)
+    half = 3.1824 * seg.std(ddof=1) / 2
+    assert (hi - lo) / 2 == pytest.approx(half, rel=1e-3)
+    flat = m.flat()
+    assert flat["segments"] == 4 and flat["output_tokens_per_s_ci_low"] == lo
+    # without segments the interval comes from the sub-windows
+    plain = measure(run)
+    assert plain.segment_kind == "subwindows" and len(plain.segment_tokens_per_s) == 5
+    assert plain.output_tokens_per_s_ci_low is not None
+    # combining repeats pools their segments
+    c = combine([m, m])
+    assert len(c.segment_tokens_per_s) == 8 and c.output_tokens_per_s_ci_low is not None

@@ -110,11 +110,12 @@ def test_report_data_reads_recorded_figures_and_computes_the_rest(tmp_path: Path
     d = load_report_data(storage=storage, study_name="s")
     assert d.verdict_source == "computed"
     v = d.verdict
-    # the winner by the median of its readings (1300, 1280) against the defaults' (1000, 1010)
+    # the winner as the study's own verdict picks it (schema.verdict): once re-checked, only
+    # the fresh-server readings count (1280 against the defaults' 1010; the search readings
+    # 1300 and 1000 were picked for being high); one reading a side gives no interval
     assert v["winner_number"] in (2, 5) and v["verdict"] == "winner"
-    assert v["ratio_to_defaults"]["median"] == pytest.approx(1290 / 1005)
-    lo, hi = v["ratio_to_defaults"]["ci_low"], v["ratio_to_defaults"]["ci_high"]
-    assert 1280 / 1010 - 1e-9 <= lo <= hi <= 1300 / 1000 + 1e-9
+    assert v["ratio_to_defaults"]["median"] == pytest.approx(1280 / 1010)
+    assert v["ratio_to_defaults"]["ci_low"] is None
     assert d.gpu_time_source == "computed"
     acc = d.gpu_time["local"]
     assert acc["start_s"] == 7 * 60.0 and acc["measure_s"] == 6 * 40.0 and acc["other_s"] == 40.0

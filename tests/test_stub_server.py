@@ -230,11 +230,15 @@ def test_interleaved_streams_take_turns_and_complete() -> None:
     from autotune.loadgen import replay
     from autotune.traffic import RequestSpec, Schedule
 
-    reqs = tuple(RequestSpec(i, (1, 2, 3), 50) for i in range(8))
+    # Long streams: the client opens its 8 connections one after another, a few ms apart
+    # on a loaded machine. 50 tokens a stream took 0.1-3 ms in all, so a stream that
+    # connected late could find the first ones already done (a flake, not a bug); 2,000
+    # tokens keep every stream busy for about 150 ms, far longer than the connections take.
+    reqs = tuple(RequestSpec(i, (1, 2, 3), 2000) for i in range(8))
     with StubServer(StubConfig(interleave=True)) as s:
         run = replay(
             Schedule(mode="closed", requests=reqs, concurrency=8), base_url=s.base_url, model="tiny"
         )
-    assert all(r.ok and r.output_tokens == 50 for r in run.records)
+    assert all(r.ok and r.output_tokens == 2000 for r in run.records)
     # taking turns: every stream's first token came before any stream's last one
     assert max(r.first_token_s for r in run.records) < min(r.chunk_times_s[-1] for r in run.records)

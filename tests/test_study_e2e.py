@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO, needs_vllm
@@ -27,7 +28,10 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "3",
         "--storage", storage, "--tracking-uri", tracking, "--study-name", "e2e",
         "--out", str(out), "--num-requests", "16", "--concurrency", "4", "--seed", "3",
-        "--cache-dir", str(tmp_path / "cache"), "--recheck", "1",
+        "--cache-dir", str(tmp_path / "cache"), "--recheck", "1", "--recheck-starts", "1",
+        # short adaptive measurements: segments of 8 requests, 10 % precision, 15 s caps
+        "--segment-requests", "8", "--precision", "0.1", "--warmup-max-s", "15",
+        "--measure-max-s", "15",
         # a lossy config first: the quality gate must mark it infeasible (issue 8)
         "--quality", "min_agreement=0.99",
         "--enqueue", '{"mamba_ssm_cache_dtype": "bfloat16", "max_num_seqs": 8}',
@@ -51,7 +55,7 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
             assert "autotune.flags" not in t.user_attrs  # never launched
     assert trials[0].user_attrs.get("autotune.baseline") is True
     states = {t.number: t.user_attrs.get("autotune.state") for t in trials}
-    assert all(s in ("ok", "failed", "infeasible") for s in states.values()), states
+    assert all(s in ("ok", "failed", "infeasible", "pruned") for s in states.values()), states
     ok = [t for t in trials if t.user_attrs.get("autotune.state") == "ok"]
     assert ok, {t.number: t.user_attrs.get("autotune.message") for t in trials}
     for t in ok:
@@ -59,21 +63,33 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         assert m["output_tokens_per_s"] > 0 and t.value == m["output_tokens_per_s"]
         assert 0 < m["ttft_p50_s"] <= m["ttft_p99_s"]
         assert m["e2e_p99_s"] >= m["e2e_p50_s"] > 0
-        assert m["n_requests"] == 16
+        assert m["n_requests"] >= 16  # the run goes on until precise (refilled)
+        lo, hi = m["output_tokens_per_s_ci_low"], m["output_tokens_per_s_ci_high"]
+        assert lo < m["output_tokens_per_s"] < hi and m["segments"] >= 3
+        assert m["warmup_segments"] >= 2 and "warmup_converged" in m
+        w = t.user_attrs["autotune.warmup"]
+        assert w["jit_in_last_segment"] is False  # the CPU build logs no kernel JIT
+        assert len(t.intermediate_values) == m["segments"]
     for t in trials:
         if t.user_attrs.get("autotune.state") == "failed":
             assert t.user_attrs.get("autotune.reason")  # a failure has its reason
 
-    # Quality gate: the BF16-state trial was probed against the FP32 reference and, with
-    # min_agreement=0.99, marked infeasible with the quality reason.
+    # Quality gate: the BF16-state trial was probed against the FP32 reference and judged
+    # by min_agreement=0.99. Whether BF16 state changes a greedy token of the tiny random
+    # model depends on the CPU's numerics (often it does, not always), so the test checks
+    # the gate's decision against the rate it recorded, not the rate itself.
     lossy = next(t for t in trials if t.params.get("mamba_ssm_cache_dtype") == "bfloat16")
-    if lossy.user_attrs.get("autotune.state") != "failed":  # it served: it was judged
+    if lossy.user_attrs.get("autotune.state") in ("ok", "infeasible"):  # measured: judged
         q = lossy.user_attrs["autotune.quality"]
-        assert 0.0 <= q["exact_match_rate"] < 0.99
-        assert lossy.user_attrs["autotune.state"] == "infeasible"
-        assert lossy.user_attrs["autotune.reason"] == "quality"
-        assert lossy.constraints["quality"] > 0
-        assert lossy.user_attrs["autotune.metrics"]["quality_exact_match_rate"] == q["exact_match_rate"]
+        rate = q["exact_match_rate"]
+        assert q["n_prompts"] > 0 and 0.0 <= rate <= 1.0  # probed against the reference
+        assert lossy.user_attrs["autotune.metrics"]["quality_exact_match_rate"] == rate
+        assert lossy.constraints["quality"] == pytest.approx(max(0.0, (0.99 - rate) / 0.99))
+        if rate < 0.99:
+            assert lossy.user_attrs["autotune.state"] == "infeasible"
+            assert lossy.user_attrs["autotune.reason"] == "quality"
+        else:  # identical outputs: the gate lets it through
+            assert lossy.user_attrs.get("autotune.reason") != "quality"
     assert (out / "logs" / "quality-reference.log").exists()
 
     # Re-check: the leader and the baseline were measured once more before the verdict.
@@ -81,11 +97,23 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
     leader = max(ok, key=lambda t: t.value)
     assert leader.number in {t.user_attrs["autotune.recheck_of"] for t in rechecks}
 
-    # best.json: the winner is chosen by the median of its readings
+    # best.json: the verdict with its ratio to the defaults (fresh-server readings); no
+    # claim on which way it goes (CPU starts vary up to 2x)
     best = json.loads((out / "best.json").read_text())
-    assert set(best) >= {"params", "serve_command", "metrics"}
-    assert len(best["readings"]) >= 2 or not [t for t in rechecks if t.value is not None]
-    assert best["objective"]["value"] == pytest.approx(sorted(best["readings"])[len(best["readings"]) // 2]) or len(best["readings"]) % 2 == 0
+    assert set(best) >= {"params", "serve_command", "metrics", "verdict", "ratio_to_defaults"}
+    assert best["verdict"] in ("winner", "defaults_best")
+    r = best["ratio_to_defaults"]
+    if r is not None:
+        assert r["ci_low"] <= r["median"] <= r["ci_high"]
+        assert (best["verdict"] == "winner") == (r["ci_low"] > 1)
+    if best["verdict"] == "defaults_best":
+        assert best["is_baseline"] is True
+    assert best["objective"]["value"] == pytest.approx(float(np.median(best["readings"])))
+    summary = json.loads((out / "study.json").read_text())
+    assert summary["verdict"]["verdict"] == best["verdict"]
+    (acct,) = summary["gpu_time"].values()  # one CPU slot
+    assert acct["start_s"] > 0 and acct["measure_s"] > 0 and acct["warmup_s"] > 0
+    assert "verdict: " in proc.stdout and "time on cpu:" in proc.stdout
     best_trial = next(t for t in measured if t.number == best["trial"])
     assert best["metrics"]["output_tokens_per_s"] == pytest.approx(best_trial.value)
     assert best["serve_command"].startswith("vllm serve ")
@@ -173,6 +201,7 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
                   "--tracking-uri", tracking, "--study-name", "e2e-retune",
                   "--out", str(tmp_path / "out2"), "--trials", "1", "--top-k", "1",
                   "--recheck", "0", "--no-baseline", "--no-quality-probe",
+                  "--precision", "0.1", "--warmup-max-s", "15", "--measure-max-s", "15",
                   "--cache-dir", str(tmp_path / "cache"))
     assert drifted.returncode == 0, (drifted.stdout + drifted.stderr)[-5000:]
     assert "DRIFTED" in drifted.stdout and "warm-started from study e2e" in drifted.stdout

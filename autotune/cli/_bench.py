@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -14,11 +15,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "bench",
         help="measure one vLLM configuration under a traffic shape (repeats, noise estimate)",
         description=(
-            "Start a vLLM server with the given flags, warm it up, replay the traffic shape "
-            "REPEATS times on the same server, and report the median with its dispersion "
-            "(CV across repeats), latency percentiles and the server's own figures. Engine "
-            "flags go after '--' or in --flag (repeatable): "
-            "autotune bench --model M --shape S --repeats 3 -- --max-num-seqs 64"
+            "Start a vLLM server with the given flags, warm it up in segments of the shape's "
+            "own traffic until two agree and no kernel is JIT-compiled, measure in segments "
+            "until the 95 %% interval of output tokens/s is within --precision (or "
+            "--measure-max-s), and report it with latency percentiles and the server's own "
+            "figures. Engine flags go after '--' or in --flag (repeatable): "
+            "autotune bench --model M --shape S -- --max-num-seqs 64"
         ),
     )
     p.add_argument("--model", required=True, type=Path, help="local model directory")
@@ -27,10 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="engine flag(s), e.g. --flag='--max-num-seqs 64' (repeatable)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment variable for the server, e.g. OMP_NUM_THREADS=1")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="measured replays on the same server (default 3)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="adaptive measurements on the same server, median reported "
+                        "(default 1: the interval over segments replaces repeats)")
+    p.add_argument("--precision", type=float, default=0.02,
+                   help="stop when the 95 %% interval is within this fraction (default 0.02)")
+    p.add_argument("--measure-max-s", type=float, default=180.0,
+                   help="measure at most this long (default 180 s)")
+    p.add_argument("--warmup-max-s", type=float, default=120.0,
+                   help="warm up at most this long (default 120 s)")
+    p.add_argument("--segment-requests", type=int, default=None,
+                   help="completed requests per segment (default max(concurrency, 16))")
+    p.add_argument("--no-stagger", dest="stagger", action="store_false",
+                   help="start all closed-loop streams with full-length requests (lockstep)")
     p.add_argument("--warmup-requests", type=int, default=None,
-                   help="warm-up requests first (default 2 x concurrency)")
+                   help="open-loop shapes: warm-up requests first (default 2 x concurrency)")
     p.add_argument("--num-requests", type=int, default=None,
                    help="requests per replay (default: the shape's load.requests)")
     p.add_argument("--concurrency", type=int, default=None,
@@ -38,13 +51,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--api", choices=("completions", "chat"), default="completions")
     p.add_argument("--slo", default=None, help="goodput thresholds, e.g. ttft_p99=2,tpot_p99=0.05")
     p.add_argument("--start-timeout", type=float, default=600.0)
-    p.add_argument("--log", type=Path, default=None, help="keep the server log here")
+    p.add_argument("--log", type=Path, default=None,
+                   help="keep the server log in this file (a taken name gets a -N suffix)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
     p.add_argument("engine_flags", nargs=argparse.REMAINDER,
                    help="engine flags after '--'")
     p.set_defaults(func=_bench)
+
+
+def _claim_log(path: Path) -> Path:
+    """Create the log file exclusively: a name another bench holds gets a -N suffix, so two
+    benches writing into one folder never share (or later lose) a file."""
+    from autotune.errors import ConfigError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--log {path}: cannot create its folder: {exc}") from None
+    for i in range(1000):
+        cand = path if i == 0 else path.with_name(f"{path.stem}-{i}{path.suffix}")
+        try:
+            os.close(os.open(cand, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"--log {path}: cannot create it: {exc}") from None
+        if i:
+            print(f"--log {path} exists: writing {cand}", file=sys.stderr)
+        return cand
+    raise ConfigError(f"--log {path}: 1,000 files of that name exist; choose another name")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -69,29 +106,37 @@ def _bench(args: argparse.Namespace) -> int:
         env[k] = v
     if args.repeats < 1:
         raise ConfigError("--repeats must be >= 1")
+    if not 0 < args.precision < 1:
+        raise ConfigError(f"--precision {args.precision}: give a fraction in (0, 1), e.g. 0.02")
+    for name in ("measure_max_s", "warmup_max_s"):
+        if not getattr(args, name) > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
     if not (args.model / "config.json").exists():
         raise ConfigError(f"--model {args.model}: no config.json there")
+    from autotune.stats import SegmentRule
+
     shape = load_shape(args.shape)
-    log_dir = None
-    if args.log is not None:
-        args.log.parent.mkdir(parents=True, exist_ok=True)
-        log_dir = str(args.log.parent)
+    log_path = _claim_log(args.log) if args.log is not None else None
     spec = TrialSpec(
         number=0, model=str(args.model.resolve()), flags=tuple(flags), env=env, shape=shape,
         seed=args.seed, warmup_requests=args.warmup_requests, repeats=args.repeats,
         slo=goodput_slo(parse_slo(args.slo)), api=args.api,
         num_requests=args.num_requests, concurrency=args.concurrency,
-        start_timeout_s=args.start_timeout, log_dir=log_dir,
-        cpu_kv_cache_gib=args.cpu_kv_cache_gib,
+        start_timeout_s=args.start_timeout, log_path=str(log_path) if log_path else None,
+        cpu_kv_cache_gib=args.cpu_kv_cache_gib, segment_requests=args.segment_requests,
+        rule=SegmentRule(precision=args.precision, measure_max_s=args.measure_max_s,
+                         warmup_max_s=args.warmup_max_s),
+        stagger=args.stagger,
     )  # fmt: skip
-    print(f"benchmarking: {' '.join(flags) or '(vLLM defaults)'} x {args.repeats} repeats",
-          file=sys.stderr)
+    print(f"benchmarking: {' '.join(flags) or '(vLLM defaults)'}"
+          + (f" x {args.repeats} repeats" if args.repeats > 1 else "")
+          + (f"; server log: {log_path}" if log_path else ""), file=sys.stderr)
     outcome = run_trial(spec)
-    if args.log is not None and outcome.log_path and Path(outcome.log_path) != args.log:
-        Path(outcome.log_path).replace(args.log)
     if args.json:
         print(json.dumps({"ok": outcome.ok, "reason": outcome.reason, "flags": flags,
-                          "env": env, "start_s": outcome.start_s,
+                          "env": env, "start_s": outcome.start_s, "warmup": outcome.warmup,
+                          "measure_s": outcome.measure_s, "stop": outcome.stop,
+                          "log_path": outcome.log_path,
                           "measurement": outcome.measurement, "metrics": outcome.metrics,
                           "message": outcome.message if not outcome.ok else ""}, indent=2))
         return 0 if outcome.ok else 1
@@ -99,10 +144,20 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"failed ({outcome.reason}): {outcome.message}", file=sys.stderr)
         return 1
     m = outcome.metrics
-    print(f"started in {outcome.start_s:.1f} s; {int(m.get('n_requests', 0))} requests per "
-          f"repeat, {int(m.get('n_errors', 0))} failed")
-    print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  (CV {m.get('cv', float('nan')):.1%}"
-          f" across {'repeats' if args.repeats > 1 else 'sub-windows'})")
+    w = outcome.warmup or {}
+    conv = "converged" if w.get("converged") else "NOT converged"
+    print(f"started in {outcome.start_s:.1f} s; warm-up {w.get('seconds', 0):.1f} s in "
+          f"{w.get('segments', 0)} segments ({conv}"
+          f"{', kernel JIT in its last segment' if w.get('jit_in_last_segment') else ''}); "
+          f"measured {outcome.measure_s:.1f} s in {int(m.get('segments', 0))} segments "
+          f"(stopped: {outcome.stop}); {int(m.get('n_requests', 0))} requests, "
+          f"{int(m.get('n_errors', 0))} failed")
+    lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
+    ci = (f"95 % interval {lo:,.1f}-{hi:,.1f}, +-{(hi - lo) / 2 / m['output_tokens_per_s']:.1%}"
+          if lo is not None and hi is not None else "no interval")
+    print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  ({ci}; CV "
+          f"{m.get('cv', float('nan')):.1%} across "
+          f"{'repeats' if args.repeats > 1 else 'segments'})")
     print(f"requests/s       {m.get('requests_per_s', float('nan')):,.2f}   goodput "
           f"{m.get('goodput_rps', float('nan')):,.2f}")
     for name in ("ttft", "tpot", "itl", "e2e"):

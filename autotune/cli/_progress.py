@@ -186,6 +186,8 @@ class ProgressDisplay(StudyCallback):
             if e.baseline_value:
                 what += f" ({e.trial_value / e.baseline_value:.2f}x defaults)"
             return what
+        if e.trial_reason == "pruned":  # a clear loser the pruner cut short: not a failure
+            return "[cyan]pruned[/]" + (f": {msg}" if msg else "")
         if e.trial_value is not None:
             return (f"[yellow]{e.trial_value:,.1f} {self.label}, infeasible "
                     f"({e.trial_reason})[/]" + (f": {msg}" if msg else ""))

@@ -111,7 +111,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     diff.add_argument("b", metavar="B", help="the shape to compare with it")
     diff.add_argument("--json", action="store_true", help="print JSON instead of text")
     diff.set_defaults(func=_diff)
+    _register_from_metrics(ssub)
 
+
+def _register_from_metrics(ssub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     fm = ssub.add_parser(
         "from-metrics",
         help="build a shape from a running vLLM server's /metrics",

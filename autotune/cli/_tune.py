@@ -41,6 +41,7 @@ class Option:
     metavar: str | None = None
     required: bool = False
     parse: Callable[[Any], Any] | None = None
+    aliases: tuple[str, ...] = ()  # other spellings of the flag
 
 
 _GROUPS = {
@@ -101,16 +102,40 @@ OPTIONS: tuple[Option, ...] = (
            parse=lambda xs: [x if isinstance(x, dict) else _json_arg(x) for x in xs or []],
            help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}' or "
                 "@file.json); knobs not given take vLLM's defaults; repeatable"),
-    Option("--timeout", "timeout_s", "search", metavar="SECONDS",
-           help="time budget: start no new trial after this many seconds"),
+    Option("--timeout", "timeout_s", "search", metavar="SECONDS", aliases=("--budget",),
+           help="time budget of the whole study, re-check included: the search stops when "
+                "what is left would not fit the re-check at the mean trial time so far; "
+                "running trials finish, then the verdict"),
+    Option("--pruner", "pruner", "search",
+           help="interval (default): stop a trial as soon as its 95 %% interval lies wholly "
+                "below the incumbent's (recorded as 'pruned'; throughput studies only); "
+                "none: measure every trial to the end"),
     Option("--repeats", "repeats", "measure",
            help="measured replays per trial on the same server (median reported)"),
     Option("--recheck", "recheck", "measure", metavar="K",
-           help="before declaring a winner, measure the top K configs and the baseline once "
-                "more (new server starts) and choose by the median of all readings "
-                "(default 3; 0 = off)"),
+           help="before the verdict, measure the top K configs and vLLM's defaults again on "
+                "fresh servers (--recheck-starts each); a winner is declared only if the "
+                "95 %% interval of its ratio to the defaults lies above 1 (default 3; 0 = "
+                "off: the verdict then rests on within-run intervals)"),
+    Option("--recheck-starts", "recheck_starts", "measure", metavar="N",
+           help="fresh server starts per re-checked config (default 2)"),
+    Option("--precision", "precision", "measure",
+           help="stop measuring a trial when the 95 %% interval of its output tokens/s is "
+                "within this fraction of it (default 0.02 = 2 %%)"),
+    Option("--measure-max-s", "measure_max_s", "measure", metavar="SECONDS",
+           help="measure a trial at most this long (default 180)"),
+    Option("--warmup-max-s", "warmup_max_s", "measure", metavar="SECONDS",
+           help="warm up at most this long; the warm-up ends earlier when two consecutive "
+                "segments agree within --warmup-tolerance and the server logged no kernel "
+                "JIT compilation in the last one (default 120)"),
+    Option("--warmup-tolerance", "warmup_tolerance", "measure",
+           help="segments agree when they differ by at most this fraction (0.05)"),
+    Option("--segment-requests", "segment_requests", "measure", metavar="N",
+           help="completed requests per segment (default max(concurrency, 16): about one "
+                "wave of the closed loop)"),
     Option("--warmup-requests", "warmup_requests", "measure",
-           help="warm-up requests before measuring (default 2 x concurrency)"),
+           help="open-loop shapes only: warm-up requests before the measured replay "
+                "(default 2 x concurrency); closed loops warm up in segments"),
     Option("--num-requests", "num_requests", "measure",
            help="requests per replay (default: the shape's load.requests)"),
     Option("--concurrency", "concurrency", "measure",
@@ -174,7 +199,7 @@ def add_tune_options(p: argparse.ArgumentParser) -> None:
             kw["help"] = f"(required) {opt.help}"
         kw.update(type=typ, choices=choices)
         kw["default"] = None if opt.parse is not None or opt.required else _default(opt.field)
-        g.add_argument(opt.flag, **kw)
+        g.add_argument(opt.flag, *opt.aliases, **kw)
     cf = p.add_argument_group("config file and display")
     cf.add_argument("--config", type=Path, default=None, metavar="FILE",
                     help="a YAML file of these options (keys: the flags without '--' or the "
@@ -278,6 +303,30 @@ def _json_arg(text: str) -> dict[str, Any]:
     return value
 
 
+def _verdict_line(v: dict[str, Any]) -> str:
+    """The verdict for people: who won, by how much, how sure."""
+    r = v.get("ratio_to_defaults")
+    ci = (f"{r['median']:.3f}x the defaults (95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})"
+          if r else "no ratio to the defaults")
+    if v.get("verdict") == "winner":
+        return f"verdict: WINNER trial {v.get('winner_number')}: {ci}"
+    if v.get("verdict") == "defaults_best":
+        return (f"verdict: vLLM's defaults remain best for this shape; best other config "
+                f"(trial {v.get('candidate_number')}): {ci}")
+    return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"
+
+
+def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
+    lines = []
+    for label, a in sorted(acct.items()):
+        total = sum(a.values()) or 1.0
+        lines.append(f"time on {label}: start {a.get('start_s', 0):.0f} s, warm-up "
+                     f"{a.get('warmup_s', 0):.0f} s, measuring {a.get('measure_s', 0):.0f} s "
+                     f"({a.get('measure_s', 0) / total:.0%}), other {a.get('other_s', 0):.0f} s, "
+                     f"idle {a.get('idle_s', 0):.0f} s")
+    return lines
+
+
 def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
                       warm_start: Any = None, quiet: bool = False) -> int:
     """The tail ``tune`` and ``retune`` share: run the study (SIGTERM stops it like Ctrl-C)
@@ -309,11 +358,14 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
               file=out)
         return 1
     b = result.best
+    print(_verdict_line(result.verdict), file=out)
     ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
     print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} "
           f"{objective_label(settings.objective)}{ratio}", file=out)
     print(f"params: {json.dumps(b['params'])}", file=out)
     print(f"serve command:\n  {b['serve_command']}", file=out)
+    for line in _gpu_time_lines(result.gpu_time):
+        print(line, file=out)
     print(f"written: {result.out_dir / 'best.json'}", file=out)
     print(f"browse: mlflow ui --backend-store-uri {result.tracking_uri}", file=out)
     if result.report:

@@ -46,10 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--interval", default=None, type=parse_duration,
                    help="scrape interval within a window (default: window/20, 0.5-10 s)")
     p.add_argument("--on-drift", metavar="CMD", default=None,
-                   help="shell command run on drift: {shape} in it is replaced by the new (shell-quoted) "
-                   "shape's path, else the path is appended as the last argument; env "
-                   "AUTOTUNE_SHAPE (the path), AUTOTUNE_TUNED_SHAPE, AUTOTUNE_DRIFTED "
-                   "(dimensions, comma-separated). Default: print the retune command")
+                   help="shell command run on drift: {shape} in it is replaced by the new "
+                   "(shell-quoted) shape's path, else the path is appended as the last "
+                   "argument; env AUTOTUNE_SHAPE (the path), AUTOTUNE_TUNED_SHAPE, "
+                   "AUTOTUNE_DRIFTED (dimensions, comma-separated). Default: print the "
+                   "retune command")
     p.add_argument("--request-log", metavar="LOG", default=None,
                    help="the server's log with --enable-log-requests: arrival times from it "
                    "(see 'autotune shape from-metrics --help')")

@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import StudyError
+from autotune.schema import A
 
 __all__ = ["ReportData", "TrialRow", "load_report_data", "trial_row"]
 
 logger = logging.getLogger(__name__)
 
-VERDICT_ATTR = "autotune.verdict"  # written by the study (issue 14's verdict)
-GPU_TIME_ATTR = "autotune.gpu_time"
-REQUEST_ERRORS_ATTR = "autotune.request_errors"  # failed requests by kind (measured trials)
+VERDICT_ATTR = A.VERDICT  # written by the study (issue 14's verdict)
+GPU_TIME_ATTR = A.GPU_TIME
+REQUEST_ERRORS_ATTR = A.REQUEST_ERRORS  # failed requests by kind (measured trials)
 CI_LOW, CI_HIGH = "output_tokens_per_s_ci_low", "output_tokens_per_s_ci_high"
 
 
@@ -196,7 +197,7 @@ def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
     from autotune.schema import verdict as study_verdict
 
     rec = attrs.get(VERDICT_ATTR)
-    if isinstance(rec, dict) and rec.get("verdict"):
+    if isinstance(rec, dict) and rec.get("verdict") not in (None, "none"):
         return rec, "recorded"
     win, win_vals, base, base_vals = study_verdict(study)
     if win is None:

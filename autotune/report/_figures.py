@@ -219,7 +219,8 @@ def gpu_time_figure(d: ReportData) -> Any:
         return None
     labels = list(d.gpu_time)
     parts = sorted({p for v in d.gpu_time.values() for p in v})
-    order: list[str] = [p for p in ("start_s", "warmup_s", "measure_s", "idle_s", "other_s") if p in parts]
+    order: list[str] = [p for p in ("start_s", "warmup_s", "measure_s", "idle_s", "other_s")
+                        if p in parts]
     order += [p for p in parts if p not in order]
     fig = go.Figure()
     for i, p in enumerate(order):

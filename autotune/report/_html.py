@@ -73,7 +73,9 @@ def _verdict_html(d: ReportData) -> str:
     r = v.get("ratio_to_defaults") or {}
     win = v.get("winner_number")
     what = ("vLLM's defaults are the best config found" if v.get("verdict") == "defaults_best"
-            else f"trial #{win} beats vLLM's defaults")
+            else f"trial #{win} beats vLLM's defaults" if v.get("verdict") == "winner"
+            else f"trial #{win} is the best config found, not shown to beat vLLM's defaults: "
+                 f"{v.get('reason', '')}")
     parts = [f'<p class="big">{_e(what)}</p>']
     if r.get("median") is not None:
         ci = (f" (95 % interval {r['ci_low']:.2f}x - {r['ci_high']:.2f}x)"
@@ -110,7 +112,8 @@ def _shape_html(d: ReportData) -> str:
              f"{_fmt(s.get('duration_s'), ',.0f')} s recorded ({_fmt(s.get('rate_rps'), '.2f')} "
              f"req/s, peak {_fmt(arr.get('peak_rate_rps'), '.2f')}, inter-arrival CV "
              f"{_fmt(arr.get('interarrival_cv'), '.2f')}); replayed as "
-             f"{_e(load.get('mode', '?'))} loop, {_e(load.get('concurrency') or load.get('rate_rps') or '?')} "
+             f"{_e(load.get('mode', '?'))} loop, "
+             f"{_e(load.get('concurrency') or load.get('rate_rps') or '?')} "
              f"{'streams' if load.get('mode') == 'closed' else 'req/s'}, "
              f"{_e(load.get('requests', '?'))} requests.</p>")
     return (_table(["tokens", "mean", "p50", "p90", "p99", "max"], rows) + extra

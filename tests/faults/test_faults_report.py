@@ -5,6 +5,8 @@ the report shows the whole study. The fake engine of the fault suite serves the 
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -21,8 +23,11 @@ def test_all_infeasible_study_says_why_then_resumed_report(lab: Lab) -> None:
     rc, out, err = run_cli(lab.argv(space, trials=2))
     assert rc == 1, err[-3000:]
     # the console: each trial's reason and message as it ends, and one paragraph at the end
-    assert err.count("infeasible (errors): error rate 50.0% > 5.0% (failed requests: "
-                     "http_5xx 100%)") == 2, err[-3000:]
+    # (a measurement runs until precise, so it may end between a failed request and the
+    # next served one: the rate is 50 % give or take one request's share)
+    why = re.compile(r"infeasible \(errors\): error rate (49\.\d|50\.\d)% > 5\.0% \(failed "
+                     r"requests: http_5xx 100%\)")
+    assert len(why.findall(err)) == 2, err[-3000:]
     assert ("no trial met the constraints: all 2 trials infeasible (errors (2)): 50 % of "
             "requests failed (limit --max-error-rate 5 %), mostly http_5xx (100% of the "
             "failures: the server answered with internal errors). The offered load "
@@ -33,7 +38,8 @@ def test_all_infeasible_study_says_why_then_resumed_report(lab: Lab) -> None:
     assert all("http_5xx" in m for m in df["message"])
     assert all(v > 0 for v in df["constraint.errors"])  # by how much the limit was missed
     runs = [r for r in lab.runs() if r.data.tags.get("autotune.kind") == "trial"]
-    assert all("error rate 50.0%" in r.data.tags["autotune.failure_message"] for r in runs)
+    assert all(re.search(r"error rate (49\.\d|50\.\d)%", r.data.tags["autotune.failure_message"])
+               for r in runs)
     study_run = next(r for r in lab.runs() if r.data.tags.get("autotune.kind") == "study")
     assert "all 2 trials infeasible" in study_run.data.tags["autotune.no_winner_why"]
     with open_report(lab.out / "report.html") as page:

@@ -325,6 +325,10 @@ def test_no_space_left_for_the_study_files(lab: Lab, tiny_tmpfs: Path) -> None:
     if rc != 0:
         problems.append(f"--resume after freeing space: exit {rc}: {err[-500:]}")
     else:
-        assert [state_of(t) for t in lab.trials()] == [("COMPLETE", None)] * 2
+        # the next trial may have been submitted before the bookkeeping that hit the full
+        # disk (a freed slot is refilled first): it was interrupted, and ran again now
+        states = [state_of(t) for t in lab.trials()]
+        assert [s for s in states if s != ("FAIL", "interrupted")] == [("COMPLETE", None)] * 2
+        assert len(states) <= 3
         assert check_best_json(lab.out) is not None
     assert not problems, "\n".join(problems)

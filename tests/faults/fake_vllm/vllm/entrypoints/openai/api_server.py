@@ -23,6 +23,9 @@ Modes (``name`` or ``name:N``):
 ``fail:K``      serve; every K-th request answers HTTP 500
 ``stall:N``     serve; request N goes silent after two chunks for ``AUTOTUNE_FAKE_STALL_S``
 ``slow``        serve; chunks ``AUTOTUNE_FAKE_CHUNK_S`` apart (a trial that takes a while)
+``jit:N``       like ``slow``; requests 1..N each log vLLM's kernel-JIT warning ("Triton
+                kernel JIT compilation during inference: ...") as a GPU vLLM does when
+                the traffic reaches a batch shape its warm-up did not cover
 ``chatty:KB``   write KB kilobytes of log lines, then serve
 ``real``        become the real vLLM: exec ``python -m vllm.entrypoints.openai.api_server``
                 with the same argv, pid, process group and parent-death signal
@@ -124,6 +127,10 @@ def _serve(host: str, port: int, model: str, mode: str, arg: int) -> None:
             return "http_500"
         if mode == "stall" and n == arg:
             return "stall"
+        if mode == "jit" and n <= arg:
+            print(f"WARNING [jit_monitor.py:130] Triton kernel JIT compilation during "
+                  f"inference: fused_moe_kernel (M={n}). This causes a latency spike; "
+                  "consider extending warmup to cover this shape/config.", flush=True)
         return "ok"
 
     stub._fault_of = fault_of  # type: ignore[assignment]  # pick faults by request number
@@ -131,7 +138,7 @@ def _serve(host: str, port: int, model: str, mode: str, arg: int) -> None:
         model=model,
         stall_s=float(os.environ.get("AUTOTUNE_FAKE_STALL_S", "60")),
         chunk_interval_s=float(os.environ.get("AUTOTUNE_FAKE_CHUNK_S", "0.05"))
-        if mode == "slow" else 0.0,
+        if mode in ("slow", "jit") else 0.0,
     )
     sock = _bind(host, port)
 

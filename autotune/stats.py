@@ -1,0 +1,227 @@
+"""The statistics a trial and a study decide with (pure; numpy and scipy only).
+
+* :func:`mean_interval`: the 95 % t-interval of a rate over equal-count segments of one
+  continuous run (batch means: each segment's rate is one reading);
+* :class:`SegmentRule`: when a warm-up has converged, when a measurement is precise enough,
+  and when a trial is a clear loser (the pruner), as one pure decision per segment;
+* :func:`ratio_to_defaults`: the interval of a config's throughput ratio to vLLM's
+  defaults over readings on separate server starts (delta method on the log scale with
+  the between-start variance pooled over the re-checked configs), and the verdict.
+
+``docs/measurement.md`` says why each rule is what it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats as _st
+
+__all__ = [
+    "Interval",
+    "RatioInterval",
+    "SegmentRule",
+    "Verdict",
+    "decide_verdict",
+    "mean_interval",
+    "ratio_to_defaults",
+    "relative_half_width",
+]
+
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its two-sided interval (same unit)."""
+
+    value: float
+    low: float
+    high: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+
+def _finite(values: Sequence[float]) -> np.ndarray:
+    arr = np.asarray([float(v) for v in values], dtype=float)
+    return arr[np.isfinite(arr)]
+
+
+def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
+    """Student-t interval of the mean of ``values`` (None with fewer than 2 finite values).
+
+    Applied to segment rates of one run (batch means): segments as long as a wave of the
+    closed loop are close to independent, so the t-interval of their mean is the interval
+    of the run's rate.
+    """
+    arr = _finite(values)
+    if arr.size < 2:
+        return None
+    m = float(arr.mean())
+    t = float(_st.t.ppf(0.5 + confidence / 2, arr.size - 1))
+    half = t * float(arr.std(ddof=1)) / math.sqrt(arr.size)
+    return Interval(m, m - half, m + half)
+
+
+def relative_half_width(iv: Interval | None) -> float:
+    """Half the interval's width over its value (inf when unknown or the value is <= 0)."""
+    if iv is None or not iv.value > 0:
+        return math.inf
+    return (iv.high - iv.low) / 2 / iv.value
+
+
+Decision = Literal["continue", "warm", "stop_precise", "stop_cap", "stop_pruned"]
+
+
+@dataclass(frozen=True)
+class SegmentRule:
+    """How a trial's continuous run is cut into warm-up and measurement (pure).
+
+    Warm-up: done when two consecutive segments agree within ``warmup_tolerance``
+    (relative to the larger) and no kernel was JIT-compiled during the last one, or after
+    ``warmup_max_segments``/``warmup_max_s`` (then not converged). Measurement: stops when
+    the ``confidence`` interval of the mean segment rate is within ``precision`` of it
+    (relative half-width) after at least ``min_segments``, or at ``measure_max_segments``/
+    ``measure_max_s``; or, when ``incumbent_low`` is given, as soon as the interval's top
+    after ``prune_after`` segments lies below it (a clear loser).
+    """
+
+    precision: float = 0.02
+    warmup_tolerance: float = 0.05
+    warmup_max_segments: int = 12
+    warmup_max_s: float = 120.0
+    min_segments: int = 3
+    measure_max_segments: int = 40
+    measure_max_s: float = 180.0
+    prune_after: int = 2
+    confidence: float = CONFIDENCE
+
+    def warmup(self, rates: Sequence[float], jit_in_last: bool, elapsed_s: float) -> Decision:
+        """``"warm"`` when the warm-up is over (converged or capped), else ``"continue"``."""
+        if len(rates) >= 2 and not jit_in_last and self.agree(rates[-2], rates[-1]):
+            return "warm"
+        if len(rates) >= self.warmup_max_segments or elapsed_s >= self.warmup_max_s:
+            return "warm"
+        return "continue"
+
+    def warmup_converged(self, rates: Sequence[float], jit_in_last: bool) -> bool:
+        return len(rates) >= 2 and not jit_in_last and self.agree(rates[-2], rates[-1])
+
+    def agree(self, a: float, b: float) -> bool:
+        top = max(abs(a), abs(b))
+        return top > 0 and math.isfinite(top) and abs(a - b) / top <= self.warmup_tolerance
+
+    def measure(self, rates: Sequence[float], elapsed_s: float,
+                incumbent_low: float | None = None) -> Decision:
+        """After each measured segment: stop (precise, capped, pruned) or continue."""
+        iv = mean_interval(rates, self.confidence)
+        if (incumbent_low is not None and iv is not None and len(rates) >= self.prune_after
+                and iv.high < incumbent_low):
+            return "stop_pruned"
+        if len(rates) >= self.min_segments and relative_half_width(iv) <= self.precision:
+            return "stop_precise"
+        if len(rates) >= self.measure_max_segments or elapsed_s >= self.measure_max_s:
+            return "stop_cap"
+        return "continue"
+
+
+# --- the verdict ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """A ratio to the defaults: its median estimate and interval, and how it was made."""
+
+    median: float
+    ci_low: float
+    ci_high: float
+    method: str
+    n_config: int
+    n_defaults: int
+
+    def as_dict(self) -> dict[str, float]:
+        return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high}
+
+
+def ratio_to_defaults(
+    config: Sequence[float],
+    defaults: Sequence[float],
+    *,
+    others: Sequence[Sequence[float]] = (),
+    within: Mapping[str, Interval | None] | None = None,
+    confidence: float = CONFIDENCE,
+) -> RatioInterval | None:
+    """Interval of mean(config) / mean(defaults) from readings on separate server starts.
+
+    Delta method on the log scale: log ratio = mean log(config) - mean log(defaults), its
+    variance s^2 (1/n_c + 1/n_d) with s^2 the between-start variance of log readings
+    pooled over the config, the defaults and ``others`` (the other re-checked configs:
+    the relative noise of a start is taken to be the same for every config, which gives
+    the variance more degrees of freedom than two starts of one config would), and a
+    Student-t quantile with the pooled degrees of freedom. ``median`` is exp(log ratio),
+    the median of that log-normal. With no repeated start at all (nothing to pool), the
+    within-run intervals ``within={"config": iv, "defaults": iv}`` are used instead
+    (method ``within_run``): they see only a run's own noise, not a start's.
+    """
+    c, d = _finite(config), _finite(defaults)
+    c, d = c[c > 0], d[d > 0]
+    if c.size == 0 or d.size == 0:
+        return None
+    est = float(np.log(c).mean() - np.log(d).mean())
+    ss, df = 0.0, 0
+    for group in (c, d, *(_finite(o) for o in others)):
+        group = group[group > 0]
+        if group.size >= 2:
+            logs = np.log(group)
+            ss += float(((logs - logs.mean()) ** 2).sum())
+            df += group.size - 1
+    if df > 0:
+        s2 = ss / df
+        se = math.sqrt(s2 * (1 / c.size + 1 / d.size))
+        q = float(_st.t.ppf(0.5 + confidence / 2, df))
+        method = f"delta method on log readings, between-start variance pooled (df={df})"
+    else:
+        ivs = within or {}
+        ci, di = ivs.get("config"), ivs.get("defaults")
+        if ci is None or di is None or not (ci.value > 0 and di.value > 0):
+            return None
+        z = float(_st.norm.ppf(0.5 + confidence / 2))
+        # relative standard errors of each mean, from their own intervals
+        se = math.hypot((ci.high - ci.low) / 2 / z / ci.value,
+                        (di.high - di.low) / 2 / z / di.value)
+        q = z
+        method = "within-run intervals only (no repeated server start)"
+    lo, hi = est - q * se, est + q * se
+    return RatioInterval(median=math.exp(est), ci_low=math.exp(lo), ci_high=math.exp(hi),
+                         method=method, n_config=int(c.size), n_defaults=int(d.size))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``winner`` when the ratio's interval lies above 1, else ``defaults_best``."""
+
+    verdict: Literal["winner", "defaults_best"]
+    ratio: RatioInterval | None
+    reason: str
+
+
+def decide_verdict(ratio: RatioInterval | None, *, candidate_is_defaults: bool = False) -> Verdict:
+    """A winner is declared only if the whole interval of its ratio to the defaults is > 1."""
+    if candidate_is_defaults:
+        return Verdict("defaults_best", ratio, "the best config found is vLLM's defaults")
+    if ratio is None:
+        return Verdict("defaults_best", None,
+                       "no ratio to the defaults could be estimated (the defaults or the "
+                       "candidate have no reading)")
+    if ratio.ci_low > 1.0:
+        return Verdict("winner", ratio,
+                       f"{ratio.median:.3f}x the defaults, 95 % interval "
+                       f"[{ratio.ci_low:.3f}, {ratio.ci_high:.3f}] lies above 1")
+    return Verdict("defaults_best", ratio,
+                   f"best ratio {ratio.median:.3f}x, 95 % interval [{ratio.ci_low:.3f}, "
+                   f"{ratio.ci_high:.3f}] does not lie above 1: vLLM's defaults remain best")

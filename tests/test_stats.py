@@ -1,0 +1,163 @@
+"""Pure statistics: intervals, the segment rule (warm-up, adaptive stop, pruner), the verdict."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from autotune.stats import (
+    Interval,
+    SegmentRule,
+    decide_verdict,
+    mean_interval,
+    ratio_to_defaults,
+    relative_half_width,
+)
+
+
+def test_mean_interval_is_the_student_t_interval() -> None:
+    iv = mean_interval([10.0, 12.0, 11.0, 13.0])
+    assert iv is not None and iv.value == pytest.approx(11.5)
+    # t(0.975, 3) = 3.182; s = 1.291; half = 3.182 * 1.291 / 2
+    assert iv.high - iv.value == pytest.approx(3.1824 * 1.2910 / 2, rel=1e-3)
+    assert iv.value - iv.low == pytest.approx(iv.high - iv.value)
+
+
+def test_mean_interval_needs_two_finite_values() -> None:
+    assert mean_interval([]) is None
+    assert mean_interval([5.0]) is None
+    assert mean_interval([5.0, math.nan, math.inf]) is None
+    iv = mean_interval([5.0, math.nan, 7.0])
+    assert iv is not None and iv.value == 6.0
+    assert relative_half_width(None) == math.inf
+    assert relative_half_width(Interval(0.0, -1.0, 1.0)) == math.inf
+
+
+def test_mean_interval_covers_the_true_mean_about_95_percent() -> None:
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(2000):
+        iv = mean_interval(list(rng.normal(100.0, 5.0, size=5)))
+        assert iv is not None
+        hits += iv.low <= 100.0 <= iv.high
+    assert 0.93 < hits / 2000 < 0.97
+
+
+# --- warm-up ------------------------------------------------------------------------------
+
+
+def test_warmup_converges_when_two_segments_agree_and_no_jit() -> None:
+    rule = SegmentRule(warmup_tolerance=0.05)
+    assert rule.warmup([500.0], False, 5) == "continue"  # one segment is never enough
+    assert rule.warmup([500.0, 900.0], False, 10) == "continue"  # still ramping
+    assert rule.warmup([500.0, 900.0, 1000.0], False, 15) == "continue"  # 10 % apart
+    assert rule.warmup([500.0, 900.0, 1000.0, 1020.0], False, 20) == "warm"
+    assert rule.warmup_converged([900.0, 1000.0, 1020.0], False)
+
+
+def test_warmup_goes_on_while_kernels_compile_even_if_segments_agree() -> None:
+    rule = SegmentRule(warmup_tolerance=0.05)
+    assert rule.warmup([1000.0, 1001.0], True, 10) == "continue"
+    assert not rule.warmup_converged([1000.0, 1001.0], True)
+    assert rule.warmup([1000.0, 1001.0, 1002.0], False, 15) == "warm"
+
+
+def test_warmup_is_capped_and_then_not_converged() -> None:
+    rule = SegmentRule(warmup_max_segments=4, warmup_max_s=60)
+    rates = [100.0, 200.0, 400.0, 800.0]
+    assert rule.warmup(rates, False, 30) == "warm"  # 4 segments: the cap
+    assert not rule.warmup_converged(rates, False)
+    assert rule.warmup([100.0, 300.0], True, 61) == "warm"  # time cap
+    assert not SegmentRule().agree(0.0, 0.0) and not SegmentRule().agree(math.nan, 1.0)
+
+
+# --- adaptive stop and pruner -----------------------------------------------------------
+
+
+def test_measurement_stops_when_the_interval_is_within_the_precision() -> None:
+    rule = SegmentRule(precision=0.02, min_segments=3)
+    assert rule.measure([1000.0, 1000.0], 10) == "continue"  # fewer than min_segments
+    steady = [1000.0, 1004.0, 998.0, 1002.0]
+    assert rule.measure(steady, 20) == "stop_precise"
+    noisy = [1000.0, 1100.0, 900.0, 1050.0]
+    assert rule.measure(noisy, 20) == "continue"
+    assert relative_half_width(mean_interval(noisy)) > 0.02
+
+
+def test_measurement_stops_at_its_caps() -> None:
+    rule = SegmentRule(precision=0.001, measure_max_segments=6, measure_max_s=100)
+    noisy = [1000.0, 1100.0, 900.0, 1050.0, 950.0]
+    assert rule.measure(noisy, 50) == "continue"
+    assert rule.measure([*noisy, 1000.0], 50) == "stop_cap"
+    assert rule.measure(noisy, 100) == "stop_cap"
+
+
+def test_more_noise_needs_more_segments() -> None:
+    rng = np.random.default_rng(7)
+    rule = SegmentRule(precision=0.02, measure_max_segments=500, measure_max_s=1e9)
+
+    def segments_needed(cv: float) -> int:
+        rates: list[float] = []
+        while True:
+            rates.append(float(rng.normal(1000.0, 1000.0 * cv)))
+            if rule.measure(rates, 0) != "continue":
+                return len(rates)
+
+    quiet = np.median([segments_needed(0.01) for _ in range(30)])
+    loud = np.median([segments_needed(0.05) for _ in range(30)])
+    assert quiet <= 4 < loud
+
+
+def test_pruner_stops_a_clear_loser_only() -> None:
+    rule = SegmentRule(precision=0.001, prune_after=2)
+    loser = [700.0, 705.0]
+    assert rule.measure(loser, 10, incumbent_low=1000.0) == "stop_pruned"
+    assert rule.measure(loser[:1], 5, incumbent_low=1000.0) == "continue"  # too early
+    # an interval that reaches the incumbent's low end is not a clear loser
+    close = [950.0, 1040.0]
+    assert (mean_interval(close) or Interval(0, 0, 0)).high >= 1000.0
+    assert rule.measure(close, 10, incumbent_low=1000.0) == "continue"
+    assert rule.measure(loser, 10, incumbent_low=None) == "continue"  # pruner off
+
+
+# --- the verdict -------------------------------------------------------------------------
+
+
+def test_ratio_pools_the_between_start_variance_on_the_log_scale() -> None:
+    r = ratio_to_defaults([1100.0, 1110.0], [1000.0, 1005.0], others=[[900.0, 905.0]])
+    assert r is not None
+    assert r.median == pytest.approx(math.sqrt(1100 * 1110) / math.sqrt(1000 * 1005), rel=1e-9)
+    assert r.ci_low < r.median < r.ci_high
+    assert "df=3" in r.method and r.n_config == 2 and r.n_defaults == 2
+    # the log interval is symmetric: median^2 = low * high
+    assert r.median ** 2 == pytest.approx(r.ci_low * r.ci_high, rel=1e-9)
+
+
+def test_a_real_winner_is_declared() -> None:
+    # 10 % better, starts repeat within about 1 %
+    r = ratio_to_defaults([1100.0, 1108.0], [1000.0, 995.0], others=[[950.0, 960.0]])
+    v = decide_verdict(r)
+    assert v.verdict == "winner" and r is not None and r.ci_low > 1.0
+
+
+def test_a_gap_inside_the_noise_leaves_the_defaults_best() -> None:
+    # the earlier study's trap: one lucky reading 8 % up, starts 17 % apart
+    r = ratio_to_defaults([1080.0, 990.0], [1000.0, 860.0])
+    v = decide_verdict(r)
+    assert v.verdict == "defaults_best" and r is not None
+    assert r.ci_low < 1.0 < r.ci_high and r.median > 1.0
+    assert "defaults remain best" in v.reason
+
+
+def test_verdict_edge_cases() -> None:
+    assert decide_verdict(None).verdict == "defaults_best"
+    assert decide_verdict(None, candidate_is_defaults=True).verdict == "defaults_best"
+    assert ratio_to_defaults([], [1000.0]) is None
+    assert ratio_to_defaults([1000.0], [0.0, math.nan]) is None
+    # one reading each: only the within-run intervals can say anything
+    assert ratio_to_defaults([1100.0], [1000.0]) is None
+    r = ratio_to_defaults([1100.0], [1000.0], within={
+        "config": Interval(1100.0, 1090.0, 1110.0), "defaults": Interval(1000.0, 990.0, 1010.0)})
+    assert r is not None and "within-run" in r.method and r.ci_low > 1.0

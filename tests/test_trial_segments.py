@@ -1,0 +1,124 @@
+"""A trial's segmented warm-up and measurement, on the fault suite's fake vLLM.
+
+The fake is a real server process launched by the library exactly as vLLM is (same argv,
+process group, log file); it streams at a steady pace, and in mode ``jit:N`` logs vLLM's
+kernel-JIT warning on each of its first N requests, as vLLM 0.26 does on a GPU when the
+traffic reaches a batch shape its own warm-up did not cover. The CPU build of vLLM logs no
+such line (docs/measurement.md), so this is where the JIT rule is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.stats import SegmentRule, mean_interval
+from autotune.traffic import load_shape
+from autotune.trial import TrialOutcome, TrialSpec, run_trial
+from tests.conftest import REPO
+from tests.faults._lab import FAKE_VLLM, SHAPE
+
+
+def trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule, **kw: object) -> TrialOutcome:
+    spec = TrialSpec(
+        number=7, model=str(fake_model), flags=(), shape=load_shape(SHAPE), num_requests=16,
+        concurrency=4, segment_requests=8, rule=rule, start_timeout_s=30,
+        env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": plan,
+             "AUTOTUNE_FAKE_CHUNK_S": "0.004"},
+        log_dir=str(tmp), **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return run_trial(spec)
+
+
+def test_warmup_goes_on_while_the_server_compiles_kernels(fake_model: Path, tmp_path: Path) -> None:
+    seen: list[tuple[str, str]] = []
+    rule = SegmentRule(precision=0.1, warmup_tolerance=0.2, warmup_max_s=30, measure_max_s=10)
+    spec = TrialSpec(
+        number=3, model=str(fake_model), flags=(), shape=load_shape(SHAPE), num_requests=16,
+        concurrency=4, segment_requests=8, rule=rule, start_timeout_s=30,
+        env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": "jit:28",
+             "AUTOTUNE_FAKE_CHUNK_S": "0.004"},
+        log_dir=str(tmp_path),
+    )  # fmt: skip
+    out = run_trial(spec, on_phase=lambda n, phase, t, d: seen.append((phase, d)))
+    assert out.ok, out.message
+    w = out.warmup
+    assert w is not None and w["converged"] is True and w["jit_in_last_segment"] is False
+    # requests 1..28 logged a compile: the segments that held them (8 requests each, 4 in
+    # flight) cannot end the warm-up, however steady the rate already was
+    assert w["segments"] >= 4 and w["jit_events"] == 28
+    assert out.metrics["warmup_segments"] == w["segments"] and out.metrics["warmup_converged"] == 1
+    # the phases the study's display shows: starting, warming up segment by segment (with
+    # the compiles), then measuring once
+    phases = [p for p, _ in seen]
+    assert phases[0] == "starting" and phases.count("measuring") == 1
+    assert phases.index("measuring") > phases.index("warming_up")
+    warm = [d for p, d in seen if p == "warming_up" and d.startswith("segment ")]
+    assert all("kernel was JIT-compiled" in d for d in warm[:3]), warm
+    assert out.warmup_s > 0 and out.measure_s > 0 and out.stop in ("precise", "cap")
+
+
+def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path: Path) -> None:
+    loose = trial(fake_model, tmp_path / "a", "slow", SegmentRule(precision=0.2, measure_max_s=30))
+    assert loose.ok, loose.message
+    assert loose.stop == "precise" and 3 <= len(loose.segments) < 10  # 3: the minimum
+    m = loose.metrics
+    assert (m["output_tokens_per_s_ci_low"] < m["output_tokens_per_s"]
+            < m["output_tokens_per_s_ci_high"])
+    iv = mean_interval(loose.segments)
+    assert iv is not None
+    assert (m["output_tokens_per_s_ci_high"] - m["output_tokens_per_s_ci_low"]) / 2 == \
+        pytest.approx((iv.high - iv.low) / 2, rel=1e-6)
+    # a precision no run reaches: the time cap ends it
+    tight = trial(fake_model, tmp_path / "b", "slow",
+                  SegmentRule(precision=1e-6, measure_max_s=3, measure_max_segments=1000))
+    assert tight.ok and tight.stop == "cap" and len(tight.segments) > 3
+    assert 3 <= tight.measure_s < 15
+
+
+def test_a_clear_loser_is_pruned_after_two_segments(fake_model: Path, tmp_path: Path) -> None:
+    out = trial(fake_model, tmp_path, "slow", SegmentRule(precision=1e-6, measure_max_s=30),
+                incumbent_low=1e9)
+    assert out.ok and out.pruned and out.stop == "pruned", out.message
+    assert len(out.segments) == 2 and out.measure_s < 10
+
+
+def test_two_benches_log_into_one_folder_without_losing_a_measurement(fake_model: Path,
+                                                                      tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "bench.log"
+    cmd = [sys.executable, "-m", "autotune", "bench", "--model", str(fake_model), "--shape",
+           str(SHAPE), "--num-requests", "16", "--concurrency", "4", "--precision", "0.2",
+           "--measure-max-s", "5", "--warmup-max-s", "5", "--segment-requests", "8",
+           "--env", f"PYTHONPATH={FAKE_VLLM}", "--env", "AUTOTUNE_FAKE_PLAN=slow",
+           "--env", "AUTOTUNE_FAKE_CHUNK_S=0.004", "--log", str(log), "--json"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, stderr) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, stderr[-3000:]
+    results = [json.loads(stdout) for stdout, _ in outs]
+    assert all(r["ok"] and r["metrics"]["output_tokens_per_s"] > 0 for r in results)
+    assert "output_tokens_per_s_ci_low" in results[0]["metrics"]
+    paths = sorted(r["log_path"] for r in results)
+    assert paths == sorted([str(log), str(log.with_name("bench-1.log"))])
+    for path in paths:  # each server wrote its own log, whole
+        text = Path(path).read_text()
+        assert text.count("fake-vllm: launch") == 1 and "fake-vllm: serving" in text
+
+
+def test_a_server_that_dies_mid_run_ends_the_trial_at_once(fake_model: Path,
+                                                           tmp_path: Path) -> None:
+    import time
+
+    from autotune.engine import FailureReason
+
+    t0 = time.monotonic()
+    out = trial(fake_model, tmp_path, "die:40", SegmentRule())  # default caps: minutes
+    assert (out.ok, out.reason) == (False, FailureReason.DIED), out.message
+    assert time.monotonic() - t0 < 30  # every request of a segment failed: stopped
