@@ -283,9 +283,11 @@ def test_storage_locked_mid_study_stops_clean_and_resume_finishes(lab: Lab) -> N
 
 @pytest.fixture
 def tiny_tmpfs(lab: Lab) -> Iterator[Path]:
-    """``lab.out`` on a 64 KiB tmpfs (skips where mounting is not allowed)."""
+    """``lab.out`` on a 160 KiB tmpfs (skips where mounting is not allowed): room for a
+    finished study's files (best.json, trials.csv, the plots: about 100 KiB in 4 KiB pages)
+    once the chatty server log that filled it is gone."""
     lab.out.mkdir(parents=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(lab.out)],
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(lab.out)],
                          capture_output=True, text=True, check=False)
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
@@ -300,10 +302,10 @@ def tiny_tmpfs(lab: Lab) -> Iterator[Path]:
 
 
 def test_no_space_left_for_the_study_files(lab: Lab, tiny_tmpfs: Path) -> None:
-    """--out on a 64 KiB file system; trial 0's server log fills it. The tuner must stop
+    """--out on a 160 KiB file system; trial 0's server log fills it. The tuner must stop
     with a clear message naming the full disk and exit 2 (not a traceback), keep trial 0,
     leave no server, and leave nothing that breaks --resume once there is space again."""
-    argv = lab.argv(lab.space("chatty:100,ok"), trials=2)
+    argv = lab.argv(lab.space("chatty:400,ok"), trials=2)
     problems = []
     try:
         rc, _, err = run_cli(argv)
@@ -323,7 +325,10 @@ def test_no_space_left_for_the_study_files(lab: Lab, tiny_tmpfs: Path) -> None:
     lab.log(0).unlink()  # the user frees space
     rc, _, err = run_cli([*argv, "--resume"])
     if rc != 0:
-        problems.append(f"--resume after freeing space: exit {rc}: {err[-500:]}")
+        files = {str(p.relative_to(tiny_tmpfs)): p.stat().st_size
+                 for p in tiny_tmpfs.rglob("*") if p.is_file()}
+        problems.append(f"--resume after freeing space: exit {rc}: {err[-500:]}; on the "
+                        f"disk: {files}")
     else:
         # the next trial may have been submitted before the bookkeeping that hit the full
         # disk (a freed slot is refilled first): it was interrupted, and ran again now
