@@ -2,7 +2,8 @@
 
 A pool of keep-alive HTTP/1.1 connections (:mod:`autotune._http1`, as many as requests in
 flight) drives ``/v1/completions`` (token-id prompts) or ``/v1/chat/completions``
-(``t<id>`` word prompts, one token per word for our tiny models) with ``stream: true``,
+(the request's ``prompt`` text, built with the model's tokenizer by :mod:`autotune.prompts`;
+else ``t<id>`` words, one token each for our tiny models) with ``stream: true``,
 ``ignore_eos: true``, ``temperature: 0`` and continuous usage stats, so each SSE chunk
 says how many tokens it carried (speculative decoding puts several in one chunk).
 
@@ -132,7 +133,9 @@ def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
         payload: dict[str, Any] = {"model": model, "prompt": list(spec.prompt_token_ids)}
         payload["max_tokens"] = spec.max_tokens
     else:
-        text = " ".join(f"t{i}" for i in spec.prompt_token_ids)
+        text = spec.prompt
+        if text is None:  # the tiny models' words: token i is "t<i>"
+            text = " ".join(f"t{i}" for i in spec.prompt_token_ids)
         payload = {"model": model, "messages": [{"role": "user", "content": text}]}
         # both names: OpenAI's current one and the older one some servers still read
         payload["max_tokens"] = payload["max_completion_tokens"] = spec.max_tokens

@@ -155,7 +155,7 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
 
     from autotune.loadgen import replay
     from autotune.measure import combine, measure, snapshot_metrics
-    from autotune.traffic import build_schedule
+    from autotune.prompts import build_prompts
 
     t0 = time.monotonic()
     info = detect_engine()
@@ -180,11 +180,11 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
 
     server = new_server()
     try:
-        vocab = model_vocab_size(spec.model)
         max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
-        schedule = build_schedule(
-            spec.shape, vocab_size=vocab, seed=spec.seed, concurrency=spec.concurrency,
-            num_requests=spec.num_requests,
+        # prompts exact for this model's tokenizer and the API, built before any timing
+        schedule = build_prompts(
+            spec.shape, model=spec.model, api=spec.api, seed=spec.seed,
+            concurrency=spec.concurrency, num_requests=spec.num_requests,
             max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
         )  # fmt: skip
         for attempt in range(_PORT_ATTEMPTS):
@@ -212,9 +212,9 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
             conc = schedule.concurrency or 8
             n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
         if n_warm > 0:
-            warm = build_schedule(
-                spec.shape, vocab_size=vocab, seed=spec.seed + 10_000, mode="closed",
-                concurrency=schedule.concurrency or 8, num_requests=n_warm,
+            warm = build_prompts(
+                spec.shape, model=spec.model, api=spec.api, seed=spec.seed + 10_000,
+                mode="closed", concurrency=schedule.concurrency or 8, num_requests=n_warm,
                 max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
             )  # fmt: skip
             replay(warm, **client_kw)
@@ -231,6 +231,8 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
         m = combine(results) if len(results) > 1 else results[0]
         outcome.measurement = m.model_dump(mode="json")
         outcome.metrics = m.flat()
+        # what the shape asked for, beside the server's own count (server_prompt_tokens)
+        outcome.metrics["shape_prompt_tokens"] = float(schedule.total_input_tokens())
         if m.n_ok == 0:
             server.check_alive()
             outcome.reason = "no_output"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -46,6 +47,9 @@ class RequestSpec:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     send_at_s: float | None = None  # open loop: offset from the run's start; closed loop: None
+    # chat API: the user message, built with the model's tokenizer (autotune.prompts) so the
+    # server counts exactly len(prompt_token_ids) tokens; None: the ids as ``t<id>`` words
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,7 @@ def _prompts(
     rng_tok: np.random.Generator,
     low: int,
     high: int,
+    table: np.ndarray | None = None,
 ) -> list[tuple[int, ...]]:
     n = inp.shape[0]
     shared, group = _shared_lengths(shape, inp, rng_prefix)
@@ -171,6 +176,8 @@ def _prompts(
             ids = np.concatenate((master[:k], tail))
         else:
             ids = tail
+        if table is not None:
+            ids = table[ids]
         prompts.append(tuple(ids.tolist()))
     return prompts
 
@@ -228,7 +235,8 @@ def _positive(name: str, value: float | None) -> None:
 def build_schedule(
     shape: TrafficShape,
     *,
-    vocab_size: int,
+    vocab_size: int | None = None,
+    token_ids: Sequence[int] | None = None,
     seed: int = 0,
     mode: str | None = None,
     concurrency: int | None = None,
@@ -242,7 +250,9 @@ def build_schedule(
 ) -> Schedule:
     """A deterministic request schedule for ``shape`` (same arguments, same schedule).
 
-    Unset options come from ``shape.load``. Token ids lie in ``[token_offset, vocab_size)``.
+    Unset options come from ``shape.load``. Token ids lie in ``[token_offset, vocab_size)``,
+    or are drawn from ``token_ids`` when given (the model's one-token words, see
+    :mod:`autotune.prompts`: the same draws, mapped through that table).
     ``max_input_tokens``/``max_output_tokens`` clip the drawn lengths. Open loop:
     ``rate_rps`` (default the load's, else the recorded rate) divided by ``time_scale`` is
     the mean rate; ``arrival`` is "recorded" (the recorded rate profile, the default when
@@ -256,6 +266,14 @@ def build_schedule(
     scale = time_scale if time_scale is not None else load.time_scale
     if n < 1:
         raise TrafficError(f"num_requests must be >= 1 (got {n})")
+    table: np.ndarray | None = None
+    if token_ids is not None:
+        table = np.asarray(token_ids, dtype=np.int64)
+        if table.ndim != 1 or table.shape[0] < 2:
+            raise TrafficError(f"token_ids has {table.size} ids; prompts need at least 2")
+        token_offset, vocab_size = 0, int(table.shape[0])
+    if vocab_size is None:
+        raise TrafficError("build_schedule needs vocab_size or token_ids to draw prompt ids")
     if token_offset < 0 or vocab_size - token_offset < 2:
         raise TrafficError(
             f"vocab_size {vocab_size} leaves no room for token ids >= token_offset "
@@ -273,7 +291,7 @@ def build_schedule(
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
     inp, out = _lengths(shape, n, rng_len, max_input_tokens, max_output_tokens)
-    prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size)
+    prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size, table)
 
     if mode == "closed":
         streams = concurrency or load.concurrency
