@@ -132,13 +132,13 @@ class ModelPrompts:
             raise PromptError(f"api is {api!r}; use 'completions' or 'chat'")
         self.model_dir = Path(model_dir)
         self.api: Api = api
+        self.overhead = 0
+        self._template: Any = None
+        self._vars: dict[str, Any] = {}
         path = self.model_dir / "tokenizer.json"
         if not path.exists():
-            raise PromptError(
-                f"{self.model_dir} has no tokenizer.json; autotune builds exact prompts with "
-                "the model's fast tokenizer (save one with transformers: "
-                "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))"
-            )
+            self._no_tokenizer()
+            return
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # pragma: no cover - tokenizers is a core dependency
@@ -146,15 +146,30 @@ class ModelPrompts:
                 from exc
         try:
             self._tok = Tokenizer.from_file(str(path))
-        except Exception as exc:  # noqa: BLE001 - the Rust error type is not importable
+        except Exception as exc:
             raise PromptError(f"{path} cannot be loaded by 'tokenizers': {exc}") from exc
         self._words = self._unit_words()
         self.token_ids: tuple[int, ...] = tuple(sorted(self._words))
-        self.overhead = 0
-        self._template: Any = None
-        self._vars: dict[str, Any] = {}
         if api == "chat":
             self._init_chat()
+
+    def _no_tokenizer(self) -> None:
+        fix = ("save the model's fast tokenizer there (transformers: "
+               "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))")
+        if self.api == "chat":
+            raise PromptError(
+                f"{self.model_dir} has no tokenizer.json, so chat prompts of exact lengths "
+                f"cannot be built; {fix}, or use --api completions"
+            )
+        # Token-id prompts are exact whatever the tokenizer: draw ids from the vocabulary
+        # above the usual special ids (0-3).
+        from autotune.trial import model_vocab_size
+
+        vocab = model_vocab_size(self.model_dir)
+        self._words = {}
+        self.token_ids = tuple(range(min(4, vocab - 2), vocab))
+        logger.warning("%s has no tokenizer.json: prompt ids are drawn from the whole "
+                       "vocabulary (some may be special tokens); %s", self.model_dir, fix)
 
     # -- the vocabulary ---------------------------------------------------------------------
     def _unit_words(self) -> dict[int, str]:
@@ -211,7 +226,7 @@ class ModelPrompts:
                 messages=[{"role": "user", "content": content}],
                 add_generation_prompt=True, **self._vars,
             ))  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - template errors are user data
+        except Exception as exc:
             raise PromptError(
                 f"{self.model_dir}: the chat template fails on a plain user message: {exc}"
             ) from exc
@@ -301,7 +316,7 @@ def model_prompts(model_dir: str | Path, *, api: Api = "completions") -> ModelPr
     return _cached(str(d), api, stamp)
 
 
-def build_prompts(shape: Any, *, model: str | Path, api: Api = "completions",
+def build_prompts(shape: Any, *, model: str | Path, api: str = "completions",
                   **kwargs: Any) -> Any:
     """:func:`autotune.traffic.build_schedule` with prompts exact for ``model`` and ``api``.
 
@@ -309,5 +324,7 @@ def build_prompts(shape: Any, *, model: str | Path, api: Api = "completions",
     """
     from autotune.traffic import build_schedule
 
-    prompts = model_prompts(model, api=api)
+    if api not in ("completions", "chat"):
+        raise PromptError(f"api is {api!r}; use 'completions' or 'chat'")
+    prompts = model_prompts(model, api=api)  # type: ignore[arg-type]
     return prompts.fit(build_schedule(shape, token_ids=prompts.token_ids, **kwargs))

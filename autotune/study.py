@@ -32,6 +32,7 @@ import numpy as np
 from autotune.config import DEFAULT_OUT_ROOT, SLO_KEYS, TuneSettings
 from autotune.engine import FailureReason, detect_engine, serve_command
 from autotune.errors import AutotuneError, ConfigError, SpaceError, StudyError
+from autotune.preflight import check_before_trial_0
 from autotune.space import ModelFacts, SearchSpace, load_space
 from autotune.trial import TrialOutcome, TrialSpec
 
@@ -323,6 +324,7 @@ def tune(
     cache_dir = (settings.cache_dir or Path.home() / ".cache" / "autotune").expanduser()
 
     _check_satisfiable(space)
+    check_before_trial_0(space=space, shape=shape, model=model, settings=settings)
     # The store is checked before the study exists: a wrong --tracking-uri must not leave
     # behind a study that the corrected command then finds "already exists".
     if tracker is None:

@@ -49,6 +49,9 @@ class TrialSpec:
     cpu_kv_cache_gib: float = 1.0
     quality_probe: Any = None  # autotune.quality.ProbeSet: probe this trial's server
     quality_reference: Any = None  # autotune.quality.ProbeOutputs to compare with
+    # stop a measured replay once more than this share of >= 20 finished requests failed
+    # (the outcome then says why in one line); None: always run to the end
+    abort_failed_fraction: float | None = 0.5
 
 
 @dataclass
@@ -153,7 +156,7 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
     """Run one trial and return its outcome; failures of the config come back as data."""
     import socket
 
-    from autotune.loadgen import replay
+    from autotune.loadgen import failure_abort, replay
     from autotune.measure import combine, measure, snapshot_metrics
     from autotune.prompts import build_prompts
 
@@ -185,7 +188,7 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
         schedule = build_prompts(
             spec.shape, model=spec.model, api=spec.api, seed=spec.seed,
             concurrency=spec.concurrency, num_requests=spec.num_requests,
-            max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
+            max_total_tokens=max_len,  # a request that does not fit is clipped to fit
         )  # fmt: skip
         for attempt in range(_PORT_ATTEMPTS):
             server.start()
@@ -215,15 +218,22 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
             warm = build_prompts(
                 spec.shape, model=spec.model, api=spec.api, seed=spec.seed + 10_000,
                 mode="closed", concurrency=schedule.concurrency or 8, num_requests=n_warm,
-                max_output_tokens=max(1, max_len // 2), max_input_tokens=max(1, max_len - max_len // 2 - 8),
+                max_total_tokens=max_len,
             )  # fmt: skip
             replay(warm, **client_kw)
             server.check_alive()
         results = []
         for r in range(max(1, spec.repeats)):
             before = snapshot_metrics(server.base_url)
-            run = replay(schedule, **client_kw)
+            abort = (None if spec.abort_failed_fraction is None
+                     else failure_abort(max_failed_fraction=spec.abort_failed_fraction))
+            run = replay(schedule, **client_kw, abort=abort)
             server.check_alive()
+            if run.aborted:
+                outcome.reason = FailureReason.ABORTED
+                outcome.message = run.aborted
+                logger.warning("trial %d: %s", spec.number, run.aborted)
+                return outcome  # the finally below still stops the server
             after = snapshot_metrics(server.base_url)
             results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
             logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,

@@ -54,6 +54,7 @@ class FailureReason:
     DIED = "died"  # the server died while it was being measured
     SLO = "slo"  # measured, but missed the SLOs (set by the study, not here)
     REJECTED = "rejected"  # never started: the search space's rules forbid the sample
+    ABORTED = "aborted"  # stopped early: most requests failed (the message says why)
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,13 @@ _FLAG_RULES: tuple[tuple[str, tuple[int, ...], str | None, str], ...] = (
 )
 
 
+def flag_rule(
+    flag: str, version: tuple[int, ...]
+) -> tuple[str, tuple[int, ...], str | None, str] | None:
+    """The translation rule for ``flag`` on vLLM ``version`` (None: passed as is)."""
+    return next((r for r in _FLAG_RULES if r[0] == flag and version >= r[1]), None)
+
+
 def translate_flags(flags: Sequence[str], version: tuple[int, ...]) -> list[str]:
     """Map engine flags to the spelling the installed vLLM ``version`` understands."""
     out: list[str] = []
@@ -158,7 +166,7 @@ def translate_flags(flags: Sequence[str], version: tuple[int, ...]) -> list[str]
         name, eq, inline = flag.partition("=")
         takes_value = (not eq and i + 1 < len(flags) and flag.startswith("--")
                        and not flags[i + 1].startswith("--"))
-        rule = next((r for r in _FLAG_RULES if r[0] == name and version >= r[1]), None)
+        rule = flag_rule(name, version)
         if rule is None:
             out.append(flag)
         elif rule[2] is None:

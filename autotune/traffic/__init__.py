@@ -5,6 +5,7 @@ Read a trace (:func:`read_trace`), fit its shape (:func:`fit_shape`), save/load 
 one into the requests a load generator sends (:func:`build_schedule`). See docs/traffic.md.
 """
 
+from autotune.traffic._clip import clip_shape
 from autotune.traffic._diff import THRESHOLDS, DimensionDiff, ShapeDiff, diff_shapes
 from autotune.traffic._io import load_shape, save_shape
 from autotune.traffic._models import (
@@ -27,6 +28,7 @@ from autotune.traffic._replay import (
     RequestSpec,
     Schedule,
     build_schedule,
+    context_overflow,
     ideal_prefix_hit_fraction,
 )
 from autotune.traffic._shape import constant_shape, fit_shape, length_dist
@@ -52,8 +54,10 @@ __all__ = [
     "TraceRecords",
     "TrafficShape",
     "build_schedule",
+    "clip_shape",
     "compute_fingerprint",
     "constant_shape",
+    "context_overflow",
     "detect_format",
     "diff_shapes",
     "fit_shape",

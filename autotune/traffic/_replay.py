@@ -27,6 +27,7 @@ __all__ = [
     "RequestSpec",
     "Schedule",
     "build_schedule",
+    "context_overflow",
     "ideal_prefix_hit_fraction",
 ]
 
@@ -244,6 +245,7 @@ def build_schedule(
     time_scale: float | None = None,
     max_input_tokens: int | None = None,
     max_output_tokens: int | None = None,
+    max_total_tokens: int | None = None,
     token_offset: int = 4,
     rate_rps: float | None = None,
     arrival: str | None = None,
@@ -253,7 +255,9 @@ def build_schedule(
     Unset options come from ``shape.load``. Token ids lie in ``[token_offset, vocab_size)``,
     or are drawn from ``token_ids`` when given (the model's one-token words, see
     :mod:`autotune.prompts`: the same draws, mapped through that table).
-    ``max_input_tokens``/``max_output_tokens`` clip the drawn lengths. Open loop:
+    ``max_input_tokens``/``max_output_tokens`` clip the drawn lengths; ``max_total_tokens``
+    (a server's context) clips each request's output to at most ``max_total_tokens - 1``,
+    then its prompt so that prompt + output fit (see :func:`context_overflow`). Open loop:
     ``rate_rps`` (default the load's, else the recorded rate) divided by ``time_scale`` is
     the mean rate; ``arrival`` is "recorded" (the recorded rate profile, the default when
     the shape has one), "gamma" (burstiness-matched) or "poisson".
@@ -282,6 +286,7 @@ def build_schedule(
     for label, v in (
         ("max_input_tokens", max_input_tokens),
         ("max_output_tokens", max_output_tokens),
+        ("max_total_tokens", max_total_tokens),
         ("time_scale", scale),
         ("rate_rps", rate_rps),
         ("concurrency", concurrency),
@@ -291,6 +296,11 @@ def build_schedule(
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
     inp, out = _lengths(shape, n, rng_len, max_input_tokens, max_output_tokens)
+    if max_total_tokens is not None:
+        if max_total_tokens < 2:
+            raise TrafficError(f"max_total_tokens must be >= 2 (got {max_total_tokens})")
+        out = np.minimum(out, max_total_tokens - 1)
+        inp = np.minimum(inp, max_total_tokens - out)
     prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size, table)
 
     if mode == "closed":
@@ -336,6 +346,25 @@ def build_schedule(
     )
     cap = concurrency or load.concurrency
     return Schedule(mode="open", requests=reqs, concurrency=cap, seed=seed)
+
+
+def context_overflow(
+    shape: TrafficShape,
+    *,
+    context: int,
+    seed: int = 0,
+    num_requests: int | None = None,
+) -> tuple[int, int, float]:
+    """How many of the ``num_requests`` requests a replay draws (same seed, same draws as
+    :func:`build_schedule`) have prompt + output beyond ``context`` tokens: (over, total,
+    the largest prompt + output drawn). Pure and cheap: lengths only, no prompts."""
+    n = num_requests if num_requests is not None else shape.load.requests
+    if n < 1:
+        raise TrafficError(f"num_requests must be >= 1 (got {n})")
+    rng_len = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[0])
+    inp, out = _lengths(shape, n, rng_len, None, None)
+    total = inp + out
+    return int((total > context).sum()), n, float(total.max())
 
 
 def ideal_prefix_hit_fraction(schedule: Schedule, *, block_tokens: int = 16) -> float:
