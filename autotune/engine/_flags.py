@@ -169,7 +169,7 @@ class EngineSurface:
 def flag_table() -> dict[str, dict[str, Any]]:
     """The committed per-release table: version -> {flags, json, env, source}."""
     data = json.loads(_TABLE.read_text())
-    return dict(data["versions"])
+    return {v: {**entry, "version": v} for v, entry in data["versions"].items()}
 
 
 def _cache_file(cache_dir: Path, python: str, vllm_dir: str, version: str) -> Path:
@@ -298,6 +298,8 @@ def emitted(space: Any) -> Iterator[Emitted]:
             yield Emitted(f"derive {target!r}", "json", head, key)
         else:
             yield Emitted(f"derive {target!r}", "flag", target)
+            if target.startswith("--") and "False" in spec.derive[target]:
+                yield Emitted(f"derive {target!r}", "flag", "--no-" + target[2:])
 
 
 def _is_number(s: str) -> bool:
