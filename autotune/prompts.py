@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from autotune.errors import AutotuneError
 
-__all__ = ["ModelPrompts", "PromptError", "build_prompts", "model_prompts"]
+__all__ = ["ModelPrompts", "PromptError", "build_prompts", "model_prompts", "text_prompts"]
 
 logger = logging.getLogger(__name__)
 
@@ -328,3 +328,50 @@ def build_prompts(shape: Any, *, model: str | Path, api: str = "completions",
         raise PromptError(f"api is {api!r}; use 'completions' or 'chat'")
     prompts = model_prompts(model, api=api)  # type: ignore[arg-type]
     return prompts.fit(build_schedule(shape, token_ids=prompts.token_ids, **kwargs))
+
+
+def _prose() -> str:
+    """English prose to cut real-text prompts from: autotune's own documentation (its
+    docstrings when the docs are not installed). Deterministic for a given autotune."""
+    import ast
+
+    root = Path(__file__).resolve().parent
+    docs = sorted((root.parent / "docs").glob("*.md")) if (root.parent / "docs").is_dir() else []
+    readme = root.parent / "README.md"
+    parts = [p.read_text(encoding="utf-8", errors="replace")
+             for p in ([readme] if readme.is_file() else []) + docs]
+    if not parts:
+        for f in sorted(root.rglob("*.py")):
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                doc = (ast.get_docstring(node, clean=True)
+                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                            ast.AsyncFunctionDef)) else None)
+                if doc:
+                    parts.append(doc)
+    return "\n\n".join(parts)
+
+
+def text_prompts(model_dir: str | Path, lengths: Sequence[int], *,
+                 seed: int = 0) -> tuple[tuple[int, ...], ...]:
+    """Prompts of real text, tokenized with the model's tokenizer: for each length, a window
+    of that many tokens of English prose at a seeded position (for a real checkpoint, whose
+    outputs on random ids say little about its outputs on text)."""
+    import numpy as np
+
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.exists():
+        raise PromptError(f"{model_dir} has no tokenizer.json; real-text prompts need it")
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(path)).encode(_prose(), add_special_tokens=False).ids
+    if not ids:
+        raise PromptError("no prose to build real-text prompts from")
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        reps = -(-n // len(ids)) + 1
+        pool = ids * reps if reps > 1 else ids
+        start = int(rng.integers(0, max(1, len(pool) - n + 1)))
+        out.append(tuple(pool[start : start + n]))
+    return tuple(out)

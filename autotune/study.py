@@ -618,6 +618,7 @@ def _quality_reference(space: SearchSpace, shape: Any, model: Path, settings: Tu
     # On the CPU build batching does not change outputs (seen bit-exact): probe 8 at a time.
     conc = 8 if detect_engine().device == "cpu" else 1
     probe = build_probe(shape, vocab_size=model_vocab_size(model),
+                        text_model=model if space.facts.real_weights else None,
                         spec=QualitySpec(seed=settings.seed, concurrency=conc, n_prompts=32),
                         max_model_len=model_max_len(ref.flags, model))
     cache = ReferenceCache(cache_dir / "quality")

@@ -135,3 +135,20 @@ def test_token_table_and_context_clip() -> None:
     for r in s.requests:
         assert set(r.prompt_token_ids) <= {11, 22, 33}
         assert len(r.prompt_token_ids) + r.max_tokens == 1000 and r.max_tokens == 300
+
+
+def test_quality_probe_on_real_text_for_a_real_checkpoint(bpe: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from autotune.quality import QualitySpec, build_probe
+
+    shape = load_shape(REPO / "traffic" / "example-chat.json")
+    spec = QualitySpec(n_prompts=6)
+    rand = build_probe(shape, vocab_size=2048, spec=spec)
+    text = build_probe(shape, vocab_size=2048, spec=spec, text_model=bpe)
+    assert [len(p) for p in text.prompts] == [len(p) for p in rand.prompts]
+    assert text.digest != rand.digest
+    tok = Tokenizer.from_file(str(bpe / "tokenizer.json"))
+    words = tok.decode(list(max(text.prompts, key=len))).split()
+    assert sum(w.isalpha() for w in words) > len(words) / 2  # prose, not random ids
+    assert build_probe(shape, vocab_size=2048, spec=spec, text_model=bpe).digest == text.digest

@@ -1,0 +1,45 @@
+"""A space's stand_in part applies to stand-in models only (random weights)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.space import ModelFacts, load_space
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = {"mtp_depth": 2, "max_num_seqs": 128, "max_num_batched_tokens": 2048}
+
+
+def test_real_weights_drop_dummy_load_and_synthetic_acceptance() -> None:
+    flags = {}
+    for real in (False, True):
+        facts = ModelFacts(device="cuda", hybrid=True, mtp=True, real_weights=real)
+        space = load_space(REPO / "search_spaces" / "hybrid-mtp.yaml", facts=facts)
+        flags[real] = space.launch_spec(PARAMS).flags
+    fake, real = flags[False], flags[True]
+    assert "dummy" in fake and "dummy" not in real
+    spec_fake = json.loads(fake[fake.index("--speculative-config") + 1])
+    spec_real = json.loads(real[real.index("--speculative-config") + 1])
+    assert spec_fake == {"method": "mtp", "num_speculative_tokens": 2,
+                         "rejection_sample_method": "synthetic",
+                         "synthetic_acceptance_length": 2.12}
+    assert spec_real == {"method": "mtp", "num_speculative_tokens": 2}
+
+
+def test_real_weights_fact_from_the_model_folder(tmp_path: Path) -> None:
+    cfg = json.dumps({"model_type": "llama"})
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(cfg)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    for f in ("config.json", "model.safetensors", "autotune-model.json"):
+        (ours / f).write_text(cfg)
+    real = tmp_path / "real"
+    real.mkdir()
+    for f in ("config.json", "model-00001-of-00002.safetensors"):
+        (real / f).write_text(cfg)
+    got = {d.name: ModelFacts.from_model_dir(d, device="cpu").real_weights
+           for d in (bare, ours, real)}
+    assert got == {"bare": False, "ours": False, "real": True}
