@@ -136,8 +136,13 @@ def failure_abort(*, min_requests: int = 20, max_failed_fraction: float = 0.5) -
                     "--max-model-len in the space (up to the model's max_position_embeddings) "
                     "or clip the shape's lengths (autotune shape clip SHAPE "
                     "--max-total-tokens CONTEXT -o OUT)")
-        if errors.get("connection_refused", 0) + errors.get("disconnected", 0) >= failed / 2:
+        gone = sum(errors.get(k, 0) for k in ("connection_refused", "connect_error",
+                                               "disconnected"))
+        if gone >= failed / 2:
             return f"{head}: the server stopped answering"
+        if errors.get("timeout", 0) + errors.get("stalled", 0) < failed / 2:
+            return (f"{head}: the server rejects or fails the requests; its log says why "
+                    "(the trial's server log)")
         return (f"{head}: the offered load is beyond what this server serves; lower the rate "
                 "(autotune shape clip SHAPE --rate-scale 0.25 -o OUT) or cap the requests in "
                 "flight (--concurrency N)")

