@@ -62,3 +62,19 @@ def test_clip_scales_lengths_and_rate() -> None:
     assert rate_only.fingerprint == shape.fingerprint and rate_only.load.time_scale == 0.5
     with pytest.raises(ShapeError):
         clip_shape(shape, scale_lengths=0.0)
+
+
+def test_shape_clip_cli_makes_the_shape_fit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "fit.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "autotune", "shape", "clip", str(REPO / "traffic" / "azure-conv.json"),
+         "--max-total-tokens", "2048", "-o", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    clipped = load_shape(out)
+    assert clipped.input_tokens.max + clipped.output_tokens.max <= 2048
+    assert context_overflow(clipped, context=2048)[0] == 0
