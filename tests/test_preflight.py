@@ -70,8 +70,8 @@ def test_shape_clip_cli_makes_the_shape_fit(tmp_path: Path) -> None:
 
     out = tmp_path / "fit.json"
     res = subprocess.run(
-        [sys.executable, "-m", "autotune", "shape", "clip", str(REPO / "traffic" / "azure-conv.json"),
-         "--max-total-tokens", "2048", "-o", str(out)],
+        [sys.executable, "-m", "autotune", "shape", "clip",
+         str(REPO / "traffic" / "azure-conv.json"), "--max-total-tokens", "2048", "-o", str(out)],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert res.returncode == 0, res.stderr
