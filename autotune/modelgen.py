@@ -12,7 +12,11 @@ Two architectures:
 * ``llama``: a plain transformer (``LlamaForCausalLM``).
 * ``nemotron_h``: a real hybrid (``NemotronHForCausalLM``): Mamba2 layers, attention
   layers and MLP layers interleaved, optionally with one MTP layer for speculative decoding
-  (``mtp=True``; the MTP block is ``*E`` as vLLM requires, so MoE fields are set too).
+  (``mtp=True``). The MTP block is ``*E`` by default (attention + MoE, like the real
+  checkpoints; MoE fields are set too), or ``*`` (attention only): vLLM's CPU build cannot
+  run NemotronH's non-gated MoE experts, but it serves an attention-only MTP block, so MTP
+  depth can be searched on CPU (docs/cpu-vllm.md). transformers does not save MTP weights:
+  serve MTP with ``--load-format dummy`` (``search_spaces/cpu.yaml`` derives it).
 
 Weights are random but *peaked*: the output projection is scaled so that greedy decoding
 is decisive rather than a coin toss between near-equal logits, which the quality probe
@@ -50,8 +54,16 @@ _SPECIAL = {"pad_token": 0, "bos_token": 1, "eos_token": 2}
 _SPECIAL_TEXT = {0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}
 
 
-def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False) -> dict[str, Any]:
+MTP_PATTERNS: tuple[str, ...] = ("*E", "*")
+
+
+def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False,
+                mtp_pattern: str = "*E") -> dict[str, Any]:
     """The ``config.json`` contents of a tiny model of ``arch`` (< 50 M parameters)."""
+    if mtp_pattern not in MTP_PATTERNS:
+        raise ModelGenError(
+            f"MTP pattern {mtp_pattern!r} is unknown; use one of {', '.join(MTP_PATTERNS)}"
+        )
     if vocab_size < 64:
         raise ModelGenError(f"vocab_size is {vocab_size}; use at least 64 tokens")
     common: dict[str, Any] = {
@@ -125,7 +137,7 @@ def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False) -> dic
             cfg.update(
                 {
                     "num_nextn_predict_layers": 1,
-                    "mtp_hybrid_override_pattern": "*E",
+                    "mtp_hybrid_override_pattern": mtp_pattern,
                     "n_routed_experts": 4,
                     "n_shared_experts": 1,
                     "num_experts_per_tok": 2,
@@ -228,6 +240,7 @@ def generate_tiny_model(
     arch: Arch = "nemotron_h",
     vocab_size: int = 4096,
     mtp: bool = False,
+    mtp_pattern: str = "*E",
     seed: int = 0,
     peak: float = 8.0,
     tokenizer: TokenizerKind = "words",
@@ -248,7 +261,7 @@ def generate_tiny_model(
         raise ModelGenError(
             f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZERS)}"
         )
-    cfg = tiny_config(arch, vocab_size=vocab_size, mtp=mtp)
+    cfg = tiny_config(arch, vocab_size=vocab_size, mtp=mtp, mtp_pattern=mtp_pattern)
     try:
         import torch
         import transformers

@@ -43,3 +43,18 @@ def test_real_weights_fact_from_the_model_folder(tmp_path: Path) -> None:
     got = {d.name: ModelFacts.from_model_dir(d, device="cpu").real_weights
            for d in (bare, ours, real)}
     assert got == {"bare": False, "ours": False, "real": True}
+
+
+def test_cpu_space_searches_mtp_depth_on_a_stand_in_with_dummy_weights() -> None:
+    base = {"max_num_seqs": 8, "max_num_batched_tokens": 1024}
+    on = ModelFacts(hybrid=True, mtp=True)
+    space = load_space(REPO / "search_spaces" / "cpu.yaml", facts=on)
+    flags = space.launch_spec({**base, "mtp_depth": 2}).flags
+    assert json.loads(flags[flags.index("--speculative-config") + 1]) == {
+        "method": "mtp", "num_speculative_tokens": 2}
+    assert flags[flags.index("--load-format") + 1] == "dummy"
+    off = space.launch_spec({**base, "mtp_depth": 0}).flags
+    assert "--speculative-config" not in off and "--load-format" not in off
+    assert space.violations({**base, "mtp_depth": 1, "mamba_ssm_cache_dtype": "float16"})
+    no_mtp = load_space(REPO / "search_spaces" / "cpu.yaml", facts=ModelFacts(hybrid=True))
+    assert not no_mtp.is_active("mtp_depth", base)

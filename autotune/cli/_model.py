@@ -27,7 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     tiny.add_argument("--vocab-size", type=int, default=4096, help="vocabulary size (default 4096)")
     tiny.add_argument(
-        "--mtp", action="store_true", help="add one MTP layer (nemotron_h; for GPU speculative runs)"
+        "--mtp", action="store_true", help="add one MTP layer (nemotron_h) for speculative runs"
+    )
+    tiny.add_argument(
+        "--mtp-pattern",
+        choices=("*E", "*"),
+        default="*E",
+        help="the MTP block's layers: '*E' attention + MoE like the real checkpoints (GPU; "
+        "default), '*' attention only: the CPU build of vLLM serves it (MoE it cannot), so "
+        "MTP depth can be searched on CPU with search_spaces/cpu.yaml",
     )
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     tiny.add_argument(
@@ -45,7 +53,7 @@ def _tiny(args: argparse.Namespace) -> int:
     from autotune.modelgen import generate_tiny_model
 
     out = generate_tiny_model(
-        args.out_dir, arch=args.arch, vocab_size=args.vocab_size, mtp=args.mtp, seed=args.seed,
+        args.out_dir, arch=args.arch, vocab_size=args.vocab_size, mtp=args.mtp, mtp_pattern=args.mtp_pattern, seed=args.seed,
         tokenizer=args.tokenizer,
     )
     info = json.loads((out / "autotune-model.json").read_text())
