@@ -58,3 +58,15 @@ def test_cpu_space_searches_mtp_depth_on_a_stand_in_with_dummy_weights() -> None
     assert space.violations({**base, "mtp_depth": 1, "mamba_ssm_cache_dtype": "float16"})
     no_mtp = load_space(REPO / "search_spaces" / "cpu.yaml", facts=ModelFacts(hybrid=True))
     assert not no_mtp.is_active("mtp_depth", base)
+
+
+def test_tiny_mtp_pattern() -> None:
+    import pytest
+
+    from autotune.errors import ModelGenError
+    from autotune.modelgen import tiny_config
+
+    assert tiny_config("nemotron_h", mtp=True, mtp_pattern="*")["mtp_hybrid_override_pattern"] == "*"
+    assert tiny_config("nemotron_h", mtp=True)["mtp_hybrid_override_pattern"] == "*E"
+    with pytest.raises(ModelGenError, match="MTP pattern"):
+        tiny_config("nemotron_h", mtp=True, mtp_pattern="M")
