@@ -20,6 +20,7 @@ from typing import Any
 from autotune.engine import VllmServer, detect_engine
 from autotune.errors import AutotuneError, EngineCrashedError, EngineStartError
 from autotune.events import PhaseReporter
+from autotune.prompts import build_prompts, model_vocab_size
 from autotune.schema import FailureReason
 
 __all__ = ["TrialOutcome", "TrialSpec", "model_max_len", "model_vocab_size", "run_trial"]
@@ -52,6 +53,9 @@ class TrialSpec:
     cpu_kv_cache_gib: float = 1.0
     quality_probe: Any = None  # autotune.quality.ProbeSet: probe this trial's server
     quality_reference: Any = None  # autotune.quality.ProbeOutputs to compare with
+    # stop a measured replay once more than this share of >= 20 finished requests failed
+    # (the outcome then says why in one line); None: always run to the end
+    abort_failed_fraction: float | None = 0.5
 
 
 @dataclass
@@ -77,15 +81,6 @@ class TrialOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def model_vocab_size(model: str | Path) -> int:
-    """The vocabulary size from the model's config.json (token ids must stay below it)."""
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    vocab = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
-    if not vocab:
-        raise AutotuneError(f"{model}/config.json has no vocab_size; cannot build prompts")
-    return int(vocab)
 
 
 def model_max_len(flags: tuple[str, ...] | list[str], model: str | Path) -> int:
@@ -152,11 +147,6 @@ def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -
     outcome.metrics.update(report.flat())
 
 
-def _token_limits(max_len: int) -> tuple[int, int]:
-    """(output, prompt) token bounds that fit a server of ``max_len`` tokens."""
-    return max(1, max_len // 2), max(1, max_len - max_len // 2 - 8)
-
-
 def _crash_or_error(server: VllmServer, exc: AutotuneError, outcome: TrialOutcome) -> None:
     """A load-generator or metrics error right after the server died is the death. A
     killed server's sockets close before the kernel lets us reap it: look for 2 s."""
@@ -182,27 +172,28 @@ class _Plan:
     schedule: Any  # autotune.traffic.Schedule
 
 
-def _plan(spec: TrialSpec) -> _Plan:
-    from autotune.traffic import build_schedule
+def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Any:
+    """The shape's replay with prompts exact for this model's tokenizer and the API
+    (:mod:`autotune.prompts`); a request that does not fit ``max_len`` is clipped to fit."""
+    return build_prompts(spec.shape, model=spec.model, api=spec.api,
+                         max_total_tokens=max_len, **kwargs)
 
+
+def _plan(spec: TrialSpec) -> _Plan:
     vocab = model_vocab_size(spec.model)
     max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
-    out_max, in_max = _token_limits(max_len)
-    schedule = build_schedule(
-        spec.shape, vocab_size=vocab, seed=spec.seed, concurrency=spec.concurrency,
-        num_requests=spec.num_requests, max_output_tokens=out_max, max_input_tokens=in_max,
-    )  # fmt: skip
+    schedule = _schedule(spec, max_len, seed=spec.seed, concurrency=spec.concurrency,
+                         num_requests=spec.num_requests)
     return _Plan(vocab, max_len, schedule)
 
 
 def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
              phase: Callable[[str, str], None]) -> None:
     """Warm-up, the measured replays and (for a lossy config) the quality probe."""
-    from autotune.loadgen import replay
+    from autotune.loadgen import failure_abort, replay
     from autotune.measure import combine, measure, snapshot_metrics
-    from autotune.traffic import build_schedule
 
-    vocab, max_len, schedule = plan.vocab, plan.max_len, plan.schedule
+    max_len, schedule = plan.max_len, plan.schedule
     client_kw: dict[str, Any] = {
         "base_url": server.base_url,
         "model": server.served_model_name,
@@ -215,12 +206,8 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
         n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
     if n_warm > 0:
         phase("warming_up", f"{n_warm} requests")
-        out_max, in_max = _token_limits(max_len)
-        warm = build_schedule(
-            spec.shape, vocab_size=vocab, seed=spec.seed + 10_000, mode="closed",
-            concurrency=schedule.concurrency or 8, num_requests=n_warm,
-            max_output_tokens=out_max, max_input_tokens=in_max,
-        )  # fmt: skip
+        warm = _schedule(spec, max_len, seed=spec.seed + 10_000, mode="closed",
+                         concurrency=schedule.concurrency or 8, num_requests=n_warm)
         replay(warm, **client_kw)
         server.check_alive()
     results = []
@@ -228,8 +215,15 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
     for r in range(repeats):
         phase("measuring", f"replay {r + 1}/{repeats}, {len(schedule.requests)} requests")
         before = snapshot_metrics(server.base_url)
-        run = replay(schedule, **client_kw)
+        abort = (None if spec.abort_failed_fraction is None
+                 else failure_abort(max_failed_fraction=spec.abort_failed_fraction))
+        run = replay(schedule, **client_kw, abort=abort)
         server.check_alive()
+        if run.aborted:  # most requests failed: stop here and say why (issue 18)
+            outcome.reason = FailureReason.ABORTED
+            outcome.message = run.aborted
+            logger.warning("trial %d: %s", spec.number, run.aborted)
+            return
         after = snapshot_metrics(server.base_url)
         results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
         logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
@@ -237,6 +231,8 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
     m = combine(results) if len(results) > 1 else results[0]
     outcome.measurement = m.model_dump(mode="json")
     outcome.metrics = m.flat()
+    # what the shape asked for, beside the server's own count (server_prompt_tokens)
+    outcome.metrics["shape_prompt_tokens"] = float(schedule.total_input_tokens())
     if m.n_ok == 0:
         server.check_alive()
         outcome.reason = FailureReason.NO_OUTPUT
