@@ -2,7 +2,8 @@
 
 A pool of keep-alive HTTP/1.1 connections (:mod:`autotune._http1`, as many as requests in
 flight) drives ``/v1/completions`` (token-id prompts) or ``/v1/chat/completions``
-(``t<id>`` word prompts, one token per word for our tiny models) with ``stream: true``,
+(the request's ``prompt`` text, built with the model's tokenizer by :mod:`autotune.prompts`;
+else ``t<id>`` words, one token each for our tiny models) with ``stream: true``,
 ``ignore_eos: true``, ``temperature: 0`` and continuous usage stats, so each SSE chunk
 says how many tokens it carried (speculative decoding puts several in one chunk).
 
@@ -33,8 +34,17 @@ from autotune.server_metrics import ServerSnapshot, fetch_metrics_text, parse_me
 if TYPE_CHECKING:
     from autotune.traffic import RequestSpec, Schedule
 
-__all__ = ["ERROR_REASONS", "RequestRecord", "RunResult", "SegmentControl", "replay",
-           "run_schedule", "staggered"]
+__all__ = [
+    "ERROR_REASONS",
+    "Abort",
+    "RequestRecord",
+    "RunResult",
+    "SegmentControl",
+    "failure_abort",
+    "replay",
+    "run_schedule",
+    "staggered",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +103,7 @@ class RunResult:
     api: Api = "completions"
     snapshots: tuple[ServerSnapshot, ...] = ()  # /metrics samples taken during the run
     stopped_at_s: float | None = None  # a SegmentControl stopped the sends at this time
+    aborted: str | None = None  # why the run was stopped early (the abort hook's line)
 
 
 class SegmentControl(Protocol):
@@ -120,6 +131,52 @@ def staggered(first: Sequence[RequestSpec], streams: int) -> list[RequestSpec]:
     return [replace(s, max_tokens=max(1, round(s.max_tokens * (k + 1) / n))) if k < n else s
             for k, s in enumerate(first)]
 
+
+
+#: An abort condition: called after each finished request with that record and the counts
+#: of finished and failed requests so far; a returned line stops the run (requests not yet
+#: finished are cancelled and left out of the records).
+Abort = Callable[[RequestRecord, int, int], str | None]
+
+_CONTEXT_HINT = ("maximum context length", "max_model_len", "max-model-len",
+                 "context length", "too long")
+
+
+def failure_abort(*, min_requests: int = 20, max_failed_fraction: float = 0.5) -> Abort:
+    """Stop a run once more than ``max_failed_fraction`` of at least ``min_requests``
+    finished requests failed, with the likely cause in one line: prompts beyond the
+    context (4xx naming it), or an offered load beyond what the server serves."""
+    errors: dict[str, int] = {}
+    context = [0]
+
+    def check(rec: RequestRecord, done: int, failed: int) -> str | None:
+        if rec.error is not None:
+            errors[rec.error] = errors.get(rec.error, 0) + 1
+            if rec.error == "http_4xx" and rec.detail and any(
+                h in rec.detail.lower() for h in _CONTEXT_HINT
+            ):
+                context[0] += 1
+        if done < min_requests or failed <= max_failed_fraction * done:
+            return None
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(errors.items(), key=lambda kv: -kv[1]))
+        head = f"stopped after {failed} of {done} requests failed ({kinds})"
+        if context[0] * 2 >= failed:
+            return (f"{head}: prompts + outputs beyond the server's context; raise "
+                    "--max-model-len in the space (up to the model's max_position_embeddings) "
+                    "or clip the shape's lengths (autotune shape clip SHAPE "
+                    "--max-total-tokens CONTEXT -o OUT)")
+        gone = sum(errors.get(k, 0) for k in ("connection_refused", "connect_error",
+                                               "disconnected"))
+        if gone >= failed / 2:
+            return f"{head}: the server stopped answering"
+        if errors.get("timeout", 0) + errors.get("stalled", 0) < failed / 2:
+            return (f"{head}: the server rejects or fails the requests; its log says why "
+                    "(the trial's server log)")
+        return (f"{head}: the offered load is beyond what this server serves; lower the rate "
+                "(autotune shape clip SHAPE --rate-scale 0.25 -o OUT) or cap the requests in "
+                "flight (--concurrency N)")
+
+    return check
 
 # --- typed views of the SSE chunks: msgspec decodes only these fields -----------------
 
@@ -156,7 +213,9 @@ def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
         payload: dict[str, Any] = {"model": model, "prompt": list(spec.prompt_token_ids)}
         payload["max_tokens"] = spec.max_tokens
     else:
-        text = " ".join(f"t{i}" for i in spec.prompt_token_ids)
+        text = spec.prompt
+        if text is None:  # the tiny models' words: token i is "t<i>"
+            text = " ".join(f"t{i}" for i in spec.prompt_token_ids)
         payload = {"model": model, "messages": [{"role": "user", "content": text}]}
         # both names: OpenAI's current one and the older one some servers still read
         payload["max_tokens"] = payload["max_completion_tokens"] = spec.max_tokens
@@ -270,6 +329,7 @@ class _Runner:
         t0: float,
         total: int,
         progress: Callable[[int, int], None] | None,
+        abort: Abort | None = None,
     ) -> None:
         self.pool = pool
         self.path = path
@@ -287,9 +347,14 @@ class _Runner:
         self.control: SegmentControl | None = None
         self.stopped_at: float | None = None
         self._next_boundary = 0
+        self.abort = abort
+        self.aborted: str | None = None
+        self.stop = asyncio.Event()
 
-    def _finished(self) -> None:
+    def _finished(self, rec: RequestRecord) -> None:
         self.done += 1
+        if rec.error is not None:
+            self.failed += 1
         if self.progress is not None:
             self.progress(self.done, self.total)
         control = self.control
@@ -300,6 +365,11 @@ class _Runner:
                 tokens = self.tokens_done + sum(p.cum for p in self.live)
                 if control.on_segment(now, tokens, self.failed):
                     self.stopped_at = now
+        if self.abort is not None and self.aborted is None:
+            why = self.abort(rec, self.done, self.failed)
+            if why:
+                self.aborted = why
+                self.stop.set()
 
     async def request(self, spec: RequestSpec) -> RequestRecord:
         """Send one streaming request and record what came back."""
@@ -340,12 +410,9 @@ class _Runner:
         self.live.discard(sse)
         if error is None:
             self.tokens_done += sse.cum
-        else:
-            self.failed += 1
-        self._finished()
         times = sse.times
         usage_total = sse.usage_total
-        return RequestRecord(
+        rec = RequestRecord(
             index=spec.index,
             send_s=send,
             first_token_s=times[0] if times else None,
@@ -361,6 +428,8 @@ class _Runner:
             detail=detail,
             status=status,
         )
+        self._finished(rec)
+        return rec
 
 
 @contextlib.contextmanager
@@ -491,6 +560,7 @@ async def run_schedule(
     control: SegmentControl | None = None,
     refill: Callable[[int], Iterable[RequestSpec]] | None = None,
     stagger: bool = False,
+    abort: Abort | None = None,
 ) -> RunResult:
     """Drive ``schedule`` against an OpenAI-compatible server and record every request.
 
@@ -499,7 +569,8 @@ async def run_schedule(
     (at most ``concurrency`` in flight when that is set; late sends are recorded as sent).
     ``metrics_interval_s`` also samples the server's ``/metrics`` during the run
     (``RunResult.snapshots``) so :func:`autotune.measure.measure` can read server figures
-    over its steady-state window. Raises :class:`LoadgenError` only for an unusable
+    over its steady-state window. ``abort`` (e.g. :func:`failure_abort`) may stop the run
+    early: ``RunResult.aborted`` then says why. Raises :class:`LoadgenError` only for an unusable
     schedule or argument; failed requests are records with an error reason.
 
     Closed loop only: ``control`` (a :class:`SegmentControl`) is told each segment and may
@@ -549,6 +620,7 @@ async def run_schedule(
         t0=t0,
         total=n,
         progress=progress,
+        abort=abort,
     )
     runner.control = control
     if control is not None:
@@ -559,9 +631,20 @@ async def run_schedule(
                 streams = conc or 1
                 heads = staggered(specs[:streams], streams) if stagger else list(specs[:streams])
                 feed = enumerate(_feed(heads, specs[streams:], refill, runner))
-                await _closed(runner, feed, records, streams)
+                drive = asyncio.ensure_future(_closed(runner, feed, records, streams))
             else:
-                await _open(runner, specs, records, conc)
+                drive = asyncio.ensure_future(_open(runner, specs, records, conc))
+            stopper = asyncio.ensure_future(runner.stop.wait())
+            try:
+                await asyncio.wait((drive, stopper), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopper.cancel()
+                if not drive.done():  # aborted: cancel what is still in flight
+                    drive.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await drive
+            if not drive.cancelled():
+                drive.result()  # re-raise what the drive raised
     finally:
         wall = time.monotonic() - t0
         pool.close()
@@ -577,6 +660,7 @@ async def run_schedule(
         api=api,
         snapshots=_parse_samples(samples),
         stopped_at_s=runner.stopped_at,
+        aborted=runner.aborted,
     )
 
 

@@ -12,7 +12,11 @@ Two architectures:
 * ``llama``: a plain transformer (``LlamaForCausalLM``).
 * ``nemotron_h``: a real hybrid (``NemotronHForCausalLM``): Mamba2 layers, attention
   layers and MLP layers interleaved, optionally with one MTP layer for speculative decoding
-  (``mtp=True``; the MTP block is ``*E`` as vLLM requires, so MoE fields are set too).
+  (``mtp=True``). The MTP block is ``*E`` by default (attention + MoE, like the real
+  checkpoints; MoE fields are set too), or ``*`` (attention only): vLLM's CPU build cannot
+  run NemotronH's non-gated MoE experts, but it serves an attention-only MTP block, so MTP
+  depth can be searched on CPU (docs/cpu-vllm.md). transformers does not save MTP weights:
+  serve MTP with ``--load-format dummy`` (``search_spaces/cpu.yaml`` derives it).
 
 Weights are random but *peaked*: the output projection is scaled so that greedy decoding
 is decisive rather than a coin toss between near-equal logits, which the quality probe
@@ -30,19 +34,36 @@ from typing import Any, Literal
 
 from autotune.errors import ModelGenError
 
-__all__ = ["ARCHS", "generate_tiny_model", "tiny_config", "write_tokenizer"]
+__all__ = [
+    "ARCHS",
+    "TOKENIZERS",
+    "generate_tiny_model",
+    "tiny_config",
+    "write_bpe_tokenizer",
+    "write_tokenizer",
+]
 
 logger = logging.getLogger(__name__)
 
 Arch = Literal["llama", "nemotron_h"]
 ARCHS: tuple[str, ...] = ("llama", "nemotron_h")
+TokenizerKind = Literal["words", "bpe"]
+TOKENIZERS: tuple[str, ...] = ("words", "bpe")
 
 _SPECIAL = {"pad_token": 0, "bos_token": 1, "eos_token": 2}
 _SPECIAL_TEXT = {0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}
 
 
-def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False) -> dict[str, Any]:
+MTP_PATTERNS: tuple[str, ...] = ("*E", "*")
+
+
+def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False,
+                mtp_pattern: str = "*E") -> dict[str, Any]:
     """The ``config.json`` contents of a tiny model of ``arch`` (< 50 M parameters)."""
+    if mtp_pattern not in MTP_PATTERNS:
+        raise ModelGenError(
+            f"MTP pattern {mtp_pattern!r} is unknown; use one of {', '.join(MTP_PATTERNS)}"
+        )
     if vocab_size < 64:
         raise ModelGenError(f"vocab_size is {vocab_size}; use at least 64 tokens")
     common: dict[str, Any] = {
@@ -116,7 +137,7 @@ def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False) -> dic
             cfg.update(
                 {
                     "num_nextn_predict_layers": 1,
-                    "mtp_hybrid_override_pattern": "*E",
+                    "mtp_hybrid_override_pattern": mtp_pattern,
                     "n_routed_experts": 4,
                     "n_shared_experts": 1,
                     "num_experts_per_tok": 2,
@@ -160,26 +181,88 @@ def write_tokenizer(out_dir: Path, *, vocab_size: int, max_length: int = 4096) -
     (out_dir / "special_tokens_map.json").write_text(json.dumps(names, indent=2))
 
 
+_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _corpus() -> list[str]:
+    """Text to train a BPE tokenizer on: this package's own sources and docs (always here)."""
+    root = Path(__file__).resolve().parent
+    files = sorted(root.rglob("*.py"))
+    for extra in ("README.md", "docs"):
+        p = root.parent / extra
+        files += sorted(p.rglob("*.md")) if p.is_dir() else ([p] if p.is_file() else [])
+    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+
+
+def write_bpe_tokenizer(out_dir: Path, *, vocab_size: int, max_length: int = 4096) -> int:
+    """Train a byte-level BPE tokenizer (GPT-2 style) here and write it with a ChatML
+    chat template; returns the number of tokens it has (at most ``vocab_size``).
+
+    A stand-in for a real model's tokenizer: multi-token words, merges, special tokens
+    and a template that adds role markers, so prompt lengths are not one token per word.
+    The special ids match the tiny models' config (``<pad>`` 0, ``<s>`` 1, ``</s>`` 2).
+    """
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError as exc:  # pragma: no cover - tokenizers is a core dependency
+        raise ModelGenError("the 'tokenizers' package is missing; pip install tokenizers") from exc
+    specials = [_SPECIAL_TEXT[i] for i in range(4)] + ["<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.save(str(out_dir / "tokenizer.json"))
+    names = {k: _SPECIAL_TEXT[v] for k, v in _SPECIAL.items()}
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_length,
+        **names,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": _CHATML,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(names, indent=2))
+    return int(tok.get_vocab_size())
+
+
 def generate_tiny_model(
     out_dir: str | os.PathLike[str],
     *,
     arch: Arch = "nemotron_h",
     vocab_size: int = 4096,
     mtp: bool = False,
+    mtp_pattern: str = "*E",
     seed: int = 0,
     peak: float = 8.0,
+    tokenizer: TokenizerKind = "words",
 ) -> Path:
     """Write a tiny random-weight model of ``arch`` to ``out_dir`` and return its path.
 
-    ``peak`` scales the output projection so greedy decoding is decisive (1.0 = plain
-    random init). Raises :class:`ModelGenError` if the directory holds something else.
+    ``tokenizer``: "words" (token i is ``t<i>``, one token per word) or "bpe" (a byte-level
+    BPE trained here on autotune's own text, with a ChatML chat template: behaves like a
+    real model's tokenizer). ``peak`` scales the output projection so greedy decoding is
+    decisive (1.0 = plain random init). Raises :class:`ModelGenError` if the directory
+    holds something else.
     """
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not (out / "config.json").exists():
         raise ModelGenError(
             f"{out} exists and is not a model directory; choose an empty or new directory"
         )
-    cfg = tiny_config(arch, vocab_size=vocab_size, mtp=mtp)
+    if tokenizer not in TOKENIZERS:
+        raise ModelGenError(
+            f"unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZERS)}"
+        )
+    cfg = tiny_config(arch, vocab_size=vocab_size, mtp=mtp, mtp_pattern=mtp_pattern)
     try:
         import torch
         import transformers
@@ -218,11 +301,16 @@ def generate_tiny_model(
                 indent=2,
             )
         )
-        write_tokenizer(tmp, vocab_size=vocab_size, max_length=cfg["max_position_embeddings"])
+        if tokenizer == "bpe":
+            write_bpe_tokenizer(tmp, vocab_size=vocab_size,
+                                max_length=cfg["max_position_embeddings"])
+        else:
+            write_tokenizer(tmp, vocab_size=vocab_size,
+                            max_length=cfg["max_position_embeddings"])
         (tmp / "autotune-model.json").write_text(
             json.dumps(
                 {"arch": arch, "vocab_size": vocab_size, "mtp": mtp, "seed": seed,
-                 "peak": peak, "parameters": nparams},
+                 "peak": peak, "parameters": nparams, "tokenizer": tokenizer},
                 indent=2,
             )
         )

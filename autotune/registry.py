@@ -560,18 +560,21 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
     fp = str(study.user_attrs.get(A.SHAPE, ""))
     trials = study.get_trials(deepcopy=False)
 
-    # configs (not the baseline, unless asked) ranked by the median of their readings, as
-    # tune() ranks
+    # configs (not the baseline, unless asked): the one the study declared best first (the
+    # verdict's rule, as best.json names it), then the rest by the median of their readings
     groups: dict[str, list[Any]] = {}
     for t in trials:
         if feasible(t) and (include_baseline or not t.user_attrs.get(A.BASELINE)):
             groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
-    ranked = sorted(groups.values(), key=lambda ts: statistics.median(primary(t) for t in ts),
+    declared = verdict(study).winner
+    first = json.dumps(declared.params, sort_keys=True, default=str) if declared else None
+    ranked = sorted(groups.items(), key=lambda kv: (kv[0] == first,
+                                                    statistics.median(primary(t) for t in kv[1])),
                     reverse=True)
     enqueue: list[dict[str, Any]] = []
     origin: list[int] = []
     was_base: list[bool] = []
-    for ts in ranked:
+    for _, ts in ranked:
         if len(enqueue) >= top_k:
             break
         t = min(ts, key=lambda u: u.number)

@@ -145,6 +145,7 @@ class FailureReason(StrEnum):
     NO_OUTPUT = "no_output"  # the server answered no request
     INTERNAL_ERROR = "internal_error"  # a bug of autotune while running the trial
     WORKER_DIED = "worker_died"  # the Ray worker running the trial failed
+    ABORTED = "aborted"  # stopped early: most requests failed (the message says why)
     # the study's verdict on a measurement
     NO_MEASUREMENT = "no_measurement"  # no finite objective (or Pareto latency) reading
     SLO = "slo"  # measured, but missed the SLOs

@@ -37,7 +37,8 @@ __all__ = [
     "load_space",
 ]
 
-_FACTS = ("device", "hybrid", "mtp", "gpu_arch", "avx512")
+_FACTS = ("device", "hybrid", "mtp", "gpu_arch", "avx512", "real_weights")
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 
 
 class ModelFacts(BaseModel):
@@ -50,6 +51,9 @@ class ModelFacts(BaseModel):
     mtp: bool = False
     gpu_arch: str = ""
     avx512: bool = False  # the CPU build needs AVX-512 (or AMX) for FP8 KV caches
+    # a real checkpoint: weight files, and not one of autotune's generated tiny models.
+    # Without it the space's `stand_in` part applies (dummy weights, synthetic acceptance).
+    real_weights: bool = False
 
     @classmethod
     def from_model_dir(cls, model: str | Path, *, device: str, gpu_arch: str = "") -> ModelFacts:
@@ -68,8 +72,12 @@ class ModelFacts(BaseModel):
         hybrid = "M" in pattern or model_type in {"nemotron_h", "mamba2", "bamba", "jamba",
                                                   "falcon_h1", "granitemoehybrid", "qwen3_next"}
         mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0) > 0
+        d = Path(model)
+        real = not (d / "autotune-model.json").exists() and any(
+            next(d.glob(g), None) is not None for g in _WEIGHTS
+        )
         return cls(device=device, hybrid=hybrid, mtp=mtp, gpu_arch=gpu_arch,  # type: ignore[arg-type]
-                   avx512=cpu_has_avx512())
+                   avx512=cpu_has_avx512(), real_weights=real)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +264,16 @@ class LaunchSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+class _StandIn(BaseModel):
+    """What only a stand-in model needs (random weights): applied unless ``real_weights``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fixed_flags: list[str] = Field(default_factory=list)
+    fixed_json: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    derive: dict[str, str] = Field(default_factory=dict)
+
+
 class _SpaceFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -269,6 +287,8 @@ class _SpaceFile(BaseModel):
     # "--flag" or "--json-flag.key" -> expression; None leaves the flag out. Applied to every
     # trial, the baseline included.
     derive: dict[str, str] = Field(default_factory=dict)
+    # dropped when the model is a real checkpoint (ModelFacts.real_weights)
+    stand_in: _StandIn | None = None
 
     @field_validator("knobs")
     @classmethod
@@ -287,6 +307,14 @@ class SearchSpace:
         self.description = spec.description
         self.source = source
         self.facts = facts or ModelFacts()
+        if spec.stand_in is not None and not self.facts.real_weights:
+            extra = spec.stand_in
+            merged = {f: {**spec.fixed_json.get(f, {}), **o} for f, o in extra.fixed_json.items()}
+            spec = spec.model_copy(update={
+                "fixed_flags": [*spec.fixed_flags, *extra.fixed_flags],
+                "fixed_json": {**spec.fixed_json, **merged},
+                "derive": {**spec.derive, **extra.derive},
+            })  # fmt: skip
         self._spec = spec
         self.knobs: dict[str, Knob] = {
             k: v.model_copy(update={"name": k}) for k, v in spec.knobs.items()

@@ -38,6 +38,7 @@ from autotune.outputs import (
     write_json_atomic,
     write_results,
 )
+from autotune.preflight import check_before_trial_0
 from autotune.report import one_line_message
 from autotune.schema import (
     STOPPED,
@@ -258,6 +259,9 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
     space = load_space(settings.space, facts=facts)
     enqueued = [_complete_params(space, p, f"--enqueue #{i + 1}")
                 for i, p in enumerate(settings.enqueue)]
+    # flags against the installed vLLM's parser, the shape against the context: before the
+    # storage, the folders or any server (issue 18)
+    check_before_trial_0(space=space, shape=shape, model=model, settings=settings)
     storage = open_storage(settings.storage)
     study_name = _study_name(settings, storage, space, shape)
     out_dir = (settings.out or DEFAULT_OUT_ROOT / study_name).resolve()
@@ -907,10 +911,12 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     from autotune.trial import model_max_len, model_vocab_size
 
     settings, model = inputs.settings, inputs.model
+    real = inputs.space.facts.real_weights  # a real checkpoint: probe with real text
     ref = inputs.space.launch_spec(reference_params(inputs.space))
     # On the CPU build batching does not change outputs (seen bit-exact): probe 8 at a time.
     conc = 8 if inputs.engine.device == "cpu" else 1
     probe = build_probe(inputs.shape, vocab_size=model_vocab_size(model),
+                        text_model=model if real else None,
                         spec=QualitySpec(seed=settings.seed, concurrency=conc, n_prompts=32),
                         max_model_len=model_max_len(ref.flags, model))
     cache = ReferenceCache(inputs.cache_dir / "quality")

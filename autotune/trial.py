@@ -21,6 +21,7 @@ from typing import Any
 from autotune.engine import VllmServer, detect_engine
 from autotune.errors import AutotuneError, EngineCrashedError, EngineStartError
 from autotune.events import PhaseReporter
+from autotune.prompts import build_prompts, model_vocab_size
 from autotune.schema import FailureReason
 
 __all__ = ["TrialOutcome", "TrialSpec", "model_max_len", "model_vocab_size", "run_trial"]
@@ -65,6 +66,9 @@ class TrialSpec:
     # interval lies wholly below it is stopped as a clear loser (reason "pruned").
     incumbent_low: float | None = None
     stagger: bool = True  # closed loop: desynchronise the streams' first requests
+    # stop a measured replay once more than this share of >= 20 finished requests failed
+    # (the outcome then says why in one line); None: always run to the end
+    abort_failed_fraction: float | None = 0.5
 
 
 @dataclass
@@ -99,15 +103,6 @@ class TrialOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def model_vocab_size(model: str | Path) -> int:
-    """The vocabulary size from the model's config.json (token ids must stay below it)."""
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    vocab = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
-    if not vocab:
-        raise AutotuneError(f"{model}/config.json has no vocab_size; cannot build prompts")
-    return int(vocab)
 
 
 def model_max_len(flags: tuple[str, ...] | list[str], model: str | Path) -> int:
@@ -174,11 +169,6 @@ def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -
     outcome.metrics.update(report.flat())
 
 
-def _token_limits(max_len: int) -> tuple[int, int]:
-    """(output, prompt) token bounds that fit a server of ``max_len`` tokens."""
-    return max(1, max_len // 2), max(1, max_len - max_len // 2 - 8)
-
-
 def _crash_or_error(server: VllmServer, exc: AutotuneError, outcome: TrialOutcome) -> None:
     """A load-generator or metrics error right after the server died is the death. A
     killed server's sockets close before the kernel lets us reap it: look for 2 s."""
@@ -204,16 +194,18 @@ class _Plan:
     schedule: Any  # autotune.traffic.Schedule
 
 
-def _plan(spec: TrialSpec) -> _Plan:
-    from autotune.traffic import build_schedule
+def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Any:
+    """The shape's replay with prompts exact for this model's tokenizer and the API
+    (:mod:`autotune.prompts`); a request that does not fit ``max_len`` is clipped to fit."""
+    return build_prompts(spec.shape, model=spec.model, api=spec.api,
+                         max_total_tokens=max_len, **kwargs)
 
+
+def _plan(spec: TrialSpec) -> _Plan:
     vocab = model_vocab_size(spec.model)
     max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
-    out_max, in_max = _token_limits(max_len)
-    schedule = build_schedule(
-        spec.shape, vocab_size=vocab, seed=spec.seed, concurrency=spec.concurrency,
-        num_requests=spec.num_requests, max_output_tokens=out_max, max_input_tokens=in_max,
-    )  # fmt: skip
+    schedule = _schedule(spec, max_len, seed=spec.seed, concurrency=spec.concurrency,
+                         num_requests=spec.num_requests)
     return _Plan(vocab, max_len, schedule)
 
 
@@ -232,9 +224,13 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
         results = _measure_segments(spec, plan, server, outcome, phase, client_kw)
     else:
         results = _measure_open(spec, plan, server, outcome, phase, client_kw)
+    if outcome.reason == FailureReason.ABORTED:  # most requests failed (issue 18)
+        return
     m = combine(results) if len(results) > 1 else results[0]
     outcome.measurement = m.model_dump(mode="json")
     outcome.metrics = m.flat()
+    # what the shape asked for, beside the server's own count (server_prompt_tokens)
+    outcome.metrics["shape_prompt_tokens"] = float(plan.schedule.total_input_tokens())
     _time_metrics(outcome)
     if m.n_ok == 0:
         server.check_alive()
@@ -255,7 +251,6 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
     interval over sub-windows of each run)."""
     from autotune.loadgen import replay
     from autotune.measure import measure, snapshot_metrics
-    from autotune.traffic import build_schedule
 
     schedule = plan.schedule
     n_warm = spec.warmup_requests
@@ -265,25 +260,23 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
     t_warm = time.monotonic()
     if n_warm > 0:
         phase("warming_up", f"{n_warm} requests")
-        out_max, in_max = _token_limits(plan.max_len)
-        warm = build_schedule(
-            spec.shape, vocab_size=plan.vocab, seed=spec.seed + 10_000, mode="closed",
-            concurrency=schedule.concurrency or 8, num_requests=n_warm,
-            max_output_tokens=out_max, max_input_tokens=in_max,
-        )  # fmt: skip
+        warm = _schedule(spec, plan.max_len, seed=spec.seed + 10_000, mode="closed",
+                         concurrency=schedule.concurrency or 8, num_requests=n_warm)
         replay(warm, **client_kw)
         server.check_alive()
     outcome.warmup_s = time.monotonic() - t_warm
     outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": 1 if n_warm else 0,
                       "converged": False, "jit_in_last_segment": False}
-    results = []
+    results: list[Any] = []
     repeats = max(1, spec.repeats)
     for r in range(repeats):
         phase("measuring", f"replay {r + 1}/{repeats}, {len(schedule.requests)} requests")
         t_run = time.monotonic()
         before = snapshot_metrics(server.base_url)
-        run = replay(schedule, **client_kw)
+        run = replay(schedule, **client_kw, abort=_abort(spec))
         server.check_alive()
+        if _aborted(spec, run, outcome):
+            return results
         after = snapshot_metrics(server.base_url)
         results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
         outcome.measure_s += time.monotonic() - t_run
@@ -304,20 +297,15 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
     from autotune.loadgen import replay
     from autotune.measure import measure
     from autotune.stats import SegmentRule
-    from autotune.traffic import build_schedule
 
     schedule = plan.schedule
-    out_max, in_max = _token_limits(plan.max_len)
     rule = spec.rule or SegmentRule()
     seg_n = spec.segment_requests or max(schedule.concurrency or 1, 16)
     n_chunk = len(schedule.requests)
 
     def chunk(k: int) -> Any:
-        return build_schedule(
-            spec.shape, vocab_size=plan.vocab, seed=spec.seed + 1000 * k, mode=schedule.mode,
-            concurrency=schedule.concurrency, num_requests=n_chunk,
-            max_output_tokens=out_max, max_input_tokens=in_max,
-        )  # fmt: skip
+        return _schedule(spec, plan.max_len, seed=spec.seed + 1000 * k, mode=schedule.mode,
+                         concurrency=schedule.concurrency, num_requests=n_chunk)
 
     def numbered(k: int) -> list[Any]:
         return [replace(r, index=n_chunk * k + i) for i, r in enumerate(chunk(k).requests)]
@@ -346,8 +334,11 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
                                spec.number, phase)
             t_run = time.monotonic()
             run = replay(schedule if r == 0 else chunk(100 + r), **client_kw, control=ctl,
-                         refill=refill, stagger=spec.stagger, metrics_interval_s=5.0)
+                         refill=refill, stagger=spec.stagger, metrics_interval_s=5.0,
+                         abort=_abort(spec))
             server.check_alive()
+            if _aborted(spec, run, outcome):
+                break
             wall = time.monotonic() - t_run
             warm_s = min(ctl.warm_end if ctl.warm_end is not None else wall, wall)
             if r == 0:
@@ -370,6 +361,25 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
     finally:
         prefetch.shutdown(wait=False, cancel_futures=True)
     return results
+
+
+def _abort(spec: TrialSpec) -> Any:
+    """The stop-on-failures hook of a measured replay (issue 18), or None."""
+    from autotune.loadgen import failure_abort
+
+    if spec.abort_failed_fraction is None:
+        return None
+    return failure_abort(max_failed_fraction=spec.abort_failed_fraction)
+
+
+def _aborted(spec: TrialSpec, run: Any, outcome: TrialOutcome) -> bool:
+    """A replay stopped because most requests failed: the trial fails with that line."""
+    if not run.aborted:
+        return False
+    outcome.reason = FailureReason.ABORTED
+    outcome.message = run.aborted
+    logger.warning("trial %d: %s", spec.number, run.aborted)
+    return True
 
 
 def _time_metrics(outcome: TrialOutcome) -> None:

@@ -182,3 +182,16 @@ def test_a_budget_keeps_room_for_the_recheck_and_ends_with_the_verdict(tmp_path:
     assert sorted(t.user_attrs["autotune.recheck_of"] for t in rechecks) == [0, 0, 1, 1]
     best = json.loads((out / "best.json").read_text())
     assert best["verdict"] == "winner" and best["ratio_to_defaults"]["ci_low"] > 1
+
+
+def test_verdict_line_says_why_when_no_other_config_was_measured():
+    from autotune.cli._tune import _verdict_line
+
+    line = _verdict_line({"verdict": "defaults_best", "ratio_to_defaults": None,
+                          "candidate_number": None,
+                          "reason": "no other config was measured feasible"})
+    assert "None" not in line and "no other config was measured feasible" in line
+    line = _verdict_line({"verdict": "defaults_best", "candidate_number": 3,
+                          "ratio_to_defaults": {"median": 0.97, "ci_low": 0.9,
+                                                "ci_high": 1.04}})
+    assert "trial 3" in line and "0.970x" in line and "0.900-1.040" in line

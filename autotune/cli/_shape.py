@@ -1,4 +1,4 @@
-"""``autotune shape fit|show|diff``: traffic shapes from recorded traffic."""
+"""``autotune shape fit|show|diff|clip``: traffic shapes from recorded traffic."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     diff.add_argument("--json", action="store_true", help="print JSON instead of text")
     diff.set_defaults(func=_diff)
     _register_from_metrics(ssub)
+    _register_clip(ssub)
 
 
 def _register_from_metrics(ssub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -145,6 +146,36 @@ def _register_from_metrics(ssub: argparse._SubParsersAction) -> None:  # type: i
                     "counts (gives the inter-arrival CV too)")
     fm.add_argument("--quiet", action="store_true", help="no progress lines")
     fm.set_defaults(func=_from_metrics)
+
+
+def _register_clip(ssub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    clip = ssub.add_parser(
+        "clip",
+        help="clip or scale a shape's lengths, or scale its replay rate",
+        description=(
+            "Write a copy of SHAPE whose prompt/output lengths are multiplied by "
+            "--scale-lengths and then capped (--max-input-tokens, --max-output-tokens), "
+            "and/or whose open-loop replay rate is multiplied by --rate-scale. Use it when "
+            "the traffic does not fit the model's context or the server's capacity (the "
+            "tuner says so before or during trial 0). Changed lengths give the copy a new "
+            "fingerprint and name; a rate scale changes only its replay load."
+        ),
+    )
+    clip.add_argument("shape", metavar="SHAPE", help="a shape JSON file, or a name in traffic/")
+    clip.add_argument("-o", "--out", required=True, type=Path, help="where to write the copy")
+    clip.add_argument("--max-input-tokens", type=int, default=None,
+                      help="cap every prompt at this many tokens")
+    clip.add_argument("--max-output-tokens", type=int, default=None,
+                      help="cap every output at this many tokens")
+    clip.add_argument("--max-total-tokens", type=int, default=None, metavar="CONTEXT",
+                      help="fit a context: cap outputs at their p99 (at most CONTEXT/2) and "
+                      "prompts at CONTEXT minus that")
+    clip.add_argument("--scale-lengths", type=float, default=1.0, metavar="F",
+                      help="multiply every length by F before capping (default 1)")
+    clip.add_argument("--rate-scale", type=float, default=1.0, metavar="F",
+                      help="multiply the open-loop replay rate by F (0.5 = half the rate)")
+    clip.add_argument("--name", default=None, help="the copy's name (default NAME-clipped)")
+    clip.set_defaults(func=_clip)
 
 
 def parse_duration(text: str) -> float:
@@ -334,6 +365,29 @@ def _show(args: argparse.Namespace) -> int:
     if args.plots:
         for path in write_plots(shape, args.plots):
             print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _clip(args: argparse.Namespace) -> int:
+    from autotune.traffic import clip_shape, load_shape, save_shape
+
+    shape = load_shape(_resolve(args.shape))
+    max_in, max_out = args.max_input_tokens, args.max_output_tokens
+    if args.max_total_tokens is not None:
+        ctx = args.max_total_tokens
+        if ctx < 2:
+            raise ConfigError(f"--max-total-tokens must be >= 2 (got {ctx})")
+        out_cap = int(min(ctx // 2, max(1.0, shape.output_tokens.p99 * args.scale_lengths)))
+        max_out = min(max_out or out_cap, out_cap)
+        max_in = min(max_in or ctx - max_out, ctx - max_out)
+    new = clip_shape(shape, max_input_tokens=max_in, max_output_tokens=max_out,
+                     scale_lengths=args.scale_lengths, rate_scale=args.rate_scale,
+                     name=args.name)
+    save_shape(new, args.out)
+    i, o = new.input_tokens, new.output_tokens
+    print(f"wrote {args.out}: shape {new.name} [fingerprint {new.fingerprint}], prompts p50 "
+          f"{_fmt(i.p50)} p99 {_fmt(i.p99)} max {_fmt(i.max)}, outputs p50 {_fmt(o.p50)} "
+          f"p99 {_fmt(o.p99)} max {_fmt(o.max)}, replay time scale {_fmt(new.load.time_scale)}")
     return 0
 
 

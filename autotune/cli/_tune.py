@@ -311,6 +311,9 @@ def _verdict_line(v: dict[str, Any]) -> str:
     if v.get("verdict") == "winner":
         return f"verdict: WINNER trial {v.get('winner_number')}: {ci}"
     if v.get("verdict") == "defaults_best":
+        if v.get("candidate_number") is None:  # nothing else measured feasible
+            return (f"verdict: vLLM's defaults remain best for this shape "
+                    f"({v.get('reason') or 'no other config was measured'})")
         return (f"verdict: vLLM's defaults remain best for this shape; best other config "
                 f"(trial {v.get('candidate_number')}): {ci}")
     return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"

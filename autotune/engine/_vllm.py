@@ -155,6 +155,24 @@ _FLAG_RULES: tuple[tuple[str, tuple[int, ...], str | None, str], ...] = (
 )
 
 
+# vLLM 0.33 spells the negation of a boolean --enable-x as --disable-x (and of --disable-x
+# as --enable-x); --no-enable-x / --no-disable-x are gone (autotune/engine/vllm_flags.json).
+_NEGATION_RENAMED = (0, 33)
+
+
+def flag_rule(
+    flag: str, version: tuple[int, ...]
+) -> tuple[str, tuple[int, ...], str | None, str] | None:
+    """The translation rule for ``flag`` on vLLM ``version`` (None: passed as is)."""
+    rule = next((r for r in _FLAG_RULES if r[0] == flag and version >= r[1]), None)
+    if rule is None and version >= _NEGATION_RENAMED:
+        for old, new in (("--no-enable-", "--disable-"), ("--no-disable-", "--enable-")):
+            if flag.startswith(old):
+                return (flag, _NEGATION_RENAMED, new + flag[len(old):],
+                        "vLLM 0.33 negates booleans as --disable-x / --enable-x")
+    return rule
+
+
 def translate_flags(flags: Sequence[str], version: tuple[int, ...]) -> list[str]:
     """Map engine flags to the spelling the installed vLLM ``version`` understands."""
     out: list[str] = []
@@ -165,7 +183,7 @@ def translate_flags(flags: Sequence[str], version: tuple[int, ...]) -> list[str]
         name, eq, inline = flag.partition("=")
         takes_value = (not eq and i + 1 < len(flags) and flag.startswith("--")
                        and not flags[i + 1].startswith("--"))
-        rule = next((r for r in _FLAG_RULES if r[0] == name and version >= r[1]), None)
+        rule = flag_rule(name, version)
         if rule is None:
             out.append(flag)
         elif rule[2] is None:

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from autotune.traffic import TrafficShape
 
 logger = logging.getLogger(__name__)
@@ -74,11 +76,14 @@ def build_probe(
     vocab_size: int,
     spec: QualitySpec | None = None,
     max_model_len: int | None = None,
+    text_model: str | Path | None = None,
 ) -> ProbeSet:
     """The probe's prompt set for ``shape`` (deterministic: same arguments, same prompts).
 
     Input lengths are drawn from the shape (with its prefix sharing) and capped at
     ``spec.max_input_tokens`` and, when given, ``max_model_len - spec.output_tokens``.
+    ``text_model`` (a real checkpoint's folder): the prompts are real text of those lengths,
+    tokenized with its tokenizer (:func:`autotune.prompts.text_prompts`), not random ids.
     """
     from autotune.traffic import build_schedule
 
@@ -97,8 +102,13 @@ def build_probe(
         num_requests=spec.n_prompts, max_input_tokens=max_in,
         max_output_tokens=spec.output_tokens,
     )  # fmt: skip
+    prompts = tuple(r.prompt_token_ids for r in schedule.requests)
+    if text_model is not None:
+        from autotune.prompts import text_prompts
+
+        prompts = text_prompts(text_model, [len(p) for p in prompts], seed=spec.seed)
     return ProbeSet(
-        prompts=tuple(r.prompt_token_ids for r in schedule.requests),
+        prompts=prompts,
         output_tokens=spec.output_tokens,
         ignore_eos=spec.ignore_eos,
         concurrency=spec.concurrency,

@@ -135,6 +135,8 @@ def explain_no_winner(trials: Iterable[_Trial], settings: Mapping[str, Any] | No
                "space, or raise --cpu-kv-cache-gib on a CPU host",
         "start_timeout": "servers did not answer /health in time: raise --start-timeout",
         "crash": "servers exited: read the log excerpt in report.html or OUT/logs/",
+        "aborted": "the replay was stopped once most requests failed; the line says why "
+                   "and what to change",
     }
     return head + f"the first says \"{first}\"; " + fixes.get(
         top, "see report.html (failures) or the server logs under OUT/logs/") + "."

@@ -6,6 +6,7 @@ one into the requests a load generator sends (:func:`build_schedule`). A shape c
 from a vLLM server's /metrics samples (:func:`shape_from_samples`). See docs/traffic.md.
 """
 
+from autotune.traffic._clip import clip_shape
 from autotune.traffic._diff import THRESHOLDS, DimensionDiff, ShapeDiff, diff_shapes
 from autotune.traffic._io import load_shape, save_shape
 from autotune.traffic._metrics import (
@@ -39,6 +40,7 @@ from autotune.traffic._replay import (
     RequestSpec,
     Schedule,
     build_schedule,
+    context_overflow,
     ideal_prefix_hit_fraction,
 )
 from autotune.traffic._shape import constant_shape, fit_shape, length_dist
@@ -71,8 +73,10 @@ __all__ = [
     "TraceRecords",
     "TrafficShape",
     "build_schedule",
+    "clip_shape",
     "compute_fingerprint",
     "constant_shape",
+    "context_overflow",
     "detect_format",
     "diff_shapes",
     "fit_shape",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -26,6 +27,7 @@ __all__ = [
     "RequestSpec",
     "Schedule",
     "build_schedule",
+    "context_overflow",
     "ideal_prefix_hit_fraction",
 ]
 
@@ -46,6 +48,9 @@ class RequestSpec:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     send_at_s: float | None = None  # open loop: offset from the run's start; closed loop: None
+    # chat API: the user message, built with the model's tokenizer (autotune.prompts) so the
+    # server counts exactly len(prompt_token_ids) tokens; None: the ids as ``t<id>`` words
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,7 @@ def _prompts(
     rng_tok: np.random.Generator,
     low: int,
     high: int,
+    table: np.ndarray | None = None,
 ) -> list[tuple[int, ...]]:
     n = inp.shape[0]
     shared, group = _shared_lengths(shape, inp, rng_prefix)
@@ -171,6 +177,8 @@ def _prompts(
             ids = np.concatenate((master[:k], tail))
         else:
             ids = tail
+        if table is not None:
+            ids = table[ids]
         prompts.append(tuple(ids.tolist()))
     return prompts
 
@@ -228,7 +236,8 @@ def _positive(name: str, value: float | None) -> None:
 def build_schedule(
     shape: TrafficShape,
     *,
-    vocab_size: int,
+    vocab_size: int | None = None,
+    token_ids: Sequence[int] | None = None,
     seed: int = 0,
     mode: str | None = None,
     concurrency: int | None = None,
@@ -236,14 +245,19 @@ def build_schedule(
     time_scale: float | None = None,
     max_input_tokens: int | None = None,
     max_output_tokens: int | None = None,
+    max_total_tokens: int | None = None,
     token_offset: int = 4,
     rate_rps: float | None = None,
     arrival: str | None = None,
 ) -> Schedule:
     """A deterministic request schedule for ``shape`` (same arguments, same schedule).
 
-    Unset options come from ``shape.load``. Token ids lie in ``[token_offset, vocab_size)``.
-    ``max_input_tokens``/``max_output_tokens`` clip the drawn lengths. Open loop:
+    Unset options come from ``shape.load``. Token ids lie in ``[token_offset, vocab_size)``,
+    or are drawn from ``token_ids`` when given (the model's one-token words, see
+    :mod:`autotune.prompts`: the same draws, mapped through that table).
+    ``max_input_tokens``/``max_output_tokens`` clip the drawn lengths; ``max_total_tokens``
+    (a server's context) clips each request's output to at most ``max_total_tokens - 1``,
+    then its prompt so that prompt + output fit (see :func:`context_overflow`). Open loop:
     ``rate_rps`` (default the load's, else the recorded rate) divided by ``time_scale`` is
     the mean rate; ``arrival`` is "recorded" (the recorded rate profile, the default when
     the shape has one), "gamma" (burstiness-matched) or "poisson".
@@ -256,6 +270,14 @@ def build_schedule(
     scale = time_scale if time_scale is not None else load.time_scale
     if n < 1:
         raise TrafficError(f"num_requests must be >= 1 (got {n})")
+    table: np.ndarray | None = None
+    if token_ids is not None:
+        table = np.asarray(token_ids, dtype=np.int64)
+        if table.ndim != 1 or table.shape[0] < 2:
+            raise TrafficError(f"token_ids has {table.size} ids; prompts need at least 2")
+        token_offset, vocab_size = 0, int(table.shape[0])
+    if vocab_size is None:
+        raise TrafficError("build_schedule needs vocab_size or token_ids to draw prompt ids")
     if token_offset < 0 or vocab_size - token_offset < 2:
         raise TrafficError(
             f"vocab_size {vocab_size} leaves no room for token ids >= token_offset "
@@ -264,6 +286,7 @@ def build_schedule(
     for label, v in (
         ("max_input_tokens", max_input_tokens),
         ("max_output_tokens", max_output_tokens),
+        ("max_total_tokens", max_total_tokens),
         ("time_scale", scale),
         ("rate_rps", rate_rps),
         ("concurrency", concurrency),
@@ -273,7 +296,12 @@ def build_schedule(
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
     inp, out = _lengths(shape, n, rng_len, max_input_tokens, max_output_tokens)
-    prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size)
+    if max_total_tokens is not None:
+        if max_total_tokens < 2:
+            raise TrafficError(f"max_total_tokens must be >= 2 (got {max_total_tokens})")
+        out = np.minimum(out, max_total_tokens - 1)
+        inp = np.minimum(inp, max_total_tokens - out)
+    prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size, table)
 
     if mode == "closed":
         streams = concurrency or load.concurrency
@@ -318,6 +346,25 @@ def build_schedule(
     )
     cap = concurrency or load.concurrency
     return Schedule(mode="open", requests=reqs, concurrency=cap, seed=seed)
+
+
+def context_overflow(
+    shape: TrafficShape,
+    *,
+    context: int,
+    seed: int = 0,
+    num_requests: int | None = None,
+) -> tuple[int, int, float]:
+    """How many of the ``num_requests`` requests a replay draws (same seed, same draws as
+    :func:`build_schedule`) have prompt + output beyond ``context`` tokens: (over, total,
+    the largest prompt + output drawn). Pure and cheap: lengths only, no prompts."""
+    n = num_requests if num_requests is not None else shape.load.requests
+    if n < 1:
+        raise TrafficError(f"num_requests must be >= 1 (got {n})")
+    rng_len = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[0])
+    inp, out = _lengths(shape, n, rng_len, None, None)
+    total = inp + out
+    return int((total > context).sum()), n, float(total.max())
 
 
 def ideal_prefix_hit_fraction(schedule: Schedule, *, block_tokens: int = 16) -> float:

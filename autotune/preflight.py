@@ -1,0 +1,134 @@
+"""Checks that run before trial 0: what would otherwise cost server starts to find out.
+
+:func:`check_before_trial_0` is called once by the study after the space is loaded:
+
+* every flag, JSON key and environment variable the space can emit exists in the
+  installed vLLM (read from vLLM's own parser, :mod:`autotune.engine._flags`);
+* the installed vLLM is inside the tested range (a warning when it is not);
+* the shape's prompt + output lengths fit the context vLLM gets (the space's
+  ``--max-model-len``, else the model's ``max_position_embeddings``), and the space does
+  not ask for more context than the model has.
+
+Each problem is one :class:`~autotune.errors.AutotuneError` line with the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ShapeError, SpaceError
+
+__all__ = ["MAX_CLIPPED_FRACTION", "check_before_trial_0", "check_context", "check_flags"]
+
+logger = logging.getLogger(__name__)
+
+#: More than this share of a replay's requests beyond the context stops the study before
+#: trial 0 (they would be clipped: the replay would not be the shape any more).
+MAX_CLIPPED_FRACTION = 0.05
+
+
+def check_before_trial_0(*, space: Any, shape: Any, model: Path, settings: Any,
+                         surface: Any = None) -> list[str]:
+    """Raise one clear error if the study cannot work; return (and log) warnings."""
+    warnings = check_flags(space, surface=surface)
+    warnings += check_context(space, shape, model, seed=getattr(settings, "seed", 0),
+                              num_requests=getattr(settings, "num_requests", None))
+    for w in warnings:
+        logger.warning("%s", w)
+    return warnings
+
+
+def check_flags(space: Any, *, surface: Any = None) -> list[str]:
+    """Raise :class:`SpaceError` naming the knob, flag and version of every target the
+    installed vLLM lacks; return a warning when its version is outside the tested range
+    or its parser cannot be read (then nothing is checked)."""
+    from autotune.engine import detect_engine
+    from autotune.engine._flags import SUPPORTED, check_space_flags, engine_surface
+    from autotune.errors import EngineError
+
+    info = detect_engine()
+    if surface is None:
+        try:
+            surface = engine_surface()
+        except EngineError as exc:
+            return [f"the space's flags were not checked: {exc}"]
+    problems = check_space_flags(space, surface, package=info.package)
+    if problems:
+        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if problems[1:] else ""
+        raise SpaceError(problems[0] + more)
+    lo, hi = SUPPORTED
+    if not lo <= info.version_tuple[:2] < hi:
+        return [(
+            f"{info.package} {info.version} is outside the range autotune was tested with "
+            f"(>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}); its flags were checked against its own "
+            "parser, but behaviour may differ"
+        )]
+    return []
+
+
+def _flag_value(flags: list[str], name: str) -> str | None:
+    for i, f in enumerate(flags):
+        if f == name and i + 1 < len(flags):
+            return flags[i + 1]
+        if f.startswith(name + "="):
+            return f.split("=", 1)[1]
+    return None
+
+
+def model_context(model: Path) -> int | None:
+    """The model's own context (config.json max_position_embeddings), None if unknown."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") or {}):
+        v = c.get("max_position_embeddings")
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def check_context(space: Any, shape: Any, model: Path, *, seed: int = 0,
+                  num_requests: int | None = None) -> list[str]:
+    """Raise if the shape's prompt + output lengths do not fit the context vLLM gets."""
+    from autotune.traffic import context_overflow
+
+    where = space.source or space.name
+    ctx_model = model_context(model)
+    raw = _flag_value(list(space._spec.fixed_flags), "--max-model-len")
+    ctx_space: int | None = None
+    if raw is not None:
+        try:
+            ctx_space = int(raw)
+        except ValueError:
+            raise SpaceError(f"{where}: --max-model-len {raw!r} is not a whole number") from None
+    if ctx_space is not None and ctx_model is not None and ctx_space > ctx_model:
+        raise SpaceError(
+            f"{where}: --max-model-len {ctx_space} is above the model's context "
+            f"(max_position_embeddings {ctx_model} in {model}/config.json) and vLLM refuses "
+            f"to start; lower it to {ctx_model} or less"
+        )
+    context = ctx_space or ctx_model
+    if context is None:
+        return []
+    over, n, longest = context_overflow(shape, context=context, seed=seed,
+                                        num_requests=num_requests)
+    if over == 0:
+        return []
+    by = f"--max-model-len {context} in {where}" if ctx_space else f"the model's {context}"
+    fix = ("raise --max-model-len in the space's fixed_flags (the model allows "
+           f"{ctx_model})" if ctx_space and ctx_model and ctx_space < ctx_model
+           else "use a model with a longer context")
+    line = (
+        f"shape {shape.name!r}: {over} of {n} requests ({over / n:.0%}) need more than the "
+        f"{context}-token context ({by}; longest prompt + output {longest:,.0f})"
+    )
+    if over / n > MAX_CLIPPED_FRACTION:
+        raise ShapeError(
+            f"{line}; {fix}, or clip the shape's lengths: autotune shape clip "
+            f"{shape.name} --max-total-tokens {context} -o clipped.json"
+        )
+    return [f"{line}: they are clipped to fit"]

@@ -1,0 +1,62 @@
+"""Clip or scale a shape's lengths and rate (``autotune shape clip``); pure."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autotune.errors import ShapeError
+from autotune.traffic._models import LengthDist, TrafficShape, compute_fingerprint
+
+__all__ = ["clip_shape"]
+
+
+def _clip_dist(d: LengthDist, *, scale: float, cap: int | None) -> LengthDist:
+    q = np.asarray(d.quantiles, dtype=np.float64) * scale
+    if cap is not None:
+        q = np.minimum(q, cap)
+    q = np.maximum(1.0, np.round(q, 1))
+    # mean and std of the piecewise-linear quantile function the replay samples from
+    fine = np.interp(np.linspace(0, q.shape[0] - 1, 20_001), np.arange(q.shape[0]), q)
+    qs = [float(v) for v in q]
+    return LengthDist(mean=round(float(fine.mean()), 2), std=round(float(fine.std()), 2),
+                      min=qs[0], p50=qs[50], p90=qs[90], p99=qs[99], max=qs[100], quantiles=qs)
+
+
+def clip_shape(
+    shape: TrafficShape,
+    *,
+    max_input_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    scale_lengths: float = 1.0,
+    rate_scale: float = 1.0,
+    name: str | None = None,
+) -> TrafficShape:
+    """``shape`` with lengths multiplied by ``scale_lengths`` then capped, and its replay
+    rate multiplied by ``rate_scale`` (the load's time scale; the statistics keep the
+    recorded rate). Changed lengths give a new fingerprint and, by default, a new name."""
+    for label, v in (("max_input_tokens", max_input_tokens),
+                     ("max_output_tokens", max_output_tokens)):
+        if v is not None and v < 1:
+            raise ShapeError(f"{label} must be >= 1 (got {v})")
+    for label, f in (("scale_lengths", scale_lengths), ("rate_scale", rate_scale)):
+        if not (np.isfinite(f) and f > 0):
+            raise ShapeError(f"{label} must be a number > 0 (got {f})")
+    lengths = max_input_tokens is not None or max_output_tokens is not None or scale_lengths != 1
+    update: dict[str, object] = {}
+    if lengths:
+        update["input_tokens"] = _clip_dist(shape.input_tokens, scale=scale_lengths,
+                                            cap=max_input_tokens)
+        update["output_tokens"] = _clip_dist(shape.output_tokens, scale=scale_lengths,
+                                             cap=max_output_tokens)
+    if rate_scale != 1:
+        update["load"] = shape.load.model_copy(
+            update={"time_scale": shape.load.time_scale / rate_scale})
+    out = shape.model_copy(update=update)
+    if lengths:
+        out = out.model_copy(update={
+            "fingerprint": compute_fingerprint(out.model_dump()),
+            "name": name or f"{shape.name}-clipped",
+        })  # fmt: skip
+    elif name:
+        out = out.model_copy(update={"name": name})
+    return TrafficShape.model_validate(out.model_dump())

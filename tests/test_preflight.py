@@ -1,0 +1,80 @@
+"""Before trial 0: the shape must fit the context (pure parts; no server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import ShapeError, SpaceError
+from autotune.preflight import check_context
+from autotune.space import load_space
+from autotune.traffic import LoadSpec, clip_shape, constant_shape, context_overflow, load_shape
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _model(tmp: Path, ctx: int) -> Path:
+    (tmp / "config.json").write_text(json.dumps({"vocab_size": 64,
+                                                 "max_position_embeddings": ctx}))
+    return tmp
+
+
+def test_azure_conv_does_not_fit_the_cpu_space_and_says_how_to_fix(tmp_path: Path) -> None:
+    space = load_space(REPO / "search_spaces" / "cpu.yaml")  # --max-model-len 2048
+    shape = load_shape(REPO / "traffic" / "azure-conv.json")
+    with pytest.raises(ShapeError) as e:
+        check_context(space, shape, _model(tmp_path, 4096))
+    msg = str(e.value)
+    assert "\n" not in msg and "2048-token context" in msg and "the model allows 4096" in msg
+    assert "autotune shape clip azure-conv --max-total-tokens 2048" in msg
+    # the suggested fix works: the clipped shape fits
+    clipped = clip_shape(shape, max_input_tokens=2048 - 601, max_output_tokens=601)
+    assert check_context(space, clipped, _model(tmp_path, 4096)) == []
+
+
+def test_space_context_above_the_models_is_refused(tmp_path: Path) -> None:
+    space = load_space(REPO / "search_spaces" / "cpu.yaml")
+    shape = constant_shape(100, 10, name="c", load=LoadSpec(mode="closed", concurrency=1))
+    with pytest.raises(SpaceError, match=r"above the model's context.*1024"):
+        check_context(space, shape, _model(tmp_path, 1024))
+
+
+def test_a_few_long_requests_are_a_warning(tmp_path: Path) -> None:
+    shape = load_shape(REPO / "traffic" / "azure-conv.json")
+    over, n, longest = context_overflow(shape, context=8192)
+    assert 0 < over / n <= 0.05 and longest > 8192
+    (tmp_path / "s.yaml").write_text(
+        (REPO / "search_spaces" / "cpu.yaml").read_text().replace('"2048"', '"8192"'))
+    big = load_space(tmp_path / "s.yaml")
+    lines = check_context(big, shape, _model(tmp_path, 8192))
+    assert len(lines) == 1 and "clipped to fit" in lines[0]
+
+
+def test_clip_scales_lengths_and_rate() -> None:
+    shape = load_shape(REPO / "traffic" / "azure-conv.json")
+    half = clip_shape(shape, scale_lengths=0.5, rate_scale=0.25)
+    assert half.input_tokens.p50 == pytest.approx(shape.input_tokens.p50 / 2, abs=1)
+    assert half.load.time_scale == pytest.approx(4.0)
+    assert half.fingerprint != shape.fingerprint and half.name == "azure-conv-clipped"
+    rate_only = clip_shape(shape, rate_scale=2.0)
+    assert rate_only.fingerprint == shape.fingerprint and rate_only.load.time_scale == 0.5
+    with pytest.raises(ShapeError):
+        clip_shape(shape, scale_lengths=0.0)
+
+
+def test_shape_clip_cli_makes_the_shape_fit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "fit.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "autotune", "shape", "clip",
+         str(REPO / "traffic" / "azure-conv.json"), "--max-total-tokens", "2048", "-o", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    clipped = load_shape(out)
+    assert clipped.input_tokens.max + clipped.output_tokens.max <= 2048
+    assert context_overflow(clipped, context=2048)[0] == 0

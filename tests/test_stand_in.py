@@ -1,0 +1,73 @@
+"""A space's stand_in part applies to stand-in models only (random weights)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.space import ModelFacts, load_space
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = {"mtp_depth": 2, "max_num_seqs": 128, "max_num_batched_tokens": 2048}
+
+
+def test_real_weights_drop_dummy_load_and_synthetic_acceptance() -> None:
+    flags = {}
+    for real in (False, True):
+        facts = ModelFacts(device="cuda", hybrid=True, mtp=True, real_weights=real)
+        space = load_space(REPO / "search_spaces" / "hybrid-mtp.yaml", facts=facts)
+        flags[real] = space.launch_spec(PARAMS).flags
+    fake, real = flags[False], flags[True]
+    assert "dummy" in fake and "dummy" not in real
+    spec_fake = json.loads(fake[fake.index("--speculative-config") + 1])
+    spec_real = json.loads(real[real.index("--speculative-config") + 1])
+    assert spec_fake == {"method": "mtp", "num_speculative_tokens": 2,
+                         "rejection_sample_method": "synthetic",
+                         "synthetic_acceptance_length": 2.12}
+    assert spec_real == {"method": "mtp", "num_speculative_tokens": 2}
+
+
+def test_real_weights_fact_from_the_model_folder(tmp_path: Path) -> None:
+    cfg = json.dumps({"model_type": "llama"})
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(cfg)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    for f in ("config.json", "model.safetensors", "autotune-model.json"):
+        (ours / f).write_text(cfg)
+    real = tmp_path / "real"
+    real.mkdir()
+    for f in ("config.json", "model-00001-of-00002.safetensors"):
+        (real / f).write_text(cfg)
+    got = {d.name: ModelFacts.from_model_dir(d, device="cpu").real_weights
+           for d in (bare, ours, real)}
+    assert got == {"bare": False, "ours": False, "real": True}
+
+
+def test_cpu_space_searches_mtp_depth_on_a_stand_in_with_dummy_weights() -> None:
+    base = {"max_num_seqs": 8, "max_num_batched_tokens": 1024}
+    on = ModelFacts(hybrid=True, mtp=True)
+    space = load_space(REPO / "search_spaces" / "cpu.yaml", facts=on)
+    flags = space.launch_spec({**base, "mtp_depth": 2}).flags
+    assert json.loads(flags[flags.index("--speculative-config") + 1]) == {
+        "method": "mtp", "num_speculative_tokens": 2}
+    assert flags[flags.index("--load-format") + 1] == "dummy"
+    off = space.launch_spec({**base, "mtp_depth": 0}).flags
+    assert "--speculative-config" not in off and "--load-format" not in off
+    assert space.violations({**base, "mtp_depth": 1, "mamba_ssm_cache_dtype": "float16"})
+    no_mtp = load_space(REPO / "search_spaces" / "cpu.yaml", facts=ModelFacts(hybrid=True))
+    assert not no_mtp.is_active("mtp_depth", base)
+
+
+def test_tiny_mtp_pattern() -> None:
+    import pytest
+
+    from autotune.errors import ModelGenError
+    from autotune.modelgen import tiny_config
+
+    cfg = tiny_config("nemotron_h", mtp=True, mtp_pattern="*")
+    assert cfg["mtp_hybrid_override_pattern"] == "*"
+    assert tiny_config("nemotron_h", mtp=True)["mtp_hybrid_override_pattern"] == "*E"
+    with pytest.raises(ModelGenError, match="MTP pattern"):
+        tiny_config("nemotron_h", mtp=True, mtp_pattern="M")
