@@ -335,7 +335,7 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
             t_run = time.monotonic()
             run = replay(schedule if r == 0 else chunk(100 + r), **client_kw, control=ctl,
                          refill=refill, stagger=spec.stagger, metrics_interval_s=5.0,
-                         abort=_abort(spec))
+                         abort=_abort(spec, min(20, seg_n)))
             server.check_alive()
             if _aborted(spec, run, outcome):
                 break
@@ -363,13 +363,16 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
     return results
 
 
-def _abort(spec: TrialSpec) -> Any:
-    """The stop-on-failures hook of a measured replay (issue 18), or None."""
+def _abort(spec: TrialSpec, min_requests: int = 20) -> Any:
+    """The stop-on-failures hook of a measured replay (issue 18), or None. A segmented run
+    judges from one segment on (so a segment of nothing but failures, which stops the run,
+    is also told as the failures' cause)."""
     from autotune.loadgen import failure_abort
 
     if spec.abort_failed_fraction is None:
         return None
-    return failure_abort(max_failed_fraction=spec.abort_failed_fraction)
+    return failure_abort(min_requests=min_requests,
+                         max_failed_fraction=spec.abort_failed_fraction)
 
 
 def _aborted(spec: TrialSpec, run: Any, outcome: TrialOutcome) -> bool:

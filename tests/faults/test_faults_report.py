@@ -18,27 +18,30 @@ pytestmark = pytest.mark.faults
 
 
 def test_all_infeasible_study_says_why_then_resumed_report(lab: Lab) -> None:
-    # every second request fails with HTTP 500 in the first two servers; the third serves
-    space = lab.space("fail:2,fail:2,ok")
+    # every third request fails with HTTP 500 in the first two servers; the third serves
+    # (a third, not a half: from half of the requests failing on, a trial stops early as
+    # 'aborted', tested in tests/test_trial_abort.py)
+    space = lab.space("fail:3,fail:3,ok")
     rc, out, err = run_cli(lab.argv(space, trials=2))
     assert rc == 1, err[-3000:]
     # the console: each trial's reason and message as it ends, and one paragraph at the end
     # (a measurement runs until precise, so it may end between a failed request and the
-    # next served one: the rate is 50 % give or take one request's share)
-    why = re.compile(r"infeasible \(errors\): error rate (49\.\d|50\.\d)% > 5\.0% \(failed "
+    # next served one: the rate is a third give or take one request's share)
+    why = re.compile(r"infeasible \(errors\): error rate (3[1-5]\.\d)% > 5\.0% \(failed "
                      r"requests: http_5xx 100%\)")
     assert len(why.findall(err)) == 2, err[-3000:]
-    assert ("no trial met the constraints: all 2 trials infeasible (errors (2)): 50 % of "
-            "requests failed (limit --max-error-rate 5 %), mostly http_5xx (100% of the "
-            "failures: the server answered with internal errors). The offered load "
-            "(--concurrency 2) is beyond what these servers serve") in out, out
+    assert re.search(
+        r"no trial met the constraints: all 2 trials infeasible \(errors \(2\)\): 3[1-5] % of "
+        r"requests failed \(limit --max-error-rate 5 %\), mostly http_5xx \(100% of the "
+        r"failures: the server answered with internal errors\)\. The offered load "
+        r"\(--concurrency 2\) is beyond what these servers serve", out), out
     assert "see the failure reasons above" not in out
     df = pd.read_csv(lab.out / "trials.csv")
     assert list(df["reason"]) == ["errors", "errors"]
     assert all("http_5xx" in m for m in df["message"])
     assert all(v > 0 for v in df["constraint.errors"])  # by how much the limit was missed
     runs = [r for r in lab.runs() if r.data.tags.get("autotune.kind") == "trial"]
-    assert all(re.search(r"error rate (49\.\d|50\.\d)%", r.data.tags["autotune.failure_message"])
+    assert all(re.search(r"error rate (3[1-5]\.\d)%", r.data.tags["autotune.failure_message"])
                for r in runs)
     study_run = next(r for r in lab.runs() if r.data.tags.get("autotune.kind") == "study")
     assert "all 2 trials infeasible" in study_run.data.tags["autotune.no_winner_why"]
