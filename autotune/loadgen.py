@@ -89,6 +89,7 @@ class RequestRecord:
     error: str | None
     detail: str | None
     status: int | None
+    sent_prompt_tokens: int = 0  # the prompt length the schedule asked for (its token ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,6 +428,7 @@ class _Runner:
             error=error,
             detail=detail,
             status=status,
+            sent_prompt_tokens=len(spec.prompt_token_ids),
         )
         self._finished(rec)
         return rec

@@ -100,6 +100,10 @@ class TrialOutcome:
     # why measuring stopped: precise | cap | pruned | failing | schedule_end
     stop: str | None = None
     pruned: bool = False  # a clear loser: stopped early against the incumbent
+    # prompt tokens of the measured runs (warm-up segments included): what the schedule
+    # asked for, over the requests served, and the server's vllm:prompt_tokens delta
+    prompt_tokens_sent: int = 0
+    prompt_tokens_server: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,8 +233,11 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
     m = combine(results) if len(results) > 1 else results[0]
     outcome.measurement = m.model_dump(mode="json")
     outcome.metrics = m.flat()
-    # what the shape asked for, beside the server's own count (server_prompt_tokens)
-    outcome.metrics["shape_prompt_tokens"] = float(plan.schedule.total_input_tokens())
+    # what the shape asked for over every request served in the measured runs, beside the
+    # server's own count over the same runs (server_prompt_tokens_run)
+    outcome.metrics["shape_prompt_tokens"] = float(outcome.prompt_tokens_sent)
+    if outcome.prompt_tokens_server is not None:
+        outcome.metrics["server_prompt_tokens_run"] = outcome.prompt_tokens_server
     _time_metrics(outcome)
     if m.n_ok == 0:
         server.check_alive()
@@ -278,6 +285,7 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
         if _aborted(spec, run, outcome):
             return results
         after = snapshot_metrics(server.base_url)
+        _count_prompt_tokens(outcome, run, before, after)
         results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
         outcome.measure_s += time.monotonic() - t_run
         outcome.segments += list(results[-1].segment_tokens_per_s)
@@ -295,7 +303,7 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
     within the precision (or a cap, or the pruner); the schedule refilled as needed."""
     from autotune._segments import LogWatch, SegmentWatch
     from autotune.loadgen import replay
-    from autotune.measure import measure
+    from autotune.measure import measure, snapshot_metrics
     from autotune.stats import SegmentRule
 
     schedule = plan.schedule
@@ -333,12 +341,14 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
                                seg_n, LogWatch(server.log_path), spec.incumbent_low,
                                spec.number, phase)
             t_run = time.monotonic()
+            before = snapshot_metrics(server.base_url)
             run = replay(schedule if r == 0 else chunk(100 + r), **client_kw, control=ctl,
                          refill=refill, stagger=spec.stagger, metrics_interval_s=5.0,
                          abort=_abort(spec, min(20, seg_n)))
             server.check_alive()
             if _aborted(spec, run, outcome):
                 break
+            _count_prompt_tokens(outcome, run, before, snapshot_metrics(server.base_url))
             wall = time.monotonic() - t_run
             warm_s = min(ctl.warm_end if ctl.warm_end is not None else wall, wall)
             if r == 0:
@@ -361,6 +371,16 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
     finally:
         prefetch.shutdown(wait=False, cancel_futures=True)
     return results
+
+
+def _count_prompt_tokens(outcome: TrialOutcome, run: Any, before: Any, after: Any) -> None:
+    """Add one run's prompt tokens: asked for (served requests) and counted by the server."""
+    from autotune.measure import server_figures
+
+    outcome.prompt_tokens_sent += sum(r.sent_prompt_tokens for r in run.records if r.ok)
+    counted = server_figures(before, after).get("prompt_tokens")
+    if counted is not None:
+        outcome.prompt_tokens_server = (outcome.prompt_tokens_server or 0.0) + counted
 
 
 def _abort(spec: TrialSpec, min_requests: int = 20) -> Any:

@@ -160,9 +160,9 @@ def _bench(args: argparse.Namespace) -> int:
           f"{'repeats' if args.repeats > 1 else 'segments'})")
     print(f"requests/s       {m.get('requests_per_s', float('nan')):,.2f}   goodput "
           f"{m.get('goodput_rps', float('nan')):,.2f}")
-    if "server_prompt_tokens" in m:
-        print(f"prompt tokens    server {int(m['server_prompt_tokens']):,} / shape "
-              f"{int(m['shape_prompt_tokens']):,} per replay ({args.api} API)")
+    if "server_prompt_tokens_run" in m:
+        print(f"prompt tokens    server {int(m['server_prompt_tokens_run']):,} / shape "
+              f"{int(m['shape_prompt_tokens']):,} over the measured runs ({args.api} API)")
     for name in ("ttft", "tpot", "itl", "e2e"):
         p50, p99 = m.get(f"{name}_p50_s"), m.get(f"{name}_p99_s")
         if p50 is not None and p99 is not None:
