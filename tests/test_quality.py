@@ -606,8 +606,11 @@ def test_rerun_agrees_far_better_than_lossy_state(
         same.model_dump(), lossy.model_dump())
     assert same.exact_match_rate == 1.0
     assert same.mean_abs_logprob_diff is not None and same.mean_abs_logprob_diff <= 1e-6
-    assert lossy.exact_match_rate < same.exact_match_rate
-    assert lossy.first_divergence_p10 < same.first_divergence_p10
+    # greedy tokens may agree on most prompts (the CPU build's BF16 state drifts little:
+    # 23 of 24 prompts identical in one run, all 24 in another); the log-probabilities show
+    # the drift every time
+    assert lossy.exact_match_rate <= same.exact_match_rate
+    assert lossy.first_divergence_mean <= same.first_divergence_mean
     assert lossy.mean_abs_logprob_diff is not None and lossy.mean_abs_logprob_diff > 1e-5
     assert lossy.mean_abs_logprob_diff > 20 * max(same.mean_abs_logprob_diff, 1e-7)
     gate = parse_quality("max_logprob_diff=1e-5")

@@ -204,10 +204,12 @@ def test_report_in_the_browser(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_report_of_a_real_study_whose_every_server_fails(tiny_llama: Path, tmp_path: Path
                                                          ) -> None:
-    """Real CPU vLLM refusing a flag in every trial: the console, trials.csv and the report
-    say why (the lines of vLLM's log that classified each failure)."""
+    """Real CPU vLLM refusing a flag's value in every trial: the console, trials.csv and the
+    report say why (the lines of vLLM's log that classified each failure). A value, not an
+    unknown flag: unknown flags stop the study before trial 0 (tests/test_preflight.py)."""
     space = tmp_path / "bad.yaml"
-    space.write_text("name: bad\nfixed_flags: ['--max-model-len', '1024', '--no-such-flag']\n"
+    space.write_text("name: bad\nfixed_flags: ['--max-model-len', '1024', "
+                     "'--kv-cache-dtype', 'no-such-dtype']\n"
                      "knobs:\n  max_num_seqs:\n    type: int\n    low: 4\n    high: 16\n"
                      "    flag: --max-num-seqs\n")
     storage = f"sqlite:///{tmp_path}/o.db"
@@ -223,18 +225,19 @@ def test_report_of_a_real_study_whose_every_server_fails(tiny_llama: Path, tmp_p
     assert "all 1 trial failed or infeasible (invalid_config (1))" in proc.stdout
     # the line of vLLM's log that named the failure, on the console as the trial ends and
     # in the closing paragraph
-    assert "error: unrecognized arguments: --no-such-flag\"; vLLM rejected" in proc.stdout
+    bad = "argument --kv-cache-dtype: invalid choice: 'no-such-dtype'"
+    assert bad in proc.stdout and "vLLM rejected" in proc.stdout, proc.stdout[-3000:]
     assert "failed: invalid_config: vLLM exited" in proc.stderr
-    assert "error: unrecognized arguments: --no-such-flag" in proc.stderr
+    assert bad in proc.stderr
     import pandas as pd
 
     df = pd.read_csv(out / "trials.csv")
     assert list(df["reason"]) == ["invalid_config"]
-    assert "unrecognized arguments: --no-such-flag" in df["message"][0]
+    assert bad in df["message"][0]
     assert list(df["constraint.failed"]) == [1.0]
     with open_report(out / "report.html") as page:
         assert page.sections() == [*SECTIONS, "config"]
         assert "No verdict" in page.text("#verdict")
-        assert "unrecognized arguments: --no-such-flag" in page.text("#failures pre")
+        assert bad in page.text("#failures pre")
         assert "invalid_config" in page.hover_a_point("plot-history")
         assert page.errors == [] and page.requests == []

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from autotune.traffic import ShapeDiff, TrafficShape, load_shape
+from tests.faults._lab import _default_sigint
 from autotune.watch import (
     JsonlLog,
     WatchEvent,
@@ -230,9 +231,11 @@ def test_mlflow_run_per_watch(fake: FakeVllm, tuned_short: TrafficShape, tmp_pat
 
 def _cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Ctrl-C as in a terminal even when the test run itself was started in the background
+    # (which inherits SIGINT ignored; the fault lab does the same)
     return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=kw.get("cwd"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=False)
+                            env=env, start_new_session=False, preexec_fn=_default_sigint)
 
 
 def test_cli_watch_checks_then_ctrl_c(fake: FakeVllm, tuned_short: TrafficShape,
