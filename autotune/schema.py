@@ -105,7 +105,7 @@ class A(StrEnum):
     REQUEST_ERRORS = "autotune.request_errors"  # failed requests by kind (stalled, timeout, ...)
     GPUS = "autotune.gpus"
     WARMUP = "autotune.warmup"  # {"seconds", "segments", "converged", "jit_in_last_segment"}
-    TIME = "autotune.time"  # {"start_s", "warmup_s", "measure_s", "other_s", "slot"}
+    TIME = "autotune.time"  # {"start_s", "compile_s", "warmup_s", "measure_s", "other_s", "slot"}
     MLFLOW_RUN = "autotune.mlflow_run_id"  # also "<this>.<trial number>" on the study
     # study attributes
     MODEL = "autotune.model"
@@ -119,7 +119,7 @@ class A(StrEnum):
     MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
     VERDICT = "autotune.verdict"  # verdict_record(): {"verdict", "ratio_to_defaults", ...}
     GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s",
-    #                                         "other_s"}}
+    #                                         "other_s", "compile_s" (part of start_s)}}
 
 
 class State(StrEnum):

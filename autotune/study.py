@@ -592,14 +592,16 @@ def trial_time(outcome: TrialOutcome) -> dict[str, Any]:
     """Where a trial's wall time went (seconds) and on which slot (``autotune.time``)."""
     start = float(outcome.start_s or 0.0)
     other = max(0.0, outcome.wall_s - start - outcome.warmup_s - outcome.measure_s)
-    return {"start_s": round(start, 2), "warmup_s": round(outcome.warmup_s, 2),
+    return {"start_s": round(start, 2), "compile_s": round(float(outcome.compile_s or 0.0), 2),
+            "warmup_s": round(outcome.warmup_s, 2),
             "measure_s": round(outcome.measure_s, 2), "other_s": round(other, 2),
             "slot": _slot_label(outcome)}
 
 
 class GpuTime:
     """Seconds per GPU (or CPU slot) spent starting servers, warming up, measuring, in the
-    rest of a trial (stop, quality probe) and idle (the study's span less all of those)."""
+    rest of a trial (stop, quality probe) and idle (the study's span less all of those).
+    ``compile_s`` is the part of ``start_s`` that vLLM logged compiling (not added again)."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -609,9 +611,9 @@ class GpuTime:
         t = trial_time(outcome)
         acc = self.per.setdefault(str(t["slot"]), {"start_s": 0.0, "warmup_s": 0.0,
                                                    "measure_s": 0.0, "idle_s": 0.0,
-                                                   "other_s": 0.0})
-        for k in ("start_s", "warmup_s", "measure_s", "other_s"):
-            acc[k] += float(t[k])
+                                                   "other_s": 0.0, "compile_s": 0.0})
+        for k in ("start_s", "compile_s", "warmup_s", "measure_s", "other_s"):
+            acc[k] = acc.get(k, 0.0) + float(t[k])
 
     def close(self, span_s: float) -> None:
         """Idle = the loop's span (times the slots a CPU label stands for) less busy time."""
@@ -712,6 +714,7 @@ class StudyLoop:
         self.phase = "search"  # then "recheck": the time budget bounds the search alone
         self.flights: dict[int, _Flight] = {}
         self.walls: list[float] = []
+        self.recheck_walls: list[float] = []  # walls less compile seconds (the budget rule)
         self.rejected_in_a_row = 0
         self.t_loop = time.monotonic()
         self._last: StudyEvent | None = None
@@ -785,10 +788,12 @@ class StudyLoop:
         if self.phase == "search" and self.settings.timeout_s is not None:
             # The budget holds the re-check too: stop searching when what is left would
             # not fit the re-check at the trials' mean wall time so far.
+            # A re-check starts configs already compiled: their starts load the compile
+            # cache, so the compile seconds of first starts are left out of the estimate.
             reserve = 0.0
             if self.settings.recheck and self.walls:
                 n_re = (self.settings.recheck + 1) * self.settings.recheck_starts
-                reserve = (sum(self.walls) / len(self.walls)
+                reserve = (sum(self.recheck_walls) / len(self.recheck_walls)
                            * math.ceil(n_re / max(1, self.executor.slots)))
             if time.monotonic() - self.t_loop + reserve > self.settings.timeout_s:
                 return False  # budget spent: let running trials finish, start no new one
@@ -868,6 +873,7 @@ class StudyLoop:
         value, state, reason = judge(f.trial, outcome, self.settings,
                                      thresholds=self.thresholds, lossy=lossy)
         self.walls.append(outcome.wall_s)
+        self.recheck_walls.append(max(0.0, outcome.wall_s - (outcome.compile_s or 0.0)))
         self.gpu_time.add(outcome)
         # Optuna first: a tracking store that hangs must not cost a measured trial.
         _commit_tell(self.study, f.trial, value)

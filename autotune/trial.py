@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -82,6 +83,10 @@ class TrialOutcome:
     measurement: dict[str, Any] | None = None  # Measurement.model_dump()
     metrics: dict[str, float] = field(default_factory=dict)  # Measurement.flat()
     start_s: float | None = None  # launch to healthy
+    # of start_s: seconds vLLM logged compiling (torch.compile, "... took X s in total");
+    # None when the log says nothing (e.g. --enforce-eager). A second start of the same
+    # flags loads the compiled graphs from the cache and mostly skips this.
+    compile_s: float | None = None
     wall_s: float = 0.0
     log_path: str | None = None
     log_tail: str = ""
@@ -460,6 +465,7 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
             server.start()
             try:
                 outcome.start_s = server.wait_healthy()
+                outcome.compile_s = compile_seconds(server.log_path)
                 break
             except EngineStartError as exc:
                 # Another process took the port between choosing and binding it: that says
@@ -484,6 +490,24 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
         _stop(server, outcome)
         outcome.wall_s = time.monotonic() - t0
     return outcome
+
+
+# vLLM's compile monitor (vllm/compilation/monitor.py): "torch.compile took 41.23 s in
+# total" once per compiled model (the MTP drafter has its own), on every version we know.
+_COMPILE_LINE = re.compile(rb"torch\.compile took ([0-9.]+) s in total")
+
+
+def compile_seconds(log_path: Path | None) -> float | None:
+    """Seconds the server's log says torch.compile took during its start (summed over the
+    models it compiled), or None when it says nothing. A log problem is not an error."""
+    if log_path is None:
+        return None
+    try:
+        data = Path(log_path).read_bytes()
+    except OSError:
+        return None
+    found = [float(m.group(1)) for m in _COMPILE_LINE.finditer(data)]
+    return round(sum(found), 2) if found else None
 
 
 def _stop(server: VllmServer, outcome: TrialOutcome) -> None:

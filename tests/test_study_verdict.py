@@ -24,9 +24,11 @@ from tests.conftest import REPO
 
 
 def simulated(means: dict[str, float], *, start_cv: float, seg_cv: float = 0.01,
-              wall: Callable[[str], float] = lambda key: 1.0
+              wall: Callable[[str], float] = lambda key: 1.0,
+              compile_s: Callable[[int], float | None] = lambda number: None,
               ) -> Callable[[TrialSpec], TrialOutcome]:
-    """A trial: each start draws its level (start_cv), each segment its rate (seg_cv)."""
+    """A trial: each start draws its level (start_cv), each segment its rate (seg_cv);
+    ``compile_s(number)`` seconds of the start (added to it) are vLLM compiling."""
 
     def run(spec: TrialSpec) -> TrialOutcome:
         flags = list(spec.flags)
@@ -49,11 +51,14 @@ def simulated(means: dict[str, float], *, start_cv: float, seg_cv: float = 0.01,
         metrics = {"output_tokens_per_s": value, "output_tokens_per_s_ci_low": iv.low,
                    "output_tokens_per_s_ci_high": iv.high, "error_rate": 0.0,
                    "n_requests": 64.0, "ttft_p99_s": 0.5}
+        comp = compile_s(spec.number)
         return TrialOutcome(
             number=spec.number, ok=True, metrics=metrics, segments=rates,
             pruned=decision == "stop_pruned", stop=decision.removeprefix("stop_"),
-            start_s=20.0, warmup_s=5.0 * n_warm, measure_s=5.0 * len(rates),
-            wall_s=20.0 + 5.0 * (n_warm + len(rates)) + wall(key), hostname="sim",
+            start_s=20.0 + (comp or 0.0), compile_s=comp, warmup_s=5.0 * n_warm,
+            measure_s=5.0 * len(rates),
+            wall_s=20.0 + (comp or 0.0) + 5.0 * (n_warm + len(rates)) + wall(key),
+            hostname="sim",
             warmup={"seconds": 5.0 * n_warm, "segments": n_warm, "converged": True,
                     "jit_in_last_segment": False},
         )  # fmt: skip
@@ -68,10 +73,10 @@ def study(tmp_path: Path, model: Path, fn: Callable[[TrialSpec], TrialOutcome], 
     tracking = f"sqlite:///{tmp_path}/mlflow.db"
     settings = TuneSettings(
         model=model, shape=REPO / "traffic" / "example-chat.json",
-        space=REPO / "search_spaces" / "cpu.yaml", trials=6,
+        space=REPO / "search_spaces" / "cpu.yaml",
         storage=f"sqlite:///{tmp_path}/optuna.db", tracking_uri=tracking, study_name="sim",
         out=tmp_path / "out", use_ray=False, recheck=1, recheck_starts=2, quality_probe=False,
-        enqueue=[{"max_num_seqs": 8}], seed=1, **kw,  # type: ignore[arg-type]
+        enqueue=[{"max_num_seqs": 8}], seed=1, **{"trials": 6, **kw},  # type: ignore[arg-type]
     )  # fmt: skip
     return tune(settings, executor=InlineExecutor(fn)), tmp_path / "out", tracking
 
@@ -116,7 +121,7 @@ def test_a_real_winner_is_declared_and_clear_losers_are_pruned(tmp_path: Path, f
     # the GPU-time account: per slot, in study.json and MLflow
     summary = json.loads((out / "study.json").read_text())
     acct = summary["gpu_time"]["cpu:sim"]
-    assert set(acct) == {"start_s", "warmup_s", "measure_s", "idle_s", "other_s"}
+    assert set(acct) == {"start_s", "warmup_s", "measure_s", "idle_s", "other_s", "compile_s"}
     assert acct["start_s"] == 20.0 * len([t for t in trials if t.user_attrs.get("autotune.time")])
     assert acct["measure_s"] > 0 and acct["idle_s"] >= 0
     assert summary["verdict"]["verdict"] == "winner"
@@ -182,6 +187,46 @@ def test_a_budget_keeps_room_for_the_recheck_and_ends_with_the_verdict(tmp_path:
     assert sorted(t.user_attrs["autotune.recheck_of"] for t in rechecks) == [0, 0, 1, 1]
     best = json.loads((out / "best.json").read_text())
     assert best["verdict"] == "winner" and best["ratio_to_defaults"]["ci_low"] > 1
+
+
+@pytest.mark.parametrize("logged", [True, False])
+def test_the_budget_rule_leaves_first_start_compiles_out_of_the_recheck_estimate(
+        tmp_path: Path, fake_model: Path, logged: bool) -> None:
+    import optuna
+
+    # Each search trial's start compiles for 250 s (a first start of its flags on a GPU);
+    # the re-check's starts load the compile cache. Re-checking 2 configs x 2 starts at
+    # ~300 s a trial would not fit a 600 s budget after the defaults, at ~50 s it does.
+    # When the server log states the compile seconds (``logged``), the rule leaves them
+    # out and the search runs all 3 trials; the same seconds unexplained count in full.
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 800.0}, start_cv=0.01,
+                   wall=lambda key: 0.0 if logged else 250.0,
+                   compile_s=lambda n: 250.0 if logged and n < 3 else None)
+    _, out, _ = study(tmp_path, fake_model, fn, timeout_s=600.0, trials=3)
+    trials = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db").trials
+    search = [t for t in trials if "autotune.recheck_of" not in t.user_attrs
+              and "autotune.time" in t.user_attrs]  # started (measured or pruned)
+    acct = json.loads((out / "study.json").read_text())["gpu_time"]["cpu:sim"]
+    if logged:
+        assert len(search) == 3
+        assert acct["compile_s"] == 750.0 and acct["start_s"] >= 750.0
+        assert trials[0].user_attrs["autotune.time"]["compile_s"] == 250.0
+    else:
+        assert len(search) == 1 and acct["compile_s"] == 0.0
+
+
+def test_compile_seconds_are_read_from_the_server_log(tmp_path: Path) -> None:
+    from autotune.trial import compile_seconds
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "INFO 12-01 [monitor.py:34] torch.compile took 41.23 s in total\n"
+        "INFO 12-01 [monitor.py:34] Initial profiling/warmup run took 3.1 s\n"
+        "(EngineCore pid=7) INFO [monitor.py:34] torch.compile took 8.77 s in total\n")
+    assert compile_seconds(log) == 50.0  # the target model and the MTP drafter
+    log.write_text("INFO no compile lines (--enforce-eager)\n")
+    assert compile_seconds(log) is None
+    assert compile_seconds(tmp_path / "missing.log") is None and compile_seconds(None) is None
 
 
 def test_verdict_line_says_why_when_no_other_config_was_measured():

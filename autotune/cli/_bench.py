@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--start-timeout", type=float, default=600.0)
     p.add_argument("--log", type=Path, default=None,
                    help="keep the server log in this file (a taken name gets a -N suffix)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="compile/JIT caches, shared with autotune tune (default "
+                        "~/.cache/autotune): a config a study started before starts warm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
@@ -127,6 +130,7 @@ def _bench(args: argparse.Namespace) -> int:
         rule=SegmentRule(precision=args.precision, measure_max_s=args.measure_max_s,
                          warmup_max_s=args.warmup_max_s),
         stagger=args.stagger,
+        cache_dir=str((args.cache_dir or Path.home() / ".cache" / "autotune").expanduser()),
     )  # fmt: skip
     print(f"benchmarking: {' '.join(flags) or '(vLLM defaults)'}"
           + (f" x {args.repeats} repeats" if args.repeats > 1 else "")
@@ -134,8 +138,10 @@ def _bench(args: argparse.Namespace) -> int:
     outcome = run_trial(spec)
     if args.json:
         print(json.dumps({"ok": outcome.ok, "reason": outcome.reason, "flags": flags,
-                          "env": env, "start_s": outcome.start_s, "warmup": outcome.warmup,
+                          "env": env, "start_s": outcome.start_s, "compile_s": outcome.compile_s,
+                          "warmup": outcome.warmup,
                           "measure_s": outcome.measure_s, "stop": outcome.stop,
+                          "segments": outcome.segments,
                           "log_path": outcome.log_path,
                           "measurement": outcome.measurement, "metrics": outcome.metrics,
                           "message": outcome.message if not outcome.ok else ""}, indent=2))
@@ -146,7 +152,8 @@ def _bench(args: argparse.Namespace) -> int:
     m = outcome.metrics
     w = outcome.warmup or {}
     conv = "converged" if w.get("converged") else "NOT converged"
-    print(f"started in {outcome.start_s:.1f} s; warm-up {w.get('seconds', 0):.1f} s in "
+    comp = f" (compiling {outcome.compile_s:.1f} s)" if outcome.compile_s else ""
+    print(f"started in {outcome.start_s:.1f} s{comp}; warm-up {w.get('seconds', 0):.1f} s in "
           f"{w.get('segments', 0)} segments ({conv}"
           f"{', kernel JIT in its last segment' if w.get('jit_in_last_segment') else ''}); "
           f"measured {outcome.measure_s:.1f} s in {int(m.get('segments', 0))} segments "

@@ -322,8 +322,9 @@ def _verdict_line(v: dict[str, Any]) -> str:
 def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
     lines = []
     for label, a in sorted(acct.items()):
-        total = sum(a.values()) or 1.0
-        lines.append(f"time on {label}: start {a.get('start_s', 0):.0f} s, warm-up "
+        total = sum(v for k, v in a.items() if k != "compile_s") or 1.0
+        comp = (f" (compiling {a['compile_s']:.0f} s)" if a.get("compile_s") else "")
+        lines.append(f"time on {label}: start {a.get('start_s', 0):.0f} s{comp}, warm-up "
                      f"{a.get('warmup_s', 0):.0f} s, measuring {a.get('measure_s', 0):.0f} s "
                      f"({a.get('measure_s', 0) / total:.0%}), other {a.get('other_s', 0):.0f} s, "
                      f"idle {a.get('idle_s', 0):.0f} s")

@@ -218,7 +218,7 @@ def gpu_time_figure(d: ReportData) -> Any:
     if not d.gpu_time:
         return None
     labels = list(d.gpu_time)
-    parts = sorted({p for v in d.gpu_time.values() for p in v})
+    parts = sorted({p for v in d.gpu_time.values() for p in v} - {"compile_s"})  # in start_s
     order: list[str] = [p for p in ("start_s", "warmup_s", "measure_s", "idle_s", "other_s")
                         if p in parts]
     order += [p for p in parts if p not in order]

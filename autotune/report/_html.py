@@ -173,10 +173,13 @@ def _latency_html(d: ReportData) -> str:
 def _gpu_html(d: ReportData) -> str:
     if not d.gpu_time:
         return _note("not recorded: no trial recorded its times")
-    total = sum(sum(v.values()) for v in d.gpu_time.values())
+    total = sum(sum(x for k, x in v.items() if k != "compile_s") for v in d.gpu_time.values())
     start = sum(v.get("start_s", 0.0) for v in d.gpu_time.values())
+    comp = sum(v.get("compile_s", 0.0) for v in d.gpu_time.values())
     text = (f"<p>{_dur(total)} of device time in all; server starts took "
-            f"{_dur(start)} ({start / total:.0%}).</p>" if total > 0 else "")
+            f"{_dur(start)} ({start / total:.0%})"
+            + (f", of which vLLM compiling {_dur(comp)}" if comp else "")
+            + ".</p>" if total > 0 else "")
     if d.gpu_time_source == "computed":
         text += _note("computed from each trial's start and wall times (start = server "
                       "start; measure = the rest of a measured trial, warm-up included; "

@@ -9,8 +9,16 @@
 # Quality probe off: it needs a reference server start (another ~60-300 s) and the proof is
 # about throughput measurement; the recipe's FP16 Mamba state is lossy, so a user's study
 # would probe it.
+# Knobs (environment): CONC (closed-loop streams, default the shape's 256), NAME (study
+# name), TRIALS (2), RECHECK_STARTS (1), MEASURE_MAX (120), WARMUP_MAX (120), PRUNER
+# (interval; none measures every trial to the end, so a clear loser still gets its ratio).
+# Also: GPU clocks/power/utilisation every second (gpu.csv), and at the end the compile
+# caches packed in 15 MB parts (~/res-cache) for a later session to carry back.
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; BUDGET=${3:-1100}
+CONC=${CONC:-}; NAME=${NAME:-h200-trust}; TRIALS=${TRIALS:-2}; RECHECK_STARTS=${RECHECK_STARTS:-1}
+MEASURE_MAX=${MEASURE_MAX:-120}; WARMUP_MAX=${WARMUP_MAX:-120}; PRUNER=${PRUNER:-interval}
+CONC_ARG=(); [ -n "$CONC" ] && CONC_ARG=(--concurrency "$CONC")
 mkdir -p "$RES"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
@@ -37,22 +45,32 @@ if [ ! -f "$MODEL/tokenizer.json" ]; then
 from pathlib import Path; from autotune.modelgen import write_tokenizer
 write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$RES/env.txt" 2>&1 || { phase model-failed; touch "$RES/DONE"; exit 4; }
 fi
-RUN=$HOME/run; mkdir -p "$RUN"
+RUN=$HOME/run; mkdir -p "$RUN" "$HOME/res-cache"
+CACHE=$HOME/.cache/autotune
+if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
+  mkdir -p "$CACHE" && cat "$STAGE"/cache-part-* | tar xzf - -C "$CACHE" && phase "caches restored: $(du -sh "$CACHE" | cut -f1)"
+fi
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
+  --format=csv,nounits -l 1 > "$RES/gpu.csv" 2>/dev/null &
+SMI=$!
 phase tune
 args=(--model "$MODEL" --shape traffic/casestudy-512x512.json --space search_spaces/hybrid-mtp.yaml
-      --trials 2 --budget "$BUDGET" --enqueue @experiments/h200/recipe.json
-      --recheck 1 --recheck-starts 1 --precision 0.02 --measure-max-s 120 --warmup-max-s 120
+      --trials "$TRIALS" --budget "$BUDGET" --enqueue @experiments/h200/recipe.json "${CONC_ARG[@]}"
+      --recheck 1 --recheck-starts "$RECHECK_STARTS" --precision 0.02 --pruner "$PRUNER"
+      --measure-max-s "$MEASURE_MAX" --warmup-max-s "$WARMUP_MAX"
       --no-quality-probe --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db"
-      --study-name h200-trust --out "$RUN/study" --cache-dir "$HOME/.cache/autotune"
+      --study-name "$NAME" --out "$RUN/study" --cache-dir "$CACHE"
       --start-timeout 420 --request-timeout 240 --seed 0)
 timeout --signal=TERM --kill-after=20 $((BUDGET + 200)) python3 -m autotune -v tune "${args[@]}" > "$RES/tune.log" 2>&1
 echo "tune exit code $?" >> "$RES/tune.log"
 cp "$RUN"/study/best.json "$RUN"/study/trials.csv "$RUN"/study/study.json "$RUN/autotune.db" "$RES"/ 2>/dev/null
 phase bench
+( nice tar czf - -C "$CACHE" --exclude=quality . | split -b 15M - "$HOME/res-cache/cache-part-" \
+  && phase "caches: $(du -sh "$CACHE"/* 2>/dev/null | tr '\n' ' ') in $(ls "$HOME/res-cache" | wc -l) parts" ) &
 # the flags of the re-checked candidate and of the defaults trial, as the study ran them
-python3 - "$RUN/autotune.db" > "$RES/verdict-configs.json" 2>>"$RES/env.txt" <<'PY'
+python3 - "$RUN/autotune.db" "$NAME" > "$RES/verdict-configs.json" 2>>"$RES/env.txt" <<'PY'
 import json, sys, optuna
-s = optuna.load_study(study_name="h200-trust", storage=f"sqlite:///{sys.argv[1]}")
+s = optuna.load_study(study_name=sys.argv[2], storage=f"sqlite:///{sys.argv[1]}")
 v = s.user_attrs.get("autotune.verdict") or {}
 out = {}
 for role, key in (("defaults", "baseline_number"), ("candidate", "candidate_number")):
@@ -69,7 +87,8 @@ bench() {  # ROLE: fresh server, segmented warm-up, adaptive measurement
   while IFS= read -r kv; do envs+=(--env "$kv"); done < <(python3 -c "import json;d=json.load(open('$RES/verdict-configs.json')).get('$role');[print(f'{k}={v}') for k,v in (d or {}).get('env', {}).items()]")
   [ ${#flags[@]} -gt 0 ] || { phase "bench $role: no config"; return; }
   timeout 600 python3 -m autotune bench --model "$MODEL" --shape traffic/casestudy-512x512.json \
-    --precision 0.02 --measure-max-s 120 --warmup-max-s 120 --start-timeout 420 \
+    "${CONC_ARG[@]}" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$MEASURE_MAX" \
+    --warmup-max-s "$WARMUP_MAX" --start-timeout 420 \
     --log "$RUN/bench-$role.log" --json "${envs[@]}" -- "${flags[@]}" > "$RES/bench-$role.json" 2> "$RES/bench-$role.err"
   phase "bench $role exit $?"
 }
@@ -78,4 +97,6 @@ bench defaults
 mkdir -p "$RUN/logtails" && for f in "$RUN"/study/logs/*.log "$RUN"/bench-*.log; do
   [ -f "$f" ] && { head -c 20000 "$f"; echo; echo "[...]"; tail -c 40000 "$f"; } > "$RUN/logtails/$(basename "$f")"; done
 tar czf "$RES/server-logs.tgz" -C "$RUN" logtails 2>/dev/null
+kill $SMI 2>/dev/null
+wait
 phase done; touch "$RES/DONE"
