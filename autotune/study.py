@@ -255,7 +255,8 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
     info = detect_engine()
     cuda = info.device == "cuda"
     facts = ModelFacts.from_model_dir(model, device=info.device,
-                                      gpu_arch=gpu_arch() if cuda else "")
+                                      gpu_arch=gpu_arch() if cuda else "",
+                                      ).with_traffic(shape, settings.concurrency)
     space = load_space(settings.space, facts=facts)
     enqueued = [_complete_params(space, p, f"--enqueue #{i + 1}")
                 for i, p in enumerate(settings.enqueue)]
