@@ -1,4 +1,4 @@
-"""Facts about this machine: the GPU (nvidia-smi), the CPU's features and cores.
+"""Facts about this machine: the GPU (nvidia-smi), the CPU's features and cores, processes.
 
 One place for what the space's conditions (``gpu_arch``, ``avx512``), the study's records
 (the GPU type) and Ray's sizing read from the machine. Each answer is read once per process.
@@ -10,7 +10,8 @@ import os
 import subprocess
 from functools import lru_cache
 
-__all__ = ["cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_type", "nvidia_smi"]
+__all__ = ["cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_type", "nvidia_smi",
+           "process_start_ticks"]
 
 
 def nvidia_smi(field: str) -> str:
@@ -53,3 +54,27 @@ def cpu_has_avx512() -> bool:
 def cpu_count() -> int:
     """Logical CPUs of this machine (at least 1)."""
     return os.cpu_count() or 1
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat`` field 22),
+    so that a pid reused by another process is not taken for the first one; None when no
+    such process runs (a zombie has exited). Without ``/proc``: 0 for a live pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+    except OSError:
+        pass
+    else:
+        fields = stat[stat.rindex(b")") + 2:].split()  # the name may hold spaces and ")"
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return 0  # alive, owned by another user
+    return 0

@@ -3,8 +3,9 @@
 The bottom of the study layer (Optuna's ``_constrained_optimization.py`` plays this part in
 Optuna): :mod:`autotune.study` writes these attributes, :mod:`autotune.registry`,
 :mod:`autotune.plots`, the experiments and the tests read them. It imports nothing of
-autotune but :mod:`autotune.errors` and the pure :mod:`autotune.stats` (the verdict's
-interval), so no reader needs the orchestrator.
+autotune but :mod:`autotune.errors`, the pure :mod:`autotune.stats` (the verdict's
+interval) and the leaf :mod:`autotune.hardware` (is a tuner's process still running), so
+no reader needs the orchestrator.
 
 How trials are stored:
 
@@ -21,9 +22,15 @@ How trials are stored:
   so the sampler learns that the region is worse than what it has, without a made-up
   value;
 * a trial that was running when the tuner died is ``FAIL`` with reason ``tuner_died`` (or
-  ``interrupted`` after SIGINT/SIGTERM); such a trial says nothing about its config, so it
+  ``interrupted`` after SIGINT/SIGTERM, ``stale`` when its tuner on another host, or a hung
+  one, stopped sending heartbeats); such a trial says nothing about its config, so it
   does not count toward ``--trials`` and ``--resume`` runs its config again; so is a
   queued config the time budget left unstarted (reason ``budget``).
+
+Several tuners may work on one study (one storage: PostgreSQL, or one SQLite file): each
+running trial carries its tuner (``autotune.owner``: host, pid, process start, session
+token) and gets Optuna heartbeats from :class:`Heartbeats`; :func:`fail_stale_trials`
+fails only the trials whose tuner is gone (see there).
 """
 
 from __future__ import annotations
@@ -31,9 +38,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import socket
 import statistics
+import threading
+import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -49,14 +61,17 @@ __all__ = [
     "STOPPED",
     "A",
     "FailureReason",
+    "Heartbeat",
+    "Heartbeats",
     "Judgement",
+    "Owner",
     "State",
     "Verdict",
     "baseline_trial",
     "best_trial",
     "config_key",
     "constraints",
-    "fail_stopped_trials",
+    "fail_stale_trials",
     "failures_by_reason",
     "feasible",
     "is_prior",
@@ -107,6 +122,7 @@ class A(StrEnum):
     WARMUP = "autotune.warmup"  # {"seconds", "segments", "converged", "jit_in_last_segment"}
     TIME = "autotune.time"  # {"start_s", "compile_s", "warmup_s", "measure_s", "other_s", "slot"}
     MLFLOW_RUN = "autotune.mlflow_run_id"  # also "<this>.<trial number>" on the study
+    OWNER = "autotune.owner"  # the tuner running it: Owner.record() (host, pid, started, token)
     # study attributes
     MODEL = "autotune.model"
     SHAPE = "autotune.shape_fingerprint"
@@ -156,13 +172,14 @@ class FailureReason(StrEnum):
     # the tuner stopped while the trial ran: says nothing about the config
     TUNER_DIED = "tuner_died"
     INTERRUPTED = "interrupted"
+    STALE = "stale"  # no heartbeat from its tuner (another host, or hung) for the grace period
     BUDGET = "budget"  # queued, never started: the time budget ended the search first
 
 
 #: Reasons that say nothing about the config: the tuner stopped while the trial ran (or
 #: before a queued one started).
 STOPPED = frozenset({FailureReason.TUNER_DIED, FailureReason.INTERRUPTED,
-                     FailureReason.BUDGET})
+                     FailureReason.STALE, FailureReason.BUDGET})
 
 N_CONSTRAINTS = 4  # [failed or rejected, SLO, error rate, quality] violations
 
@@ -260,7 +277,8 @@ def n_finished(study: Any) -> int:
 
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     return sum(1 for t in study.get_trials(deepcopy=False, states=done)
-               if t.user_attrs.get(A.REASON) not in (FailureReason.REJECTED, *STOPPED)
+               if t.user_attrs.get(A.REASON) != FailureReason.REJECTED
+               and not (t.state == TrialState.FAIL and t.user_attrs.get(A.REASON) in STOPPED)
                and not is_prior(t))
 
 
@@ -425,30 +443,208 @@ def pareto_trials(study: Any) -> list[Any]:
     return sorted(front, key=lambda t: -t.values[0])
 
 
-def fail_stopped_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
-    """On resume: trials left RUNNING by a tuner that died become FAIL, reason ``tuner_died``.
+# ------------------------------------------------------------------------------------------
+# Tuners that share a study: owners, heartbeats, stale trials
 
-    Optuna's heartbeat (``RDBStorage(heartbeat_interval=...)`` with
-    ``optuna.storages.fail_stale_trials``) does not fit here: it fails a trial only once its
-    heartbeat is older than the grace period, so a study resumed right after a kill would
-    wait or leave the trial RUNNING, and it sets the state before its callback runs, when
-    the reason can no longer be recorded. ``--resume`` owns the study (one tuner per study),
-    so every RUNNING trial belongs to a tuner that is gone: the storage's public API marks
-    them, reason first (``storage``: the one ``study`` was opened on). Returns the trial
-    numbers marked."""
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Optuna's heartbeat settings (``RDBStorage(heartbeat_interval=, grace_period=)``):
+    a tuner records a heartbeat for each trial it runs every ``interval_s``; a RUNNING trial
+    without one for ``grace_s`` is stale, and any tuner of the study fails it."""
+
+    interval_s: int = 10
+    grace_s: int = 120
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The tuner running a trial (``autotune.owner``). ``started`` (the process's start in
+    clock ticks) tells a reused pid from the tuner; ``token`` tells two tuners of one
+    process apart."""
+
+    host: str
+    pid: int
+    started: int | None
+    token: str
+
+    @classmethod
+    def this_process(cls) -> Owner:
+        """A new tuner session of this process."""
+        from autotune.hardware import process_start_ticks
+
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, process_start_ticks(pid), uuid.uuid4().hex[:12])
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, t: Any) -> Owner | None:
+        """The owner a trial records; None for trials written before owners were."""
+        raw = t.user_attrs.get(A.OWNER)
+        try:
+            return cls(str(raw["host"]), int(raw["pid"]),
+                       None if raw.get("started") is None else int(raw["started"]),
+                       str(raw.get("token", "")))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    def gone(self, *, host: str) -> bool:
+        """Known to be gone: it ran on ``host`` (this machine) and its process is no more
+        (or its pid now belongs to another process). A tuner on another host: False."""
+        from autotune.hardware import process_start_ticks
+
+        if self.host != host:
+            return False
+        now = process_start_ticks(self.pid)
+        return now is None or (self.started is not None and now != self.started)
+
+    def __str__(self) -> str:
+        return f"{self.host} pid {self.pid}"
+
+
+def _heartbeat_interval(storage: Any) -> int | None:
+    """The storage's heartbeat interval; None where heartbeats are off or not supported."""
+    get = getattr(storage, "get_heartbeat_interval", None)
+    return get() if callable(get) else None
+
+
+class Heartbeats:
+    """Records Optuna heartbeats for the trials this tuner runs: at once on :meth:`add`,
+    then every interval from a daemon thread (Optuna starts its own heartbeat thread only
+    inside ``Study.optimize``; an ask/tell loop needs this one). Does nothing on a storage
+    without heartbeats. Use :meth:`start` and :meth:`stop` (in a ``finally``)."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+        self.interval_s = _heartbeat_interval(storage)
+        self._ids: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def add(self, trial_id: int) -> None:
+        with self._lock:
+            self._ids.add(trial_id)
+        self._beat(trial_id)
+
+    def discard(self, trial_id: int) -> None:
+        with self._lock:
+            self._ids.discard(trial_id)
+
+    def start(self) -> None:
+        if self.interval_s is None or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="autotune-heartbeats",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _run(self) -> None:
+        assert self.interval_s is not None
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                ids = sorted(self._ids)
+            for trial_id in ids:
+                self._beat(trial_id)
+
+    def _beat(self, trial_id: int) -> None:
+        if self.interval_s is None:
+            return
+        try:
+            self.storage.record_heartbeat(trial_id)
+        except Exception as exc:  # noqa: BLE001 - the loop meets a broken storage itself
+            if not self._failing:  # and stops with its error; this thread must not die
+                logger.warning("cannot record the heartbeat of trial id %d (%s: %s); other "
+                               "tuners of the study fail it as stale if this lasts",
+                               trial_id, type(exc).__name__, str(exc)[:200])
+            self._failing = True
+        else:
+            self._failing = False
+
+
+def _fail_running(storage: Any, trial_id: int, reason: str, message: str) -> bool:
+    """Reason first, then FAIL (a finished trial's attributes can no longer be written).
+    False when the trial finished meanwhile (its tuner told it, or another tuner failed it)."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    study_id = storage.get_study_id_from_name(study.study_name)
-    out = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+    try:
         storage.set_trial_user_attr(trial_id, A.STATE, State.FAILED)
-        storage.set_trial_user_attr(trial_id, A.REASON, FailureReason.TUNER_DIED)
-        storage.set_trial_user_attr(trial_id, A.MESSAGE,
-                                    "the tuner stopped while this trial was running")
-        storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
-        logger.warning("trial %d was running when the tuner died: marked failed", t.number)
-        out.append(t.number)
+        storage.set_trial_user_attr(trial_id, A.REASON, reason)
+        storage.set_trial_user_attr(trial_id, A.MESSAGE, message)
+        return bool(storage.set_trial_state_values(trial_id, state=TrialState.FAIL))
+    except UpdateFinishedTrialError:
+        return False
+
+
+def _gone_at_once(t: Any, me: Owner, grace_s: float) -> str | None:
+    """Why a RUNNING trial's tuner is known to be gone now (None: not known)."""
+    owner = Owner.of(t)
+    if owner is None:  # written before owners were recorded, or asked a moment ago
+        age = (datetime.now() - t.datetime_start).total_seconds() if t.datetime_start else 0
+        return "the tuner stopped while this trial was running" if age > grace_s else None
+    if owner.token != me.token and owner.gone(host=me.host):
+        return f"the tuner running this trial ({owner}) is gone"
+    return None
+
+
+def fail_stale_trials(study: optuna.Study, *, me: Owner, heartbeat: Heartbeat) -> dict[int, str]:
+    """RUNNING trials whose tuner is gone become FAIL, with the reason recorded first.
+
+    * At once, reason ``tuner_died``: the trial's owner ran on this host and its process is
+      gone (so a study resumed right after a kill retries the trial at once), or the trial
+      records no owner (written by an older autotune) and started over
+      ``heartbeat.grace_s`` ago.
+    * After the grace period, reason ``stale``: no heartbeat for ``heartbeat.grace_s``
+      (the storage's ``heartbeat_interval``/``grace_period``) - a tuner on another host,
+      or a hung one. The stale ids come from the storage's heartbeat contract, as in
+      ``optuna.storages.fail_stale_trials``; that function sets FAIL before its
+      ``heartbeat_stale_trial_callback`` runs, when the trial's reason can no longer be
+      written, so the reason is set here first and the storage's callback (if any) runs
+      after, as Optuna does.
+
+    This tuner's own trials (``me``) and those of live tuners with fresh heartbeats are
+    left alone. Returns {trial number: reason} of the trials this call failed."""
+    import copy
+
+    from optuna.trial import TrialState
+
+    storage: Any = study._storage  # the heartbeat contract is not on BaseStorage
+    running = {t._trial_id: t for t in study.get_trials(deepcopy=False,
+                                                          states=(TrialState.RUNNING,))}
+    out: dict[int, str] = {}
+    for trial_id, t in running.items():
+        why = _gone_at_once(t, me, heartbeat.grace_s)
+        if why is not None and _fail_running(storage, trial_id, FailureReason.TUNER_DIED, why):
+            out[t.number] = FailureReason.TUNER_DIED
+            logger.warning("trial %d: %s; marked failed", t.number, why)
+    stale: list[int] = []
+    if _heartbeat_interval(storage) is not None:
+        stale = storage._get_stale_trial_ids(study._study_id)
+    for trial_id in stale:
+        if trial_id not in running:  # started after the list above: its tuner is alive
+            continue
+        t = running[trial_id]
+        owner = Owner.of(t)
+        if t.number in out or (owner is not None and owner.token == me.token):
+            continue
+        why = (f"no heartbeat from the tuner running this trial ({owner or 'unknown'}) for "
+               f"over {heartbeat.grace_s} s: it died or hangs")
+        if _fail_running(storage, trial_id, FailureReason.STALE, why):
+            out[t.number] = FailureReason.STALE
+            logger.warning("trial %d: %s; marked failed", t.number, why)
+            callback = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
+            if callback is not None:
+                callback(study, copy.deepcopy(storage.get_trial(trial_id)))
     return out
 
 
@@ -464,14 +660,19 @@ def sqlite_path(url: str) -> Path | None:
     return None if path in ("", ":memory:") else Path(path)
 
 
-def open_storage(url: str, *, create: bool = True) -> Any:
+def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None = None) -> Any:
     """An Optuna RDB storage; SQLite files get their folder and a generous lock timeout.
 
     ``create=False``: a SQLite file that does not exist is not created and None is returned
-    (looking something up must not leave files behind)."""
+    (looking something up must not leave files behind). ``heartbeat``: the storage a tuner
+    runs trials on records Optuna heartbeats (:class:`Heartbeats`, :func:`fail_stale_trials`)."""
+    import warnings
+
     import optuna
 
     kwargs: dict[str, Any] = {}
+    if heartbeat is not None:
+        kwargs.update(heartbeat_interval=heartbeat.interval_s, grace_period=heartbeat.grace_s)
     if url.startswith("sqlite:///"):
         path = sqlite_path(url)
         if path is not None:
@@ -480,7 +681,9 @@ def open_storage(url: str, *, create: bool = True) -> Any:
             path.parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
     try:
-        return optuna.storages.RDBStorage(url, **kwargs)
+        with warnings.catch_warnings():  # the heartbeat arguments are "experimental"
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, **kwargs)
     except Exception as exc:
         raise StudyError(
             f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,10 +44,13 @@ from autotune.schema import (
     STOPPED,
     A,
     FailureReason,
+    Heartbeat,
+    Heartbeats,
+    Owner,
     State,
     baseline_trial,
     best_trial,
-    fail_stopped_trials,
+    fail_stale_trials,
     judge_study,
     latest_study,
     mark_failed,
@@ -155,6 +158,8 @@ class StudyInputs:
     cache_dir: Path
     thresholds: QualityThresholds | None
     lossy_in_space: bool
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)
+    owner: Owner = field(default_factory=Owner.this_process)  # this tuner, on its trials
 
 
 def _study_name(settings: TuneSettings, storage: BaseStorage, space: SearchSpace,
@@ -240,8 +245,11 @@ def _quality_thresholds(settings: TuneSettings,
     return thresholds
 
 
-def resolve_inputs(settings: TuneSettings) -> StudyInputs:
-    """Read and check everything a study needs (model, shape, space, storage, names)."""
+def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None) -> StudyInputs:
+    """Read and check everything a study needs (model, shape, space, storage, names).
+
+    ``heartbeat``: how often this tuner's running trials get Optuna heartbeats and after
+    how long without one another tuner fails them (default :class:`Heartbeat`)."""
     from autotune.tracking import default_tracking_uri
     from autotune.traffic import load_shape
 
@@ -263,7 +271,8 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
     # flags against the installed vLLM's parser, the shape against the context: before the
     # storage, the folders or any server (issue 18)
     check_before_trial_0(space=space, shape=shape, model=model, settings=settings)
-    storage = open_storage(settings.storage)
+    heartbeat = heartbeat or Heartbeat()
+    storage = open_storage(settings.storage, heartbeat=heartbeat)
     study_name = _study_name(settings, storage, space, shape)
     out_dir = (settings.out or DEFAULT_OUT_ROOT / study_name).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -278,7 +287,7 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
         tracking_uri=settings.tracking_uri or default_tracking_uri(DEFAULT_OUT_ROOT),
         cache_dir=(settings.cache_dir or Path.home() / ".cache" / "autotune").expanduser(),
         thresholds=_quality_thresholds(settings, space),
-        lossy_in_space=any(k.lossy for k in space.knobs.values()),
+        lossy_in_space=any(k.lossy for k in space.knobs.values()), heartbeat=heartbeat,
     )  # fmt: skip
 
 
@@ -286,11 +295,11 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
 # Create or resume the study in the storage
 
 
-def _retry_stopped(study: optuna.Study) -> list[int]:
+def _retry_stopped(study: optuna.Study, only: Collection[int] | None = None) -> list[int]:
     """On resume: enqueue the config of each trial the tuner's end stopped, once.
 
     Re-check trials are left to the re-check phase, which enqueues what is still missing.
-    Returns the numbers of the trials retried."""
+    ``only``: just these trial numbers. Returns the numbers of the trials retried."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -298,7 +307,8 @@ def _retry_stopped(study: optuna.Study) -> list[int]:
     out = []
     for t in trials:
         if (t.state != TrialState.FAIL or t.user_attrs.get(A.REASON) not in STOPPED
-                or t.number in retried or t.user_attrs.get(A.RECHECK_OF) is not None):
+                or t.number in retried or t.user_attrs.get(A.RECHECK_OF) is not None
+                or (only is not None and t.number not in only)):
             continue
         attrs: dict[str, Any] = {A.RETRY_OF: t.number}
         for key in (A.BASELINE, A.ENQUEUED):
@@ -319,7 +329,8 @@ def _resume(study: optuna.Study, inputs: StudyInputs) -> None:
             f"{inputs.settings.shape} is {inputs.shape.fingerprint[:12]}; use the same shape, "
             "or start a new study (autotune retune compares shapes)"
         )
-    fail_stopped_trials(study, inputs.storage)
+    # Only the trials of tuners that are gone: several tuners may share the study.
+    fail_stale_trials(study, me=inputs.owner, heartbeat=inputs.heartbeat)
     _retry_stopped(study)
 
 
@@ -362,7 +373,8 @@ def _start_new(study: optuna.Study, inputs: StudyInputs,
 def open_study(inputs: StudyInputs, *, sampler: BaseSampler | None = None,
                warm_start: WarmStart | None = None) -> optuna.Study:
     """Create the study (its attributes, baseline, enqueued configs and warm start) or, on
-    ``--resume``, load it, fail the trials a dead tuner left running and retry them."""
+    ``--resume``, load it, fail the trials that tuners now gone left running
+    (:func:`autotune.schema.fail_stale_trials`) and retry them."""
     import optuna
 
     settings = inputs.settings
@@ -523,6 +535,15 @@ def _commit_tell(study: optuna.Study, trial: optuna.Trial, value: float | list[f
         study.tell(trial, value)
     else:
         study.tell(trial, state=TrialState.FAIL if fail else TrialState.PRUNED)
+
+
+def _finished_elsewhere(study: optuna.Study, trial: optuna.Trial) -> str | None:
+    """The reason recorded on a trial another tuner finished meanwhile (failed it as stale:
+    this tuner's heartbeats lapsed); None while it is still this tuner's to tell."""
+    stored = study._storage.get_trial(trial._trial_id)
+    if not stored.state.is_finished():
+        return None
+    return str(stored.user_attrs.get(A.REASON) or FailureReason.STALE)
 
 
 def _enqueue_rechecks(study: optuna.Study, k: int, starts: int = 2) -> int:
@@ -709,6 +730,8 @@ class StudyLoop:
     callbacks: StudyCallback = field(default_factory=StudyCallbacks)
     thresholds: QualityThresholds | None = None
     started: float = field(default_factory=time.monotonic)
+    owner: Owner = field(default_factory=Owner.this_process)  # recorded on each trial it runs
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the grace for owner-less trials
 
     def __post_init__(self) -> None:
         self.target = self.settings.trials  # grows by the re-check trials
@@ -720,6 +743,7 @@ class StudyLoop:
         self.t_loop = time.monotonic()
         self._last: StudyEvent | None = None
         self.gpu_time = GpuTime(slots=self.executor.slots)
+        self.beats = Heartbeats(self.study._storage)  # a no-op without storage heartbeats
 
     # -- progress ---------------------------------------------------------------------------
     def event(self, kind: str, **kw: Any) -> StudyEvent:
@@ -762,6 +786,7 @@ class StudyLoop:
         import optuna
 
         self.t_loop = time.monotonic()  # the time budget counts from here
+        self.beats.start()
         try:
             self._run_until_done()
             skipped = _skip_waiting(self.study, self.study._storage)
@@ -777,6 +802,8 @@ class StudyLoop:
                 f"the Optuna storage {self.settings.storage} failed mid-study ({exc}); every "
                 "finished trial is kept there: fix the storage, then continue with --resume"
             ) from exc
+        finally:
+            self.beats.stop()
 
     def close(self) -> None:
         """Record the GPU-time account and the verdict on the study (``autotune.gpu_time``,
@@ -825,8 +852,24 @@ class StudyLoop:
             "before the verdict")))
         self._run_until_done()
 
+    def _ask(self) -> optuna.Trial:
+        """The next trial, owned by this tuner (its owner and first heartbeat recorded at
+        once). Before it, as ``Study.optimize`` does, trials of tuners that are gone are
+        failed; during the search their configs run again."""
+        import warnings
+
+        failed = fail_stale_trials(self.study, me=self.owner, heartbeat=self.heartbeat)
+        if failed and self.phase == "search":
+            _retry_stopped(self.study, only=failed)
+        with warnings.catch_warnings():  # heartbeats are recorded here, not by optimize()
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = self.study.ask()
+        trial.set_user_attr(A.OWNER, self.owner.record())
+        self.beats.add(trial._trial_id)
+        return trial
+
     def _launch_next(self) -> None:
-        trial = self.study.ask()
+        trial = self._ask()
         is_base = bool(trial.user_attrs.get(A.BASELINE))
         params = self.space.suggest(trial, baseline=is_base)
         problems = self.space.violations(params)
@@ -859,6 +902,7 @@ class StudyLoop:
             )
         mark_failed(trial, FailureReason.REJECTED, "; ".join(problems))
         _commit_tell(self.study, trial, None)
+        self.beats.discard(trial._trial_id)
         record = TrialRecord(number=trial.number, params=params, flags=(), env={},
                              state=State.FAILED, reason=FailureReason.REJECTED, value=None,
                              baseline=False, outcome=None, violations=tuple(problems))
@@ -869,15 +913,30 @@ class StudyLoop:
 
     def _tell(self, outcome: TrialOutcome) -> tuple[StudyEvent, TrialRecord]:
         """Judge and tell a finished trial; returns what its subscribers are told."""
+        import optuna
+
         f = self.flights.pop(outcome.number)
         lossy = (not f.baseline) and bool(self.space.lossy_knobs(f.params))
-        value, state, reason = judge(f.trial, outcome, self.settings,
-                                     thresholds=self.thresholds, lossy=lossy)
         self.walls.append(outcome.wall_s)
         self.recheck_walls.append(max(0.0, outcome.wall_s - (outcome.compile_s or 0.0)))
         self.gpu_time.add(outcome)
-        # Optuna first: a tracking store that hangs must not cost a measured trial.
-        _commit_tell(self.study, f.trial, value)
+        try:
+            value, state, reason = judge(f.trial, outcome, self.settings,
+                                         thresholds=self.thresholds, lossy=lossy)
+            # Optuna first: a tracking store that hangs must not cost a measured trial.
+            _commit_tell(self.study, f.trial, value)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            elsewhere = _finished_elsewhere(self.study, f.trial)
+            if elsewhere is None:
+                raise
+            # This tuner's heartbeats lapsed past the grace period (hung, or a storage that
+            # stalled) and another tuner failed the trial as stale: its result is dropped.
+            logger.warning("trial %d was failed by another tuner of the study meanwhile "
+                           "(reason %s: no heartbeat within the grace period); its result "
+                           "is dropped", outcome.number, elsewhere)
+            value, state, reason = None, State.FAILED, elsewhere
+        finally:
+            self.beats.discard(f.trial._trial_id)
         record = TrialRecord(number=outcome.number, params=f.params, flags=f.launch.flags,
                              env=dict(f.launch.env), state=state, reason=reason, value=value,
                              baseline=f.baseline, outcome=outcome)
@@ -892,11 +951,19 @@ class StudyLoop:
 
     def interrupt(self) -> None:
         """Stop the trials in flight; each becomes FAIL with reason ``interrupted``."""
+        import optuna
+
         for n in self.executor.cancel_all():
             f = self.flights.pop(n, None)
-            if f is not None:
+            if f is None:
+                continue
+            self.beats.discard(f.trial._trial_id)
+            try:
                 mark_failed(f.trial, FailureReason.INTERRUPTED, "the tuner was interrupted")
                 _commit_tell(self.study, f.trial, None, fail=True)
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                if _finished_elsewhere(self.study, f.trial) is None:
+                    raise
 
 
 # ------------------------------------------------------------------------------------------
@@ -987,6 +1054,7 @@ def tune(
     on_event: Callable[[StudyEvent], None] | None = None,
     warm_start: WarmStart | None = None,
     callbacks: Sequence[StudyCallback] = (),
+    heartbeat: Heartbeat | None = None,
 ) -> TuneResult:
     """Run (or resume) a study as ``settings`` say and return its result.
 
@@ -996,14 +1064,17 @@ def tune(
     ``sampler`` (default: :func:`make_sampler`) can be injected. ``on_event`` receives
     every :class:`StudyEvent`; ``callbacks`` subscribe to the study's events.
     ``warm_start`` (a :class:`autotune.registry.WarmStart`) adds an earlier study's trials
-    as prior knowledge and enqueues its top configs. Raises :class:`AutotuneError`
+    as prior knowledge and enqueues its top configs. ``heartbeat``: Optuna heartbeat
+    interval and grace period of this tuner's trials (default :class:`Heartbeat`: 10 s,
+    120 s; other tuners of the study fail a trial as stale after the grace period without
+    one). Raises :class:`AutotuneError`
     subclasses for bad input; failures of trials are recorded, never raised.
     """
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t_start = time.monotonic()
-    inputs = resolve_inputs(settings)
+    inputs = resolve_inputs(settings, heartbeat=heartbeat)
     write_config(settings, inputs.out_dir / "config.yaml")
     subs = _subscribers(inputs, tracker, on_event, callbacks)
     study = open_study(inputs, sampler=sampler, warm_start=warm_start)
@@ -1015,7 +1086,8 @@ def tune(
                      template=TrialTemplate(model=str(inputs.model), shape=inputs.shape,
                                             log_dir=str(inputs.log_dir),
                                             cache_dir=str(inputs.cache_dir)),
-                     callbacks=subs, thresholds=inputs.thresholds, started=t_start)
+                     callbacks=subs, thresholds=inputs.thresholds, started=t_start,
+                     owner=inputs.owner, heartbeat=inputs.heartbeat)
     try:
         subs.on_study_start(loop.event(
             "study_started", message=f"{n_finished(study)} finished trial(s) already"), ctx)

@@ -6,7 +6,12 @@ the arrival rate is set by the schedule, not by how fast two shared CPU cores ar
 - the shape built from /metrics agrees with the shape of what was replayed, within the
   precision the metrics shape states (lengths) and the diff's thresholds (rate);
 - a watch whose traffic switches from short to long requests mid-way runs its drift action
-  exactly once, though several windows after the switch are drifted.
+  exactly once, though several windows after the switch are drifted;
+- the endpoint going away and coming back is survived: the server's processes are stopped
+  mid-watch and started again on the same port (its counters restart from 0); the watch
+  reports it unreachable with its retry line, keeps going, and compares again from the
+  restarted server's counters. The shared server is restarted in place, so the tests after
+  this one still have it.
 """
 
 from __future__ import annotations
@@ -175,3 +180,103 @@ def test_switching_traffic_mid_watch_fires_the_drift_action_once(
     assert fired[0] == Path(drifted[0].shape_path or "")
     assert drv.events[-1].state == "drifted"
     assert "input_tokens" in drv.events[-1].drifted_dimensions
+
+
+class _Outage(_Driver):
+    """Short requests throughout; right after the first comparison the server is stopped
+    (its whole process group) and started again on the same port, both before the watch
+    goes on. Started from the test's own thread: vLLM gets a parent-death signal when the
+    thread that spawned it ends, and the shared server must outlive this test."""
+
+    def __init__(self, server: Any) -> None:
+        super().__init__(server.base_url, server.model_name, switch_after=10**6)
+        self.server = server
+        self.before: Any = None  # the last sample of the first server
+        self.after: Any = None  # the restarted server's first sample
+        self.errors: list[BaseException] = []
+        self.poll = threading.Thread(target=self._first_sample_after)
+
+    def _run(self) -> None:
+        k = 0
+        while not self.stop.is_set():  # requests to a stopped server fail: keep sending
+            try:
+                replay(_paced(self.short, n=8, rate=4.0, seed=k), base_url=self.url,
+                       model=self.model)
+            except Exception:  # the driver must outlive the outage
+                time.sleep(0.5)
+            k += 1
+
+    def on_event(self, ev: WatchEvent, diff: ShapeDiff | None) -> None:
+        super().on_event(ev, diff)
+        if len(self.events) == 1:
+            try:
+                self.before = _sample(self.url)
+                assert self.server.stop() == []
+                assert self.server.poll() is not None  # really gone, not just unresponsive
+                self.server.start()  # same port; /health answers about 30-60 s later
+            except BaseException as exc:  # re-raised by the test
+                self.errors.append(exc)
+                return
+            self.poll.start()
+
+    def _first_sample_after(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.after = _sample(self.url)
+                return
+            except Exception:  # not up yet
+                time.sleep(0.5)
+
+
+def test_the_endpoint_going_away_and_coming_back_is_survived(
+    tiny_server: Any, tmp_path: Path
+) -> None:
+    url = tiny_server.base_url
+    drv = _Outage(tiny_server)
+    drv.thread.start()
+    deadline = threading.Timer(300.0, drv.stop.set)  # never hang the suite
+    deadline.start()
+    t0 = time.monotonic()
+    try:
+        time.sleep(1.0)
+        tuned = shape_from_samples(
+            [_sample(url), *(time.sleep(5.0), _sample(url))[1:]], url=url, name="tuned")
+        summary = watch(url=url, tuned=tuned, every_s=5.0, interval_s=1.0,
+                        shapes_dir=tmp_path, max_checks=2, backoff_s=(1.0, 4.0),
+                        callbacks=[drv], stop=drv.stop)
+    finally:
+        deadline.cancel()
+        drv.stop.set()
+        drv.thread.join()
+        if drv.poll.is_alive():
+            drv.poll.join()
+        if tiny_server.poll() is not None:  # not restarted: start it for the tests after
+            tiny_server.start()
+        tiny_server.wait_healthy()
+    print(f"outage test: {time.monotonic() - t0:.0f} s; "
+          + str([(e.check, e.state, e.requests, e.rate_rps) for e in drv.events]))
+    assert not drv.errors, drv.errors
+    assert not summary.interrupted, "the watch did not finish within 300 s"
+    states = [e.state for e in drv.events]
+    assert states[0] in ("same", "drifted") and states[-1] in ("same", "drifted"), states
+    gone = drv.events[1:-1]
+    assert gone and {e.state for e in gone} == {"unreachable"}, states
+    assert all(e.check == 1 for e in gone), states  # retries are not comparisons
+    assert "cannot reach" in (gone[0].message or "") and (gone[0].message or "").endswith(
+        "retrying in 1 s"), gone[0].message
+    delays = [float((e.message or "").rsplit("retrying in ", 1)[1].split()[0]) for e in gone]
+    assert delays == [min(1.0 * 2**i, 4.0) for i in range(len(delays))], delays
+    assert summary.checks == 2 and summary.unreachable == len(gone), summary.line()
+
+    # The restarted server's counters started again from 0 ...
+    prompt = "vllm:request_prompt_tokens"
+    assert drv.after.histograms[prompt].count < drv.before.histograms[prompt].count
+    # ... and the comparison after the outage is built from them: a window of the paced
+    # short traffic (4 requests/s for 5 s), with its lengths, not a delta across the restart.
+    last = drv.events[-1]
+    assert last.check == 2 and last.requests is not None and 0 < last.requests <= 5 * 4 + 8
+    assert last.rate_rps is not None and 0 < last.rate_rps < 8.0, last
+    assert not {"input_tokens", "output_tokens"} & set(last.drifted_dimensions), last
+    live = load_shape(last.shape_path or "")
+    assert live.requests == last.requests
+    assert live.input_tokens.mean == pytest.approx(tuned.input_tokens.mean, rel=0.5)

@@ -305,9 +305,11 @@ class VllmServer:
         return env
 
     def start(self) -> None:
-        """Spawn the server (returns at once; see :meth:`wait_healthy`)."""
-        if self._proc is not None:
-            raise EngineError("this server was already started; create a new VllmServer")
+        """Spawn the server (returns at once; see :meth:`wait_healthy`). A stopped server
+        can be started again: same port, same log file (appended)."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise EngineError("this server is already running; stop() it before starting it "
+                              "again (on the same port), or create a new VllmServer")
         if self.port is None:
             self.port = free_port(self.host)
         self._tmpdir = tempfile.TemporaryDirectory(prefix="autotune-vllm-")

@@ -34,7 +34,7 @@ class TrialRow:
     """One trial of the study as the report shows it."""
 
     number: int
-    state: str  # ok | infeasible | failed | rejected | interrupted | tuner_died | running
+    state: str  # ok | infeasible | failed | rejected | interrupted | tuner_died | stale | running
     reason: str
     message: str
     value: float | None  # the objective (a Pareto study's first one)
@@ -125,7 +125,7 @@ def trial_row(t: Any) -> TrialRow:
             c <= 0 for c in (t.constraints or {}).values()) else "infeasible"))
     else:
         state = "rejected" if reason == "rejected" else str(ua.get(A.STATE) or "failed")
-        if reason in ("interrupted", "tuner_died"):
+        if reason in ("interrupted", "tuner_died", "stale"):
             state = reason
     gpus = ua.get(A.GPUS)
     slot = ("gpu " + ",".join(str(g) for g in gpus) if gpus

@@ -105,7 +105,7 @@ def explain_no_winner(trials: Iterable[_Trial], settings: Mapping[str, Any] | No
     trials = [t for t in trials if t.state != "running"]
     if not trials:
         return "no trial has finished yet"
-    stopped = [t for t in trials if t.state in ("interrupted", "tuner_died")]
+    stopped = [t for t in trials if t.state in ("interrupted", "tuner_died", "stale")]
     counted = [t for t in trials if t not in stopped and t.state != "rejected"]
     if not counted:
         return (f"no trial finished: {len(stopped)} were stopped by the tuner's end and "
