@@ -940,6 +940,18 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     return probe, reference
 
 
+def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None]) -> SearchSpace:
+    """Tune (or find cached) the kernels the space's ``tuned`` knobs point at."""
+    from autotune.kernels._study import bind_tuned_kernels
+
+    settings = inputs.settings
+    return bind_tuned_kernels(
+        inputs.space, model=inputs.model, shape_path=settings.shape,
+        shape_fingerprint=inputs.shape.fingerprint, cache_dir=inputs.cache_dir,
+        engine=inputs.engine, gpu_name=inputs.gpu_type, budget_s=settings.kernel_budget_s,
+        trials=settings.kernel_trials, note=note)
+
+
 def _default_executor(inputs: StudyInputs) -> Executor:
     settings = inputs.settings
     if settings.use_ray:
@@ -1025,6 +1037,9 @@ def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
     """The quality reference (when lossy trials are probed), then the loop; an error or an
     interrupt stops the trials in flight and tells the subscribers."""
     settings = inputs.settings
+    if inputs.space.tuned_kinds():
+        loop.space = _bind_kernels(inputs, note=lambda m: subs.on_note(loop.event("note",
+                                                                                  message=m)))
     if inputs.lossy_in_space and (settings.quality_probe or inputs.thresholds is not None):
         probe, reference = _quality_reference(
             inputs, note=lambda m: subs.on_note(loop.event("note", message=m)))
