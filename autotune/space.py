@@ -38,9 +38,8 @@ __all__ = [
 ]
 
 _FACTS = ("device", "hybrid", "mtp", "moe", "gpu_arch", "avx512", "real_weights")
+# routed experts in config.json (as autotune/kernels/_moe_shape.py reads them)
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
-#: kernels a knob's ``tuned`` value can point the server at (docs/kernels.md)
-TUNED_KINDS = ("moe",)
 _WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 
 
@@ -83,8 +82,7 @@ class ModelFacts(BaseModel):
             next(d.glob(g), None) is not None for g in _WEIGHTS
         )
         return cls(device=device, hybrid=hybrid, mtp=mtp, moe=moe,  # type: ignore[arg-type]
-                   gpu_arch=gpu_arch,
-                   avx512=cpu_has_avx512(), real_weights=real)
+                   gpu_arch=gpu_arch, avx512=cpu_has_avx512(), real_weights=real)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -471,8 +471,11 @@ def test_a_study_tunes_once_per_model_gpu_and_shape_then_reuses(tmp_path: Path) 
     # 256 streams x (1 + 0..3), padded; draft steps; mixed steps; every chunk size
     assert {256, 512, 768, 1024, 2048, 4096, 8192, 16384} <= set(keys)
     assert calls and "fused-MoE kernels ready" in notes[-1]
+    assert any(n.startswith("fused-MoE M=256 (") and "x the default" in n for n in notes)
     env = bound.launch_spec({**bound.baseline_params(), "moe_config": "tuned"}).env
     assert env["VLLM_TUNED_CONFIG_FOLDER"] == str(folder)
     calls.clear()
-    again = bind_tuned_kernels(space, **kw)  # type: ignore[arg-type]
+    notes.clear()
+    again = bind_tuned_kernels(space, note=notes.append, **kw)  # type: ignore[arg-type]
     assert again.tuned_dirs == bound.tuned_dirs and calls == []  # cached: nothing timed
+    assert "0 token count(s) tuned" in notes[-1] and "from the cache" in notes[-1]

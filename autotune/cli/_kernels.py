@@ -59,6 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _moe(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from autotune.errors import ConfigError
     from autotune.kernels import MoeTuneSettings, Progress, tune_moe
 
@@ -68,8 +70,10 @@ def _moe(args: argparse.Namespace) -> int:
             mtp_depths=args.mtp_depth, max_batched_tokens=args.max_batched_tokens,
             concurrency=args.concurrency, sizes=args.sizes, trials=args.trials,
             budget_s=args.budget, tp=args.tp, seed=args.seed, reuse=not args.fresh)
-    except ValueError as exc:  # pydantic's ValidationError
-        raise ConfigError(f"autotune kernels moe: {exc}".splitlines()[0]) from None
+    except ValidationError as exc:
+        problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}"
+                             for e in exc.errors())
+        raise ConfigError(f"autotune kernels moe: {problems}") from None
 
     def show(p: Progress) -> None:
         if p.done is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autotune.kernels._moe_shape import MoeShape, device_file_name, moe_shape_from_model
 from autotune.kernels._search import KernelTimer
-from autotune.kernels._tune import MoeTuneSettings, Progress, tune_moe
+from autotune.kernels._tune import MoeTuneResult, MoeTuneSettings, Progress, tune_moe
 
 __all__ = ["ensure_tuned_moe", "tuned_moe_folder"]
 
@@ -35,9 +35,10 @@ def ensure_tuned_moe(*, cache_dir: Path, model: Path, shape_path: Path, shape_fi
                      max_batched_tokens: Sequence[int] = (8192,), gpus: int = 1,
                      budget_s: float | None = None, trials: int = 48,
                      on_progress: Callable[[Progress], None] | None = None,
-                     timers: Sequence[KernelTimer] | None = None) -> Path:
-    """The folder to set ``VLLM_TUNED_CONFIG_FOLDER`` to, tuned now if not cached yet
-    (only the token counts the cache lacks are timed; ``timers``: see :func:`tune_moe`)."""
+                     timers: Sequence[KernelTimer] | None = None) -> MoeTuneResult:
+    """Tune into the cache folder what it lacks; ``result.path.parent`` is the folder to set
+    ``VLLM_TUNED_CONFIG_FOLDER`` to (only missing token counts are timed; ``timers``: see
+    :func:`tune_moe`)."""
     moe = moe_shape_from_model(model)
     folder = tuned_moe_folder(cache_dir, moe=moe, gpu_name=gpu_name,
                               shape_fingerprint=shape_fingerprint, vllm_version=vllm_version)
@@ -45,5 +46,4 @@ def ensure_tuned_moe(*, cache_dir: Path, model: Path, shape_path: Path, shape_fi
                                mtp_depths=tuple(mtp_depths),
                                max_batched_tokens=tuple(max_batched_tokens),
                                budget_s=budget_s, trials=trials, reuse=True)
-    tune_moe(settings, gpu_name=gpu_name, on_progress=on_progress, timers=timers)
-    return folder
+    return tune_moe(settings, gpu_name=gpu_name, on_progress=on_progress, timers=timers)

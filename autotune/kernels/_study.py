@@ -91,15 +91,27 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
         f"(MTP depths {list(depths)}, chunks {list(mnbt)}; cached under {cache_dir}/kernels)")
     from autotune.kernels._tune import check_cuda
 
+    def progress(p: Progress) -> None:
+        if p.done is not None:
+            r = p.done
+            speed = f"{r.speedup:.2f}x the default" if r.speedup else "no valid time"
+            say(f"fused-MoE M={r.m} ({p.sizes_done}/{p.sizes_total}): {speed}, "
+                f"{r.timed} configs timed ({r.failed} failed) in {r.seconds:.0f} s")
+        if on_progress is not None:
+            on_progress(p)
+
     try:
-        folder = ensure_tuned_moe(
+        result = ensure_tuned_moe(
             cache_dir=cache_dir, model=model, shape_path=shape_path,
             shape_fingerprint=shape_fingerprint, gpu_name=gpu_name,
             vllm_version=engine.version, mtp_depths=depths, max_batched_tokens=mnbt,
             gpus=len(timers) if timers else len(check_cuda()), budget_s=budget_s,
-            trials=trials, on_progress=on_progress, timers=timers)
+            trials=trials, on_progress=progress, timers=timers)
     except AutotuneError as exc:
         say(f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
         return space.with_tuned({}, {"moe": f"the kernel tuning failed: {exc}"})
-    say(f"fused-MoE kernels ready: {folder}")
+    folder = result.path.parent
+    kept = f"; {len(result.reused)} token count(s) from the cache" if result.reused else ""
+    say(f"fused-MoE kernels ready: {folder} ({len(result.results)} token count(s) tuned in "
+        f"{result.seconds:.0f} s{kept})")
     return space.with_tuned({"moe": str(folder)})
