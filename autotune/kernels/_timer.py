@@ -63,9 +63,12 @@ class WorkerTimer:
         shape = {**asdict(self.shape), "activation": self.shape.activation}
         self._send({"shape": shape, "seed": self.seed})
         answer = self._receive(self.start_timeout_s)
-        if answer is None or not answer.get("ok"):
-            why = (answer or {}).get("message") or "it exited or hung"
-            self.close()
+        if isinstance(answer, str) or not answer.get("ok"):
+            if isinstance(answer, str):
+                why = "it exited" if answer == "crash" else "no answer"
+            else:
+                why = str(answer.get("message") or "it refused")
+            self.close(kill=True)
             raise AutotuneError(
                 f"the kernel worker on GPU {self.gpu} could not start ({why}); see "
                 f"{self.log_path or 'its stderr'}; it needs the CUDA build of vLLM and a GPU")
@@ -95,7 +98,8 @@ class WorkerTimer:
         self._proc.stdin.write(json.dumps(obj) + "\n")
         self._proc.stdin.flush()
 
-    def _receive(self, timeout_s: float) -> dict[str, Any] | None:
+    def _receive(self, timeout_s: float) -> dict[str, Any] | str:
+        """The worker's next answer, or "crash" (it exited) or "timeout" (no answer)."""
         assert self._proc is not None and self._proc.stdout is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -103,11 +107,11 @@ class WorkerTimer:
             if ready:
                 line = self._proc.stdout.readline()
                 if not line:
-                    return None  # the worker exited
+                    return "crash"  # end of its output: the worker exited
                 return dict(json.loads(line))
             if self._proc.poll() is not None:
-                return None
-        return None
+                return "crash"
+        return "timeout"
 
     # -- KernelTimer -----------------------------------------------------------------------
     def __call__(self, config: dict[str, int], m: int, *, iters: int) -> float:
@@ -122,11 +126,10 @@ class WorkerTimer:
             self.close()
             raise KernelFailure("crash", f"the worker went away: {exc}") from exc
         answer = self._receive(self.call_timeout_s)
-        if answer is None:
-            timed_out = self._proc is not None and self._proc.poll() is None
+        if isinstance(answer, str):
             code = None if self._proc is None else self._proc.poll()
-            self.close(kill=timed_out)
-            if timed_out:
+            self.close(kill=True)
+            if answer == "timeout":
                 raise KernelFailure("timeout", f"no answer within {self.call_timeout_s:.0f} s")
             raise KernelFailure("crash", f"the worker exited (code {code})")
         if not answer.get("ok"):
