@@ -941,14 +941,18 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
 
 
 def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None]) -> SearchSpace:
-    """Tune (or find cached) the kernels the space's ``tuned`` knobs point at."""
+    """Tune (or find cached) the kernels the space's ``tuned`` knobs point at. Their time
+    counts toward ``--timeout``: at most a quarter of it goes to kernels."""
     from autotune.kernels._study import bind_tuned_kernels
 
     settings = inputs.settings
+    budget = settings.kernel_budget_s
+    if settings.timeout_s is not None:
+        budget = min(budget or math.inf, settings.timeout_s / 4)
     return bind_tuned_kernels(
         inputs.space, model=inputs.model, shape_path=settings.shape,
         shape_fingerprint=inputs.shape.fingerprint, cache_dir=inputs.cache_dir,
-        engine=inputs.engine, gpu_name=inputs.gpu_type, budget_s=settings.kernel_budget_s,
+        engine=inputs.engine, gpu_name=inputs.gpu_type, budget_s=budget,
         trials=settings.kernel_trials, note=note)
 
 
