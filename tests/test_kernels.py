@@ -533,3 +533,26 @@ def test_a_cpu_study_rejects_tuned_with_the_reason_and_searches_on(tmp_path: Pat
     assert rejected and all(t.params["moe_config"] == "tuned" for t in rejected)
     assert "no tuned moe kernel configs" in str(rejected[0].user_attrs)
     assert launched and all("VLLM_TUNED_CONFIG_FOLDER" not in env for env in launched)
+
+
+def test_a_broken_gpu_loses_only_its_own_token_count(tmp_path: Path) -> None:
+    import threading
+
+    from autotune.errors import AutotuneError
+
+    took = threading.Event()  # GPU 0 waits until GPU 1 has taken a token count
+
+    def broken(config: dict[str, int], m: int, *, iters: int) -> float:
+        took.set()
+        raise AutotuneError("the kernel worker on GPU 1 could not start (it exited)")
+
+    def gpu0(config: dict[str, int], m: int, *, iters: int) -> float:
+        took.wait(timeout=30)
+        return fake_timer(config, m, iters=iters)
+
+    settings = MoeTuneSettings(model=STAND_IN, shape=CASESTUDY, out=tmp_path / "o", trials=3,
+                               recheck=1)
+    with pytest.raises(AutotuneError, match="GPU 1 could not start"):
+        tune_moe(settings, timers=[gpu0, broken], gpu_name="NVIDIA H200")
+    saved = json.loads((tmp_path / "o" / "E=128,N=1856,device_name=NVIDIA_H200.json").read_text())
+    assert len(saved) == 2 and set(saved) < {"256", "768", "8192"}  # the other GPU's two

@@ -158,8 +158,10 @@ def _old_versions(results_path: Path) -> dict[str, str]:
 
 def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: MoeShape,
                  search: SearchSettings, budget_s: float | None,
-                 on_progress: Callable[[Progress], None] | None) -> list[SizeResult]:
-    """Each timer (one GPU) takes the next token count from a shared queue."""
+                 on_progress: Callable[[Progress], None] | None
+                 ) -> tuple[list[SizeResult], list[BaseException]]:
+    """Each timer (one GPU) takes the next token count from a shared queue. Returns the
+    finished sizes and what stopped a GPU's loop (its other sizes are not tuned)."""
     work: queue.Queue[TokenCount] = queue.Queue()
     for tc in todo:
         work.put(tc)
@@ -186,7 +188,7 @@ def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: M
             try:
                 res = search_size(tc.m, shape, timer, settings=search, deadline=deadline,
                                   warm=warm[-1:], on_candidate=seen)
-            except BaseException as exc:  # noqa: BLE001 - re-raised after the join
+            except BaseException as exc:  # noqa: BLE001 - re-raised once results are saved
                 with lock:
                     errors.append(exc)
                 return
@@ -202,9 +204,7 @@ def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: M
         t.start()
     for t in threads:
         t.join()
-    if errors:
-        raise errors[0]
-    return sorted(results, key=lambda r: r.m)
+    return sorted(results, key=lambda r: r.m), errors
 
 
 def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: MoeTuneSettings,
@@ -305,10 +305,13 @@ def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None 
         if timers is None and todo:
             timers, own, versions = _start_workers(shape, gpus, out / "logs", settings.seed,
                                                    file_name)
-        result.results = _run_workers(todo, timers or [], shape, search, settings.budget_s,
-                                      on_progress)
+        result.results, errors = _run_workers(todo, timers or [], shape, search,
+                                              settings.budget_s, on_progress)
         result.seconds = time.monotonic() - t0
-        _write_outputs(out, file_name, result, settings, search, prev, versions)
+        if result.results or prev:  # what finished is kept, even when a GPU's loop broke
+            _write_outputs(out, file_name, result, settings, search, prev, versions)
+        if errors:
+            raise errors[0]
         return result
     finally:
         for w in own:
