@@ -11,7 +11,7 @@
 # Results (RES_DIR): progress.txt, env.txt, E=128,N=1856,device_name=NVIDIA_H200.json,
 # kernels.results.json, kernel-compare.csv, profile.json, logs.tgz (logs, every candidate).
 set -uo pipefail
-STAGE=${1:?staging dir}; RES=${2:?results dir}; BUDGET=${3:-1500}; GPUS=${4:-1}
+STAGE=${1:?staging dir}; RES=${2:?results dir}; BUDGET=${3:-1300}; GPUS=${4:-1}
 mkdir -p "$RES"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
