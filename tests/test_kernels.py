@@ -304,13 +304,16 @@ def test_vllms_loader_reads_the_tuned_file(tmp_path: Path) -> None:
         import json
         from vllm.utils.platform_utils import get_device_name_as_file_name
         from vllm.model_executor.layers.fused_moe.fused_moe import (
-            get_config_file_name, get_moe_configs, try_get_optimal_moe_config)
+            get_config_file_name, get_default_config, get_moe_configs,
+            try_get_optimal_moe_config)
         name = get_config_file_name(128, 1856, None)
         configs = get_moe_configs(128, 1856, None)
         picks = {m: try_get_optimal_moe_config((128, 1856, 2688), (128, 2688, 1856), 6, None, m)
                   for m in (1, 200, 300, 5000, 9000)}
+        defaults = {m: get_default_config(m, 128, 1856, 2688, 6, None)
+                    for m in (1, 16, 32, 33, 64, 65, 96, 97, 128, 129, 512, 513, 8192, 20000)}
         print(json.dumps({"device": get_device_name_as_file_name(), "name": name,
-                          "keys": sorted(configs), "picks": picks}))
+                          "keys": sorted(configs), "picks": picks, "defaults": defaults}))
     """)
     env = dict(os.environ, VLLM_TUNED_CONFIG_FOLDER=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -322,6 +325,9 @@ def test_vllms_loader_reads_the_tuned_file(tmp_path: Path) -> None:
     picks = {int(k): v for k, v in got["picks"].items()}
     assert picks[1] == best[1] and picks[200] == best[256] and picks[300] == best[256]
     assert picks[5000] == best[8192] and picks[9000] == best[8192]  # nearest key
+    # the baseline each search starts from is vLLM's own default config, M by M
+    for m, cfg in got["defaults"].items():
+        assert {**default_config(int(m), NANO), "SPLIT_K": 1} == cfg, m
 
 
 # -- the moe_config knob: YAML -> env, binding, and the CPU ----------------------------------
