@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -949,11 +950,15 @@ def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None]) -> Search
     budget = settings.kernel_budget_s
     if settings.timeout_s is not None:
         budget = min(budget or math.inf, settings.timeout_s / 4)
-    return bind_tuned_kernels(
+    space = bind_tuned_kernels(
         inputs.space, model=inputs.model, shape_path=settings.shape,
         shape_fingerprint=inputs.shape.fingerprint, cache_dir=inputs.cache_dir,
         engine=inputs.engine, gpu_name=inputs.gpu_type, budget_s=budget,
         trials=settings.kernel_trials, note=note)
+    for kind, folder in space.tuned_dirs.items():  # the study's results carry what it served
+        shutil.copytree(folder, inputs.out_dir / "kernels" / kind, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("logs", ".*"))
+    return space
 
 
 def _default_executor(inputs: StudyInputs) -> Executor:
