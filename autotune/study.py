@@ -614,11 +614,19 @@ class GpuTime:
         for k in ("start_s", "warmup_s", "measure_s", "other_s"):
             acc[k] += float(t[k])
 
+    def add_kernels(self, seconds: float, gpus: Sequence[int]) -> None:
+        """Kernel tuning before trial 0 (``kernels_s``) on each GPU it timed on."""
+        for g in gpus:
+            acc = self.per.setdefault(f"gpu{g}", {"start_s": 0.0, "warmup_s": 0.0,
+                                                  "measure_s": 0.0, "idle_s": 0.0,
+                                                  "other_s": 0.0})
+            acc["kernels_s"] = acc.get("kernels_s", 0.0) + seconds
+
     def close(self, span_s: float) -> None:
         """Idle = the loop's span (times the slots a CPU label stands for) less busy time."""
         for label, acc in self.per.items():
             n = 1 if label.startswith("gpu") else self.slots
-            busy = acc["start_s"] + acc["warmup_s"] + acc["measure_s"] + acc["other_s"]
+            busy = sum(v for k, v in acc.items() if k != "idle_s")
             acc["idle_s"] = max(0.0, n * span_s - busy)
             for k in acc:
                 acc[k] = round(acc[k], 1)
@@ -941,7 +949,8 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     return probe, reference
 
 
-def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None]) -> SearchSpace:
+def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None],
+                  on_tuned: Callable[[Any], None] | None = None) -> SearchSpace:
     """Tune (or find cached) the kernels the space's ``tuned`` knobs point at. Their time
     counts toward ``--timeout``: at most a quarter of it goes to kernels."""
     from autotune.kernels._study import bind_tuned_kernels
@@ -954,7 +963,7 @@ def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None]) -> Search
         inputs.space, model=inputs.model, shape_path=settings.shape,
         shape_fingerprint=inputs.shape.fingerprint, cache_dir=inputs.cache_dir,
         engine=inputs.engine, gpu_name=inputs.gpu_type, budget_s=budget,
-        trials=settings.kernel_trials, note=note)
+        trials=settings.kernel_trials, note=note, on_tuned=on_tuned)
     for kind, folder in space.tuned_dirs.items():  # the study's results carry what it served
         shutil.copytree(folder, inputs.out_dir / "kernels" / kind, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("logs", ".*"))
@@ -1047,8 +1056,9 @@ def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
     interrupt stops the trials in flight and tells the subscribers."""
     settings = inputs.settings
     if inputs.space.tuned_kinds():
-        loop.space = _bind_kernels(inputs, note=lambda m: subs.on_note(loop.event("note",
-                                                                                  message=m)))
+        loop.space = _bind_kernels(
+            inputs, note=lambda m: subs.on_note(loop.event("note", message=m)),
+            on_tuned=lambda r: loop.gpu_time.add_kernels(r.seconds, r.gpus))
     if inputs.lossy_in_space and (settings.quality_probe or inputs.thresholds is not None):
         probe, reference = _quality_reference(
             inputs, note=lambda m: subs.on_note(loop.event("note", message=m)))

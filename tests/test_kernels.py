@@ -470,7 +470,10 @@ def test_a_study_tunes_once_per_model_gpu_and_shape_then_reuses(tmp_path: Path) 
           "cache_dir": tmp_path / "cache", "engine": engine, "gpu_name": "NVIDIA H200",
           "trials": 4, "timers": [counting]}
     notes: list[str] = []
-    bound = bind_tuned_kernels(space, note=notes.append, **kw)  # type: ignore[arg-type]
+    tuned: list[object] = []
+    bound = bind_tuned_kernels(space, note=notes.append, on_tuned=tuned.append,
+                               **kw)  # type: ignore[arg-type]
+    assert tuned[0].gpus == [0] and tuned[0].seconds > 0  # type: ignore[attr-defined]
     folder = Path(bound.tuned_dirs["moe"])
     assert folder.is_relative_to(tmp_path / "cache" / "kernels" / "moe" / "NVIDIA_H200")
     keys = [int(k) for k in json.loads(
@@ -562,3 +565,13 @@ def test_a_broken_gpu_loses_only_its_own_token_count(tmp_path: Path) -> None:
         tune_moe(settings, timers=[gpu0, broken], gpu_name="NVIDIA H200")
     saved = json.loads((tmp_path / "o" / "E=128,N=1856,device_name=NVIDIA_H200.json").read_text())
     assert len(saved) == 2 and set(saved) < {"256", "768", "8192"}  # the other GPU's two
+
+
+def test_the_gpu_time_account_shows_kernel_tuning() -> None:
+    from autotune.study import GpuTime
+
+    acct = GpuTime(slots=1)
+    acct.add_kernels(120.0, [0, 1])
+    acct.close(300.0)
+    assert acct.per["gpu0"]["kernels_s"] == 120.0 and acct.per["gpu0"]["idle_s"] == 180.0
+    assert set(acct.per) == {"gpu0", "gpu1"}

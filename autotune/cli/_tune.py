@@ -332,7 +332,8 @@ def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
         lines.append(f"time on {label}: start {a.get('start_s', 0):.0f} s, warm-up "
                      f"{a.get('warmup_s', 0):.0f} s, measuring {a.get('measure_s', 0):.0f} s "
                      f"({a.get('measure_s', 0) / total:.0%}), other {a.get('other_s', 0):.0f} s, "
-                     f"idle {a.get('idle_s', 0):.0f} s")
+                     f"idle {a.get('idle_s', 0):.0f} s"
+                     + (f", kernel tuning {a['kernels_s']:.0f} s" if a.get("kernels_s") else ""))
     return lines
 
 

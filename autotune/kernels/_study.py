@@ -20,7 +20,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.kernels._cache import ensure_tuned_moe
 from autotune.kernels._search import KernelTimer
-from autotune.kernels._tune import Progress
+from autotune.kernels._tune import MoeTuneResult, Progress
 from autotune.space import SearchSpace
 
 __all__ = ["bind_tuned_kernels", "space_batched_tokens", "space_mtp_depths"]
@@ -68,10 +68,12 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
                        budget_s: float | None = None, trials: int = 48,
                        note: Callable[[str], None] | None = None,
                        on_progress: Callable[[Progress], None] | None = None,
-                       timers: Sequence[KernelTimer] | None = None) -> SearchSpace:
+                       timers: Sequence[KernelTimer] | None = None,
+                       on_tuned: Callable[[MoeTuneResult], None] | None = None) -> SearchSpace:
     """``space`` with its ``tuned`` kernel folders bound (or their absence explained).
 
-    ``timers`` (one per GPU) default to worker processes on every visible GPU."""
+    ``timers`` (one per GPU) default to worker processes on every visible GPU;
+    ``on_tuned`` receives the tuning's result (its seconds and GPUs: the study's account)."""
     kinds = space.tuned_kinds()
     if "moe" not in kinds:
         return space
@@ -110,6 +112,8 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
     except AutotuneError as exc:
         say(f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
         return space.with_tuned({}, {"moe": f"the kernel tuning failed: {exc}"})
+    if on_tuned is not None:
+        on_tuned(result)
     folder = result.path.parent
     kept = f"; {len(result.reused)} token count(s) from the cache" if result.reused else ""
     say(f"fused-MoE kernels ready: {folder} ({len(result.results)} token count(s) tuned in "

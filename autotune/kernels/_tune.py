@@ -96,6 +96,7 @@ class MoeTuneResult:
     results: list[SizeResult] = field(default_factory=list)
     reused: list[int] = field(default_factory=list)  # token counts kept from an earlier run
     seconds: float = 0.0
+    gpus: list[int] = field(default_factory=list)  # GPUs timed on ([]: nothing was timed)
 
 
 def check_cuda() -> list[int]:
@@ -305,6 +306,9 @@ def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None 
         if timers is None and todo:
             timers, own, versions = _start_workers(shape, gpus, out / "logs", settings.seed,
                                                    file_name)
+            result.gpus = list(gpus)
+        elif todo:
+            result.gpus = list(range(len(timers or [])))
         result.results, errors = _run_workers(todo, timers or [], shape, search,
                                               settings.budget_s, on_progress)
         result.seconds = time.monotonic() - t0
