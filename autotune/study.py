@@ -608,19 +608,19 @@ class GpuTime:
 
     def add(self, outcome: TrialOutcome) -> None:
         t = trial_time(outcome)
-        acc = self.per.setdefault(str(t["slot"]), {"start_s": 0.0, "warmup_s": 0.0,
-                                                   "measure_s": 0.0, "idle_s": 0.0,
-                                                   "other_s": 0.0})
+        acc = self._slot(str(t["slot"]))
         for k in ("start_s", "warmup_s", "measure_s", "other_s"):
             acc[k] += float(t[k])
 
     def add_kernels(self, seconds: float, gpus: Sequence[int]) -> None:
         """Kernel tuning before trial 0 (``kernels_s``) on each GPU it timed on."""
         for g in gpus:
-            acc = self.per.setdefault(f"gpu{g}", {"start_s": 0.0, "warmup_s": 0.0,
-                                                  "measure_s": 0.0, "idle_s": 0.0,
-                                                  "other_s": 0.0})
+            acc = self._slot(f"gpu{g}")
             acc["kernels_s"] = acc.get("kernels_s", 0.0) + seconds
+
+    def _slot(self, label: str) -> dict[str, float]:
+        return self.per.setdefault(label, {"start_s": 0.0, "warmup_s": 0.0, "measure_s": 0.0,
+                                           "idle_s": 0.0, "other_s": 0.0})
 
     def close(self, span_s: float) -> None:
         """Idle = the loop's span (times the slots a CPU label stands for) less busy time."""
