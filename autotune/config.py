@@ -100,6 +100,10 @@ class TuneSettings(BaseModel):
     measure_max_s: float = Field(default=180.0, gt=0)
     segment_requests: int | None = Field(default=None, ge=1)  # None: max(concurrency, 16)
     pruner: Literal["interval", "none"] = "interval"
+    # kernels tuned before trial 0 for a knob with `tuned:` (docs/kernels.md): device time
+    # for the whole tuning (split over token counts) and configs timed per token count
+    kernel_budget_s: float | None = Field(default=1200.0, gt=0)
+    kernel_trials: int = Field(default=48, ge=1, le=2000)
     recheck_starts: int = Field(default=2, ge=1, le=20)  # fresh starts per re-checked config
 
     @field_validator("pareto_latency")

@@ -10,21 +10,31 @@ import os
 import subprocess
 from functools import lru_cache
 
-__all__ = ["cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_type", "nvidia_smi",
+__all__ = ["cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_names", "gpu_type", "nvidia_smi",
            "process_start_ticks"]
 
 
-def nvidia_smi(field: str) -> str:
-    """The first GPU's ``--query-gpu`` field ("" without nvidia-smi or a GPU)."""
+def _query_gpus(field: str) -> list[str]:
+    """A ``--query-gpu`` field of every GPU, in nvidia-smi's order ([] without one)."""
     try:
         out = subprocess.run(
             ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=10, check=False,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
-        return ""
-    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+        return []
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+
+
+def nvidia_smi(field: str) -> str:
+    """The first GPU's ``--query-gpu`` field ("" without nvidia-smi or a GPU)."""
+    lines = _query_gpus(field)
     return lines[0] if lines else ""
+
+
+def gpu_names() -> list[str]:
+    """Every GPU's name, in nvidia-smi's order ([] without nvidia-smi or a GPU)."""
+    return _query_gpus("name")
 
 
 @lru_cache(maxsize=1)

@@ -7,7 +7,7 @@ sample never costs a server start. See ``docs/search-spaces.md`` and ``search_sp
 
 Expressions in ``when``/``rules``/``derive`` are a small, safe subset of Python:
 comparisons, ``and``/``or``/``not``, ``in``, arithmetic, ``min``/``max``, knob names and
-the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp`` (model facts),
+the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp``, ``moe`` (model facts),
 ``gpu_arch`` (e.g. "sm90"), ``avx512`` (the CPU has AVX-512 or AMX), and the traffic's
 ``streams`` (closed-loop concurrency) and ``prompt_p90`` (tokens; both 0 when the space is
 loaded without a traffic shape). A knob that is
@@ -39,8 +39,10 @@ __all__ = [
     "load_space",
 ]
 
-_FACTS = ("device", "hybrid", "mtp", "gpu_arch", "avx512", "real_weights", "streams",
+_FACTS = ("device", "hybrid", "mtp", "moe", "gpu_arch", "avx512", "real_weights", "streams",
           "prompt_p90")
+# routed experts in config.json (as autotune/kernels/_moe_shape.py reads them)
+_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 _WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 
 
@@ -52,6 +54,7 @@ class ModelFacts(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     hybrid: bool = False
     mtp: bool = False
+    moe: bool = False  # routed experts (vLLM's fused-MoE kernel runs)
     gpu_arch: str = ""
     avx512: bool = False  # the CPU build needs AVX-512 (or AMX) for FP8 KV caches
     # a real checkpoint: weight files, and not one of autotune's generated tiny models.
@@ -88,12 +91,14 @@ class ModelFacts(BaseModel):
         hybrid = "M" in pattern or model_type in {"nemotron_h", "mamba2", "bamba", "jamba",
                                                   "falcon_h1", "granitemoehybrid", "qwen3_next"}
         mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0) > 0
+        text = {**cfg, **(cfg.get("text_config") or {})}
+        moe = any(int(text.get(k) or 0) > 0 for k in _EXPERT_KEYS)
         d = Path(model)
         real = not (d / "autotune-model.json").exists() and any(
             next(d.glob(g), None) is not None for g in _WEIGHTS
         )
-        return cls(device=device, hybrid=hybrid, mtp=mtp, gpu_arch=gpu_arch,  # type: ignore[arg-type]
-                   avx512=cpu_has_avx512(), real_weights=real)
+        return cls(device=device, hybrid=hybrid, mtp=mtp, moe=moe,  # type: ignore[arg-type]
+                   gpu_arch=gpu_arch, avx512=cpu_has_avx512(), real_weights=real)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +209,9 @@ class Knob(BaseModel):
     when: str | None = None  # condition for the knob to exist
     default: Any = None  # vLLM's own default (the baseline trial uses it; None = unknown)
     lossy: bool = False  # changes outputs (quality probe)
+    # "moe": the value "tuned" sets the knob's env to the folder of kernel configs the
+    # study tunes for this model, GPU and shape before trial 0 (autotune kernels moe)
+    tuned: Literal["moe"] | None = None
     help: str = ""
 
     @model_validator(mode="after")
@@ -235,6 +243,12 @@ class Knob(BaseModel):
                 raise ValueError("a categorical knob needs a non-empty 'choices' list")
             if len({json.dumps(c) for c in self.choices}) != len(self.choices):
                 raise ValueError(f"'choices' has duplicates: {self.choices}")
+        if self.tuned is not None and (
+            not self.env or self.type != "categorical" or "tuned" not in (self.choices or [])
+        ):
+            raise ValueError(
+                f"tuned: {self.tuned} needs an 'env' target (e.g. VLLM_TUNED_CONFIG_FOLDER) and "
+                "a categorical knob with the choice 'tuned'")
         if self.default is not None and not self.contains(self.default):
             raise ValueError(f"default {self.default!r} is outside the knob's values")
         return self
@@ -352,6 +366,30 @@ class SearchSpace:
         for k, e in self._when.items():
             if k in e.names:
                 raise SpaceError(f"{where}: knob {k!r} has a condition on itself")
+        # kind -> folder of tuned kernel configs, or kind -> why there is none (with_tuned)
+        self.tuned_dirs: dict[str, str] = {}
+        self.tuned_missing: dict[str, str] = {}
+
+    # -- tuned kernels ------------------------------------------------------------------------
+    def tuned_kinds(self) -> dict[str, list[str]]:
+        """Kernel kinds some knob can point at (kind -> knob names), e.g. {"moe": [...]}."""
+        out: dict[str, list[str]] = {}
+        for name, knob in self.knobs.items():
+            if knob.tuned:
+                out.setdefault(knob.tuned, []).append(name)
+        return out
+
+    def with_tuned(self, dirs: Mapping[str, str], missing: Mapping[str, str] | None = None
+                   ) -> SearchSpace:
+        """This space with kernel folders bound: a knob's "tuned" value sets its env to
+        ``dirs[kind]``; a kind in ``missing`` makes "tuned" a rule violation with that
+        reason (the sample is rejected before any server starts)."""
+        import copy
+
+        bound = copy.copy(self)
+        bound.tuned_dirs = dict(dirs)
+        bound.tuned_missing = dict(missing or {})
+        return bound
 
     # -- facts ------------------------------------------------------------------------------
     def _env(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -413,6 +451,13 @@ class SearchSpace:
         for expr, reason in self._rules:
             if expr(env) is True:
                 out.append(reason)
+        for name, value in params.items():
+            knob = self.knobs.get(name)
+            # before the study binds its kernels (with_tuned) "tuned" is not yet decided
+            if knob is not None and knob.tuned and value == "tuned" and (
+                    knob.tuned in self.tuned_missing):
+                why = self.tuned_missing[knob.tuned]
+                out.append(f"{name}=tuned: no tuned {knob.tuned} kernel configs ({why})")
         return out
 
     def lossy_knobs(self, params: Mapping[str, Any]) -> list[str]:
@@ -440,6 +485,13 @@ class SearchSpace:
                 continue
             if knob.flag:
                 flags.extend(_flag_args(knob.flag, value))
+            elif knob.env and knob.tuned and value == "tuned":
+                folder = self.tuned_dirs.get(knob.tuned)
+                if folder is None:
+                    raise SpaceError(
+                        f"knob {name!r} is 'tuned' but no {knob.tuned} kernel folder is bound; "
+                        f"{self.tuned_missing.get(knob.tuned, 'tune them first')}")
+                env[knob.env] = folder
             elif knob.env:
                 env[knob.env] = _scalar(value)
             elif knob.json_flag:

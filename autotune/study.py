@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -631,17 +632,25 @@ class GpuTime:
 
     def add(self, outcome: TrialOutcome) -> None:
         t = trial_time(outcome)
-        acc = self.per.setdefault(str(t["slot"]), {"start_s": 0.0, "warmup_s": 0.0,
-                                                   "measure_s": 0.0, "idle_s": 0.0,
-                                                   "other_s": 0.0, "compile_s": 0.0})
+        acc = self._slot(str(t["slot"]))
         for k in ("start_s", "compile_s", "warmup_s", "measure_s", "other_s"):
             acc[k] = acc.get(k, 0.0) + float(t[k])
+
+    def add_kernels(self, seconds: float, gpus: Sequence[int]) -> None:
+        """Kernel tuning before trial 0 (``kernels_s``) on each GPU it timed on."""
+        for g in gpus:
+            acc = self._slot(f"gpu{g}")
+            acc["kernels_s"] = acc.get("kernels_s", 0.0) + seconds
+
+    def _slot(self, label: str) -> dict[str, float]:
+        return self.per.setdefault(label, {"start_s": 0.0, "warmup_s": 0.0, "measure_s": 0.0,
+                                           "idle_s": 0.0, "other_s": 0.0, "compile_s": 0.0})
 
     def close(self, span_s: float) -> None:
         """Idle = the loop's span (times the slots a CPU label stands for) less busy time."""
         for label, acc in self.per.items():
             n = 1 if label.startswith("gpu") else self.slots
-            busy = acc["start_s"] + acc["warmup_s"] + acc["measure_s"] + acc["other_s"]
+            busy = sum(v for k, v in acc.items() if k not in ("idle_s", "compile_s"))
             acc["idle_s"] = max(0.0, n * span_s - busy)
             for k in acc:
                 acc[k] = round(acc[k], 1)
@@ -1014,6 +1023,27 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     return probe, reference
 
 
+def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None],
+                  on_tuned: Callable[[Any], None] | None = None) -> SearchSpace:
+    """Tune (or find cached) the kernels the space's ``tuned`` knobs point at. Their time
+    counts toward ``--timeout``: at most a quarter of it goes to kernels."""
+    from autotune.kernels._study import bind_tuned_kernels
+
+    settings = inputs.settings
+    budget = settings.kernel_budget_s
+    if settings.timeout_s is not None:
+        budget = min(budget or math.inf, settings.timeout_s / 4)
+    space = bind_tuned_kernels(
+        inputs.space, model=inputs.model, shape_path=settings.shape,
+        shape_fingerprint=inputs.shape.fingerprint, cache_dir=inputs.cache_dir,
+        engine=inputs.engine, gpu_name=inputs.gpu_type, budget_s=budget,
+        trials=settings.kernel_trials, note=note, on_tuned=on_tuned)
+    for kind, folder in space.tuned_dirs.items():  # the study's results carry what it served
+        shutil.copytree(folder, inputs.out_dir / "kernels" / kind, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("logs", ".*"))
+    return space
+
+
 def _default_executor(inputs: StudyInputs) -> Executor:
     settings = inputs.settings
     if settings.use_ray:
@@ -1104,6 +1134,10 @@ def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
     """The quality reference (when lossy trials are probed), then the loop; an error or an
     interrupt stops the trials in flight and tells the subscribers."""
     settings = inputs.settings
+    if inputs.space.tuned_kinds():
+        loop.space = _bind_kernels(
+            inputs, note=lambda m: subs.on_note(loop.event("note", message=m)),
+            on_tuned=lambda r: loop.gpu_time.add_kernels(r.seconds, r.gpus))
     if inputs.lossy_in_space and (settings.quality_probe or inputs.thresholds is not None):
         probe, reference = _quality_reference(
             inputs, note=lambda m: subs.on_note(loop.event("note", message=m)))

@@ -106,6 +106,12 @@ OPTIONS: tuple[Option, ...] = (
            help="time budget of the whole study, re-check included: the search stops when "
                 "what is left would not fit the re-check at the mean trial time so far; "
                 "running trials finish, then the verdict"),
+    Option("--kernel-budget", "kernel_budget_s", "search", metavar="SECONDS",
+           help="device time for tuning kernels before trial 0 when the space has a knob "
+                "with 'tuned' (moe_config; once per model, GPU and shape, cached under "
+                "--cache-dir; docs/kernels.md)"),
+    Option("--kernel-trials", "kernel_trials", "search", metavar="N",
+           help="kernel configs timed per token count in that tuning"),
     Option("--pruner", "pruner", "search",
            help="interval (default): stop a trial as soon as its 95 %% interval lies wholly "
                 "below the incumbent's (recorded as 'pruned'; throughput studies only); "
@@ -327,7 +333,8 @@ def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
         lines.append(f"time on {label}: start {a.get('start_s', 0):.0f} s{comp}, warm-up "
                      f"{a.get('warmup_s', 0):.0f} s, measuring {a.get('measure_s', 0):.0f} s "
                      f"({a.get('measure_s', 0) / total:.0%}), other {a.get('other_s', 0):.0f} s, "
-                     f"idle {a.get('idle_s', 0):.0f} s")
+                     f"idle {a.get('idle_s', 0):.0f} s"
+                     + (f", kernel tuning {a['kernels_s']:.0f} s" if a.get("kernels_s") else ""))
     return lines
 
 

@@ -1,0 +1,97 @@
+"""``autotune kernels moe``: tune vLLM's fused-MoE kernel config for a traffic shape."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of whole numbers, e.g. 0,1") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    kernels = sub.add_parser("kernels", help="tune kernel configs below the engine flags (GPU)")
+    ksub = kernels.add_subparsers(dest="kernels_command", metavar="SUBCOMMAND", required=True)
+    moe = ksub.add_parser(
+        "moe",
+        help="tune the fused-MoE Triton config for the token counts a traffic shape makes",
+        description=(
+            "Tune vLLM's fused-MoE Triton kernel (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, "
+            "num_stages) for the model's expert shape on this GPU, only at the token counts "
+            "the traffic shape produces (streams x (1 + MTP depth) per decode step, mixed "
+            "steps, prefill chunks), with Optuna over vLLM's tuning grid, timing vLLM's own "
+            "fused_experts in one worker process per GPU. Writes OUT/<the file name vLLM "
+            "looks up>, e.g. E=128,N=1856,device_name=NVIDIA_H200.json, plus every "
+            "candidate's time; serve with VLLM_TUNED_CONFIG_FOLDER=OUT. Needs a CUDA GPU "
+            "and the 'gpu' extra. See docs/kernels.md."
+        ),
+    )
+    moe.add_argument("--model", required=True, type=Path, help="local model directory")
+    moe.add_argument("--shape", required=True, type=Path, help="traffic shape JSON")
+    moe.add_argument("--out", required=True, type=Path, help="folder to write the config to")
+    moe.add_argument("--gpus", type=int, default=1, help="GPUs to time on at once (default 1)")
+    moe.add_argument("--mtp-depth", type=_ints, default=(0,), metavar="D[,D...]",
+                     help="MTP depths the server will run (decode steps carry 1 + D tokens "
+                     "per stream); default 0")
+    moe.add_argument("--max-batched-tokens", type=_ints, default=(8192,), metavar="N[,N...]",
+                     help="the server's --max-num-batched-tokens (prefill chunk); default 8192")
+    moe.add_argument("--concurrency", type=int, default=None,
+                     help="streams (default: the shape's closed-loop concurrency, or its "
+                     "open-loop estimate)")
+    moe.add_argument("--sizes", type=_ints, default=(), metavar="M[,M...]",
+                     help="more token counts to tune besides the shape's")
+    moe.add_argument("--trials", type=int, default=48,
+                     help="configs timed per token count before the re-check (default 48 "
+                     "of vLLM's 1,920-point grid)")
+    moe.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                     help="device time for the whole tuning (split over the token counts)")
+    moe.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the server")
+    moe.add_argument("--seed", type=int, default=0)
+    moe.add_argument("--fresh", action="store_true",
+                     help="tune every token count again (default: keep those already in OUT)")
+    moe.set_defaults(func=_moe)
+
+
+def _moe(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from autotune.errors import ConfigError
+    from autotune.kernels import MoeTuneSettings, Progress, tune_moe
+
+    try:
+        settings = MoeTuneSettings(
+            model=args.model, shape=args.shape, out=args.out, gpus=args.gpus,
+            mtp_depths=args.mtp_depth, max_batched_tokens=args.max_batched_tokens,
+            concurrency=args.concurrency, sizes=args.sizes, trials=args.trials,
+            budget_s=args.budget, tp=args.tp, seed=args.seed, reuse=not args.fresh)
+    except ValidationError as exc:
+        problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}"
+                             for e in exc.errors())
+        raise ConfigError(f"autotune kernels moe: {problems}") from None
+
+    def show(p: Progress) -> None:
+        if p.done is not None:
+            r = p.done
+            speed = f"{r.speedup:.2f}x" if r.speedup else "n/a"
+            best, default = r.best_us or float("nan"), r.default_us or float("nan")
+            print(f"[{p.sizes_done}/{p.sizes_total}] M={r.m}: best {best:.1f} us, "
+                  f"default {default:.1f} us ({speed}); {r.timed} timed, "
+                  f"{r.failed} failed, {r.pruned} pruned, {r.seconds:.0f} s", flush=True)
+        elif p.candidate is not None and p.candidate.us is None:
+            c = p.candidate
+            print(f"  M={c.m} gpu {p.gpu}: {c.reason} ({c.message[:80]})", file=sys.stderr,
+                  flush=True)
+
+    result = tune_moe(settings, on_progress=show)
+    if result.reused:
+        print(f"kept from an earlier run: M={','.join(map(str, result.reused))}")
+    print(f"wrote {result.path} ({len(result.sizes)} token counts, {result.seconds:.0f} s); "
+          f"all candidates: {result.csv_path}")
+    print(f"serve with: VLLM_TUNED_CONFIG_FOLDER={result.path.parent.resolve()} vllm serve ...")
+    return 0

@@ -1,0 +1,121 @@
+"""Kernels a study tunes before trial 0, for the knobs whose value ``tuned`` needs them.
+
+A space knob with ``tuned: moe`` (``moe_config: default|tuned`` in
+``search_spaces/hybrid-mtp.yaml``) sets ``VLLM_TUNED_CONFIG_FOLDER`` to a folder of
+fused-MoE configs tuned for this model, GPU and traffic shape. :func:`bind_tuned_kernels`
+makes (or finds in ``--cache-dir``) that folder once, for every token count the space can
+produce (its MTP depths and ``--max-num-batched-tokens`` choices), and binds it to the
+space. When it cannot (the CPU build has no fused-MoE Triton kernel; a dense model has no
+experts; the tuning failed) the value ``tuned`` becomes a rule violation with that reason:
+samples with it are rejected before any server starts, the other knobs search on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.kernels._cache import ensure_tuned_moe
+from autotune.kernels._search import KernelTimer
+from autotune.kernels._tune import MoeTuneResult, Progress
+from autotune.space import SearchSpace
+
+__all__ = ["bind_tuned_kernels", "space_batched_tokens", "space_mtp_depths"]
+
+logger = logging.getLogger(__name__)
+
+_MTP_TARGET = "--speculative-config.num_speculative_tokens"
+_MNBT_FLAG = "--max-num-batched-tokens"
+_VLLM_DEFAULT_MNBT = 8192
+
+
+def _values(knob: Any) -> list[int]:
+    if knob.type == "categorical":
+        return [int(c) for c in knob.choices or [] if isinstance(c, int | float)]
+    if knob.type == "int":
+        return list(range(int(knob.low), int(knob.high) + 1, int(knob.step or 1)))
+    return []
+
+
+def space_mtp_depths(space: SearchSpace) -> tuple[int, ...]:
+    """MTP depths the space can run (0 always: the baseline has no speculation)."""
+    depths = {0}
+    for name, knob in space.knobs.items():
+        if knob.json_flag == _MTP_TARGET and space.is_active(name, {}):
+            depths.update(_values(knob))
+    return tuple(sorted(depths))
+
+
+def space_batched_tokens(space: SearchSpace) -> tuple[int, ...]:
+    """``--max-num-batched-tokens`` values the space can pass (vLLM's default included)."""
+    values = {_VLLM_DEFAULT_MNBT}
+    flags = list(space._spec.fixed_flags)
+    for i, flag in enumerate(flags[:-1]):
+        if flag == _MNBT_FLAG and flags[i + 1].isdigit():
+            values = {int(flags[i + 1])}
+    for knob in space.knobs.values():
+        if knob.flag == _MNBT_FLAG:
+            vals = _values(knob)
+            values.update([min(vals), max(vals)] if knob.type == "int" else vals)
+    return tuple(sorted(values))
+
+
+def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
+                       shape_fingerprint: str, cache_dir: Path, engine: Any, gpu_name: str,
+                       budget_s: float | None = None, trials: int = 48,
+                       note: Callable[[str], None] | None = None,
+                       on_progress: Callable[[Progress], None] | None = None,
+                       timers: Sequence[KernelTimer] | None = None,
+                       on_tuned: Callable[[MoeTuneResult], None] | None = None) -> SearchSpace:
+    """``space`` with its ``tuned`` kernel folders bound (or their absence explained).
+
+    ``timers`` (one per GPU) default to worker processes on every visible GPU;
+    ``on_tuned`` receives the tuning's result (its seconds and GPUs: the study's account)."""
+    kinds = space.tuned_kinds()
+    if "moe" not in kinds:
+        return space
+    knobs = ", ".join(kinds["moe"])
+    say = note or (lambda m: logger.warning("%s", m))
+    why = None
+    if engine.device != "cuda":
+        why = (f"{engine.package} {engine.version} has no fused-MoE Triton kernel: MoE runs on "
+               "the CPU's own path")
+    elif not space.facts.moe:
+        why = f"{model} has no routed experts"
+    if why is not None:
+        say(f"knob {knobs}: 'tuned' is off ({why})")
+        return space.with_tuned({}, {"moe": why})
+    depths, mnbt = space_mtp_depths(space), space_batched_tokens(space)
+    say(f"fused-MoE kernels for knob {knobs}: tuning once per model, GPU and shape "
+        f"(MTP depths {list(depths)}, chunks {list(mnbt)}; cached under {cache_dir}/kernels)")
+    from autotune.kernels._tune import check_cuda
+
+    def progress(p: Progress) -> None:
+        if p.done is not None:
+            r = p.done
+            speed = f"{r.speedup:.2f}x the default" if r.speedup else "no valid time"
+            say(f"fused-MoE M={r.m} ({p.sizes_done}/{p.sizes_total}): {speed}, "
+                f"{r.timed} configs timed ({r.failed} failed) in {r.seconds:.0f} s")
+        if on_progress is not None:
+            on_progress(p)
+
+    try:
+        result = ensure_tuned_moe(
+            cache_dir=cache_dir, model=model, shape_path=shape_path,
+            shape_fingerprint=shape_fingerprint, gpu_name=gpu_name,
+            vllm_version=engine.version, mtp_depths=depths, max_batched_tokens=mnbt,
+            gpus=len(timers) if timers else len(check_cuda()), budget_s=budget_s,
+            trials=trials, on_progress=progress, timers=timers)
+    except AutotuneError as exc:
+        say(f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
+        return space.with_tuned({}, {"moe": f"the kernel tuning failed: {exc}"})
+    if on_tuned is not None:
+        on_tuned(result)
+    folder = result.path.parent
+    kept = f"; {len(result.reused)} token count(s) from the cache" if result.reused else ""
+    say(f"fused-MoE kernels ready: {folder} ({len(result.results)} token count(s) tuned in "
+        f"{result.seconds:.0f} s{kept})")
+    return space.with_tuned({"moe": str(folder)})

@@ -1,0 +1,137 @@
+"""The driver's end of a GPU worker: a :class:`KernelTimer` that talks to
+``python -m autotune.kernels._worker`` on one GPU (``CUDA_VISIBLE_DEVICES``).
+
+A worker that dies or hangs costs one candidate (reason ``crash`` or ``timeout``) and is
+started again for the next one; its stderr goes to a log file beside the results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import IO, Any
+
+from autotune.errors import AutotuneError
+from autotune.kernels._moe_shape import MoeShape
+from autotune.kernels._search import KernelFailure
+
+__all__ = ["WorkerTimer"]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerTimer:
+    """Times configs in a worker process on GPU ``gpu``; restarts it after a crash."""
+
+    def __init__(self, shape: MoeShape, *, gpu: int, log_path: Path | None = None,
+                 python: str = sys.executable, seed: int = 0,
+                 call_timeout_s: float = 300.0, start_timeout_s: float = 600.0) -> None:
+        self.shape = shape
+        self.gpu = gpu
+        self.log_path = log_path
+        self.python = python
+        self.seed = seed
+        self.call_timeout_s = call_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.hello: dict[str, Any] | None = None
+        self._proc: subprocess.Popen[str] | None = None
+        self._log: IO[str] | None = None
+        self.restarts = 0
+
+    # -- process ---------------------------------------------------------------------------
+    def start(self) -> dict[str, Any]:
+        """Start the worker and return its greeting (GPU name, vLLM's file name, versions).
+
+        Raises :class:`AutotuneError` when the worker cannot time anything at all."""
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(self.gpu), PYTHONUNBUFFERED="1")
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "a", encoding="utf-8")
+        self._proc = subprocess.Popen(
+            [self.python, "-m", "autotune.kernels._worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL, text=True,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+        shape = {**asdict(self.shape), "activation": self.shape.activation}
+        self._send({"shape": shape, "seed": self.seed})
+        answer = self._receive(self.start_timeout_s)
+        if isinstance(answer, str) or not answer.get("ok"):
+            if isinstance(answer, str):
+                why = "it exited" if answer == "crash" else "no answer"
+            else:
+                why = str(answer.get("message") or "it refused")
+            self.close(kill=True)
+            raise AutotuneError(
+                f"the kernel worker on GPU {self.gpu} could not start ({why}); see "
+                f"{self.log_path or 'its stderr'}; it needs the CUDA build of vLLM and a GPU")
+        self.hello = answer
+        return answer
+
+    def close(self, *, kill: bool = False) -> None:
+        """Stop the worker: end of input, then SIGKILL of its group (at once with ``kill``)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                if proc.stdin:
+                    proc.stdin.close()
+                proc.wait(timeout=0.1 if kill else 10)
+            except (OSError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(obj) + "\n")
+        self._proc.stdin.flush()
+
+    def _receive(self, timeout_s: float) -> dict[str, Any] | str:
+        """The worker's next answer, or "crash" (it exited) or "timeout" (no answer)."""
+        assert self._proc is not None and self._proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self._proc.stdout], [], [], 1.0)
+            if ready:
+                line = self._proc.stdout.readline()
+                if not line:
+                    return "crash"  # end of its output: the worker exited
+                return dict(json.loads(line))
+            if self._proc.poll() is not None:
+                return "crash"
+        return "timeout"
+
+    # -- KernelTimer -----------------------------------------------------------------------
+    def __call__(self, config: dict[str, int], m: int, *, iters: int) -> float:
+        if self._proc is None or self._proc.poll() is not None:
+            if self.hello is not None:
+                self.restarts += 1
+            self.close()
+            self.start()
+        try:
+            self._send({"m": m, "config": config, "iters": iters})
+        except (BrokenPipeError, OSError) as exc:
+            self.close()
+            raise KernelFailure("crash", f"the worker went away: {exc}") from exc
+        answer = self._receive(self.call_timeout_s)
+        if isinstance(answer, str):
+            code = None if self._proc is None else self._proc.poll()
+            self.close(kill=True)
+            if answer == "timeout":
+                raise KernelFailure("timeout", f"no answer within {self.call_timeout_s:.0f} s")
+            raise KernelFailure("crash", f"the worker exited (code {code})")
+        if not answer.get("ok"):
+            raise KernelFailure(str(answer.get("reason", "error")), str(answer.get("message", "")))
+        return float(answer["us"])

