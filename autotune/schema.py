@@ -337,6 +337,9 @@ class Judgement:
     declared: list[Any]  # readings of the config best.json names
     candidate: list[Any]  # readings of the best config other than the defaults
     defaults: list[Any]  # readings of the defaults
+    # when no other config was measured feasible: the best one the pruner stopped (its
+    # within-run figures give the ratio; it has no objective value of its own)
+    pruned: Any = None
 
 
 def _fresh(ts: list[Any]) -> list[Any]:
@@ -375,14 +378,44 @@ def judge_study(study: Any) -> Judgement | None:
         return Judgement("unverified", "the defaults were not measured (--no-baseline): "
                          "nothing to compare with", None, cand, cand, [])
     if not cand:
-        return Judgement("defaults_best", "no other config was measured feasible", None,
-                         base_use, [], base_use)
+        return _judge_pruned(study, base_use)
     ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
                               others=[[primary(t) for t in ts] for ts in pool if ts is not cand],
                               within={"config": _within(cand), "defaults": _within(base_use)})
     v = decide_verdict(ratio)
     return Judgement(v.verdict, v.reason, ratio, cand if v.verdict == "winner" else base_use,
                      cand, base_use)
+
+
+def _pruned_value(t: Any) -> float | None:
+    m = t.user_attrs.get(A.METRICS) or {}
+    v = m.get("output_tokens_per_s")
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
+
+
+def _judge_pruned(study: Any, base_use: list[Any]) -> Judgement:
+    """Defaults remain best when no other config was measured feasible; if the pruner
+    stopped some, the best of them gives "the best ratio found" from its own segments."""
+    from optuna.trial import TrialState
+
+    from autotune.stats import Interval, ratio_to_defaults
+
+    pruned = [t for t in study.get_trials(deepcopy=False)
+              if t.state == TrialState.PRUNED and t.user_attrs.get(A.STATE) == State.PRUNED
+              and _pruned_value(t) is not None]
+    reason = "no other config was measured feasible"
+    if not pruned:
+        return Judgement("defaults_best", reason, None, base_use, [], base_use)
+    best = max(pruned, key=lambda t: _pruned_value(t) or 0.0)
+    value = _pruned_value(best) or 0.0
+    m = best.user_attrs.get(A.METRICS) or {}
+    lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
+    iv = Interval(value, lo, hi) if lo is not None and hi is not None else None
+    ratio = ratio_to_defaults([value], [primary(t) for t in base_use],
+                              within={"config": iv, "defaults": _within(base_use)})
+    return Judgement("defaults_best", reason + (
+        f"; the pruner stopped the best other one (trial {best.number}) as a clear loser"),
+        ratio, base_use, [], base_use, pruned=best)
 
 
 def verdict(study: Any) -> Verdict:
@@ -405,7 +438,7 @@ def verdict_record(j: Judgement | None) -> dict[str, Any]:
         return {"verdict": "none", "ratio_to_defaults": None,
                 "winner_number": None, "baseline_number": None,
                 "reason": "no feasible trial"}
-    cand_rep = min(j.candidate, key=lambda t: t.number) if j.candidate else None
+    cand_rep = (min(j.candidate, key=lambda t: t.number) if j.candidate else j.pruned)
     base_rep = min(j.defaults, key=lambda t: t.number) if j.defaults else None
     first = cand_rep.user_attrs.get(A.RECHECK_OF, cand_rep.number) if cand_rep else None
     return {
@@ -416,7 +449,9 @@ def verdict_record(j: Judgement | None) -> dict[str, Any]:
                             if base_rep else None),
         "candidate_number": first,
         "candidate_params": dict(cand_rep.params) if cand_rep else None,
-        "readings": {"candidate": [primary(t) for t in j.candidate],
+        "candidate_pruned": j.pruned is not None,
+        "readings": {"candidate": ([primary(t) for t in j.candidate] if j.candidate else
+                                   [_pruned_value(j.pruned)] if j.pruned is not None else []),
                      "defaults": [primary(t) for t in j.defaults]},
         "method": j.ratio.method if j.ratio is not None else None,
         "reason": j.reason,

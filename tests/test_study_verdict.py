@@ -240,3 +240,22 @@ def test_verdict_line_says_why_when_no_other_config_was_measured():
                           "ratio_to_defaults": {"median": 0.97, "ci_low": 0.9,
                                                 "ci_high": 1.04}})
     assert "trial 3" in line and "0.970x" in line and "0.900-1.040" in line
+
+
+def test_when_every_other_config_is_pruned_the_verdict_still_gives_the_best_ratio_found(
+        tmp_path: Path, fake_model: Path) -> None:
+    from autotune.cli._tune import _verdict_line
+
+    # The enqueued config runs at 0.7x the defaults: the pruner stops it, so no other config
+    # is measured feasible; the verdict still states its ratio (within-run) and says how.
+    fn = simulated({"defaults": 1000.0, "seqs=8": 700.0, "other": 690.0}, start_cv=0.01)
+    _, out, _ = study(tmp_path, fake_model, fn, trials=2)
+    best = json.loads((out / "best.json").read_text())
+    assert best["verdict"] == "defaults_best"
+    d = best["verdict_detail"]
+    assert d["candidate_pruned"] is True and d["candidate_number"] == 1
+    r = best["ratio_to_defaults"]
+    assert r is not None and r["ci_high"] < 1 and 0.6 < r["median"] < 0.8
+    assert "pruner stopped" in d["reason"]
+    line = _verdict_line(json.loads((out / "study.json").read_text())["verdict"])
+    assert "trial 1 (pruned as a clear loser" in line and "0.7" in line, line

@@ -320,8 +320,10 @@ def _verdict_line(v: dict[str, Any]) -> str:
         if v.get("candidate_number") is None:  # nothing else measured feasible
             return (f"verdict: vLLM's defaults remain best for this shape "
                     f"({v.get('reason') or 'no other config was measured'})")
+        how = (" (pruned as a clear loser; within-run figures)" if v.get("candidate_pruned")
+               else "")
         return (f"verdict: vLLM's defaults remain best for this shape; best other config "
-                f"(trial {v.get('candidate_number')}): {ci}")
+                f"(trial {v.get('candidate_number')}{how}): {ci}")
     return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"
 
 
