@@ -262,6 +262,10 @@ def resolve_inputs(settings: TuneSettings) -> StudyInputs:
     # flags against the installed vLLM's parser, the shape against the context: before the
     # storage, the folders or any server (issue 18)
     check_before_trial_0(space=space, shape=shape, model=model, settings=settings)
+    if settings.objective == "capacity":
+        from autotune.levels import recorded_rate
+
+        recorded_rate(shape)  # a closed-loop shape has no rate to scale: stop here
     storage = open_storage(settings.storage)
     study_name = _study_name(settings, storage, space, shape)
     out_dir = (settings.out or DEFAULT_OUT_ROOT / study_name).resolve()
@@ -436,6 +440,8 @@ def _record_outcome(trial: optuna.Trial, outcome: TrialOutcome) -> None:
         trial.set_user_attr(A.REQUEST_ERRORS, dict(errors))
     if outcome.warmup is not None:
         trial.set_user_attr(A.WARMUP, outcome.warmup)
+    if outcome.capacity is not None:
+        trial.set_user_attr(A.CAPACITY, outcome.capacity)
     trial.set_user_attr(A.TIME, trial_time(outcome))
 
 
@@ -460,6 +466,18 @@ def _mark_pruned(trial: optuna.Trial, outcome: TrialOutcome) -> None:
     set_constraints(trial, failed=0.0, slo=0.0, errors=0.0, quality=0.0)
 
 
+def _no_capacity(trial: optuna.Trial, outcome: TrialOutcome
+                 ) -> tuple[float, str, str | None]:
+    """A capacity trial whose every load level missed the SLOs: infeasible (reason slo),
+    told with the upper bound of its capacity (the lowest rate tried) as its value."""
+    high = outcome.metrics.get("capacity_rps_ci_high", 0.0)
+    set_constraints(trial, failed=0.0, slo=1.0, errors=0.0, quality=0.0)
+    trial.set_user_attr(A.STATE, State.INFEASIBLE)
+    trial.set_user_attr(A.REASON, FailureReason.SLO)
+    trial.set_user_attr(A.MESSAGE, outcome.message or "no load level met the SLOs")
+    return float(high), State.INFEASIBLE, FailureReason.SLO
+
+
 def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
           thresholds: QualityThresholds | None = None,
           lossy: bool = False) -> tuple[float | list[float] | None, str, str | None]:
@@ -472,6 +490,8 @@ def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
         _mark_pruned(trial, outcome)
         return None, State.PRUNED, FailureReason.PRUNED
     value = outcome.metrics.get(objective_metric(settings.objective))
+    if outcome.ok and outcome.capacity is not None and value is None:
+        return _no_capacity(trial, outcome)
     if not outcome.ok or value is None or not math.isfinite(value):
         msg = outcome.message or "no measurement"
         if outcome.log_tail and outcome.reason not in (None, FailureReason.INTERRUPTED):
@@ -479,7 +499,9 @@ def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
         reason = outcome.reason or FailureReason.NO_MEASUREMENT
         mark_failed(trial, reason, msg)
         return None, State.FAILED, reason
-    slo_violation = _slo_violation(outcome.metrics, settings)
+    # capacity: the SLOs are the objective's own bar (every passing level met them)
+    slo_violation = (-1.0 if settings.objective == "capacity"
+                     else _slo_violation(outcome.metrics, settings))
     err_violation = outcome.metrics.get("error_rate", 0.0) - settings.max_error_rate
     q_violation = 0.0
     if outcome.quality is not None:
@@ -649,6 +671,23 @@ def _incumbent_low(study: optuna.Study, settings: TuneSettings, trial: optuna.Tr
 # The loop
 
 
+def _capacity_spec(settings: TuneSettings) -> dict[str, Any]:
+    """The TrialSpec fields of a capacity study (none for the other objectives)."""
+    if settings.objective != "capacity":
+        return {}
+    from autotune.capacity import CapacitySearch
+    from autotune.levels import LevelPlan
+
+    return {"capacity": CapacitySearch(goodput=settings.capacity_goodput,
+                                       max_error_rate=settings.max_error_rate,
+                                       start=settings.capacity_start,
+                                       tolerance=settings.capacity_tolerance,
+                                       min_scale=min(settings.capacity_start, 1.0 / 64),
+                                       max_scale=max(settings.capacity_start, 64.0),
+                                       max_levels=settings.capacity_max_levels),
+            "capacity_plan": LevelPlan(level_s=settings.capacity_level_s, seed=settings.seed)}
+
+
 @dataclass(frozen=True)
 class TrialTemplate:
     """What every trial of a study shares: the model, the shape, folders, quality probe."""
@@ -681,6 +720,7 @@ class TrialTemplate:
             quality_probe=self.quality_probe if probe else None,
             quality_reference=self.quality_reference,
             rule=rule, segment_requests=settings.segment_requests, incumbent_low=incumbent_low,
+            **_capacity_spec(settings),
         )  # fmt: skip
 
 

@@ -1,0 +1,189 @@
+"""--objective capacity: the bracketing search (pure) and load levels against the stub
+server with a known capacity (a concurrent-request limit)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from autotune.capacity import CapacityResult, CapacitySearch, Level, search_capacity
+from autotune.errors import ConfigError
+from autotune.levels import LevelPlan, find_capacity, level_abort, recorded_rate
+from autotune.measure import Slo
+from autotune.testing.stub_server import StubConfig, StubServer
+from autotune.traffic import RequestSpec, Schedule
+
+
+def _level(scale: float, passed: bool) -> Level:
+    return Level(scale=scale, offered_rps=scale, passed=passed,
+                 goodput_fraction=1.0 if passed else 0.5, error_rate=0.0)
+
+
+def _monotone(true_scale: float, calls: list[float] | None = None):  # type: ignore[no-untyped-def]
+    def probe(scale: float) -> Level:
+        if calls is not None:
+            calls.append(scale)
+        return _level(scale, scale <= true_scale)
+    return probe
+
+
+# --- the search (pure) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("true_scale", [0.03, 0.3, 0.99, 1.0, 1.7, 5.0, 37.0])
+def test_monotone_capacity_is_bracketed_within_tolerance(true_scale: float) -> None:
+    s = CapacitySearch(tolerance=0.1, max_levels=20)
+    res = search_capacity(_monotone(true_scale), recorded_rps=2.0, search=s)
+    assert res.status == "found"
+    assert res.low is not None and res.high is not None
+    assert res.low <= true_scale < res.high
+    assert res.high / res.low - 1 <= 0.1
+    assert res.capacity_rps == pytest.approx(2.0 * res.low)
+    assert res.ci_high_rps == pytest.approx(2.0 * res.high)
+    # every level is recorded, in order; the capacity rests on a passing one
+    at = res.at_capacity()
+    assert at is not None and at.passed and at.scale == res.low
+
+
+def test_search_starts_at_start_and_doubles_then_bisects() -> None:
+    calls: list[float] = []
+    res = search_capacity(_monotone(3.0, calls), recorded_rps=1.0,
+                          search=CapacitySearch(tolerance=0.05))
+    assert calls[:3] == [1.0, 2.0, 4.0]  # expand: pass, pass, fail
+    assert all(2.0 < c < 4.0 for c in calls[3:])  # then only inside the bracket
+    assert res.status == "found" and len(res.levels) == len(calls)
+
+
+def test_never_passing_ends_at_min_scale_with_no_capacity() -> None:
+    res = search_capacity(lambda s: _level(s, False), recorded_rps=4.0,
+                          search=CapacitySearch(min_scale=1 / 8, max_levels=20))
+    assert res.status == "none" and res.low is None and res.capacity_rps is None
+    assert res.high == pytest.approx(1 / 8)
+    assert [lv.scale for lv in res.levels] == [1.0, 0.5, 0.25, 0.125]
+    assert "no load level met the SLOs" in res.summary()
+
+
+def test_always_passing_is_capped_at_max_scale() -> None:
+    res = search_capacity(lambda s: _level(s, True), recorded_rps=1.5,
+                          search=CapacitySearch(max_scale=8.0, max_levels=20))
+    assert res.status == "capped" and res.high is None and res.ci_high_rps is None
+    assert res.low == 8.0 and res.capacity_rps == pytest.approx(12.0)
+    assert [lv.scale for lv in res.levels] == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_level_budget_leaves_a_wider_bracket() -> None:
+    res = search_capacity(_monotone(3.0), recorded_rps=1.0,
+                          search=CapacitySearch(tolerance=0.001, max_levels=4))
+    assert res.status == "levels" and len(res.levels) == 4
+    assert res.low is not None and res.high is not None and res.low <= 3.0 < res.high
+
+
+def test_noisy_edge_keeps_a_consistent_bracket() -> None:
+    """Pass/fail is a coin toss within +-5 % of the true capacity: the bracket stays
+    ordered and lands within the noise band plus the tolerance."""
+    for seed in range(30):
+        rng = random.Random(seed)
+
+        def probe(scale: float) -> Level:
+            if abs(scale / 2.5 - 1) <= 0.05:
+                return _level(scale, rng.random() < 0.5)
+            return _level(scale, scale < 2.5)
+
+        res = search_capacity(probe, recorded_rps=1.0, search=CapacitySearch(tolerance=0.05))
+        assert res.low is not None and res.high is not None and res.low < res.high
+        assert 2.5 * 0.95 / 1.05 <= res.low <= 2.5 * 1.05
+        # each level's verdict agrees with the bracket: passes at or below low, fails at
+        # or above high (the search never probes outside the current bracket)
+        assert max(lv.scale for lv in res.levels if lv.passed) == res.low
+        assert min(lv.scale for lv in res.levels if not lv.passed) == res.high
+
+
+@pytest.mark.parametrize("bad", [
+    {"goodput": 0.0}, {"goodput": 1.5}, {"tolerance": 0.0}, {"tolerance": 1.0},
+    {"start": 100.0}, {"min_scale": 0.0}, {"max_levels": 1}, {"start": math.nan},
+])
+def test_bad_search_settings_say_what_is_wrong(bad: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match="capacity|error rate"):
+        CapacitySearch(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, math.inf, math.nan])
+def test_search_needs_a_recorded_rate(rate: float) -> None:
+    with pytest.raises(ConfigError, match="recorded rate"):
+        search_capacity(_monotone(1.0), recorded_rps=rate)
+
+
+def test_closed_loop_shape_is_a_one_line_error() -> None:
+    from autotune.traffic import load_shape
+    from tests.conftest import REPO
+
+    shape = load_shape(REPO / "traffic" / "casestudy-512x512.json")
+    with pytest.raises(ConfigError) as err:
+        recorded_rate(shape)
+    msg = str(err.value)
+    assert "--objective capacity needs a shape with arrivals" in msg and "\n" not in msg
+    assert "autotune shape fit" in msg
+    assert recorded_rate(load_shape(REPO / "traffic" / "azure-conv.json")) > 0
+
+
+def test_level_abort_stops_once_a_level_cannot_pass() -> None:
+    from autotune.loadgen import RequestRecord
+
+    def rec(i: int, ttft: float, ok: bool = True) -> RequestRecord:
+        return RequestRecord(index=i, send_s=0.0, first_token_s=ttft, end_s=ttft + 0.1,
+                             chunk_times_s=(ttft, ttft + 0.1), chunk_tokens=(1, 1),
+                             prompt_tokens=4, output_tokens=2, ok=ok,
+                             error=None if ok else "timeout", detail=None, status=200)
+
+    check = level_abort(200, Slo(ttft_s=1.0), CapacitySearch(goodput=0.99))
+    assert check(rec(0, 2.0), 1, 0) is None  # 2 misses of 200 allowed
+    assert check(rec(1, 2.0), 2, 0) is None
+    why = check(rec(2, 2.0), 3, 0)
+    assert why is not None and "3 of 200 requests missed the SLOs" in why
+    errs = level_abort(100, None, CapacitySearch(goodput=0.5, max_error_rate=0.01))
+    assert errs(rec(0, 0.1, ok=False), 1, 1) is None
+    assert "2 of 100 requests failed" in (errs(rec(1, 0.1, ok=False), 2, 2) or "")
+
+
+# --- against the stub server's known capacity ----------------------------------------------
+
+_TOKENS = 20
+
+
+def _fixed_build(**kw: object) -> Schedule:
+    """Evenly spaced arrivals of identical requests at ``rate_rps`` (a D/D/c queue)."""
+    n, rate = int(kw["num_requests"]), float(kw["rate_rps"])  # type: ignore[arg-type]
+    reqs = tuple(RequestSpec(index=i, prompt_token_ids=(5, 6, 7, 8), max_tokens=_TOKENS,
+                             send_at_s=i / rate) for i in range(n))
+    return Schedule(mode="open", requests=reqs)
+
+
+def test_bracketing_finds_the_stub_servers_known_capacity() -> None:
+    """The stub streams 8 requests at once, 20 tokens 25 ms apart (0.5 s a request): it
+    sustains 16 req/s. Above that the queue and the time to first token grow; the search
+    brackets 16 req/s within its tolerance (plus a little for the client's timing)."""
+    cfg = StubConfig(max_running=8, chunk_interval_s=0.025)
+    true_rps = cfg.capacity_rps(_TOKENS)
+    assert true_rps == pytest.approx(16.0)
+    seen: list[tuple[Level, CapacityResult]] = []
+    with StubServer(cfg) as stub:
+        res, m = find_capacity(
+            recorded_rps=5.0, build=_fixed_build,
+            client_kw={"base_url": stub.base_url, "model": cfg.model},
+            slo=Slo(ttft_s=0.15), search=CapacitySearch(tolerance=0.1, max_levels=8),
+            plan=LevelPlan(level_s=3.0, min_requests=10),
+            on_level=lambda lv, r: seen.append((lv, r)))
+    assert res.status == "found", res.to_dict()
+    assert res.capacity_rps is not None and res.ci_high_rps is not None
+    # measured here: [15.4, 16.8] req/s in 6 levels (18.7 s), three runs alike
+    assert 0.85 * true_rps <= res.capacity_rps <= true_rps * 1.02, res.summary()
+    assert res.ci_high_rps >= 0.95 * true_rps, res.summary()
+    assert [lv.scale for lv, _ in seen][:2] == [1.0, 2.0]  # 5 and 10 req/s pass
+    failing = [lv for lv in res.levels if not lv.passed]
+    assert failing and all(lv.goodput_fraction < 0.99 for lv in failing)
+    assert any(lv.stopped_early for lv in failing)  # an overloaded level stops early
+    assert m is not None and m.output_tokens_per_s is not None
+    # the measurement at capacity: about capacity x 20 tokens/s
+    assert m.output_tokens_per_s == pytest.approx(res.capacity_rps * _TOKENS, rel=0.25)
