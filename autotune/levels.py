@@ -11,6 +11,7 @@ whole replay of a backlog.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -53,7 +54,7 @@ class LevelPlan:
     """How long each load level runs."""
 
     level_s: float = 30.0  # seconds of arrivals per level
-    min_requests: int = 20
+    min_requests: int = 10
     max_requests: int = 2000
     drain_timeout_s: float = 120.0  # wait at most this long for an idle server after a level
     seed: int = 0
@@ -111,6 +112,10 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dic
     n = plan.requests(rate)
     schedule = build(seed=plan.seed, mode="open", num_requests=n, rate_rps=rate,
                      time_scale=1.0)
+    if schedule.concurrency is not None:
+        # no cap on requests in flight: a client-side queue would hide the server's queue
+        # from the latencies (they count from the send), and so the capacity
+        schedule = dataclasses.replace(schedule, concurrency=None)
     offered = len(schedule.requests)
     t0 = time.monotonic()
     run = replay(schedule, **client_kw, abort=level_abort(offered, slo, search))

@@ -59,6 +59,7 @@ __all__ = [
     "fail_stopped_trials",
     "failures_by_reason",
     "feasible",
+    "interval_keys",
     "is_prior",
     "judge_study",
     "latest_study",
@@ -179,6 +180,14 @@ _LABELS = {"output_tokens_per_s": "out tok/s", "goodput_rps": "goodput req/s",
 def objective_metric(objective: str) -> str:
     """The Measurement.flat() key an objective maximises (Pareto: its first objective)."""
     return _METRICS[objective]
+
+
+def interval_keys(objective: str) -> tuple[str, str]:
+    """The metrics holding a trial's within-run interval of its objective value: output
+    tokens/s (throughput, Pareto; goodput shows its throughput's), or a capacity study's
+    bracket [highest passing rate, lowest failing rate]."""
+    key = "capacity_rps" if objective == "capacity" else "output_tokens_per_s"
+    return f"{key}_ci_low", f"{key}_ci_high"
 
 
 def objective_label(objective: str) -> str:
@@ -343,8 +352,10 @@ def _within(ts: list[Any], objective: str = "throughput") -> Any:
     from autotune.stats import Interval
 
     m = ts[0].user_attrs.get(A.METRICS) or {}
-    key = "capacity_rps" if objective == "capacity" else "output_tokens_per_s"
-    lo, hi = m.get(f"{key}_ci_low"), m.get(f"{key}_ci_high")
+    lo_key, hi_key = interval_keys(objective)
+    lo, hi = m.get(lo_key), m.get(hi_key)
+    if objective == "capacity" and hi is None:
+        hi = lo  # capped at the search's top scale: the capacity is at least its low end
     return Interval(primary(ts[0]), lo, hi) if lo is not None and hi is not None else None
 
 

@@ -48,6 +48,7 @@ from autotune.schema import (
     baseline_trial,
     best_trial,
     fail_stopped_trials,
+    interval_keys,
     judge_study,
     latest_study,
     mark_failed,
@@ -772,8 +773,8 @@ class StudyLoop:
             kind=kind, study_name=self.study.study_name, done=done, total=self.target,
             running=len(self.flights), best_value=primary(best) if best else None,
             best_number=best.number if best else None,
-            best_ci_low=_metric(best, "output_tokens_per_s_ci_low"),
-            best_ci_high=_metric(best, "output_tokens_per_s_ci_high"),
+            best_ci_low=_metric(best, interval_keys(self.settings.objective)[0]),
+            best_ci_high=_metric(best, interval_keys(self.settings.objective)[1]),
             baseline_value=primary(base) if base else None,
             elapsed_s=time.monotonic() - self.started, eta_s=eta, **kw,
         )  # fmt: skip

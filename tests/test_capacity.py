@@ -3,8 +3,10 @@ server with a known capacity (a concurrent-request limit)."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,9 @@ from autotune.levels import LevelPlan, find_capacity, level_abort, recorded_rate
 from autotune.measure import Slo
 from autotune.testing.stub_server import StubConfig, StubServer
 from autotune.traffic import RequestSpec, Schedule
+from tests.conftest import REPO
+
+SHAPE = REPO / "traffic" / "example-chat.json"  # recorded 5.53 req/s, outputs p50 43
 
 
 def _level(scale: float, passed: bool) -> Level:
@@ -187,3 +192,62 @@ def test_bracketing_finds_the_stub_servers_known_capacity() -> None:
     assert m is not None and m.output_tokens_per_s is not None
     # the measurement at capacity: about capacity x 20 tokens/s
     assert m.output_tokens_per_s == pytest.approx(res.capacity_rps * _TOKENS, rel=0.25)
+
+
+# --- a whole study through the CLI, on the fake engine (the stub behind vLLM's argv) -------
+
+
+@pytest.mark.slow  # a whole study (about 40 s here), though no vLLM starts
+def test_capacity_study_end_to_end_on_servers_of_known_capacity(
+        tmp_path: Path, fake_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`autotune tune --objective capacity`: each trial starts the fake engine once, whose
+    capacity follows --max-num-seqs (that many streams of 5 ms chunks at once), and
+    brackets it; best.json, trials.csv, Optuna and MLflow carry capacity, its interval,
+    output tokens/s there and the GPUs (servers) the recorded 5.5 req/s need."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from autotune.cli import main
+    from autotune.schema import A
+    from tests.faults._lab import write_space
+
+    space = write_space(tmp_path / "space.yaml", plan="ok", counter=tmp_path / "launches",
+                        tag="capacity-e2e", AUTOTUNE_FAKE_MAX_RUNNING="max-num-seqs",
+                        AUTOTUNE_FAKE_CHUNK_S="0.005")
+    storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'ml.db'}"
+    out = tmp_path / "out"
+    rc = main(["tune", "--model", str(fake_model), "--shape", str(SHAPE), "--space", str(space),
+               "--trials", "2", "--storage", storage, "--tracking-uri", uri,
+               "--study-name", "cap", "--out", str(out), "--no-ray", "--recheck", "0",
+               "--objective", "capacity", "--slo", "ttft_p99=0.5",
+               "--capacity-level-s", "2", "--capacity-tolerance", "0.25",
+               "--capacity-max-levels", "6", "--warmup-requests", "4",
+               "--enqueue", '{"max_num_seqs": 16}', "--start-timeout", "30",
+               "--request-timeout", "20", "-q"])
+    text = capsys.readouterr().out
+    best = json.loads((out / "best.json").read_text())
+    cap = best["capacity"]
+    assert best["objective"]["name"] == "capacity" and best["objective"]["metric"] == "capacity_rps"
+    assert cap["capacity_rps"] == best["objective"]["value"] > 0
+    assert cap["capacity_rps_ci_low"] <= cap["capacity_rps"] <= cap["capacity_rps_ci_high"]
+    assert cap["recorded_rps"] == pytest.approx(5.53042)
+    assert cap["gpus_needed"] == pytest.approx(cap["recorded_rps"] / cap["capacity_rps"])
+    assert cap["output_tokens_per_s_at_capacity"] > 0 and cap["levels"]
+    assert cap["slo"] == {"ttft_p99": 0.5} and cap["goodput_bar"] == 0.99
+    assert "capacity: " in text and "GPUs needed for the recorded 5.53 req/s" in text
+    trials = optuna.load_study(study_name="cap", storage=storage).trials
+    caps = {t.params["max_num_seqs"]: t.user_attrs[A.METRICS]["capacity_rps"] for t in trials
+            if t.params}
+    base = trials[0].user_attrs[A.METRICS]["capacity_rps"]
+    # 16 streams serve more than the baseline's 2 (about 8x: the chunks are the same)
+    assert caps[16] > 3 * base, (caps, base)
+    levels = trials[1].user_attrs[A.CAPACITY]["levels"]
+    assert {"scale", "offered_rps", "passed", "goodput_fraction", "output_tokens_per_s",
+            "ttft_p99_s"} <= set(levels[0])
+    assert rc == 0 and best["verdict"] == "winner" and best["params"] == {"max_num_seqs": 16}
+    header = (out / "trials.csv").read_text().splitlines()[0]
+    assert "capacity_rps" in header and "gpus_needed" in header
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("autotune").experiment_id],
+                              filter_string="tags.`autotune.best` = 'true'")
+    assert runs and runs[0].data.metrics["capacity_rps"] == pytest.approx(cap["capacity_rps"])

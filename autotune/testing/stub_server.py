@@ -547,6 +547,9 @@ class _Conn(asyncio.Protocol):
                 await slots.acquire()
             finally:
                 c.waiting -= 1
+            if self.closed:  # the client left while queued: vLLM aborts such a request too
+                slots.release()
+                return
         c.running += 1
         c.prompt_tokens += n_prompt
         try:
