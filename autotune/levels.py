@@ -24,7 +24,8 @@ from autotune.errors import ConfigError, LoadgenError
 from autotune.loadgen import Abort, RequestRecord, replay
 from autotune.measure import Measurement, Slo, measure, meets_slo, snapshot_metrics
 
-__all__ = ["LevelPlan", "find_capacity", "level_abort", "recorded_rate", "run_level"]
+__all__ = ["LevelPlan", "capacity_spec", "find_capacity", "level_abort", "recorded_rate",
+           "run_level"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def recorded_rate(shape: Any) -> float:
         rate = float(load.rate_rps)
     if not (rate > 0 and math.isfinite(rate)):
         raise ConfigError(
-            f"--objective capacity needs a shape with arrivals: shape "
+            f"capacity (--objective capacity, bench --capacity) needs a shape with arrivals: "
+            "shape "
             f"{getattr(shape, 'name', '?')!r} has no recorded arrival rate (a closed-loop or "
             "synthetic shape); fit the shape from a trace with arrival timestamps "
             "(autotune shape fit TRACE -o SHAPE.json), or use --objective throughput")
@@ -62,6 +64,16 @@ class LevelPlan:
     def requests(self, rate_rps: float) -> int:
         return int(min(self.max_requests, max(self.min_requests, math.ceil(rate_rps
                                                                              * self.level_s))))
+
+
+def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,
+                  level_s: float, max_levels: int, seed: int = 0) -> dict[str, Any]:
+    """The ``TrialSpec`` fields of a capacity measurement (``capacity``, ``capacity_plan``):
+    what ``tune --objective capacity`` and ``bench --capacity`` pass to a trial."""
+    search = CapacitySearch(goodput=goodput, max_error_rate=max_error_rate, start=start,
+                            tolerance=tolerance, min_scale=min(start, 1.0 / 64),
+                            max_scale=max(start, 64.0), max_levels=max_levels)
+    return {"capacity": search, "capacity_plan": LevelPlan(level_s=level_s, seed=seed)}
 
 
 def level_abort(offered: int, slo: Slo | None, search: CapacitySearch) -> Abort:

@@ -676,17 +676,13 @@ def _capacity_spec(settings: TuneSettings) -> dict[str, Any]:
     """The TrialSpec fields of a capacity study (none for the other objectives)."""
     if settings.objective != "capacity":
         return {}
-    from autotune.capacity import CapacitySearch
-    from autotune.levels import LevelPlan
+    from autotune.levels import capacity_spec
 
-    return {"capacity": CapacitySearch(goodput=settings.capacity_goodput,
-                                       max_error_rate=settings.max_error_rate,
-                                       start=settings.capacity_start,
-                                       tolerance=settings.capacity_tolerance,
-                                       min_scale=min(settings.capacity_start, 1.0 / 64),
-                                       max_scale=max(settings.capacity_start, 64.0),
-                                       max_levels=settings.capacity_max_levels),
-            "capacity_plan": LevelPlan(level_s=settings.capacity_level_s, seed=settings.seed)}
+    return capacity_spec(goodput=settings.capacity_goodput,
+                         max_error_rate=settings.max_error_rate, start=settings.capacity_start,
+                         tolerance=settings.capacity_tolerance,
+                         level_s=settings.capacity_level_s,
+                         max_levels=settings.capacity_max_levels, seed=settings.seed)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,8 @@ def test_closed_loop_shape_is_a_one_line_error() -> None:
     with pytest.raises(ConfigError) as err:
         recorded_rate(shape)
     msg = str(err.value)
-    assert "--objective capacity needs a shape with arrivals" in msg and "\n" not in msg
+    assert "capacity (--objective capacity, bench --capacity) needs a shape with arrivals" in msg
+    assert "\n" not in msg
     assert "autotune shape fit" in msg
     assert recorded_rate(load_shape(REPO / "traffic" / "azure-conv.json")) > 0
 
@@ -251,3 +252,35 @@ def test_capacity_study_end_to_end_on_servers_of_known_capacity(
     runs = client.search_runs([client.get_experiment_by_name("autotune").experiment_id],
                               filter_string="tags.`autotune.best` = 'true'")
     assert runs and runs[0].data.metrics["capacity_rps"] == pytest.approx(cap["capacity_rps"])
+
+
+@pytest.mark.slow  # one fake server and 5 levels: about 20 s
+def test_bench_capacity_measures_one_config(fake_model: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`autotune bench --capacity` on the fake engine with 8 streams of 5 ms chunks: the
+    levels, the capacity line and the JSON metrics."""
+    from autotune.cli import main
+    from tests.faults._lab import FAKE_VLLM
+
+    env = [f"PYTHONPATH={FAKE_VLLM}", "AUTOTUNE_FAKE_PLAN=ok", "AUTOTUNE_FAKE_MAX_RUNNING=8",
+           "AUTOTUNE_FAKE_CHUNK_S=0.005"]
+    argv = ["bench", "--model", str(fake_model), "--shape", str(SHAPE), "--capacity",
+            "--slo", "ttft_p99=0.5", "--capacity-level-s", "2", "--capacity-max-levels", "5",
+            "--capacity-tolerance", "0.3", "--warmup-requests", "4", "--start-timeout", "30",
+            *[a for e in env for a in ("--env", e)], "--", "--max-model-len", "1024"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "level 1: 1x = 5.53 req/s pass" in out
+    assert "capacity: " in out and "GPUs needed for the recorded 5.53 req/s" in out
+    assert "within ttft_p99=0.5s" in out and "latencies below: the level at capacity" in out
+    assert "output tokens/s" in out and "TTFT  p50" in out
+
+
+def test_bench_capacity_needs_arrivals(fake_model: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    assert main(["bench", "--model", str(fake_model), "--shape",
+                 str(REPO / "traffic" / "casestudy-512x512.json"), "--capacity"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a shape with arrivals" in err and err.count("\n") == 1
