@@ -7,6 +7,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from autotune.levels import LevelPlan, find_capacity, level_abort, recorded_rate
 from autotune.measure import Slo
 from autotune.testing.stub_server import StubConfig, StubServer
 from autotune.traffic import RequestSpec, Schedule
-from tests.conftest import REPO
+from tests.conftest import REPO, needs_vllm
 
 SHAPE = REPO / "traffic" / "example-chat.json"  # recorded 5.53 req/s, outputs p50 43
 
@@ -284,3 +285,65 @@ def test_bench_capacity_needs_arrivals(fake_model: Path,
                  str(REPO / "traffic" / "casestudy-512x512.json"), "--capacity"]) == 2
     err = capsys.readouterr().err
     assert "needs a shape with arrivals" in err and err.count("\n") == 1
+
+
+# --- real CPU vLLM -------------------------------------------------------------------------
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_capacity_levels_on_the_cpu_vllm_server(tiny_server: Any, tiny_llama: Path) -> None:
+    """The bracketing search on the session's CPU vLLM server (no start of its own):
+    example-chat's arrivals at scales of 5.53 req/s, prompts exact for the tiny llama."""
+    from autotune.prompts import build_prompts
+    from autotune.traffic import load_shape
+
+    shape = load_shape(SHAPE)
+
+    def build(**kw: Any) -> Schedule:
+        return build_prompts(shape, model=tiny_llama, max_total_tokens=1024, **kw)  # type: ignore[no-any-return]
+
+    client_kw = {"base_url": tiny_server.base_url, "model": tiny_server.model_name}
+    res, m = find_capacity(recorded_rps=recorded_rate(shape), build=build, client_kw=client_kw,
+                           slo=Slo(ttft_s=2.0, tpot_s=0.1),
+                           search=CapacitySearch(tolerance=0.5, max_levels=4),
+                           plan=LevelPlan(level_s=4.0, min_requests=8))
+    assert 2 <= len(res.levels) <= 4, res.summary()
+    assert res.low is not None or res.status == "none", res.summary()
+    if res.low is not None:  # the CPU server sustains some fraction of the recorded rate
+        assert m is not None and m.output_tokens_per_s and m.n_errors == 0
+        assert all(lv.passed == (lv.scale <= res.low) for lv in res.levels), res.to_dict()
+    for lv in res.levels:
+        assert lv.offered >= 8 and 0.0 <= lv.goodput_fraction <= 1.0 and lv.error_rate == 0.0
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_capacity_study_on_cpu_vllm(tiny_llama: Path, tmp_path: Path) -> None:
+    """`autotune tune --objective capacity` with a real CPU vLLM server (one trial: the
+    defaults; one server start is most of its time)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "autotune", "tune", "--model", str(tiny_llama),
+           "--shape", str(SHAPE), "--space", str(REPO / "search_spaces" / "cpu.yaml"),
+           "--trials", "1", "--recheck", "0", "--no-quality-probe", "--no-ray",
+           "--storage", f"sqlite:///{tmp_path}/optuna.db",
+           "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--study-name", "cpu-cap",
+           "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+           "--objective", "capacity", "--capacity-level-s", "4", "--capacity-max-levels", "4",
+           "--capacity-tolerance", "0.5", "--warmup-requests", "4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode in (0, 1), (proc.stdout + proc.stderr)[-4000:]
+    assert "capacity search" in proc.stderr  # per-level progress lines
+    if proc.returncode == 1:  # no level met the SLOs on this (shared, slow) CPU
+        assert "no trial met the constraints" in proc.stdout and "slo" in proc.stdout
+        return
+    best = json.loads((out / "best.json").read_text())
+    cap = best["capacity"]
+    assert best["objective"]["metric"] == "capacity_rps" and cap["capacity_rps"] > 0
+    assert cap["slo"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}  # the stated defaults
+    assert cap["gpus_needed"] == pytest.approx(5.53042 / cap["capacity_rps"])
+    assert 2 <= len(cap["levels"]) <= 4 and cap["output_tokens_per_s_at_capacity"] > 0
+    assert "capacity: " in proc.stdout and "GPUs needed for the recorded 5.53 req/s" in proc.stdout

@@ -31,6 +31,10 @@ Modes (``name`` or ``name:N``):
                 with the same argv, pid, process group and parent-death signal
 ==============  ==========================================================================
 
+``AUTOTUNE_FAKE_MAX_RUNNING=N`` (or ``max-num-seqs``: the launch's ``--max-num-seqs``, 2
+without it) gives a serving fake a known capacity: N streams at once, chunks
+``AUTOTUNE_FAKE_CHUNK_S`` apart, the rest queued (``--objective capacity`` tests).
+
 Every request is announced on stdout (``fake-vllm: request N``), so a test can see from the
 trial's server log that the measurement has started. A taken port fails like vLLM does
 (``OSError: [Errno 98] Address already in use``).
