@@ -245,7 +245,8 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
     outcome.metrics = m.flat()
     # what the shape asked for over every request served in the measured runs, beside the
     # server's own count over the same runs (server_prompt_tokens_run)
-    outcome.metrics["shape_prompt_tokens"] = float(outcome.prompt_tokens_sent)
+    if outcome.capacity is None:  # load levels do not count prompt tokens
+        outcome.metrics["shape_prompt_tokens"] = float(outcome.prompt_tokens_sent)
     if outcome.prompt_tokens_server is not None:
         outcome.metrics["server_prompt_tokens_run"] = outcome.prompt_tokens_server
     _time_metrics(outcome)

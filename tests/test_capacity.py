@@ -347,3 +347,63 @@ def test_capacity_study_on_cpu_vllm(tiny_llama: Path, tmp_path: Path) -> None:
     assert cap["gpus_needed"] == pytest.approx(5.53042 / cap["capacity_rps"])
     assert 2 <= len(cap["levels"]) <= 4 and cap["output_tokens_per_s_at_capacity"] > 0
     assert "capacity: " in proc.stdout and "GPUs needed for the recorded 5.53 req/s" in proc.stdout
+
+
+# --- how the study judges a capacity trial -------------------------------------------------
+
+
+def _judged(outcome: Any, **settings: Any) -> tuple[Any, Any, Any, Any]:
+    import optuna
+
+    from autotune.config import TuneSettings
+    from autotune.study import judge
+
+    s = TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml"),
+                     objective="capacity", **settings)
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    value, state, reason = judge(trial, outcome, s)
+    return value, state, reason, trial
+
+
+def _cap_outcome(low: float | None, high: float | None) -> Any:
+    from autotune.trial import TrialOutcome, _capacity_metrics
+
+    levels = [{"scale": x, "passed": x == low, "goodput_fraction": 1.0 if x == low else 0.5,
+               "output_tokens_per_s": 100.0} for x in (low, high) if x is not None]
+    cap = {"recorded_rps": 2.0, "low": low, "high": high,
+           "capacity_rps": None if low is None else 2.0 * low,
+           "ci_high_rps": None if high is None else 2.0 * high, "levels": levels}
+    metrics = {**_capacity_metrics(cap, (0, 1)), "error_rate": 0.0, "ttft_p99_s": 9.0}
+    return TrialOutcome(number=0, ok=True, metrics=metrics, capacity=cap,
+                        message="no load level met the SLOs" if low is None else "")
+
+
+def test_a_capacity_trial_is_judged_by_its_bracket_not_its_percentiles() -> None:
+    value, state, reason, trial = _judged(_cap_outcome(1.5, 2.0), slo={"ttft_p99": 2.0})
+    # its p99 TTFT (9 s) is over the SLO, but 99 % of the requests met it at 3 req/s
+    assert (value, state, reason) == (3.0, "ok", None)
+    m = trial.user_attrs["autotune.metrics"]
+    assert (m["capacity_rps"], m["capacity_rps_ci_low"], m["capacity_rps_ci_high"]) == (3.0, 3.0, 4.0)
+    assert m["output_tokens_per_s_at_capacity"] == 100.0
+    assert m["servers_needed"] == pytest.approx(2.0 / 3.0)
+    assert m["gpus_needed"] == pytest.approx(4.0 / 3.0)  # two GPUs per server
+    assert trial.user_attrs["autotune.capacity"]["low"] == 1.5
+
+
+def test_no_passing_level_is_infeasible_never_a_capacity_of_zero() -> None:
+    value, state, reason, trial = _judged(_cap_outcome(None, 1 / 64))
+    assert (state, reason) == ("infeasible", "slo") and value == pytest.approx(2.0 / 64)
+    assert trial.user_attrs["autotune.constraints"][1] > 0
+    assert "no load level met the SLOs" in trial.user_attrs["autotune.message"]
+
+
+def test_capacity_without_slo_judges_the_stated_defaults() -> None:
+    from autotune.config import CAPACITY_DEFAULT_SLO, TuneSettings
+
+    s = TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml"), objective="capacity")
+    assert s.slo == CAPACITY_DEFAULT_SLO == {"ttft_p99": 2.0, "tpot_p99": 0.1}
+    given = TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml"),
+                         objective="capacity", slo={"e2e_p99": 5.0})
+    assert given.slo == {"e2e_p99": 5.0}
+    assert TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml")).slo == {}
