@@ -86,14 +86,15 @@ OPTIONS: tuple[Option, ...] = (
                 "server sustains with --capacity-goodput of the requests within --slo, "
                 "found per trial by a bracketing search on one running server; reported "
                 "with its interval, output tokens/s at that rate and the GPUs the "
-                "recorded traffic needs. Needs a shape with arrivals (an open-loop shape "
-                "fitted from a timestamped trace); without --slo it judges "
+                "recorded traffic needs. Needs a shape with a recorded arrival rate (fitted "
+                "from a timestamped trace); without --slo it judges "
                 "ttft_p99=2.0,tpot_p99=0.1 (docs/measurement.md)"),
     Option("--pareto-latency", "pareto_latency", "search",
            help="the latency a Pareto study minimises (ttft_p99, tpot_p99, e2e_p99, ...)"),
     Option("--slo", "slo", "search", parse=parse_slo,
            help="latency SLOs in seconds, e.g. ttft_p99=2.0,tpot_p99=0.05; trials that miss "
-                "them are infeasible"),
+                "them are infeasible (--objective capacity: each request of a load level is "
+                "judged by them; the percentile suffix is then ignored)"),
     Option("--max-error-rate", "max_error_rate", "search",
            help="trials with more failed requests are infeasible"),
     Option("--no-baseline", "baseline", "search", action="store_false",
@@ -126,7 +127,7 @@ OPTIONS: tuple[Option, ...] = (
                 "lowest failing rate] is within this fraction (default 0.1 = 10 %%)"),
     Option("--capacity-level-s", "capacity_level_s", "measure", metavar="SECONDS",
            help="--objective capacity: seconds of open-loop arrivals per load level (at "
-                "least 20 requests; a level stops early once it cannot pass; default 30)"),
+                "least 10 requests; a level stops early once it cannot pass; default 30)"),
     Option("--capacity-start", "capacity_start", "measure", metavar="SCALE",
            help="--objective capacity: the first level, as a scale of the recorded rate "
                 "(default 1.0; passes double it, fails halve it until bracketed)"),
