@@ -487,8 +487,12 @@ def find_best_tracked(*, tracking_uri: str, shape: TrafficShape, model: str | No
     :func:`find_best`; throughput studies answer when objectives are mixed."""
     from mlflow.tracking import MlflowClient
 
+    from autotune.schema import sqlite_path
     from autotune.tracking import BEST_TAG
 
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.exists():  # a lookup must not leave a new store behind
+        return None
     client = MlflowClient(tracking_uri=tracking_uri)
     exps = [e.experiment_id for e in client.search_experiments()]
     if not exps:

@@ -128,3 +128,10 @@ def test_a_store_without_artifacts_answers_from_the_run(tmp_path: Path,
     hit = find_best_tracked(tracking_uri=uri, shape=shape, gpu="L4")
     assert hit is not None and hit.value == 7777.0 and hit.params == {"max_num_seqs": "32"}
     assert "--max-num-seqs 32" in hit.serve_command and hit.notes
+
+
+def test_a_missing_store_is_not_created(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}"
+    shape = load_shape(REPO / "traffic" / "azure-conv-2k.json")
+    assert find_best_tracked(tracking_uri=uri, shape=shape) is None
+    assert not (tmp_path / "none").exists()
