@@ -7,11 +7,12 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autotune.errors import ConfigError
 
-__all__ = ["DEFAULT_OUT_ROOT", "DEFAULT_STORAGE", "SLO_KEYS", "TuneSettings", "parse_slo"]
+__all__ = ["CAPACITY_DEFAULT_SLO", "DEFAULT_OUT_ROOT", "DEFAULT_STORAGE", "SLO_KEYS",
+           "TuneSettings", "parse_slo"]
 
 DEFAULT_OUT_ROOT = Path("experiments")
 DEFAULT_STORAGE = "sqlite:///experiments/autotune.db"
@@ -20,6 +21,11 @@ DEFAULT_STORAGE = "sqlite:///experiments/autotune.db"
 SLO_KEYS = {
     f"{m}_{p}": f"{m}_{p}_s" for m in ("ttft", "tpot", "itl", "e2e") for p in ("p50", "p90", "p99")
 }
+
+
+#: the SLOs ``--objective capacity`` judges against when --slo is not given (seconds): an
+#: interactive chat endpoint's usual bar (first token within 2 s, 10 tokens/s per stream)
+CAPACITY_DEFAULT_SLO = {"ttft_p99": 2.0, "tpot_p99": 0.1}
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
@@ -70,7 +76,7 @@ class TuneSettings(BaseModel):
     use_ray: bool = True
     seed: int = 0
     sampler: Literal["tpe", "random"] = "tpe"
-    objective: Literal["throughput", "goodput", "pareto"] = "throughput"
+    objective: Literal["throughput", "goodput", "pareto", "capacity"] = "throughput"
     pareto_latency: str = "ttft_p99"  # the latency a Pareto study minimises
     slo: dict[str, float] = Field(default_factory=dict)
     max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0)
@@ -105,6 +111,20 @@ class TuneSettings(BaseModel):
     kernel_budget_s: float | None = Field(default=1200.0, gt=0)
     kernel_trials: int = Field(default=48, ge=1, le=2000)
     recheck_starts: int = Field(default=2, ge=1, le=20)  # fresh starts per re-checked config
+    # --objective capacity (autotune.capacity): the bracketing search over the arrival rate
+    capacity_goodput: float = Field(default=0.99, gt=0, le=1)  # share within the SLOs
+    capacity_tolerance: float = Field(default=0.1, gt=0, lt=1)  # bracket high/low - 1
+    capacity_level_s: float = Field(default=30.0, gt=0)  # seconds of arrivals per level
+    capacity_start: float = Field(default=1.0, gt=0)  # first scale of the recorded rate
+    capacity_max_levels: int = Field(default=10, ge=2, le=100)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _capacity_slo(cls, data: Any) -> Any:
+        """A capacity study with no --slo judges against CAPACITY_DEFAULT_SLO."""
+        if isinstance(data, dict) and data.get("objective") == "capacity" and not data.get("slo"):
+            data = {**data, "slo": dict(CAPACITY_DEFAULT_SLO)}
+        return data
 
     @field_validator("pareto_latency")
     @classmethod

@@ -38,7 +38,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: ``on_trial_phase`` phases, in the order a trial goes through them.
-PHASES = ("starting", "warming_up", "measuring", "recheck", "quality")
+PHASES = ("starting", "warming_up", "measuring", "capacity", "recheck", "quality")
 
 #: ``(trial number, phase, seconds since the trial started, detail)``: how a trial reports
 #: its phases through the executor (see :meth:`autotune.parallel.Executor.submit`).

@@ -38,6 +38,7 @@ __all__ = [
     "combine",
     "fetch_metrics_text",
     "measure",
+    "meets_slo",
     "parse_metrics",
     "scrape_metrics",
     "server_figures",
@@ -292,6 +293,16 @@ def _latencies(
         tpot = (times[-1] - first) / (r.output_tokens - 1)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     return ttft, tpot, e2e, gaps
+
+
+def meets_slo(r: RequestRecord, slo: Slo | None) -> bool:
+    """A request counts toward goodput: it succeeded and met every threshold of ``slo``."""
+    if not r.ok:
+        return False
+    if slo is None:
+        return True
+    ttft, tpot, e2e, _ = _latencies(r)
+    return slo.met_by(ttft, tpot, e2e)
 
 
 def _token_arrays(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:

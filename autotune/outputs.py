@@ -178,6 +178,31 @@ def _serve_command(model: Path, t: Any) -> str:
                          dict(t.user_attrs.get(A.ENV, {})))
 
 
+def capacity_record(t: Any, value: float, settings: Any) -> dict[str, Any]:
+    """best.json's ``capacity``: the declared capacity (the median of its readings), the
+    bracket of the reading it rests on, output tokens/s there, and the GPUs (servers on a
+    CPU) the recorded traffic needs: recorded rate / capacity x GPUs per server."""
+    m = dict(t.user_attrs.get(A.METRICS, {}))
+    cap = dict(t.user_attrs.get(A.CAPACITY) or {})
+    recorded = float(m.get("capacity_recorded_rps") or cap.get("recorded_rps") or 0.0)
+    per_server = (m["gpus_needed"] / m["servers_needed"]
+                  if m.get("servers_needed") else 1.0)
+    servers = recorded / value if value > 0 else None
+    return {
+        "capacity_rps": value,
+        "capacity_rps_ci_low": m.get("capacity_rps_ci_low"),
+        "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
+        "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
+        "recorded_rps": recorded,
+        "servers_needed": servers,
+        "gpus_needed": servers * per_server if servers is not None else None,
+        "goodput_bar": settings.capacity_goodput,
+        "slo": dict(settings.slo),
+        "search": cap.get("status"),
+        "levels": cap.get("levels", []),
+    }
+
+
 def best_config(ctx: StudyContext) -> dict[str, Any] | None:
     """The content of best.json: the study's winner (:func:`autotune.schema.verdict`)."""
     study, settings = ctx.study, ctx.settings
@@ -224,6 +249,8 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "autotune_version": _version(),
     }
+    if settings.objective == "capacity":
+        best["capacity"] = capacity_record(best_t, best_value, settings)
     if settings.objective == "pareto":
         best["pareto_latency"] = settings.pareto_latency
         best["pareto_front"] = [

@@ -215,10 +215,11 @@ class RayExecutor:
             except Exception as exc:  # noqa: BLE001 - no phases is no reason to stop a study
                 logger.warning("Ray: no queue for the trials' phases (%s): phases not shown", exc)
                 self._queue = False
-        return self._queue or None
+        # not "self._queue or None": a ray Queue has a length, so an empty one is falsy
+        return None if self._queue is False else self._queue
 
     def _drain_phases(self) -> None:
-        if not self._queue:
+        if self._queue is None or self._queue is False:
             return
         try:
             items = self._queue.get_nowait_batch(self._queue.qsize())

@@ -47,6 +47,7 @@ __all__ = [
     "WarmStart",
     "explain_miss",
     "find_best",
+    "find_best_tracked",
     "plan_retune",
     "tuned_studies",
     "warm_start_from",
@@ -416,6 +417,95 @@ def find_best(
     url, st = _resolve(storage)
     found = _find(url, shape, model, gpu, st) if st is not None else None
     return found[0] if found else None
+
+
+def _tracked_hit(client: Any, run: Any, uri: str) -> RegistryHit | None:
+    """A hit from one MLflow trial run tagged best for its shape: its study run's best.json
+    (the declared value: the median of its readings), else the trial run's own figures."""
+    import tempfile
+
+    from mlflow.exceptions import MlflowException
+
+    from autotune.engine import serve_command
+    from autotune.tracking import TAGS
+
+    tags = run.data.tags
+    parent_id = tags.get("mlflow.parentRunId")
+    parent = client.get_run(parent_id) if parent_id else None
+    if parent is not None and parent.data.tags.get("autotune.best_run_id", run.info.run_id) \
+            != run.info.run_id:
+        return None  # an earlier best of a resumed study, since superseded
+    best: dict[str, Any] = {}
+    if parent is not None:
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                best = json.loads(Path(client.download_artifacts(parent_id, "best.json", tmp))
+                                  .read_text())
+        except (MlflowException, OSError, ValueError) as exc:  # no artifact folder: run figures
+            logger.info("registry: no best.json for MLflow run %s (%s)", parent_id, exc)
+    ptags = parent.data.tags if parent is not None else {}
+    params = dict(run.data.params)
+    flags = str(params.pop("flags", "")).split()
+    env = {k[4:]: v for k, v in params.items() if k.startswith("env.")}
+    metrics = {k: float(v) for k, v in run.data.metrics.items()}
+    objective = (best.get("objective") or {}).get("name") or (
+        parent.data.params.get("objective", "throughput") if parent is not None else "throughput")
+    metric = objective_metric(objective) if objective in ("throughput", "goodput", "pareto",
+                                                          "capacity") else _THROUGHPUT
+    value = (best.get("objective") or {}).get("value", metrics.get(metric))
+    if value is None:
+        return None
+    model = best.get("model") or tags.get(TAGS["model"])
+    return RegistryHit(
+        study=best.get("study") or tags.get(TAGS["study"], "?"),
+        trial=int(best.get("trial", tags.get(TAGS["trial"], -1))), value=float(value),
+        readings=[float(v) for v in best.get("readings", [value])], metric=metric,
+        objective=objective,
+        params=best.get("params") or {k: v for k, v in params.items() if not k.startswith("env.")},
+        flags=[str(f) for f in best.get("flags", flags)],
+        env={str(k): str(v) for k, v in (best.get("env") or env).items()},
+        serve_command=best.get("serve_command") or serve_command(model or "MODEL", flags, env),
+        metrics={k: float(v) for k, v in (best.get("metrics") or metrics).items()
+                 if isinstance(v, (int, float))},
+        quality={k: v for k, v in metrics.items() if k.startswith("quality_")},
+        shape_fingerprint=tags.get(TAGS["shape"]) or tags.get("autotune.best_for_shape", ""),
+        shape_path=(best.get("shape") or {}).get("path"), exact=True, distance=0.0,
+        verdict="same", drifted_dimensions=[], model=model,
+        engine_version=ptags.get(TAGS["engine"]) or tags.get(TAGS["engine"]),
+        gpu_type=ptags.get(TAGS["gpu"]) or tags.get(TAGS["gpu"]) or UNKNOWN_GPU,
+        is_baseline=bool(best.get("is_baseline", tags.get("autotune.baseline") == "true")),
+        storage=uri, notes=[] if best else [
+            f"MLflow run {parent_id}: no best.json artifact; figures of the trial run"],
+    )  # fmt: skip
+
+
+def find_best_tracked(*, tracking_uri: str, shape: TrafficShape, model: str | None = None,
+                      gpu: str | None = None) -> RegistryHit | None:
+    """The best known config for ``shape`` from an MLflow store: the trial runs tagged
+    ``autotune.best_for_shape=<shape fingerprint>`` (exact fingerprint only; the nearest
+    tuned shape is :func:`find_best`'s, from the Optuna storage), filtered like
+    :func:`find_best`; throughput studies answer when objectives are mixed."""
+    from mlflow.tracking import MlflowClient
+
+    from autotune.schema import sqlite_path
+    from autotune.tracking import BEST_TAG
+
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.exists():  # a lookup must not leave a new store behind
+        return None
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    if not exps:
+        return None
+    runs = client.search_runs(
+        exps, filter_string=f"tags.`{BEST_TAG}_for_shape` = '{shape.fingerprint}'")
+    hits = [h for h in (_tracked_hit(client, r, tracking_uri) for r in runs) if h is not None
+            and (model is None or _same_model(model, h.model))
+            and (gpu is None or _same_gpu(gpu, h.gpu_type))]
+    if not hits:
+        return None
+    keep = _THROUGHPUT if any(h.metric == _THROUGHPUT for h in hits) else hits[0].metric
+    return max((h for h in hits if h.metric == keep), key=lambda h: h.value)
 
 
 def explain_miss(*, storage: StorageLike, model: str | None = None,

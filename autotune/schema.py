@@ -74,6 +74,7 @@ __all__ = [
     "fail_stale_trials",
     "failures_by_reason",
     "feasible",
+    "interval_keys",
     "is_prior",
     "judge_study",
     "latest_study",
@@ -89,6 +90,7 @@ __all__ = [
     "readings",
     "set_constraints",
     "sqlite_path",
+    "study_objective",
     "verdict",
     "verdict_record",
 ]
@@ -119,6 +121,9 @@ class A(StrEnum):
     QUALITY_NOTE = "autotune.quality_note"
     REQUEST_ERRORS = "autotune.request_errors"  # failed requests by kind (stalled, timeout, ...)
     GPUS = "autotune.gpus"
+    # --objective capacity: {"recorded_rps", "low", "high", "status", "capacity_rps",
+    #   "ci_low_rps", "ci_high_rps", "levels": [{"scale", "offered_rps", "passed", ...}]}
+    CAPACITY = "autotune.capacity"
     WARMUP = "autotune.warmup"  # {"seconds", "segments", "converged", "jit_in_last_segment"}
     TIME = "autotune.time"  # {"start_s", "compile_s", "warmup_s", "measure_s", "other_s", "slot"}
     MLFLOW_RUN = "autotune.mlflow_run_id"  # also "<this>.<trial number>" on the study
@@ -184,13 +189,22 @@ STOPPED = frozenset({FailureReason.TUNER_DIED, FailureReason.INTERRUPTED,
 N_CONSTRAINTS = 4  # [failed or rejected, SLO, error rate, quality] violations
 
 _METRICS = {"throughput": "output_tokens_per_s", "goodput": "goodput_rps",
-            "pareto": "output_tokens_per_s"}
-_LABELS = {"output_tokens_per_s": "out tok/s", "goodput_rps": "goodput req/s"}
+            "pareto": "output_tokens_per_s", "capacity": "capacity_rps"}
+_LABELS = {"output_tokens_per_s": "out tok/s", "goodput_rps": "goodput req/s",
+           "capacity_rps": "req/s capacity"}
 
 
 def objective_metric(objective: str) -> str:
     """The Measurement.flat() key an objective maximises (Pareto: its first objective)."""
     return _METRICS[objective]
+
+
+def interval_keys(objective: str) -> tuple[str, str]:
+    """The metrics holding a trial's within-run interval of its objective value: output
+    tokens/s (throughput, Pareto; goodput shows its throughput's), or a capacity study's
+    bracket [highest passing rate, lowest failing rate]."""
+    key = "capacity_rps" if objective == "capacity" else "output_tokens_per_s"
+    return f"{key}_ci_low", f"{key}_ci_high"
 
 
 def objective_label(objective: str) -> str:
@@ -346,12 +360,23 @@ def _fresh(ts: list[Any]) -> list[Any]:
     return [t for t in ts if t.user_attrs.get(A.RECHECK_OF) is not None]
 
 
-def _within(ts: list[Any]) -> Any:
-    """The within-run interval of a config's first reading (autotune.stats.Interval)."""
+def study_objective(study: Any) -> str:
+    """The objective a study maximises (its stored settings; throughput when unknown)."""
+    settings = study.user_attrs.get(A.SETTINGS) or {}
+    objective = settings.get("objective") if isinstance(settings, dict) else None
+    return str(objective) if objective in _METRICS else "throughput"
+
+
+def _within(ts: list[Any], objective: str = "throughput") -> Any:
+    """The within-run interval of a config's first reading (autotune.stats.Interval):
+    output tokens/s, or a capacity study's bracket [highest pass, lowest fail]."""
     from autotune.stats import Interval
 
     m = ts[0].user_attrs.get(A.METRICS) or {}
-    lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
+    lo_key, hi_key = interval_keys(objective)
+    lo, hi = m.get(lo_key), m.get(hi_key)
+    if objective == "capacity" and hi is None:
+        hi = lo  # capped at the search's top scale: the capacity is at least its low end
     return Interval(primary(ts[0]), lo, hi) if lo is not None and hi is not None else None
 
 
@@ -368,6 +393,7 @@ def judge_study(study: Any) -> Judgement | None:
     groups = list(readings(study).values())
     if not groups:
         return None
+    objective = study_objective(study)
     base = next((ts for ts in groups if ts[0].user_attrs.get(A.BASELINE)), None)
     others = [ts for ts in groups if ts is not base]
     pool = [_fresh(ts) for ts in others if _fresh(ts)] or others
@@ -381,7 +407,8 @@ def judge_study(study: Any) -> Judgement | None:
         return _judge_pruned(study, base_use)
     ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
                               others=[[primary(t) for t in ts] for ts in pool if ts is not cand],
-                              within={"config": _within(cand), "defaults": _within(base_use)})
+                              within={"config": _within(cand, objective),
+                                      "defaults": _within(base_use, objective)})
     v = decide_verdict(ratio)
     return Judgement(v.verdict, v.reason, ratio, cand if v.verdict == "winner" else base_use,
                      cand, base_use)

@@ -52,6 +52,7 @@ from autotune.schema import (
     baseline_trial,
     best_trial,
     fail_stale_trials,
+    interval_keys,
     judge_study,
     latest_study,
     mark_failed,
@@ -272,6 +273,10 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
     # flags against the installed vLLM's parser, the shape against the context: before the
     # storage, the folders or any server (issue 18)
     check_before_trial_0(space=space, shape=shape, model=model, settings=settings)
+    if settings.objective == "capacity":
+        from autotune.levels import recorded_rate
+
+        recorded_rate(shape)  # a closed-loop shape has no rate to scale: stop here
     heartbeat = heartbeat or Heartbeat()
     storage = open_storage(settings.storage, heartbeat=heartbeat)
     study_name = _study_name(settings, storage, space, shape)
@@ -450,6 +455,8 @@ def _record_outcome(trial: optuna.Trial, outcome: TrialOutcome) -> None:
         trial.set_user_attr(A.REQUEST_ERRORS, dict(errors))
     if outcome.warmup is not None:
         trial.set_user_attr(A.WARMUP, outcome.warmup)
+    if outcome.capacity is not None:
+        trial.set_user_attr(A.CAPACITY, outcome.capacity)
     trial.set_user_attr(A.TIME, trial_time(outcome))
 
 
@@ -474,6 +481,18 @@ def _mark_pruned(trial: optuna.Trial, outcome: TrialOutcome) -> None:
     set_constraints(trial, failed=0.0, slo=0.0, errors=0.0, quality=0.0)
 
 
+def _no_capacity(trial: optuna.Trial, outcome: TrialOutcome
+                 ) -> tuple[float, str, str | None]:
+    """A capacity trial whose every load level missed the SLOs: infeasible (reason slo),
+    told with the upper bound of its capacity (the lowest rate tried) as its value."""
+    high = outcome.metrics.get("capacity_rps_ci_high", 0.0)
+    set_constraints(trial, failed=0.0, slo=1.0, errors=0.0, quality=0.0)
+    trial.set_user_attr(A.STATE, State.INFEASIBLE)
+    trial.set_user_attr(A.REASON, FailureReason.SLO)
+    trial.set_user_attr(A.MESSAGE, outcome.message or "no load level met the SLOs")
+    return float(high), State.INFEASIBLE, FailureReason.SLO
+
+
 def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
           thresholds: QualityThresholds | None = None,
           lossy: bool = False) -> tuple[float | list[float] | None, str, str | None]:
@@ -486,6 +505,8 @@ def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
         _mark_pruned(trial, outcome)
         return None, State.PRUNED, FailureReason.PRUNED
     value = outcome.metrics.get(objective_metric(settings.objective))
+    if outcome.ok and outcome.capacity is not None and value is None:
+        return _no_capacity(trial, outcome)
     if not outcome.ok or value is None or not math.isfinite(value):
         msg = outcome.message or "no measurement"
         if outcome.log_tail and outcome.reason not in (None, FailureReason.INTERRUPTED):
@@ -493,7 +514,9 @@ def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
         reason = outcome.reason or FailureReason.NO_MEASUREMENT
         mark_failed(trial, reason, msg)
         return None, State.FAILED, reason
-    slo_violation = _slo_violation(outcome.metrics, settings)
+    # capacity: the SLOs are the objective's own bar (every passing level met them)
+    slo_violation = (-1.0 if settings.objective == "capacity"
+                     else _slo_violation(outcome.metrics, settings))
     err_violation = outcome.metrics.get("error_rate", 0.0) - settings.max_error_rate
     q_violation = 0.0
     if outcome.quality is not None:
@@ -682,6 +705,19 @@ def _incumbent_low(study: optuna.Study, settings: TuneSettings, trial: optuna.Tr
 # The loop
 
 
+def _capacity_spec(settings: TuneSettings) -> dict[str, Any]:
+    """The TrialSpec fields of a capacity study (none for the other objectives)."""
+    if settings.objective != "capacity":
+        return {}
+    from autotune.levels import capacity_spec
+
+    return capacity_spec(goodput=settings.capacity_goodput,
+                         max_error_rate=settings.max_error_rate, start=settings.capacity_start,
+                         tolerance=settings.capacity_tolerance,
+                         level_s=settings.capacity_level_s,
+                         max_levels=settings.capacity_max_levels, seed=settings.seed)
+
+
 @dataclass(frozen=True)
 class TrialTemplate:
     """What every trial of a study shares: the model, the shape, folders, quality probe."""
@@ -714,6 +750,7 @@ class TrialTemplate:
             quality_probe=self.quality_probe if probe else None,
             quality_reference=self.quality_reference,
             rule=rule, segment_requests=settings.segment_requests, incumbent_low=incumbent_low,
+            **_capacity_spec(settings),
         )  # fmt: skip
 
 
@@ -769,8 +806,8 @@ class StudyLoop:
             kind=kind, study_name=self.study.study_name, done=done, total=self.target,
             running=len(self.flights), best_value=primary(best) if best else None,
             best_number=best.number if best else None,
-            best_ci_low=_metric(best, "output_tokens_per_s_ci_low"),
-            best_ci_high=_metric(best, "output_tokens_per_s_ci_high"),
+            best_ci_low=_metric(best, interval_keys(self.settings.objective)[0]),
+            best_ci_high=_metric(best, interval_keys(self.settings.objective)[1]),
             baseline_value=primary(base) if base else None,
             elapsed_s=time.monotonic() - self.started, eta_s=eta, **kw,
         )  # fmt: skip

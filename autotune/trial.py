@@ -70,6 +70,10 @@ class TrialSpec:
     # stop a measured replay once more than this share of >= 20 finished requests failed
     # (the outcome then says why in one line); None: always run to the end
     abort_failed_fraction: float | None = 0.5
+    # -- issue 15: --objective capacity: a bracketing search over the arrival-rate scale on
+    # this one server (autotune.capacity.CapacitySearch, autotune.levels.LevelPlan)
+    capacity: Any = None
+    capacity_plan: Any = None
 
 
 @dataclass
@@ -109,6 +113,8 @@ class TrialOutcome:
     # asked for, over the requests served, and the server's vllm:prompt_tokens delta
     prompt_tokens_sent: int = 0
     prompt_tokens_server: float | None = None
+    # --objective capacity: CapacityResult.to_dict() (the bracket and every load level)
+    capacity: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,7 +235,11 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
         "api": spec.api,
         "request_timeout_s": spec.request_timeout_s,
     }
-    if plan.schedule.mode == "closed":
+    if spec.capacity is not None:
+        results = _measure_capacity(spec, plan, server, outcome, phase, client_kw)
+        if not results:
+            return
+    elif plan.schedule.mode == "closed":
         results = _measure_segments(spec, plan, server, outcome, phase, client_kw)
     else:
         results = _measure_open(spec, plan, server, outcome, phase, client_kw)
@@ -240,10 +250,13 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
     outcome.metrics = m.flat()
     # what the shape asked for over every request served in the measured runs, beside the
     # server's own count over the same runs (server_prompt_tokens_run)
-    outcome.metrics["shape_prompt_tokens"] = float(outcome.prompt_tokens_sent)
+    if outcome.capacity is None:  # load levels do not count prompt tokens
+        outcome.metrics["shape_prompt_tokens"] = float(outcome.prompt_tokens_sent)
     if outcome.prompt_tokens_server is not None:
         outcome.metrics["server_prompt_tokens_run"] = outcome.prompt_tokens_server
     _time_metrics(outcome)
+    if outcome.capacity is not None:
+        outcome.metrics.update(_capacity_metrics(outcome.capacity, outcome.gpus))
     if m.n_ok == 0:
         server.check_alive()
         outcome.reason = FailureReason.NO_OUTPUT
@@ -257,12 +270,10 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
         _probe_quality(spec, server, outcome)
 
 
-def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
-                  phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> list[Any]:
-    """Open loop: a fixed warm-up replay, then the schedule ``repeats`` times (its
-    interval over sub-windows of each run)."""
+def _warm_up_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
+                  phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> None:
+    """The open-loop warm-up: a fixed closed-loop replay of the shape's own requests."""
     from autotune.loadgen import replay
-    from autotune.measure import measure, snapshot_metrics
 
     schedule = plan.schedule
     n_warm = spec.warmup_requests
@@ -279,6 +290,84 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
     outcome.warmup_s = time.monotonic() - t_warm
     outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": 1 if n_warm else 0,
                       "converged": False, "jit_in_last_segment": False}
+
+
+def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
+                      outcome: TrialOutcome, phase: Callable[[str, str], None],
+                      client_kw: dict[str, Any]) -> list[Any]:
+    """--objective capacity: warm up, then the bracketing search over the arrival-rate
+    scale on this server (autotune.levels). The measurement is the level the capacity
+    rests on; the levels and the bracket go to ``outcome.capacity``."""
+    from autotune.levels import LevelPlan, find_capacity, recorded_rate
+
+    _warm_up_open(spec, plan, server, outcome, phase, client_kw)
+    recorded = recorded_rate(spec.shape)
+    level_plan = spec.capacity_plan or LevelPlan(seed=spec.seed)
+
+    def build(**kw: Any) -> Any:
+        return _schedule(spec, plan.max_len, **kw)
+
+    def on_level(lv: Any, res: Any) -> None:
+        logger.info("trial %d level %d: %.3gx = %.3g req/s %s (goodput %.1f%%, %s)",
+                    spec.number, len(res.levels), lv.scale, lv.offered_rps,
+                    "pass" if lv.passed else "FAIL", 100 * lv.goodput_fraction, lv.note)
+        hi = f"{res.high * res.recorded_rps:.3g}" if res.high is not None else "?"
+        lo = f"{res.low * res.recorded_rps:.3g}" if res.low is not None else "?"
+        phase("capacity", f"level {len(res.levels)}: {lv.offered_rps:.3g} req/s "
+              f"{'pass' if lv.passed else 'fail'} ({lv.goodput_fraction:.1%} within SLOs); "
+              f"bracket [{lo}, {hi}] req/s")
+
+    t_run = time.monotonic()
+    phase("capacity", f"level 1 at {spec.capacity.start:g}x {recorded:.3g} req/s")
+    res, m = find_capacity(recorded_rps=recorded, build=build, client_kw=client_kw,
+                           slo=spec.slo, search=spec.capacity, plan=level_plan,
+                           check=server.check_alive, on_level=on_level)
+    outcome.measure_s = time.monotonic() - t_run
+    outcome.capacity = res.to_dict()
+    outcome.stop = f"capacity_{res.status}"
+    outcome.message = res.summary()
+    logger.info("trial %d: %s", spec.number, outcome.message)
+    if m is None:  # no level met the SLOs: measured, but no capacity (infeasible)
+        outcome.ok = True
+        outcome.metrics = {**_capacity_metrics(outcome.capacity, outcome.gpus),
+                           "measure_s": round(outcome.measure_s, 3)}
+        return []
+    return [m]
+
+
+def _capacity_metrics(cap: dict[str, Any], gpus: tuple[int, ...] | None) -> dict[str, float]:
+    """capacity_rps (the objective), its interval, output tokens/s at capacity and the
+    servers and GPUs the recorded traffic needs (recorded rate / capacity) from
+    ``CapacityResult.to_dict()``."""
+    recorded = float(cap["recorded_rps"])
+    out: dict[str, float] = {"capacity_recorded_rps": recorded,
+                             "capacity_levels": float(len(cap["levels"]))}
+    if cap.get("ci_high_rps") is not None:
+        out["capacity_rps_ci_high"] = float(cap["ci_high_rps"])
+    rps = cap.get("capacity_rps")
+    if rps is None or rps <= 0:
+        return out
+    servers = recorded / rps
+    out.update({"capacity_rps": float(rps), "capacity_rps_ci_low": float(rps),
+                "capacity_scale": float(cap["low"]), "servers_needed": servers,
+                "gpus_needed": servers * max(1, len(gpus or ()))})
+    at = [lv for lv in cap["levels"] if lv["passed"] and lv["scale"] == cap["low"]]
+    if at:
+        out["capacity_goodput_fraction"] = float(at[-1]["goodput_fraction"])
+        if at[-1]["output_tokens_per_s"] is not None:
+            out["output_tokens_per_s_at_capacity"] = float(at[-1]["output_tokens_per_s"])
+    return out
+
+
+def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
+                  phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> list[Any]:
+    """Open loop: a fixed warm-up replay, then the schedule ``repeats`` times (its
+    interval over sub-windows of each run)."""
+    from autotune.loadgen import replay
+    from autotune.measure import measure, snapshot_metrics
+
+    schedule = plan.schedule
+    _warm_up_open(spec, plan, server, outcome, phase, client_kw)
     results: list[Any] = []
     repeats = max(1, spec.repeats)
     for r in range(repeats):

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +84,34 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_pa
         assert "plots/pareto_front.png" in plots, plots
     finally:
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+
+
+@pytest.mark.slow  # a local Ray start: about 10 s
+def test_trial_phases_reach_the_driver_under_ray() -> None:
+    """A trial's phases (starting, warming up, each capacity level, ...) travel from the Ray
+    worker to the driver's display. An empty ray Queue is falsy (it has a length): the
+    executor once took that for "no queue" and showed no phase at all under Ray."""
+    import time
+
+    from autotune.parallel import RayExecutor
+    from autotune.trial import TrialOutcome, TrialSpec
+
+    def fn(spec: TrialSpec, on_phase: Any = None) -> TrialOutcome:
+        for phase in ("starting", "warming_up", "capacity"):
+            on_phase(spec.number, phase, 0.0, f"{phase} detail")
+            time.sleep(1.2)  # the driver drains the queue once a second
+        return TrialOutcome(number=spec.number, ok=True)
+
+    ex = RayExecutor(fn=fn)
+    try:
+        got: list[tuple[Any, ...]] = []
+        ex.submit(TrialSpec(number=7, model="m", flags=(), env={}, shape=None),
+                  on_phase=lambda *a: got.append(a))
+        done: list[TrialOutcome] = []
+        while not done:
+            done = ex.wait(1.0)
+        assert done[0].ok, done[0].message
+        assert [(n, p) for n, p, _, _ in got] == [(7, "starting"), (7, "warming_up"),
+                                                  (7, "capacity")]
+    finally:
+        ex.shutdown()

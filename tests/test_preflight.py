@@ -78,3 +78,42 @@ def test_shape_clip_cli_makes_the_shape_fit(tmp_path: Path) -> None:
     clipped = load_shape(out)
     assert clipped.input_tokens.max + clipped.output_tokens.max <= 2048
     assert context_overflow(clipped, context=2048)[0] == 0
+
+
+def test_clip_scales_prompts_only_and_their_shared_prefixes() -> None:
+    shape = load_shape(REPO / "traffic" / "mooncake-conv.json")
+    small = clip_shape(shape, scale_input=0.0625)
+    assert small.input_tokens.p50 == pytest.approx(shape.input_tokens.p50 / 16, abs=1)
+    assert small.output_tokens == shape.output_tokens  # outputs keep their lengths
+    assert shape.prefix is not None and small.prefix is not None
+    assert small.prefix.shared_prefix_tokens is not None
+    assert shape.prefix.shared_prefix_tokens is not None
+    assert small.prefix.shared_prefix_tokens.p50 == pytest.approx(
+        shape.prefix.shared_prefix_tokens.p50 / 16, abs=1)
+    assert small.prefix.shared_token_fraction == shape.prefix.shared_token_fraction
+    assert small.fingerprint != shape.fingerprint
+    out_only = clip_shape(shape, scale_output=0.5)
+    assert out_only.input_tokens == shape.input_tokens
+    assert out_only.output_tokens.p50 == pytest.approx(shape.output_tokens.p50 / 2, abs=1)
+    with pytest.raises(ShapeError, match="scale_input"):
+        clip_shape(shape, scale_input=-1.0)
+
+
+@pytest.mark.parametrize(("name", "argv"), [
+    ("azure-conv-2k", ["traffic/azure-conv.json", "--max-total-tokens", "2048"]),
+    ("mooncake-conv-2k", ["traffic/mooncake-conv.json", "--scale-input", "0.0625",
+                          "--max-total-tokens", "2048"]),
+])
+def test_committed_2k_shapes_regenerate_from_their_documented_commands(
+        tmp_path: Path, name: str, argv: list[str]) -> None:
+    """traffic/README.md's commands give the committed shapes exactly, and they fit the
+    stand-in's 2048-token context (search_spaces/hybrid-mtp.yaml)."""
+    from autotune.cli import main
+
+    out = tmp_path / f"{name}.json"
+    assert main(["shape", "clip", str(REPO / argv[0]), *argv[1:], "--name", name,
+                 "-o", str(out)]) == 0
+    assert load_shape(out) == load_shape(REPO / "traffic" / f"{name}.json")
+    assert f"autotune shape clip {' '.join(argv)} --name {name}" in (
+        REPO / "traffic" / "README.md").read_text()
+    assert context_overflow(load_shape(out), context=2048)[0] == 0

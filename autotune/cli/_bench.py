@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -58,6 +59,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "~/.cache/autotune): a config a study started before starts warm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
+    cap = p.add_argument_group(
+        "capacity (--capacity)",
+        "measure the config's capacity under --slo instead: the highest scale of the shape's "
+        "recorded arrival rate at which --capacity-goodput of the requests meet the SLOs, "
+        "by a bracketing search on this one server (docs/measurement.md section 11)")
+    cap.add_argument("--capacity", action="store_true",
+                     help="measure capacity (req/s) rather than throughput; without --slo "
+                          "the SLOs are ttft_p99=2.0,tpot_p99=0.1")
+    cap.add_argument("--capacity-goodput", type=float, default=0.99, metavar="SHARE",
+                     help="share of offered requests that must meet the SLOs (default 0.99)")
+    cap.add_argument("--capacity-tolerance", type=float, default=0.1, metavar="FRACTION",
+                     help="bisect until the bracket is within this fraction (default 0.1)")
+    cap.add_argument("--capacity-level-s", type=float, default=30.0, metavar="SECONDS",
+                     help="seconds of arrivals per load level (default 30)")
+    cap.add_argument("--capacity-start", type=float, default=1.0, metavar="SCALE",
+                     help="first level, as a scale of the recorded rate (default 1.0)")
+    cap.add_argument("--capacity-max-levels", type=int, default=10, metavar="N",
+                     help="load levels at most (default 10)")
+    cap.add_argument("--max-error-rate", type=float, default=0.05,
+                     help="a level fails with more failed requests than this share (0.05)")
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
     p.add_argument("engine_flags", nargs=argparse.REMAINDER,
                    help="engine flags after '--'")
@@ -87,8 +108,47 @@ def _claim_log(path: Path) -> Path:
     raise ConfigError(f"--log {path}: 1,000 files of that name exist; choose another name")
 
 
+def _capacity_fields(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
+    """bench --capacity: the trial's capacity search (checked before the server starts)."""
+    from autotune.levels import capacity_spec, recorded_rate
+
+    if not args.capacity:
+        return {}
+    recorded_rate(shape)  # a shape without arrivals stops here, with the fix
+    return capacity_spec(goodput=args.capacity_goodput, max_error_rate=args.max_error_rate,
+                         start=args.capacity_start, tolerance=args.capacity_tolerance,
+                         level_s=args.capacity_level_s, max_levels=args.capacity_max_levels,
+                         seed=args.seed)
+
+
+def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool:
+    """The levels and the capacity line; False when no level met the SLOs."""
+    from autotune.cli._tune import capacity_line
+
+    cap: dict[str, Any] = outcome.capacity or {}
+    m: dict[str, float] = outcome.metrics
+    for i, lv in enumerate(cap.get("levels", []), 1):
+        tok = lv["output_tokens_per_s"]
+        print(f"level {i}: {lv['scale']:.3g}x = {lv['offered_rps']:,.3g} req/s "
+              f"{'pass' if lv['passed'] else 'FAIL'}: {lv['goodput_fraction']:.1%} of "
+              f"{lv['offered']} requests within the SLOs, {lv['error_rate']:.1%} failed, "
+              f"{'?' if tok is None else f'{tok:,.1f}'} out tok/s, {lv['seconds']:.1f} s"
+              + (f" ({lv['note']})" if lv["note"] else ""))
+    if m.get("capacity_rps") is None:
+        print(f"no capacity: {outcome.message}", file=sys.stderr)
+        return False
+    print(capacity_line({
+        "capacity_rps": m["capacity_rps"], "capacity_rps_ci_low": m.get("capacity_rps_ci_low"),
+        "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
+        "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
+        "recorded_rps": m["capacity_recorded_rps"], "gpus_needed": m.get("gpus_needed"),
+        "goodput_bar": goodput, "slo": slo}))
+    print("latencies below: the level at capacity")
+    return True
+
+
 def _bench(args: argparse.Namespace) -> int:
-    from autotune.config import parse_slo
+    from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
     from autotune.errors import ConfigError
     from autotune.study import goodput_slo
     from autotune.traffic import load_shape
@@ -119,17 +179,19 @@ def _bench(args: argparse.Namespace) -> int:
     from autotune.stats import SegmentRule
 
     shape = load_shape(args.shape)
+    capacity = _capacity_fields(args, shape)
     log_path = _claim_log(args.log) if args.log is not None else None
     spec = TrialSpec(
         number=0, model=str(args.model.resolve()), flags=tuple(flags), env=env, shape=shape,
         seed=args.seed, warmup_requests=args.warmup_requests, repeats=args.repeats,
-        slo=goodput_slo(parse_slo(args.slo)), api=args.api,
+        slo=goodput_slo(parse_slo(args.slo) or (CAPACITY_DEFAULT_SLO if capacity else {})),
+        api=args.api,
         num_requests=args.num_requests, concurrency=args.concurrency,
         start_timeout_s=args.start_timeout, log_path=str(log_path) if log_path else None,
         cpu_kv_cache_gib=args.cpu_kv_cache_gib, segment_requests=args.segment_requests,
         rule=SegmentRule(precision=args.precision, measure_max_s=args.measure_max_s,
                          warmup_max_s=args.warmup_max_s),
-        stagger=args.stagger,
+        stagger=args.stagger, **capacity,
         cache_dir=str((args.cache_dir or Path.home() / ".cache" / "autotune").expanduser()),
     )  # fmt: skip
     print(f"benchmarking: {' '.join(flags) or '(vLLM defaults)'}"
@@ -148,6 +210,10 @@ def _bench(args: argparse.Namespace) -> int:
         return 0 if outcome.ok else 1
     if not outcome.ok:
         print(f"failed ({outcome.reason}): {outcome.message}", file=sys.stderr)
+        return 1
+    slo = parse_slo(args.slo) or (dict(CAPACITY_DEFAULT_SLO) if args.capacity else {})
+    if outcome.capacity is not None and not _print_capacity(outcome, slo,
+                                                            args.capacity_goodput):
         return 1
     m = outcome.metrics
     w = outcome.warmup or {}

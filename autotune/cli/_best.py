@@ -33,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     best.add_argument("--gpu", default=None,
                       help="only studies run on this GPU type (e.g. H200; case-insensitive)")
     best.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL")
+    best.add_argument("--tracking-uri", default=None, metavar="URI",
+                      help="answer from an MLflow store instead (e.g. sqlite:///PATH/mlflow.db "
+                           "or http://host:5000): the trial runs tagged "
+                           "autotune.best_for_shape=<the shape's fingerprint>; exact shape only")
     best.add_argument("--json", action="store_true", help="print the hit as JSON")
     best.set_defaults(func=_best)
 
@@ -103,6 +107,15 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> None:
                if len(hit.readings) > 1 else "")
     print(f"study {hit.study}, trial {hit.trial}{' (vLLM defaults)' if hit.is_baseline else ''}:"
           f" {hit.value:,.1f} {hit.metric}{reading}", file=out)
+    m = hit.metrics
+    if hit.objective == "capacity" and m.get("gpus_needed") is not None:
+        print(f"capacity: {hit.value:,.3g} req/s within the SLOs (bracket "
+              f"[{m.get('capacity_rps_ci_low', float('nan')):,.3g}, "
+              f"{m.get('capacity_rps_ci_high', float('nan')):,.3g}] req/s), "
+              f"{m.get('output_tokens_per_s_at_capacity', float('nan')):,.1f} out tok/s there; "
+              f"GPUs needed for the recorded {m.get('capacity_recorded_rps', float('nan')):,.3g} "
+              f"req/s: {m['gpus_needed'] * m.get('capacity_rps', hit.value) / hit.value:.2f}",
+              file=out)  # the trial's figure, rescaled to the declared (median) capacity
     print(f"model {hit.model}, engine {hit.engine_version or '?'}, GPU {hit.gpu_type}",
           file=out)
     print(f"params: {json.dumps(hit.params)}", file=out)
@@ -122,7 +135,21 @@ def _best(args: argparse.Namespace) -> int:
     from autotune.traffic import load_shape
 
     shape = load_shape(args.shape)
-    hit = find_best(storage=args.storage, shape=shape, model=args.model, gpu=args.gpu)
+    if args.tracking_uri:
+        from autotune.registry import find_best_tracked
+
+        hit = find_best_tracked(tracking_uri=args.tracking_uri, shape=shape, model=args.model,
+                                gpu=args.gpu)
+        if hit is None:
+            print(f"autotune: no MLflow run in {args.tracking_uri} is tagged "
+                  f"autotune.best_for_shape={shape.fingerprint} (shape {shape.name}"
+                  f"{', model ' + args.model if args.model else ''}"
+                  f"{', GPU ' + args.gpu if args.gpu else ''}); tune it with 'autotune tune "
+                  f"--shape {args.shape} --tracking-uri {args.tracking_uri} ...', or look up "
+                  "the nearest tuned shape in the Optuna storage (--storage)", file=sys.stderr)
+            return EXIT_NOTHING
+    else:
+        hit = find_best(storage=args.storage, shape=shape, model=args.model, gpu=args.gpu)
     if hit is None:
         print(f"autotune: {explain_miss(storage=args.storage, model=args.model, gpu=args.gpu)}",
               file=sys.stderr)

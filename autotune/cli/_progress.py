@@ -22,7 +22,7 @@ __all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "
 
 #: phase (:data:`autotune.events.PHASES`) -> what the display calls it
 PHASE_LABELS = {"starting": "starting", "warming_up": "warming up", "measuring": "measuring",
-          "recheck": "re-check", "quality": "quality probe"}
+                "capacity": "capacity search", "recheck": "re-check", "quality": "quality probe"}
 
 
 def fmt_duration(s: float | None) -> str:

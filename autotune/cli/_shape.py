@@ -172,6 +172,12 @@ def _register_clip(ssub: argparse._SubParsersAction) -> None:  # type: ignore[ty
                       "prompts at CONTEXT minus that")
     clip.add_argument("--scale-lengths", type=float, default=1.0, metavar="F",
                       help="multiply every length by F before capping (default 1)")
+    clip.add_argument("--scale-input", type=float, default=1.0, metavar="F",
+                      help="multiply only the prompt lengths (and shared-prefix lengths) by F "
+                      "before capping, e.g. 0.125 for prompts 8x longer than the context "
+                      "serves; outputs keep their lengths (default 1)")
+    clip.add_argument("--scale-output", type=float, default=1.0, metavar="F",
+                      help="multiply only the output lengths by F before capping (default 1)")
     clip.add_argument("--rate-scale", type=float, default=1.0, metavar="F",
                       help="multiply the open-loop replay rate by F (0.5 = half the rate)")
     clip.add_argument("--name", default=None, help="the copy's name (default NAME-clipped)")
@@ -377,12 +383,14 @@ def _clip(args: argparse.Namespace) -> int:
         ctx = args.max_total_tokens
         if ctx < 2:
             raise ConfigError(f"--max-total-tokens must be >= 2 (got {ctx})")
-        out_cap = int(min(ctx // 2, max(1.0, shape.output_tokens.p99 * args.scale_lengths)))
+        out_cap = int(min(ctx // 2, max(1.0, shape.output_tokens.p99 * args.scale_lengths
+                                        * args.scale_output)))
         max_out = min(max_out or out_cap, out_cap)
         max_in = min(max_in or ctx - max_out, ctx - max_out)
     new = clip_shape(shape, max_input_tokens=max_in, max_output_tokens=max_out,
                      scale_lengths=args.scale_lengths, rate_scale=args.rate_scale,
-                     name=args.name)
+                     name=args.name, scale_input=args.scale_input,
+                     scale_output=args.scale_output)
     save_shape(new, args.out)
     i, o = new.input_tokens, new.output_tokens
     print(f"wrote {args.out}: shape {new.name} [fingerprint {new.fingerprint}], prompts p50 "

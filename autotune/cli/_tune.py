@@ -80,13 +80,21 @@ OPTIONS: tuple[Option, ...] = (
            help="tpe: Bayesian (multivariate TPE with constraints); random: baseline"),
     Option("--objective", "objective", "search",
            help="maximise output tokens/s (throughput), requests/s that meet the SLOs "
-                "(goodput), or both throughput and --pareto-latency as two objectives "
-                "(pareto: the front is reported, plotted and logged)"),
+                "(goodput), both throughput and --pareto-latency as two objectives "
+                "(pareto: the front is reported, plotted and logged), or capacity: the "
+                "highest arrival rate (req/s, a scale of the shape's recorded rate) one "
+                "server sustains with --capacity-goodput of the requests within --slo, "
+                "found per trial by a bracketing search on one running server; reported "
+                "with its interval, output tokens/s at that rate and the GPUs the "
+                "recorded traffic needs. Needs a shape with a recorded arrival rate (fitted "
+                "from a timestamped trace); without --slo it judges "
+                "ttft_p99=2.0,tpot_p99=0.1 (docs/measurement.md)"),
     Option("--pareto-latency", "pareto_latency", "search",
            help="the latency a Pareto study minimises (ttft_p99, tpot_p99, e2e_p99, ...)"),
     Option("--slo", "slo", "search", parse=parse_slo,
            help="latency SLOs in seconds, e.g. ttft_p99=2.0,tpot_p99=0.05; trials that miss "
-                "them are infeasible"),
+                "them are infeasible (--objective capacity: each request of a load level is "
+                "judged by them; the percentile suffix is then ignored)"),
     Option("--max-error-rate", "max_error_rate", "search",
            help="trials with more failed requests are infeasible"),
     Option("--no-baseline", "baseline", "search", action="store_false",
@@ -116,6 +124,21 @@ OPTIONS: tuple[Option, ...] = (
            help="interval (default): stop a trial as soon as its 95 %% interval lies wholly "
                 "below the incumbent's (recorded as 'pruned'; throughput studies only); "
                 "none: measure every trial to the end"),
+    Option("--capacity-goodput", "capacity_goodput", "measure", metavar="SHARE",
+           help="--objective capacity: a load level passes when at least this share of "
+                "its offered requests met every --slo (failed requests count as misses) "
+                "and no more than --max-error-rate failed (default 0.99)"),
+    Option("--capacity-tolerance", "capacity_tolerance", "measure", metavar="FRACTION",
+           help="--objective capacity: bisect until the bracket [highest passing rate, "
+                "lowest failing rate] is within this fraction (default 0.1 = 10 %%)"),
+    Option("--capacity-level-s", "capacity_level_s", "measure", metavar="SECONDS",
+           help="--objective capacity: seconds of open-loop arrivals per load level (at "
+                "least 10 requests; a level stops early once it cannot pass; default 30)"),
+    Option("--capacity-start", "capacity_start", "measure", metavar="SCALE",
+           help="--objective capacity: the first level, as a scale of the recorded rate "
+                "(default 1.0; passes double it, fails halve it until bracketed)"),
+    Option("--capacity-max-levels", "capacity_max_levels", "measure", metavar="N",
+           help="--objective capacity: load levels per trial at most (default 10)"),
     Option("--repeats", "repeats", "measure",
            help="measured replays per trial on the same server (median reported)"),
     Option("--recheck", "recheck", "measure", metavar="K",
@@ -327,6 +350,20 @@ def _verdict_line(v: dict[str, Any]) -> str:
     return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"
 
 
+def capacity_line(c: dict[str, Any]) -> str:
+    """best.json's ``capacity`` in one line (what operators size a fleet by)."""
+    def num(x: Any, fmt: str = ",.3g") -> str:
+        return format(x, fmt) if isinstance(x, (int, float)) else "?"
+
+    return (f"capacity: {num(c['capacity_rps'])} req/s within the SLOs "
+            f"(bracket [{num(c.get('capacity_rps_ci_low'))}, "
+            f"{num(c.get('capacity_rps_ci_high'))}] req/s, >= {c['goodput_bar']:.0%} of "
+            f"requests within {', '.join(f'{k}={v:g}s' for k, v in c['slo'].items())}); "
+            f"{num(c.get('output_tokens_per_s_at_capacity'), ',.1f')} out tok/s at that rate; "
+            f"GPUs needed for the recorded {num(c['recorded_rps'])} req/s: "
+            f"{num(c.get('gpus_needed'), '.2f')}")
+
+
 def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
     lines = []
     for label, a in sorted(acct.items()):
@@ -375,6 +412,8 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
     ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
     print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} "
           f"{objective_label(settings.objective)}{ratio}", file=out)
+    if b.get("capacity"):
+        print(capacity_line(b["capacity"]), file=out)
     print(f"params: {json.dumps(b['params'])}", file=out)
     print(f"serve command:\n  {b['serve_command']}", file=out)
     for line in _gpu_time_lines(result.gpu_time):

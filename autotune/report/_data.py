@@ -51,7 +51,10 @@ class TrialRow:
 
     @property
     def interval(self) -> tuple[float, float] | None:
-        lo, hi = self.metrics.get(CI_LOW), self.metrics.get(CI_HIGH)
+        # a capacity study's interval is its bracket (its high end is missing when capped)
+        keys = (("capacity_rps_ci_low", "capacity_rps_ci_high") if "capacity_rps" in self.metrics
+                else (CI_LOW, CI_HIGH))
+        lo, hi = self.metrics.get(keys[0]), self.metrics.get(keys[1])
         return (lo, hi) if lo is not None and hi is not None else None
 
     @property

@@ -89,6 +89,19 @@ class StubConfig:
     stall_s: float = 30.0  # how long a "stall" fault stays silent
     slow_interval_s: float = 0.05  # chunk interval of the "slow" fault
     interleave: bool = False  # yield after every write, as an engine step serves every stream
+    # A known capacity (issue 15): at most this many requests stream at once, the rest wait
+    # in a FIFO queue (as vLLM's --max-num-seqs); 0 = no limit. A request then takes
+    # ttft_s + max_tokens x chunk_interval_s, so the stub serves at most
+    # max_running / that many requests/s (:meth:`capacity_rps`); above it the queue, and
+    # every request's time to first token, grows without bound.
+    max_running: int = 0
+
+    def capacity_rps(self, max_tokens: int) -> float:
+        """Requests/s the stub sustains for requests of ``max_tokens`` tokens (inf: no limit)."""
+        service_s = self.ttft_s + max_tokens * self.chunk_interval_s
+        if self.max_running <= 0 or service_s <= 0:
+            return float("inf")
+        return self.max_running / service_s
 
 
 @dataclass
@@ -97,6 +110,7 @@ class _Counters:
     prompt_tokens: int = 0
     requests_success: int = 0
     running: int = 0
+    waiting: int = 0
     ttft_sum: float = 0.0
     ttft_count: int = 0
     drafts: int = 0
@@ -301,6 +315,12 @@ class _App:
     counters: _Counters = field(default_factory=_Counters)
     started: float = field(default_factory=time.time)
     connections: set[_Conn] = field(default_factory=set)
+    slots: asyncio.Semaphore | None = None  # max_running > 0: created on the serving loop
+
+    def slot(self) -> asyncio.Semaphore | None:
+        if self.config.max_running > 0 and self.slots is None:
+            self.slots = asyncio.Semaphore(self.config.max_running)
+        return self.slots
 
     def models(self) -> bytes:
         body = {
@@ -333,7 +353,7 @@ class _App:
             "# TYPE vllm:num_requests_running gauge",
             f"vllm:num_requests_running{lab} {c.running}",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{lab} 0",
+            f"vllm:num_requests_waiting{lab} {c.waiting}",
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f"vllm:kv_cache_usage_perc{lab} {min(1.0, c.running / 1024):.6f}",
             "# TYPE vllm:time_to_first_token_seconds histogram",
@@ -520,6 +540,16 @@ class _Conn(asyncio.Protocol):
         interval = cfg.slow_interval_s if fault == "slow" else cfg.chunk_interval_s
         loop = asyncio.get_running_loop()
         due = 0.0  # when the next write is due: paced on a clock, so pauses do not add up
+        slots = self.app.slot()
+        if slots is not None:
+            c.waiting += 1
+            try:
+                await slots.acquire()
+            finally:
+                c.waiting -= 1
+            if self.closed:  # the client left while queued: vLLM aborts such a request too
+                slots.release()
+                return
         c.running += 1
         c.prompt_tokens += n_prompt
         try:
@@ -567,6 +597,8 @@ class _Conn(asyncio.Protocol):
             pass  # the client went away (its timeout, or our own disconnect fault)
         finally:
             c.running -= 1
+            if slots is not None:
+                slots.release()
 
     def _resume(self) -> None:
         if not self.busy and not self.closed and self.buf:
@@ -714,6 +746,8 @@ def _main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunks-per-write", type=int, default=1)
     p.add_argument("--chunk-interval", type=float, default=0.0)
     p.add_argument("--ttft", type=float, default=0.0)
+    p.add_argument("--max-running", type=int, default=0,
+                   help="requests streamed at once (the rest queue); 0 = no limit")
     p.add_argument(
         "--interleave",
         action="store_true",
@@ -734,6 +768,7 @@ def _main(argv: list[str] | None = None) -> None:
         chunk_interval_s=a.chunk_interval,
         ttft_s=a.ttft,
         interleave=a.interleave,
+        max_running=a.max_running,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     coro = serve(cfg, port=a.port, duration_s=a.duration, reuse_port=a.reuse_port)

@@ -30,24 +30,41 @@ def clip_shape(
     scale_lengths: float = 1.0,
     rate_scale: float = 1.0,
     name: str | None = None,
+    scale_input: float = 1.0,
+    scale_output: float = 1.0,
 ) -> TrafficShape:
     """``shape`` with lengths multiplied by ``scale_lengths`` then capped, and its replay
     rate multiplied by ``rate_scale`` (the load's time scale; the statistics keep the
-    recorded rate). Changed lengths give a new fingerprint and, by default, a new name."""
+    recorded rate). Changed lengths give a new fingerprint and, by default, a new name.
+
+    ``scale_input`` / ``scale_output`` multiply only the prompt / output lengths (on top of
+    ``scale_lengths``): a trace whose prompts are far longer than a server's context (the
+    Mooncake conversation trace: prompt p50 6,909 tokens) keeps its output lengths, and
+    its shared-prefix lengths are scaled with the prompts (their share stays the same)."""
     for label, v in (("max_input_tokens", max_input_tokens),
                      ("max_output_tokens", max_output_tokens)):
         if v is not None and v < 1:
             raise ShapeError(f"{label} must be >= 1 (got {v})")
-    for label, f in (("scale_lengths", scale_lengths), ("rate_scale", rate_scale)):
+    for label, f in (("scale_lengths", scale_lengths), ("rate_scale", rate_scale),
+                     ("scale_input", scale_input), ("scale_output", scale_output)):
         if not (np.isfinite(f) and f > 0):
             raise ShapeError(f"{label} must be a number > 0 (got {f})")
-    lengths = max_input_tokens is not None or max_output_tokens is not None or scale_lengths != 1
+    s_in, s_out = scale_lengths * scale_input, scale_lengths * scale_output
+    lengths = (max_input_tokens is not None or max_output_tokens is not None
+               or s_in != 1 or s_out != 1)
     update: dict[str, object] = {}
-    if lengths:
-        update["input_tokens"] = _clip_dist(shape.input_tokens, scale=scale_lengths,
+    # a side neither scaled nor capped keeps its fitted statistics as they are
+    if s_in != 1 or max_input_tokens is not None:
+        update["input_tokens"] = _clip_dist(shape.input_tokens, scale=s_in,
                                             cap=max_input_tokens)
-        update["output_tokens"] = _clip_dist(shape.output_tokens, scale=scale_lengths,
+    if s_out != 1 or max_output_tokens is not None:
+        update["output_tokens"] = _clip_dist(shape.output_tokens, scale=s_out,
                                              cap=max_output_tokens)
+    prefix = shape.prefix
+    if prefix is not None and prefix.shared_prefix_tokens is not None and (
+            s_in != 1 or max_input_tokens is not None):
+        update["prefix"] = prefix.model_copy(update={"shared_prefix_tokens": _clip_dist(
+            prefix.shared_prefix_tokens, scale=s_in, cap=max_input_tokens)})
     if rate_scale != 1:
         update["load"] = shape.load.model_copy(
             update={"time_scale": shape.load.time_scale / rate_scale})

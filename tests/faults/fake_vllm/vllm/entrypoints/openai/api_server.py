@@ -31,6 +31,10 @@ Modes (``name`` or ``name:N``):
                 with the same argv, pid, process group and parent-death signal
 ==============  ==========================================================================
 
+``AUTOTUNE_FAKE_MAX_RUNNING=N`` (or ``max-num-seqs``: the launch's ``--max-num-seqs``, 2
+without it) gives a serving fake a known capacity: N streams at once, chunks
+``AUTOTUNE_FAKE_CHUNK_S`` apart, the rest queued (``--objective capacity`` tests).
+
 Every request is announced on stdout (``fake-vllm: request N``), so a test can see from the
 trial's server log that the measurement has started. A taken port fails like vLLM does
 (``OSError: [Errno 98] Address already in use``).
@@ -110,6 +114,18 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _max_running() -> int:
+    """``AUTOTUNE_FAKE_MAX_RUNNING=N``: a server with a known capacity (N streams at once, the
+    rest queue; chunks ``AUTOTUNE_FAKE_CHUNK_S`` apart), for ``--objective capacity``;
+    ``max-num-seqs``: N is the launch's ``--max-num-seqs`` (2 without the flag), so the
+    capacity follows the knob a study tunes."""
+    value = os.environ.get("AUTOTUNE_FAKE_MAX_RUNNING", "0")
+    if value != "max-num-seqs":
+        return int(value)
+    argv = sys.argv[1:]
+    return int(argv[argv.index("--max-num-seqs") + 1]) if "--max-num-seqs" in argv else 2
+
+
 def _serve(host: str, port: int, model: str, mode: str, arg: int) -> None:
     import asyncio
 
@@ -134,11 +150,13 @@ def _serve(host: str, port: int, model: str, mode: str, arg: int) -> None:
         return "ok"
 
     stub._fault_of = fault_of  # type: ignore[assignment]  # pick faults by request number
+    max_running = _max_running()
     config = stub.StubConfig(
         model=model,
         stall_s=float(os.environ.get("AUTOTUNE_FAKE_STALL_S", "60")),
         chunk_interval_s=float(os.environ.get("AUTOTUNE_FAKE_CHUNK_S", "0.05"))
-        if mode in ("slow", "jit") else 0.0,
+        if mode in ("slow", "jit") or max_running else 0.0,
+        max_running=max_running,
     )
     sock = _bind(host, port)
 

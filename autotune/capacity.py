@@ -1,0 +1,183 @@
+"""Capacity under SLOs: the bracketing search over the arrival-rate scale (pure).
+
+The capacity of one server for a traffic shape is the highest scale ``s`` of the shape's
+recorded arrival rate at which the server still serves at least ``goodput`` (99 %) of the
+offered requests within every SLO, with no more than ``max_error_rate`` failed. The
+search runs on one running server: each probe replays the shape's open-loop arrivals at
+``s`` x the recorded rate for a bounded time (:mod:`autotune.levels`) and says pass or
+fail; this module only decides where to probe next:
+
+1. probe ``start`` (1.0: the recorded rate);
+2. a pass doubles the scale until a level fails (or ``max_scale``: capacity at least
+   that); a fail halves it until a level passes (or ``min_scale``: no capacity);
+3. bisect the bracket [highest pass, lowest fail] at its geometric mean until
+   ``high / low - 1 <= tolerance`` or ``max_levels`` probes are spent.
+
+The capacity is the bracket's low end (a rate the server was seen to sustain), and the
+bracket is its interval. Pass/fail near the edge is noisy; the bisection only ever probes
+inside the current bracket, so a noisy answer narrows the bracket to the wrong side by at
+most one step and never makes it inconsistent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from autotune.errors import ConfigError
+
+__all__ = ["CapacityResult", "CapacitySearch", "Level", "search_capacity"]
+
+
+@dataclass(frozen=True)
+class CapacitySearch:
+    """How the bracketing search runs (``autotune tune --objective capacity``)."""
+
+    goodput: float = 0.99  # share of the offered requests that must meet every SLO
+    max_error_rate: float = 0.05  # share of the offered requests that may fail
+    start: float = 1.0  # the first scale of the recorded rate
+    tolerance: float = 0.1  # stop when high / low - 1 <= tolerance
+    min_scale: float = 1.0 / 64
+    max_scale: float = 64.0
+    max_levels: int = 10  # probes (load levels) per search, at most
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.goodput <= 1.0:
+            raise ConfigError(f"capacity goodput is {self.goodput}; use a share in (0, 1], "
+                              "e.g. 0.99")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise ConfigError(f"max error rate is {self.max_error_rate}; use a share in [0, 1]")
+        if not (0 < self.min_scale <= self.start <= self.max_scale and
+                all(map(math.isfinite, (self.min_scale, self.start, self.max_scale)))):
+            raise ConfigError(
+                f"capacity scales: need 0 < min {self.min_scale} <= start {self.start} <= "
+                f"max {self.max_scale}")
+        if not 0.0 < self.tolerance < 1.0:
+            raise ConfigError(f"capacity tolerance is {self.tolerance}; use a fraction in "
+                              "(0, 1), e.g. 0.1")
+        if self.max_levels < 2:
+            raise ConfigError(f"capacity max levels is {self.max_levels}; a bracket needs >= 2")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One probe: the load at ``scale`` x the recorded rate and what the server did."""
+
+    scale: float
+    offered_rps: float  # the arrival rate offered (scale x recorded rate)
+    passed: bool
+    goodput_fraction: float  # requests that met every SLO / offered requests
+    error_rate: float  # failed requests / offered requests
+    offered: int = 0  # requests the level's schedule held
+    output_tokens_per_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    e2e_p99_s: float | None = None
+    seconds: float = 0.0
+    stopped_early: bool = False  # stopped once it could no longer pass
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CapacityResult:
+    """The bracket: capacity = ``low`` x the recorded rate, interval [low, high]."""
+
+    recorded_rps: float
+    low: float | None = None  # the highest scale that passed (None: none passed)
+    high: float | None = None  # the lowest scale that failed (None: none failed)
+    # found: bracket within tolerance; levels: probes spent first; capped: passed at
+    # max_scale; none: failed at min_scale
+    status: Literal["found", "levels", "capped", "none"] = "levels"
+    levels: list[Level] = field(default_factory=list)
+
+    @property
+    def capacity_rps(self) -> float | None:
+        return self.low * self.recorded_rps if self.low is not None else None
+
+    @property
+    def ci_low_rps(self) -> float | None:
+        return self.capacity_rps
+
+    @property
+    def ci_high_rps(self) -> float | None:
+        return self.high * self.recorded_rps if self.high is not None else None
+
+    def at_capacity(self) -> Level | None:
+        """The passing level the capacity rests on."""
+        passed = [lv for lv in self.levels if lv.passed and lv.scale == self.low]
+        return passed[-1] if passed else None
+
+    def summary(self) -> str:
+        """One line for logs and trial messages."""
+        r = self.recorded_rps
+        if self.low is None:
+            return (f"no load level met the SLOs: even {self.high or 0:.3g}x the recorded "
+                    f"rate ({(self.high or 0) * r:.3g} req/s) failed ({len(self.levels)} levels)")
+        hi = (f"{self.high * r:.3g}" if self.high is not None else "inf")
+        return (f"capacity {self.low * r:.3g} req/s ({self.low:.3g}x the recorded "
+                f"{r:.3g} req/s), interval [{self.low * r:.3g}, {hi}] req/s, {self.status}, "
+                f"{len(self.levels)} levels")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recorded_rps": self.recorded_rps, "low": self.low, "high": self.high,
+                "status": self.status, "capacity_rps": self.capacity_rps,
+                "ci_low_rps": self.ci_low_rps, "ci_high_rps": self.ci_high_rps,
+                "levels": [lv.to_dict() for lv in self.levels]}
+
+
+def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
+                    search: CapacitySearch | None = None,
+                    on_level: Callable[[Level, CapacityResult], None] | None = None
+                    ) -> CapacityResult:
+    """Bracket the capacity: ``probe(scale)`` runs one load level and says pass or fail.
+
+    ``on_level(level, result_so_far)`` hears of each level as it ends (progress)."""
+    s = search or CapacitySearch()
+    if not (recorded_rps > 0 and math.isfinite(recorded_rps)):
+        raise ConfigError(f"recorded rate is {recorded_rps}; capacity needs a rate > 0")
+    res = CapacityResult(recorded_rps=recorded_rps)
+
+    def run(scale: float) -> bool:
+        lv = probe(scale)
+        res.levels.append(lv)
+        if lv.passed:
+            res.low = scale if res.low is None else max(res.low, scale)
+        else:
+            res.high = scale if res.high is None else min(res.high, scale)
+        if on_level is not None:
+            on_level(lv, res)
+        return lv.passed
+
+    scale = s.start
+    passed = run(scale)
+    # expand until a pass and a fail bracket the capacity
+    while len(res.levels) < s.max_levels and (res.low is None or res.high is None):
+        if passed:
+            if scale >= s.max_scale:
+                res.status = "capped"
+                return res
+            scale = min(scale * 2.0, s.max_scale)
+        else:
+            if scale <= s.min_scale:
+                res.status = "none"
+                return res
+            scale = max(scale / 2.0, s.min_scale)
+        passed = run(scale)
+    # bisect (geometric) inside the bracket
+    while res.low is not None and res.high is not None:
+        if res.high / res.low - 1.0 <= s.tolerance:
+            res.status = "found"
+            return res
+        if len(res.levels) >= s.max_levels:
+            break
+        run(math.sqrt(res.low * res.high))
+    if res.low is None:
+        res.status = "none" if scale <= s.min_scale else "levels"
+    elif res.high is None:
+        res.status = "capped" if scale >= s.max_scale else "levels"
+    return res

@@ -1,0 +1,185 @@
+"""Load levels on one running server: the shape's open-loop arrivals at a scale of the
+recorded rate, judged against the SLOs (the probes of :mod:`autotune.capacity`).
+
+A level replays ``level_s`` seconds of arrivals at ``scale`` x the recorded rate (at
+least ``min_requests``, at most ``max_requests`` requests), then waits until the server
+has nothing running or waiting, so the next level starts from an idle server: no restart
+per level. A level stops as soon as it can no longer pass (more requests missed the SLOs
+or failed than the goodput bar allows), so an overloaded level costs seconds, not the
+whole replay of a backlog.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.capacity import CapacityResult, CapacitySearch, Level, search_capacity
+from autotune.errors import ConfigError, LoadgenError
+from autotune.loadgen import Abort, RequestRecord, replay
+from autotune.measure import Measurement, Slo, measure, meets_slo, snapshot_metrics
+
+__all__ = ["LevelPlan", "capacity_spec", "find_capacity", "level_abort", "recorded_rate",
+           "run_level"]
+
+logger = logging.getLogger(__name__)
+
+#: builds the schedule of one level: keyword arguments of autotune.traffic.build_schedule
+#: (seed, mode, num_requests, rate_rps, time_scale)
+Build = Callable[..., Any]
+
+
+def recorded_rate(shape: Any) -> float:
+    """The arrival rate capacity scales: the shape's recorded rate (else its open-loop
+    replay rate). A shape with neither has no arrivals to scale: a one-line error."""
+    rate = float(getattr(shape, "rate_rps", 0.0) or 0.0)
+    load = getattr(shape, "load", None)
+    if rate <= 0 and load is not None and load.mode == "open" and load.rate_rps:
+        rate = float(load.rate_rps)
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ConfigError(
+            f"capacity (--objective capacity, bench --capacity) needs a shape with arrivals: "
+            "shape "
+            f"{getattr(shape, 'name', '?')!r} has no recorded arrival rate (a closed-loop or "
+            "synthetic shape); fit the shape from a trace with arrival timestamps "
+            "(autotune shape fit TRACE -o SHAPE.json), or use --objective throughput")
+    return rate
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """How long each load level runs."""
+
+    level_s: float = 30.0  # seconds of arrivals per level
+    min_requests: int = 10
+    max_requests: int = 2000
+    drain_timeout_s: float = 120.0  # wait at most this long for an idle server after a level
+    seed: int = 0
+
+    def requests(self, rate_rps: float) -> int:
+        return int(min(self.max_requests, max(self.min_requests, math.ceil(rate_rps
+                                                                             * self.level_s))))
+
+
+def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,
+                  level_s: float, max_levels: int, seed: int = 0) -> dict[str, Any]:
+    """The ``TrialSpec`` fields of a capacity measurement (``capacity``, ``capacity_plan``):
+    what ``tune --objective capacity`` and ``bench --capacity`` pass to a trial."""
+    search = CapacitySearch(goodput=goodput, max_error_rate=max_error_rate, start=start,
+                            tolerance=tolerance, min_scale=min(start, 1.0 / 64),
+                            max_scale=max(start, 64.0), max_levels=max_levels)
+    return {"capacity": search, "capacity_plan": LevelPlan(level_s=level_s, seed=seed)}
+
+
+def level_abort(offered: int, slo: Slo | None, search: CapacitySearch) -> Abort:
+    """Stop a level once it cannot pass any more: more misses (failed requests included)
+    than ``1 - goodput`` of the offered requests, or more failures than the error bar."""
+    may_miss = math.floor((1.0 - search.goodput) * offered + 1e-9)
+    may_fail = math.floor(search.max_error_rate * offered + 1e-9)
+    missed = [0]
+
+    def check(rec: RequestRecord, done: int, failed: int) -> str | None:
+        if not meets_slo(rec, slo):
+            missed[0] += 1
+        if missed[0] > may_miss:
+            return (f"{missed[0]} of {offered} requests missed the SLOs or failed "
+                    f"(at most {may_miss} may)")
+        if failed > may_fail:
+            return f"{failed} of {offered} requests failed (at most {may_fail} may)"
+        return None
+
+    return check
+
+
+def _drain(base_url: str, timeout_s: float) -> None:
+    """Wait until the server reports nothing running or waiting (best effort)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            g = snapshot_metrics(base_url).gauges
+        except LoadgenError:
+            return
+        busy = g.get("vllm:num_requests_running", 0.0) + g.get("vllm:num_requests_waiting", 0.0)
+        if busy <= 0:
+            return
+        time.sleep(0.25)
+    logger.warning("the server still had requests after %.0f s; next level starts anyway",
+                   timeout_s)
+
+
+def _pct(p: Any) -> float | None:
+    return p.p99 if p is not None else None
+
+
+def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dict[str, Any],
+              slo: Slo | None, search: CapacitySearch, plan: LevelPlan
+              ) -> tuple[Level, Measurement | None]:
+    """One load level on the running server at ``client_kw["base_url"]``: pass or fail."""
+    rate = scale * recorded_rps
+    n = plan.requests(rate)
+    schedule = build(seed=plan.seed, mode="open", num_requests=n, rate_rps=rate,
+                     time_scale=1.0)
+    if schedule.concurrency is not None:
+        # no cap on requests in flight: a client-side queue would hide the server's queue
+        # from the latencies (they count from the send), and so the capacity
+        schedule = dataclasses.replace(schedule, concurrency=None)
+    offered = len(schedule.requests)
+    t0 = time.monotonic()
+    run = replay(schedule, **client_kw, abort=level_abort(offered, slo, search))
+    seconds = time.monotonic() - t0
+    met = sum(1 for r in run.records if meets_slo(r, slo))
+    failed = sum(1 for r in run.records if not r.ok)
+    m = measure(run, slo=slo) if any(r.ok for r in run.records) else None
+    good, err = met / offered, failed / offered
+    passed = run.aborted is None and good >= search.goodput and err <= search.max_error_rate
+    level = Level(
+        scale=scale, offered_rps=rate, passed=passed, goodput_fraction=good, error_rate=err,
+        offered=offered, output_tokens_per_s=m.output_tokens_per_s if m else None,
+        ttft_p99_s=_pct(m.ttft_s) if m else None, tpot_p99_s=_pct(m.tpot_s) if m else None,
+        e2e_p99_s=_pct(m.e2e_s) if m else None, seconds=round(seconds, 2),
+        stopped_early=run.aborted is not None, note=run.aborted or "",
+    )  # fmt: skip
+    _drain(client_kw["base_url"], plan.drain_timeout_s)
+    return level, m
+
+
+@dataclass
+class _Probe:
+    """The probe search_capacity calls, keeping each passing level's measurement."""
+
+    recorded_rps: float
+    build: Build
+    client_kw: dict[str, Any]
+    slo: Slo | None
+    search: CapacitySearch
+    plan: LevelPlan
+    check: Callable[[], None] | None = None  # raises if the server died
+    measured: dict[float, Measurement] = field(default_factory=dict)
+
+    def __call__(self, scale: float) -> Level:
+        level, m = run_level(scale, recorded_rps=self.recorded_rps, build=self.build,
+                             client_kw=self.client_kw, slo=self.slo, search=self.search,
+                             plan=self.plan)
+        if self.check is not None:
+            self.check()
+        if m is not None and level.passed:
+            self.measured[scale] = m
+        return level
+
+
+def find_capacity(*, recorded_rps: float, build: Build, client_kw: dict[str, Any],
+                  slo: Slo | None, search: CapacitySearch | None = None,
+                  plan: LevelPlan | None = None, check: Callable[[], None] | None = None,
+                  on_level: Callable[[Level, CapacityResult], None] | None = None
+                  ) -> tuple[CapacityResult, Measurement | None]:
+    """The bracketing search on one running server; returns the bracket and the
+    measurement of the level the capacity rests on (None when no level passed)."""
+    search = search or CapacitySearch()
+    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan or LevelPlan(), check)
+    res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level)
+    return res, (probe.measured.get(res.low) if res.low is not None else None)

@@ -1,0 +1,409 @@
+"""--objective capacity: the bracketing search (pure) and load levels against the stub
+server with a known capacity (a concurrent-request limit)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.capacity import CapacityResult, CapacitySearch, Level, search_capacity
+from autotune.errors import ConfigError
+from autotune.levels import LevelPlan, find_capacity, level_abort, recorded_rate
+from autotune.measure import Slo
+from autotune.testing.stub_server import StubConfig, StubServer
+from autotune.traffic import RequestSpec, Schedule
+from tests.conftest import REPO, needs_vllm
+
+SHAPE = REPO / "traffic" / "example-chat.json"  # recorded 5.53 req/s, outputs p50 43
+
+
+def _level(scale: float, passed: bool) -> Level:
+    return Level(scale=scale, offered_rps=scale, passed=passed,
+                 goodput_fraction=1.0 if passed else 0.5, error_rate=0.0)
+
+
+def _monotone(true_scale: float, calls: list[float] | None = None):  # type: ignore[no-untyped-def]
+    def probe(scale: float) -> Level:
+        if calls is not None:
+            calls.append(scale)
+        return _level(scale, scale <= true_scale)
+    return probe
+
+
+# --- the search (pure) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("true_scale", [0.03, 0.3, 0.99, 1.0, 1.7, 5.0, 37.0])
+def test_monotone_capacity_is_bracketed_within_tolerance(true_scale: float) -> None:
+    s = CapacitySearch(tolerance=0.1, max_levels=20)
+    res = search_capacity(_monotone(true_scale), recorded_rps=2.0, search=s)
+    assert res.status == "found"
+    assert res.low is not None and res.high is not None
+    assert res.low <= true_scale < res.high
+    assert res.high / res.low - 1 <= 0.1
+    assert res.capacity_rps == pytest.approx(2.0 * res.low)
+    assert res.ci_high_rps == pytest.approx(2.0 * res.high)
+    # every level is recorded, in order; the capacity rests on a passing one
+    at = res.at_capacity()
+    assert at is not None and at.passed and at.scale == res.low
+
+
+def test_search_starts_at_start_and_doubles_then_bisects() -> None:
+    calls: list[float] = []
+    res = search_capacity(_monotone(3.0, calls), recorded_rps=1.0,
+                          search=CapacitySearch(tolerance=0.05))
+    assert calls[:3] == [1.0, 2.0, 4.0]  # expand: pass, pass, fail
+    assert all(2.0 < c < 4.0 for c in calls[3:])  # then only inside the bracket
+    assert res.status == "found" and len(res.levels) == len(calls)
+
+
+def test_never_passing_ends_at_min_scale_with_no_capacity() -> None:
+    res = search_capacity(lambda s: _level(s, False), recorded_rps=4.0,
+                          search=CapacitySearch(min_scale=1 / 8, max_levels=20))
+    assert res.status == "none" and res.low is None and res.capacity_rps is None
+    assert res.high == pytest.approx(1 / 8)
+    assert [lv.scale for lv in res.levels] == [1.0, 0.5, 0.25, 0.125]
+    assert "no load level met the SLOs" in res.summary()
+
+
+def test_always_passing_is_capped_at_max_scale() -> None:
+    res = search_capacity(lambda s: _level(s, True), recorded_rps=1.5,
+                          search=CapacitySearch(max_scale=8.0, max_levels=20))
+    assert res.status == "capped" and res.high is None and res.ci_high_rps is None
+    assert res.low == 8.0 and res.capacity_rps == pytest.approx(12.0)
+    assert [lv.scale for lv in res.levels] == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_level_budget_leaves_a_wider_bracket() -> None:
+    res = search_capacity(_monotone(3.0), recorded_rps=1.0,
+                          search=CapacitySearch(tolerance=0.001, max_levels=4))
+    assert res.status == "levels" and len(res.levels) == 4
+    assert res.low is not None and res.high is not None and res.low <= 3.0 < res.high
+
+
+def test_noisy_edge_keeps_a_consistent_bracket() -> None:
+    """Pass/fail is a coin toss within +-5 % of the true capacity: the bracket stays
+    ordered and lands within the noise band plus the tolerance."""
+    for seed in range(30):
+        rng = random.Random(seed)
+
+        def probe(scale: float) -> Level:
+            if abs(scale / 2.5 - 1) <= 0.05:
+                return _level(scale, rng.random() < 0.5)
+            return _level(scale, scale < 2.5)
+
+        res = search_capacity(probe, recorded_rps=1.0, search=CapacitySearch(tolerance=0.05))
+        assert res.low is not None and res.high is not None and res.low < res.high
+        assert 2.5 * 0.95 / 1.05 <= res.low <= 2.5 * 1.05
+        # each level's verdict agrees with the bracket: passes at or below low, fails at
+        # or above high (the search never probes outside the current bracket)
+        assert max(lv.scale for lv in res.levels if lv.passed) == res.low
+        assert min(lv.scale for lv in res.levels if not lv.passed) == res.high
+
+
+@pytest.mark.parametrize("bad", [
+    {"goodput": 0.0}, {"goodput": 1.5}, {"tolerance": 0.0}, {"tolerance": 1.0},
+    {"start": 100.0}, {"min_scale": 0.0}, {"max_levels": 1}, {"start": math.nan},
+])
+def test_bad_search_settings_say_what_is_wrong(bad: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match="capacity|error rate"):
+        CapacitySearch(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, math.inf, math.nan])
+def test_search_needs_a_recorded_rate(rate: float) -> None:
+    with pytest.raises(ConfigError, match="recorded rate"):
+        search_capacity(_monotone(1.0), recorded_rps=rate)
+
+
+def test_closed_loop_shape_is_a_one_line_error() -> None:
+    from autotune.traffic import load_shape
+    from tests.conftest import REPO
+
+    shape = load_shape(REPO / "traffic" / "casestudy-512x512.json")
+    with pytest.raises(ConfigError) as err:
+        recorded_rate(shape)
+    msg = str(err.value)
+    assert "capacity (--objective capacity, bench --capacity) needs a shape with arrivals" in msg
+    assert "\n" not in msg
+    assert "autotune shape fit" in msg
+    assert recorded_rate(load_shape(REPO / "traffic" / "azure-conv.json")) > 0
+
+
+def test_level_abort_stops_once_a_level_cannot_pass() -> None:
+    from autotune.loadgen import RequestRecord
+
+    def rec(i: int, ttft: float, ok: bool = True) -> RequestRecord:
+        return RequestRecord(index=i, send_s=0.0, first_token_s=ttft, end_s=ttft + 0.1,
+                             chunk_times_s=(ttft, ttft + 0.1), chunk_tokens=(1, 1),
+                             prompt_tokens=4, output_tokens=2, ok=ok,
+                             error=None if ok else "timeout", detail=None, status=200)
+
+    check = level_abort(200, Slo(ttft_s=1.0), CapacitySearch(goodput=0.99))
+    assert check(rec(0, 2.0), 1, 0) is None  # 2 misses of 200 allowed
+    assert check(rec(1, 2.0), 2, 0) is None
+    why = check(rec(2, 2.0), 3, 0)
+    assert why is not None and "3 of 200 requests missed the SLOs" in why
+    errs = level_abort(100, None, CapacitySearch(goodput=0.5, max_error_rate=0.01))
+    assert errs(rec(0, 0.1, ok=False), 1, 1) is None
+    assert "2 of 100 requests failed" in (errs(rec(1, 0.1, ok=False), 2, 2) or "")
+
+
+# --- against the stub server's known capacity ----------------------------------------------
+
+_TOKENS = 20
+
+
+def _fixed_build(**kw: object) -> Schedule:
+    """Evenly spaced arrivals of identical requests at ``rate_rps`` (a D/D/c queue)."""
+    n, rate = int(kw["num_requests"]), float(kw["rate_rps"])  # type: ignore[arg-type]
+    reqs = tuple(RequestSpec(index=i, prompt_token_ids=(5, 6, 7, 8), max_tokens=_TOKENS,
+                             send_at_s=i / rate) for i in range(n))
+    return Schedule(mode="open", requests=reqs)
+
+
+def test_bracketing_finds_the_stub_servers_known_capacity() -> None:
+    """The stub streams 8 requests at once, 20 tokens 25 ms apart (0.5 s a request): it
+    sustains 16 req/s. Above that the queue and the time to first token grow; the search
+    brackets 16 req/s within its tolerance (plus a little for the client's timing)."""
+    cfg = StubConfig(max_running=8, chunk_interval_s=0.025)
+    true_rps = cfg.capacity_rps(_TOKENS)
+    assert true_rps == pytest.approx(16.0)
+    seen: list[tuple[Level, CapacityResult]] = []
+    with StubServer(cfg) as stub:
+        res, m = find_capacity(
+            recorded_rps=5.0, build=_fixed_build,
+            client_kw={"base_url": stub.base_url, "model": cfg.model},
+            slo=Slo(ttft_s=0.15), search=CapacitySearch(tolerance=0.1, max_levels=8),
+            plan=LevelPlan(level_s=3.0, min_requests=10),
+            on_level=lambda lv, r: seen.append((lv, r)))
+    assert res.status == "found", res.to_dict()
+    assert res.capacity_rps is not None and res.ci_high_rps is not None
+    # measured here: [15.4, 16.8] req/s in 6 levels (18.7 s), three runs alike
+    assert 0.85 * true_rps <= res.capacity_rps <= true_rps * 1.02, res.summary()
+    assert res.ci_high_rps >= 0.95 * true_rps, res.summary()
+    assert [lv.scale for lv, _ in seen][:2] == [1.0, 2.0]  # 5 and 10 req/s pass
+    failing = [lv for lv in res.levels if not lv.passed]
+    assert failing and all(lv.goodput_fraction < 0.99 for lv in failing)
+    assert any(lv.stopped_early for lv in failing)  # an overloaded level stops early
+    assert m is not None and m.output_tokens_per_s is not None
+    # the measurement at capacity: about capacity x 20 tokens/s
+    assert m.output_tokens_per_s == pytest.approx(res.capacity_rps * _TOKENS, rel=0.25)
+
+
+# --- a whole study through the CLI, on the fake engine (the stub behind vLLM's argv) -------
+
+
+@pytest.mark.slow  # a whole study (about 40 s here), though no vLLM starts
+def test_capacity_study_end_to_end_on_servers_of_known_capacity(
+        tmp_path: Path, fake_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`autotune tune --objective capacity`: each trial starts the fake engine once, whose
+    capacity follows --max-num-seqs (that many streams of 5 ms chunks at once), and
+    brackets it; best.json, trials.csv, Optuna and MLflow carry capacity, its interval,
+    output tokens/s there and the GPUs (servers) the recorded 5.5 req/s need."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from autotune.cli import main
+    from autotune.schema import A
+    from tests.faults._lab import write_space
+
+    space = write_space(tmp_path / "space.yaml", plan="ok", counter=tmp_path / "launches",
+                        tag="capacity-e2e", AUTOTUNE_FAKE_MAX_RUNNING="max-num-seqs",
+                        AUTOTUNE_FAKE_CHUNK_S="0.005")
+    storage, uri = f"sqlite:///{tmp_path / 'optuna.db'}", f"sqlite:///{tmp_path / 'ml.db'}"
+    out = tmp_path / "out"
+    rc = main(["tune", "--model", str(fake_model), "--shape", str(SHAPE), "--space", str(space),
+               "--trials", "2", "--storage", storage, "--tracking-uri", uri,
+               "--study-name", "cap", "--out", str(out), "--no-ray", "--recheck", "0",
+               "--objective", "capacity", "--slo", "ttft_p99=0.5",
+               "--capacity-level-s", "2", "--capacity-tolerance", "0.25",
+               "--capacity-max-levels", "6", "--warmup-requests", "4",
+               "--enqueue", '{"max_num_seqs": 16}', "--start-timeout", "30",
+               "--request-timeout", "20", "-q"])
+    text = capsys.readouterr().out
+    best = json.loads((out / "best.json").read_text())
+    cap = best["capacity"]
+    assert best["objective"]["name"] == "capacity" and best["objective"]["metric"] == "capacity_rps"
+    assert cap["capacity_rps"] == best["objective"]["value"] > 0
+    assert cap["capacity_rps_ci_low"] <= cap["capacity_rps"] <= cap["capacity_rps_ci_high"]
+    assert cap["recorded_rps"] == pytest.approx(5.53042)
+    assert cap["gpus_needed"] == pytest.approx(cap["recorded_rps"] / cap["capacity_rps"])
+    assert cap["output_tokens_per_s_at_capacity"] > 0 and cap["levels"]
+    assert cap["slo"] == {"ttft_p99": 0.5} and cap["goodput_bar"] == 0.99
+    assert "capacity: " in text and "GPUs needed for the recorded 5.53 req/s" in text
+    trials = optuna.load_study(study_name="cap", storage=storage).trials
+    caps = {t.params["max_num_seqs"]: t.user_attrs[A.METRICS]["capacity_rps"] for t in trials
+            if t.params}
+    base = trials[0].user_attrs[A.METRICS]["capacity_rps"]
+    # 16 streams serve more than the baseline's 2 (about 8x: the chunks are the same)
+    assert caps[16] > 3 * base, (caps, base)
+    levels = trials[1].user_attrs[A.CAPACITY]["levels"]
+    assert {"scale", "offered_rps", "passed", "goodput_fraction", "output_tokens_per_s",
+            "ttft_p99_s"} <= set(levels[0])
+    assert rc == 0 and best["verdict"] == "winner" and best["params"] == {"max_num_seqs": 16}
+    header = (out / "trials.csv").read_text().splitlines()[0]
+    assert "capacity_rps" in header and "gpus_needed" in header
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("autotune").experiment_id],
+                              filter_string="tags.`autotune.best` = 'true'")
+    assert runs and runs[0].data.metrics["capacity_rps"] == pytest.approx(cap["capacity_rps"])
+
+
+@pytest.mark.slow  # one fake server and 5 levels: about 20 s
+def test_bench_capacity_measures_one_config(fake_model: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`autotune bench --capacity` on the fake engine with 8 streams of 5 ms chunks: the
+    levels, the capacity line and the JSON metrics."""
+    from autotune.cli import main
+    from tests.faults._lab import FAKE_VLLM
+
+    env = [f"PYTHONPATH={FAKE_VLLM}", "AUTOTUNE_FAKE_PLAN=ok", "AUTOTUNE_FAKE_MAX_RUNNING=8",
+           "AUTOTUNE_FAKE_CHUNK_S=0.005"]
+    argv = ["bench", "--model", str(fake_model), "--shape", str(SHAPE), "--capacity",
+            "--slo", "ttft_p99=0.5", "--capacity-level-s", "2", "--capacity-max-levels", "5",
+            "--capacity-tolerance", "0.3", "--warmup-requests", "4", "--start-timeout", "30",
+            *[a for e in env for a in ("--env", e)], "--", "--max-model-len", "1024"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "level 1: 1x = 5.53 req/s pass" in out
+    assert "capacity: " in out and "GPUs needed for the recorded 5.53 req/s" in out
+    assert "within ttft_p99=0.5s" in out and "latencies below: the level at capacity" in out
+    assert "output tokens/s" in out and "TTFT  p50" in out
+
+
+def test_bench_capacity_needs_arrivals(fake_model: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    assert main(["bench", "--model", str(fake_model), "--shape",
+                 str(REPO / "traffic" / "casestudy-512x512.json"), "--capacity"]) == 2
+    err = capsys.readouterr().err
+    assert "needs a shape with arrivals" in err and err.count("\n") == 1
+
+
+# --- real CPU vLLM -------------------------------------------------------------------------
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_capacity_levels_on_the_cpu_vllm_server(tiny_server: Any, tiny_llama: Path) -> None:
+    """The bracketing search on the session's CPU vLLM server (no start of its own):
+    example-chat's arrivals at scales of 5.53 req/s, prompts exact for the tiny llama."""
+    from autotune.prompts import build_prompts
+    from autotune.traffic import load_shape
+
+    shape = load_shape(SHAPE)
+
+    def build(**kw: Any) -> Schedule:
+        return build_prompts(shape, model=tiny_llama, max_total_tokens=1024, **kw)  # type: ignore[no-any-return]
+
+    client_kw = {"base_url": tiny_server.base_url, "model": tiny_server.model_name}
+    res, m = find_capacity(recorded_rps=recorded_rate(shape), build=build, client_kw=client_kw,
+                           slo=Slo(ttft_s=2.0, tpot_s=0.1),
+                           search=CapacitySearch(tolerance=0.5, max_levels=4),
+                           plan=LevelPlan(level_s=4.0, min_requests=8))
+    assert 2 <= len(res.levels) <= 4, res.summary()
+    assert res.low is not None or res.status == "none", res.summary()
+    if res.low is not None:  # the CPU server sustains some fraction of the recorded rate
+        assert m is not None and m.output_tokens_per_s and m.n_errors == 0
+        assert all(lv.passed == (lv.scale <= res.low) for lv in res.levels), res.to_dict()
+    for lv in res.levels:
+        assert lv.offered >= 8 and 0.0 <= lv.goodput_fraction <= 1.0 and lv.error_rate == 0.0
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_capacity_study_on_cpu_vllm(tiny_llama: Path, tmp_path: Path) -> None:
+    """`autotune tune --objective capacity` with a real CPU vLLM server (one trial: the
+    defaults; one server start is most of its time)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "autotune", "tune", "--model", str(tiny_llama),
+           "--shape", str(SHAPE), "--space", str(REPO / "search_spaces" / "cpu.yaml"),
+           "--trials", "1", "--recheck", "0", "--no-quality-probe", "--no-ray",
+           "--storage", f"sqlite:///{tmp_path}/optuna.db",
+           "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--study-name", "cpu-cap",
+           "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+           "--objective", "capacity", "--capacity-level-s", "4", "--capacity-max-levels", "4",
+           "--capacity-tolerance", "0.5", "--warmup-requests", "4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode in (0, 1), (proc.stdout + proc.stderr)[-4000:]
+    assert "capacity search" in proc.stderr  # per-level progress lines
+    if proc.returncode == 1:  # no level met the SLOs on this (shared, slow) CPU
+        assert "no trial met the constraints" in proc.stdout and "slo" in proc.stdout
+        return
+    best = json.loads((out / "best.json").read_text())
+    cap = best["capacity"]
+    assert best["objective"]["metric"] == "capacity_rps" and cap["capacity_rps"] > 0
+    assert cap["slo"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}  # the stated defaults
+    assert cap["gpus_needed"] == pytest.approx(5.53042 / cap["capacity_rps"])
+    assert 2 <= len(cap["levels"]) <= 4 and cap["output_tokens_per_s_at_capacity"] > 0
+    assert "capacity: " in proc.stdout and "GPUs needed for the recorded 5.53 req/s" in proc.stdout
+
+
+# --- how the study judges a capacity trial -------------------------------------------------
+
+
+def _judged(outcome: Any, **settings: Any) -> tuple[Any, Any, Any, Any]:
+    import optuna
+
+    from autotune.config import TuneSettings
+    from autotune.study import judge
+
+    s = TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml"),
+                     objective="capacity", **settings)
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    value, state, reason = judge(trial, outcome, s)
+    return value, state, reason, trial
+
+
+def _cap_outcome(low: float | None, high: float | None) -> Any:
+    from autotune.trial import TrialOutcome, _capacity_metrics
+
+    levels = [{"scale": x, "passed": x == low, "goodput_fraction": 1.0 if x == low else 0.5,
+               "output_tokens_per_s": 100.0} for x in (low, high) if x is not None]
+    cap = {"recorded_rps": 2.0, "low": low, "high": high,
+           "capacity_rps": None if low is None else 2.0 * low,
+           "ci_high_rps": None if high is None else 2.0 * high, "levels": levels}
+    metrics = {**_capacity_metrics(cap, (0, 1)), "error_rate": 0.0, "ttft_p99_s": 9.0}
+    return TrialOutcome(number=0, ok=True, metrics=metrics, capacity=cap,
+                        message="no load level met the SLOs" if low is None else "")
+
+
+def test_a_capacity_trial_is_judged_by_its_bracket_not_its_percentiles() -> None:
+    value, state, reason, trial = _judged(_cap_outcome(1.5, 2.0), slo={"ttft_p99": 2.0})
+    # its p99 TTFT (9 s) is over the SLO, but 99 % of the requests met it at 3 req/s
+    assert (value, state, reason) == (3.0, "ok", None)
+    m = trial.user_attrs["autotune.metrics"]
+    assert (m["capacity_rps"], m["capacity_rps_ci_low"], m["capacity_rps_ci_high"]) == (3.0, 3.0, 4.0)
+    assert m["output_tokens_per_s_at_capacity"] == 100.0
+    assert m["servers_needed"] == pytest.approx(2.0 / 3.0)
+    assert m["gpus_needed"] == pytest.approx(4.0 / 3.0)  # two GPUs per server
+    assert trial.user_attrs["autotune.capacity"]["low"] == 1.5
+
+
+def test_no_passing_level_is_infeasible_never_a_capacity_of_zero() -> None:
+    value, state, reason, trial = _judged(_cap_outcome(None, 1 / 64))
+    assert (state, reason) == ("infeasible", "slo") and value == pytest.approx(2.0 / 64)
+    assert trial.user_attrs["autotune.constraints"][1] > 0
+    assert "no load level met the SLOs" in trial.user_attrs["autotune.message"]
+
+
+def test_capacity_without_slo_judges_the_stated_defaults() -> None:
+    from autotune.config import CAPACITY_DEFAULT_SLO, TuneSettings
+
+    s = TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml"), objective="capacity")
+    assert s.slo == CAPACITY_DEFAULT_SLO == {"ttft_p99": 2.0, "tpot_p99": 0.1}
+    given = TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml"),
+                         objective="capacity", slo={"e2e_p99": 5.0})
+    assert given.slo == {"e2e_p99": 5.0}
+    assert TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml")).slo == {}
