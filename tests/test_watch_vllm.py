@@ -279,4 +279,7 @@ def test_the_endpoint_going_away_and_coming_back_is_survived(
     assert not {"input_tokens", "output_tokens"} & set(last.drifted_dimensions), last
     live = load_shape(last.shape_path or "")
     assert live.requests == last.requests
-    assert live.input_tokens.mean == pytest.approx(tuned.input_tokens.mean, rel=0.5)
+    # lengths from bucket counts of a few requests are coarse (a bucket's requests sit at
+    # its estimated mean; docs/traffic.md section 8): same traffic, within a factor of two
+    # (a delta across the restart would give negative counts, caught above)
+    assert tuned.input_tokens.mean / 2 <= live.input_tokens.mean <= tuned.input_tokens.mean * 2

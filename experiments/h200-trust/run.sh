@@ -11,7 +11,11 @@
 # would probe it.
 # Knobs (environment): CONC (closed-loop streams, default the shape's 256), NAME (study
 # name), TRIALS (2), RECHECK_STARTS (1), MEASURE_MAX (120), WARMUP_MAX (120), PRUNER
-# (interval; none measures every trial to the end, so a clear loser still gets its ratio).
+# (interval; none measures every trial to the end, so a clear loser still gets its ratio),
+# ENQUEUE (more configs to try first, JSON knob values separated by ';', e.g.
+# '{"cudagraph_cover_prefill": true}').
+# Compile caches: parts named cache-part-* in STAGING_DIR (a later session stages them like
+# the bundle) are unpacked into ~/.cache/autotune first, so first starts are warm.
 # Also: GPU clocks/power/utilisation every second (gpu.csv), and at the end the compile
 # caches packed in 15 MB parts (~/res-cache) for a later session to carry back.
 set -uo pipefail
@@ -19,6 +23,7 @@ STAGE=${1:?staging dir}; RES=${2:?results dir}; BUDGET=${3:-1100}
 CONC=${CONC:-}; NAME=${NAME:-h200-trust}; TRIALS=${TRIALS:-2}; RECHECK_STARTS=${RECHECK_STARTS:-1}
 MEASURE_MAX=${MEASURE_MAX:-120}; WARMUP_MAX=${WARMUP_MAX:-120}; PRUNER=${PRUNER:-interval}
 CONC_ARG=(); [ -n "$CONC" ] && CONC_ARG=(--concurrency "$CONC")
+ENQ_ARG=(); IFS=';' read -ra _enq <<< "${ENQUEUE:-}"; for e in "${_enq[@]}"; do [ -n "$e" ] && ENQ_ARG+=(--enqueue "$e"); done
 mkdir -p "$RES"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
@@ -55,7 +60,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 SMI=$!
 phase tune
 args=(--model "$MODEL" --shape traffic/casestudy-512x512.json --space search_spaces/hybrid-mtp.yaml
-      --trials "$TRIALS" --budget "$BUDGET" --enqueue @experiments/h200/recipe.json "${CONC_ARG[@]}"
+      --trials "$TRIALS" --budget "$BUDGET" --enqueue @experiments/h200/recipe.json "${ENQ_ARG[@]}" "${CONC_ARG[@]}"
       --recheck 1 --recheck-starts "$RECHECK_STARTS" --precision 0.02 --pruner "$PRUNER"
       --measure-max-s "$MEASURE_MAX" --warmup-max-s "$WARMUP_MAX"
       --no-quality-probe --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db"
