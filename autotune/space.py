@@ -9,9 +9,9 @@ Expressions in ``when``/``rules``/``derive`` are a small, safe subset of Python:
 comparisons, ``and``/``or``/``not``, ``in``, arithmetic, ``min``/``max``, knob names and
 the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp``, ``moe`` (model facts),
 ``gpu_arch`` (e.g. "sm90"), ``avx512`` (the CPU has AVX-512 or AMX), and the traffic's
-``streams`` (closed-loop concurrency) and ``prompt_p90`` (tokens; both 0 when the space is
-loaded without a traffic shape). A knob that is
-inactive (its condition is false) has the value ``None`` in expressions.
+``streams`` (concurrent streams of the replay, counted as ``autotune.kernels.streams_of``
+does) and ``prompt_p90`` (tokens; both 0 when the space is loaded without a traffic
+shape). A knob that is inactive (its condition is false) has the value ``None`` in expressions.
 """
 
 from __future__ import annotations
@@ -61,18 +61,16 @@ class ModelFacts(BaseModel):
     # Without it the space's `stand_in` part applies (dummy weights, synthetic acceptance).
     real_weights: bool = False
     # the traffic the study replays (0 when unknown, e.g. a space loaded without a shape):
-    # closed-loop streams (--concurrency or the shape's) and the 90th-percentile prompt.
+    # concurrent streams (--concurrency, the closed loop's, or an open loop's estimate) and
+    # the 90th-percentile prompt.
     # A step of that traffic holds up to streams x (1 + MTP depth) decode tokens plus a
     # prompt chunk, which is what CUDA-graph capture sizes must cover (issue 14's H200 runs).
     streams: int = 0
     prompt_p90: int = 0
 
-    def with_traffic(self, shape: Any, concurrency: int | None = None) -> ModelFacts:
-        """These facts plus the traffic facts of ``shape`` (a TrafficShape)."""
-        load = getattr(shape, "load", None)
-        streams = concurrency or (getattr(load, "concurrency", None) if load else None) or 0
-        p90 = getattr(getattr(shape, "input_tokens", None), "p90", 0) or 0
-        return self.model_copy(update={"streams": int(streams), "prompt_p90": int(p90)})
+    def with_traffic(self, *, streams: int, prompt_p90: float) -> ModelFacts:
+        """These facts plus the traffic's (see ``autotune.kernels.streams_of``)."""
+        return self.model_copy(update={"streams": int(streams), "prompt_p90": int(prompt_p90)})
 
     @classmethod
     def from_model_dir(cls, model: str | Path, *, device: str, gpu_arch: str = "") -> ModelFacts:

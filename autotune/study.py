@@ -247,6 +247,17 @@ def _quality_thresholds(settings: TuneSettings,
     return thresholds
 
 
+def _traffic_streams(shape: Any, concurrency: int | None) -> int:
+    """Concurrent streams of the shape's replay (the space fact ``streams``), as the
+    kernel tuner counts them; 0 when the shape says neither concurrency nor rate."""
+    from autotune.kernels import streams_of
+
+    try:
+        return streams_of(shape, concurrency)[0]
+    except ConfigError:
+        return 0
+
+
 def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None) -> StudyInputs:
     """Read and check everything a study needs (model, shape, space, storage, names).
 
@@ -265,8 +276,9 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
     info = detect_engine()
     cuda = info.device == "cuda"
     facts = ModelFacts.from_model_dir(model, device=info.device,
-                                      gpu_arch=gpu_arch() if cuda else "",
-                                      ).with_traffic(shape, settings.concurrency)
+                                      gpu_arch=gpu_arch() if cuda else "").with_traffic(
+        streams=_traffic_streams(shape, settings.concurrency),
+        prompt_p90=shape.input_tokens.p90)
     space = load_space(settings.space, facts=facts)
     enqueued = [_complete_params(space, p, f"--enqueue #{i + 1}")
                 for i, p in enumerate(settings.enqueue)]

@@ -145,3 +145,20 @@ def test_model_facts_from_model_dir(tmp_path: Path) -> None:
     assert facts.hybrid and facts.mtp and facts.device == "cuda"
     with pytest.raises(SpaceError, match="config.json"):
         ModelFacts.from_model_dir(tmp_path / "missing", device="cpu")
+
+
+def test_cover_prefill_captures_the_traffics_mixed_step() -> None:
+    from autotune.space import ModelFacts, load_space
+    from autotune.study import _traffic_streams
+    from autotune.traffic import load_shape
+
+    shape = load_shape(REPO / "traffic" / "casestudy-512x512.json")
+    for conc, depth, want in ((32, 0, 544), (32, 1, 576), (None, 0, 768), (None, 1, 1024)):
+        facts = ModelFacts(device="cuda", hybrid=True, mtp=True, gpu_arch="sm90").with_traffic(
+            streams=_traffic_streams(shape, conc), prompt_p90=shape.input_tokens.p90)
+        space = load_space(REPO / "search_spaces" / "hybrid-mtp.yaml", facts=facts)
+        params = {**space.baseline_params(), "cudagraph_cover_prefill": True, "mtp_depth": depth}
+        flags = list(space.launch_spec(params).flags)
+        assert flags[flags.index("--max-cudagraph-capture-size") + 1] == str(want)
+        assert "--max-cudagraph-capture-size" not in space.launch_spec(
+            space.baseline_params()).flags  # the defaults stay vLLM's
