@@ -384,7 +384,9 @@ def judge_study(study: Any) -> Judgement | None:
     """The verdict (docs/measurement.md): the best re-checked config against the defaults.
 
     When the re-check ran, only its fresh-server readings count (a search reading was
-    picked for being high); the candidate is the config with the best mean log reading.
+    picked for being high), unless every measured config was re-checked: then nothing was
+    picked and the search readings count too (one more start per config). The candidate
+    is the config with the best mean log reading.
     A winner is declared only if the 95 % interval of its ratio to the defaults lies
     above 1; otherwise the defaults remain best and best.json names them. None: no
     feasible trial."""
@@ -396,8 +398,11 @@ def judge_study(study: Any) -> Judgement | None:
     objective = study_objective(study)
     base = next((ts for ts in groups if ts[0].user_attrs.get(A.BASELINE)), None)
     others = [ts for ts in groups if ts is not base]
-    pool = [_fresh(ts) for ts in others if _fresh(ts)] or others
-    base_use = (_fresh(base) or base) if base else []
+    if all(_fresh(ts) for ts in groups):  # no selection: every reading is unbiased
+        pool, base_use = others, (base or [])
+    else:
+        pool = [_fresh(ts) for ts in others if _fresh(ts)] or others
+        base_use = (_fresh(base) or base) if base else []
     cand = max(pool, key=lambda ts: statistics.fmean(
         math.log(max(primary(t), 1e-300)) for t in ts)) if pool else []
     if not base_use:

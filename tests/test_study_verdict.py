@@ -75,8 +75,9 @@ def study(tmp_path: Path, model: Path, fn: Callable[[TrialSpec], TrialOutcome], 
         model=model, shape=REPO / "traffic" / "example-chat.json",
         space=REPO / "search_spaces" / "cpu.yaml",
         storage=f"sqlite:///{tmp_path}/optuna.db", tracking_uri=tracking, study_name="sim",
-        out=tmp_path / "out", use_ray=False, recheck=1, recheck_starts=2, quality_probe=False,
-        enqueue=[{"max_num_seqs": 8}], seed=1, **{"trials": 6, **kw},  # type: ignore[arg-type]
+        out=tmp_path / "out", use_ray=False, recheck=1, quality_probe=False,
+        enqueue=[{"max_num_seqs": 8}], seed=1,
+        **{"trials": 6, "recheck_starts": 2, **kw},  # type: ignore[arg-type]
     )  # fmt: skip
     return tune(settings, executor=InlineExecutor(fn)), tmp_path / "out", tracking
 
@@ -259,3 +260,22 @@ def test_when_every_other_config_is_pruned_the_verdict_still_gives_the_best_rati
     assert "pruner stopped" in d["reason"]
     line = _verdict_line(json.loads((out / "study.json").read_text())["verdict"])
     assert "trial 1 (pruned as a clear loser" in line and "0.7" in line, line
+
+
+def test_when_every_config_is_rechecked_the_search_readings_count_too(
+        tmp_path: Path, fake_model: Path) -> None:
+    # Two configs (the defaults and one enqueued), both re-checked once: nothing was picked
+    # for being high, so each search reading is a second start and the ratio's interval
+    # pools their between-start variance instead of falling back to within-run intervals.
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 800.0}, start_cv=0.01)
+    _, out, _ = study(tmp_path, fake_model, fn, trials=2, recheck_starts=1)
+    d = json.loads((out / "best.json").read_text())["verdict_detail"]
+    assert len(d["readings"]["candidate"]) == 2 and len(d["readings"]["defaults"]) == 2
+    assert d["method"].startswith("delta method") and "df=2" in d["method"]
+    # a third config measured but not re-checked: it was passed over, so the winner's
+    # readings are the fresh ones only (the winner's curse)
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 1100.0}, start_cv=0.01)
+    _, out, _ = study(tmp_path / "3", fake_model, fn, trials=3, recheck_starts=1, pruner="none")
+    d = json.loads((out / "best.json").read_text())["verdict_detail"]
+    assert len(d["readings"]["candidate"]) == 1 and len(d["readings"]["defaults"]) == 1
+    assert d["method"].startswith("within-run")

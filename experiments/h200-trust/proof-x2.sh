@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Issue 14's H200 proof on an nvidia-h200-x2 (one trial per GPU), one background job from
+# the repo root:
+#   setsid nohup bash experiments/h200-trust/proof-x2.sh STAGING_DIR RES_DIR SECONDS_LEFT &
+# 1. study at 32 streams (cold compile caches: this machine is fresh), 2. study at 256
+#    streams (warm caches, as a user's next study), each: trial 0 = vLLM's defaults,
+#    trial 1 = `cudagraph_cover_prefill` (the only other config: the 12-minute budget holds
+#    two configs and their re-checks), --recheck 1 --recheck-starts 1, one trial per GPU;
+#    every config is re-checked, so each has two starts (search + fresh) in the verdict;
+# 3. the independent re-measure (`autotune bench`, fresh servers) of both configs of the
+#    256 study, each on the GPU its re-check did not use, both at once; 4. the same for the
+#    32 study while SECONDS_LEFT allows.
+# Results per phase under RES_DIR/<phase>/ (study files, bench JSON, server-log tails) and
+# GPU clocks/power of both GPUs every second (gpu.csv). Knobs (environment): M32/W32,
+# M256/W256 (measure/warm-up caps, s), B32/B256 (study budgets, s).
+set -uo pipefail
+STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
+DEADLINE=$(( $(date +%s) + LEFT ))
+M32=${M32:-60}; W32=${W32:-30}; M256=${M256:-150}; W256=${W256:-60}; B32=${B32:-480}; B256=${B256:-540}
+mkdir -p "$RES"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
+SITE=$HOME/site
+phase() { echo "$(date -u +%H:%M:%S) left=$(( DEADLINE - $(date +%s) )) $*" >> "$RES/progress.txt"; }
+phase start
+if [ ! -d "$SITE/vllm" ]; then
+  ( time bash "$STAGE/install.sh" "$STAGE" "$SITE" ) > "$RES/env.txt" 2>&1 || { phase install-failed; touch "$RES/DONE"; exit 3; }
+fi
+export PYTHONPATH=$SITE:$PWD
+python3 - >> "$RES/env.txt" 2>&1 <<'PY'
+import importlib.metadata as m, torch
+for p in ("vllm", "torch", "optuna", "ray", "mlflow", "flashinfer-python", "transformers"):
+    try: print(p, m.version(p))
+    except Exception as e: print(p, "missing", e)
+print("gpus", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+PY
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >> "$RES/env.txt" 2>&1
+nvidia-smi topo -m >> "$RES/env.txt" 2>&1
+MODEL=$HOME/models/nemotron3-nano-30b-a3b-mtp
+if [ ! -f "$MODEL/tokenizer.json" ]; then
+  mkdir -p "$MODEL" && cp experiments/h200/model/config.json "$MODEL/"
+  python3 -c "
+from pathlib import Path; from autotune.modelgen import write_tokenizer
+write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$RES/env.txt" 2>&1 || { phase model-failed; touch "$RES/DONE"; exit 4; }
+fi
+phase installed
+RUN=$HOME/run; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN"
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
+  --format=csv,nounits -l 1 > "$RES/gpu.csv" 2>/dev/null &
+SMI=$!
+SHAPE=traffic/casestudy-512x512.json
+COVER='{"cudagraph_cover_prefill": true}'
+
+study() {  # NAME CONC BUDGET MEASURE WARMUP
+  local name=$1 conc=$2 budget=$3 meas=$4 warm=$5 out=$RES/$1
+  mkdir -p "$out"; phase "study $name"
+  timeout --signal=TERM --kill-after=20 $((budget + 420)) python3 -m autotune -v tune \
+    --model "$MODEL" --shape "$SHAPE" --concurrency "$conc" --space search_spaces/hybrid-mtp.yaml \
+    --trials 2 --budget "$budget" --enqueue "$COVER" --recheck 1 --recheck-starts 1 \
+    --precision 0.02 --measure-max-s "$meas" --warmup-max-s "$warm" --no-quality-probe \
+    --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
+    --study-name "$name" --out "$RUN/$name" --cache-dir "$CACHE" \
+    --start-timeout 480 --request-timeout 240 --seed 0 > "$out/tune.log" 2>&1
+  echo "tune exit code $?" >> "$out/tune.log"
+  cp "$RUN/$name"/best.json "$RUN/$name"/trials.csv "$RUN/$name"/study.json "$out"/ 2>/dev/null
+  # both configs' flags and env, and the GPU each one's re-check used
+  python3 - "$RUN/autotune.db" "$name" > "$out/configs.json" 2>>"$out/tune.log" <<'PY'
+import json, sys, optuna
+s = optuna.load_study(study_name=sys.argv[2], storage=f"sqlite:///{sys.argv[1]}")
+out = {}
+for t in s.trials:
+    if t.user_attrs.get("autotune.recheck_of") is not None or t.number > 1 or not t.user_attrs.get("autotune.flags"):
+        continue
+    role = "defaults" if t.user_attrs.get("autotune.baseline") else "candidate"
+    out[role] = {"number": t.number, "flags": t.user_attrs.get("autotune.flags", []),
+                 "env": t.user_attrs.get("autotune.env", {}), "slots": []}
+for t in s.trials:
+    of = t.user_attrs.get("autotune.recheck_of", t.number)
+    for d in out.values():
+        if d["number"] == of:
+            d["slots"].append((t.user_attrs.get("autotune.time") or {}).get("slot"))
+print(json.dumps(out))
+PY
+  phase "study $name done"
+}
+
+bench() {  # PHASE ROLE CONC MEASURE WARMUP: on the GPU the role's re-check did not use
+  local ph=$1 role=$2 conc=$3 meas=$4 warm=$5 flags=() envs=() gpu
+  local cfg=$RES/$ph/configs.json
+  mapfile -t flags < <(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};[print(f) for f in d.get('flags', [])]")
+  while IFS= read -r kv; do envs+=(--env "$kv"); done < <(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};[print(f'{k}={v}') for k,v in d.get('env', {}).items()]")
+  gpu=$(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};s=[x for x in d.get('slots',[]) if x];print(1 if s and s[-1]=='gpu0' else 0)")
+  [ ${#flags[@]} -gt 0 ] || { phase "bench $ph $role: no config"; return; }
+  CUDA_VISIBLE_DEVICES=$gpu timeout 560 python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
+    --concurrency "$conc" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$meas" \
+    --warmup-max-s "$warm" --start-timeout 420 --log "$RUN/bench-$ph-$role.log" --json \
+    "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$role-gpu$gpu.json" 2> "$RES/$ph/bench-$role.err"
+  phase "bench $ph $role on gpu$gpu exit $?"
+}
+
+logtails() {  # PHASE: head and tail of each server log of that phase
+  local ph=$1 d=$RUN/logtails-$1; mkdir -p "$d"
+  for f in "$RUN/$ph"/logs/*.log "$RUN"/bench-"$ph"-*.log; do
+    [ -f "$f" ] && { head -c 20000 "$f"; echo; echo "[...]"; tail -c 30000 "$f"; } > "$d/$(basename "$f")"; done
+  tar czf "$RES/$ph/server-logs.tgz" -C "$RUN" "logtails-$ph" 2>/dev/null
+}
+
+study c32 32 "$B32" "$M32" "$W32"; logtails c32
+study c256 256 "$B256" "$M256" "$W256"
+# the 256 re-measure: both configs at once, each on the other GPU from its re-check
+bench c256 candidate 256 "$M256" "$W256" & bench c256 defaults 256 "$M256" "$W256" & wait
+logtails c256
+if [ $(( DEADLINE - $(date +%s) )) -gt $(( 90 + M32 + W32 + 40 )) ]; then
+  bench c32 candidate 32 "$M32" "$W32" & bench c32 defaults 32 "$M32" "$W32" & wait
+  logtails c32
+else
+  phase "c32 re-measure skipped: not enough device time left"
+fi
+cp "$RUN/autotune.db" "$RES/" 2>/dev/null
+kill $SMI 2>/dev/null
+phase done; touch "$RES/DONE"
