@@ -12,10 +12,14 @@
 #    32 study while SECONDS_LEFT allows.
 # Results per phase under RES_DIR/<phase>/ (study files, bench JSON, server-log tails) and
 # GPU clocks/power of both GPUs every second (gpu.csv). Knobs (environment): M32/W32,
-# M256/W256 (measure/warm-up caps, s), B32/B256 (study budgets, s).
+# M256/W256 (measure/warm-up caps, s), B32/B256 (study budgets, s), SPACE (search space;
+# experiments/h200-trust/space-no-moe.yaml leaves out moe_config, whose kernel tuning before
+# trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
+# c32bench").
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
 DEADLINE=$(( $(date +%s) + LEFT ))
+SPACE=${SPACE:-search_spaces/hybrid-mtp.yaml}; STEPS=${STEPS:-c32 c256 c256bench c32bench}
 M32=${M32:-60}; W32=${W32:-30}; M256=${M256:-150}; W256=${W256:-60}; B32=${B32:-480}; B256=${B256:-540}
 mkdir -p "$RES"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -55,7 +59,7 @@ study() {  # NAME CONC BUDGET MEASURE WARMUP
   local name=$1 conc=$2 budget=$3 meas=$4 warm=$5 out=$RES/$1
   mkdir -p "$out"; phase "study $name"
   timeout --signal=TERM --kill-after=20 $((budget + 420)) python3 -m autotune -v tune \
-    --model "$MODEL" --shape "$SHAPE" --concurrency "$conc" --space search_spaces/hybrid-mtp.yaml \
+    --model "$MODEL" --shape "$SHAPE" --concurrency "$conc" --space "$SPACE" \
     --trials 2 --budget "$budget" --enqueue "$COVER" --recheck 1 --recheck-starts 1 \
     --precision 0.02 --measure-max-s "$meas" --warmup-max-s "$warm" --no-quality-probe \
     --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
@@ -105,17 +109,21 @@ logtails() {  # PHASE: head and tail of each server log of that phase
   tar czf "$RES/$ph/server-logs.tgz" -C "$RUN" "logtails-$ph" 2>/dev/null
 }
 
-study c32 32 "$B32" "$M32" "$W32"; logtails c32
-study c256 256 "$B256" "$M256" "$W256"
-# the 256 re-measure: both configs at once, each on the other GPU from its re-check
-bench c256 candidate 256 "$M256" "$W256" & bench c256 defaults 256 "$M256" "$W256" & wait
-logtails c256
-if [ $(( DEADLINE - $(date +%s) )) -gt $(( 90 + M32 + W32 + 40 )) ]; then
-  bench c32 candidate 32 "$M32" "$W32" & bench c32 defaults 32 "$M32" "$W32" & wait
-  logtails c32
-else
-  phase "c32 re-measure skipped: not enough device time left"
-fi
+left() { echo $(( DEADLINE - $(date +%s) )); }
+for step in $STEPS; do
+  case $step in
+    c32) study c32 32 "$B32" "$M32" "$W32"; logtails c32 ;;
+    c256) study c256 256 "$B256" "$M256" "$W256" ;;
+    c256bench|c32bench)
+      ph=${step%bench}; conc=${ph#c}; [ "$ph" = c32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
+      if [ -f "$RES/$ph/configs.json" ] && [ "$(left)" -gt $(( 100 + m + w + 40 )) ]; then
+        bench "$ph" candidate "$conc" "$m" "$w" & bench "$ph" defaults "$conc" "$m" "$w" & wait
+        logtails "$ph"
+      else
+        phase "$ph re-measure skipped: no study or not enough device time left"
+      fi ;;
+  esac
+done
 cp "$RUN/autotune.db" "$RES/" 2>/dev/null
 kill $SMI 2>/dev/null
 phase done; touch "$RES/DONE"
