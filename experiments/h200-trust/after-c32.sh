@@ -26,10 +26,13 @@ mkdir -p "$RUN/bench-c32"
 mapfile -t CAND < <(field candidate "[print(f) for f in d.get('flags', [])]")
 mapfile -t DEF < <(field defaults "[print(f) for f in d.get('flags', [])]")
 gc=$(field candidate "s=[x for x in d.get('slots',[]) if x];print(1 if s and s[-1]=='gpu0' else 0)")
-phase "c32 re-measure: candidate on gpu$gc, defaults on gpu$((1 - gc))"
-bench c32/bench-candidate "$gc" 32 60 30 1 "${CAND[@]}" & bench c32/bench-defaults $((1 - gc)) 32 60 30 1 "${DEF[@]}" & wait
+if [ -z "${SKIP_C32:-}" ]; then  # SKIP_C32=1: proof-x2.sh already re-measured them
+  phase "c32 re-measure: candidate on gpu$gc, defaults on gpu$((1 - gc))"
+  bench c32/bench-candidate "$gc" 32 60 30 1 "${CAND[@]}" & bench c32/bench-defaults $((1 - gc)) 32 60 30 1 "${DEF[@]}" & wait
+fi
+M=${M:-120}; W=${W:-60}; R=${R:-2}
 C256=("${DEF[@]}" --max-cudagraph-capture-size 768)
-bench c256-defaults-r2 0 256 120 60 2 "${DEF[@]}" & bench c256-cover-r2 1 256 120 60 2 "${C256[@]}" & wait
+bench c256-defaults-r$R 0 256 "$M" "$W" "$R" "${DEF[@]}" & bench c256-cover-r$R 1 256 "$M" "$W" "$R" "${C256[@]}" & wait
 mkdir -p "$RUN/tails" && for f in "$RUN"/bench-*.log "$RUN"/bench-c32/*.log; do
   [ -f "$f" ] && { head -c 20000 "$f"; echo; echo "[...]"; tail -c 30000 "$f"; } > "$RUN/tails/$(basename "$f")"; done
 tar czf "$RES/bench-logs.tgz" -C "$RUN" tails 2>/dev/null
