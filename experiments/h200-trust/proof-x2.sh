@@ -117,7 +117,7 @@ for step in $STEPS; do
     c256bench|c32bench)
       ph=${step%bench}; conc=${ph#c}; [ "$ph" = c32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
       if [ -f "$RES/$ph/configs.json" ] && [ "$(left)" -gt $(( 100 + m + w + 40 )) ]; then
-        bench "$ph" candidate "$conc" "$m" "$w" & bench "$ph" defaults "$conc" "$m" "$w" & wait
+        bench "$ph" candidate "$conc" "$m" "$w" & b1=$!; bench "$ph" defaults "$conc" "$m" "$w" & b2=$!; wait $b1 $b2  # not the nvidia-smi sampler
         logtails "$ph"
       else
         phase "$ph re-measure skipped: no study or not enough device time left"
