@@ -15,11 +15,11 @@
 # M256/W256 (measure/warm-up caps, s), B32/B256 (study budgets, s), SPACE (search space;
 # experiments/h200-trust/space-no-moe.yaml leaves out moe_config, whose kernel tuning before
 # trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
-# c32bench").
+# c32bench"), SUFFIX (appended to the study names and result folders, e.g. -warm).
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
 DEADLINE=$(( $(date +%s) + LEFT ))
-SPACE=${SPACE:-search_spaces/hybrid-mtp.yaml}; STEPS=${STEPS:-c32 c256 c256bench c32bench}
+SUFFIX=${SUFFIX:-}; SPACE=${SPACE:-search_spaces/hybrid-mtp.yaml}; STEPS=${STEPS:-c32 c256 c256bench c32bench}
 M32=${M32:-60}; W32=${W32:-30}; M256=${M256:-150}; W256=${W256:-60}; B32=${B32:-480}; B256=${B256:-540}
 mkdir -p "$RES"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -112,10 +112,10 @@ logtails() {  # PHASE: head and tail of each server log of that phase
 left() { echo $(( DEADLINE - $(date +%s) )); }
 for step in $STEPS; do
   case $step in
-    c32) study c32 32 "$B32" "$M32" "$W32"; logtails c32 ;;
-    c256) study c256 256 "$B256" "$M256" "$W256" ;;
+    c32) study "c32$SUFFIX" 32 "$B32" "$M32" "$W32"; logtails "c32$SUFFIX" ;;
+    c256) study "c256$SUFFIX" 256 "$B256" "$M256" "$W256" ;;
     c256bench|c32bench)
-      ph=${step%bench}; conc=${ph#c}; [ "$ph" = c32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
+      ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$ph" = c32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
       if [ -f "$RES/$ph/configs.json" ] && [ "$(left)" -gt $(( 100 + m + w + 40 )) ]; then
         bench "$ph" candidate "$conc" "$m" "$w" & b1=$!; bench "$ph" defaults "$conc" "$m" "$w" & b2=$!; wait $b1 $b2  # not the nvidia-smi sampler
         logtails "$ph"
