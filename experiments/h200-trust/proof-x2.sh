@@ -115,7 +115,7 @@ for step in $STEPS; do
     c32) study "c32$SUFFIX" 32 "$B32" "$M32" "$W32"; logtails "c32$SUFFIX" ;;
     c256) study "c256$SUFFIX" 256 "$B256" "$M256" "$W256" ;;
     c256bench|c32bench)
-      ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$ph" = c32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
+      ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$conc" = 32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
       if [ -f "$RES/$ph/configs.json" ] && [ "$(left)" -gt $(( 100 + m + w + 40 )) ]; then
         bench "$ph" candidate "$conc" "$m" "$w" & b1=$!; bench "$ph" defaults "$conc" "$m" "$w" & b2=$!; wait $b1 $b2  # not the nvidia-smi sampler
         logtails "$ph"
