@@ -584,11 +584,27 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
 # vLLM's compile monitor (vllm/compilation/monitor.py): "torch.compile took 41.23 s in
 # total" once per compiled model (the MTP drafter has its own), on every version we know.
 _COMPILE_LINE = re.compile(rb"torch\.compile took ([0-9.]+) s in total")
+_PROFILE_LINE = re.compile(rb"(?:(\d\d-\d\d \d\d:\d\d:\d\d).*)?Initial profiling/warmup run took "
+                           rb"([0-9.]+) s")
+# the first line after the kernel warm-up that follows the profiling run (vLLM 0.26)
+_CAPTURE_LINE = re.compile(rb"(\d\d-\d\d \d\d:\d\d:\d\d).*(?:CuTeDSL warmup|Capturing CUDA graphs|"
+                           rb"Torch profiler disabled for CUDA graph capture)")
+
+
+def _stamp(raw: bytes) -> float:
+    import datetime as dt
+
+    t = dt.datetime.strptime("2000-" + raw.decode(), "%Y-%m-%d %H:%M:%S")
+    return t.timestamp()
 
 
 def compile_seconds(log_path: Path | None) -> float | None:
-    """Seconds the server's log says torch.compile took during its start (summed over the
-    models it compiled), or None when it says nothing. A log problem is not an error."""
+    """Seconds of the server's start that a warm compile/JIT cache takes away, as its log
+    dates them, or None when it says nothing: torch.compile ("torch.compile took X s in
+    total", summed over the models it compiled), the profiling run that JIT-compiles the
+    Triton kernels ("Initial profiling/warmup run took X s") and the kernel warm-up after it
+    (to the first CUDA-graph capture line). On the H200 a cold start spends ~220 s there, a
+    warm one ~10 s (docs/measurement.md, section 10). A log problem is not an error."""
     if log_path is None:
         return None
     try:
@@ -596,6 +612,16 @@ def compile_seconds(log_path: Path | None) -> float | None:
     except OSError:
         return None
     found = [float(m.group(1)) for m in _COMPILE_LINE.finditer(data)]
+    for prof in _PROFILE_LINE.finditer(data):
+        found.append(float(prof.group(2)))
+        cap = _CAPTURE_LINE.search(data, prof.end())
+        if cap is not None and prof.group(1) is not None:
+            try:
+                gap = _stamp(cap.group(1)) - _stamp(prof.group(1))
+            except ValueError:
+                gap = 0.0
+            if 0 <= gap < 3600:
+                found.append(gap)
     return round(sum(found), 2) if found else None
 
 

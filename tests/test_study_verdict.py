@@ -224,10 +224,34 @@ def test_compile_seconds_are_read_from_the_server_log(tmp_path: Path) -> None:
         "INFO 12-01 [monitor.py:34] torch.compile took 41.23 s in total\n"
         "INFO 12-01 [monitor.py:34] Initial profiling/warmup run took 3.1 s\n"
         "(EngineCore pid=7) INFO [monitor.py:34] torch.compile took 8.77 s in total\n")
-    assert compile_seconds(log) == 50.0  # the target model and the MTP drafter
+    assert compile_seconds(log) == 53.1  # the target model, its profiling run, the drafter
     log.write_text("INFO no compile lines (--enforce-eager)\n")
     assert compile_seconds(log) is None
     assert compile_seconds(tmp_path / "missing.log") is None and compile_seconds(None) is None
+
+
+# vLLM 0.26 on the H200 (experiments/h200-trust/results-x2-c32/server-logs.tgz): a cold start
+# and a warm one of the same flags; the kernel warm-up between the profiling run and the
+# CUDA-graph capture is dated by the log's timestamps.
+_H200 = """\
+(EngineCore pid=3507) INFO 12-01 10:09:35 [monitor.py:53] torch.compile took {tc} s in total
+(EngineCore pid=3507) INFO 12-01 {t0} [monitor.py:81] Initial profiling/warmup run took {pr} s
+(EngineCore pid=3507) INFO 12-01 {t1} [cutedsl_warmup.py:101] Skipping CuTeDSL warmup because ...
+(EngineCore pid=3507) INFO 12-01 {t1} [gpu_model_runner.py:6798] Rank 0: Torch profiler disabled ...
+"""
+
+
+def test_compile_seconds_count_the_jit_phases_a_warm_cache_takes_away(tmp_path: Path) -> None:
+    from autotune.trial import compile_seconds
+
+    log = tmp_path / "server.log"
+    log.write_text(_H200.format(tc=14.78, t0="10:10:51", pr=76.11, t1="10:13:02"))
+    assert compile_seconds(log) == pytest.approx(14.78 + 76.11 + 131)  # cold: ~222 s
+    log.write_text(_H200.format(tc=3.15, t0="10:16:01", pr=2.57, t1="10:16:05"))
+    assert compile_seconds(log) == pytest.approx(3.15 + 2.57 + 4)  # warm: ~10 s
+    log.write_text(_H200.format(tc=3.15, t0="23:59:58", pr=2.57, t1="00:00:03").replace(
+        "12-01 00:00:03", "12-02 00:00:03"))
+    assert compile_seconds(log) == pytest.approx(3.15 + 2.57 + 5)  # across midnight
 
 
 def test_verdict_line_says_why_when_no_other_config_was_measured():
