@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# Issue 15 on an nvidia-h200-x2: a study per traffic shape, then the cross-evaluation of the
+# studies' winners, vLLM's defaults and the case study's recipe on every shape, on fresh
+# servers. One background job from the repo root:
+#   setsid nohup bash experiments/h200-shapes/run.sh STAGING_DIR RES_DIR SECONDS_LEFT &
+# SECONDS_LEFT: device seconds this session may still spend (status's budget_left_s less
+# the polls that bring results back); no step starts when it cannot finish before then.
+# STEPS (environment; default all): study:KEY (KEY in shapes.json: azure, mooncake,
+# casestudy) and cross:KEY. Consecutive cross steps share one queue of cells (one cell = one
+# config measured on one shape by `autotune bench` on a fresh server), two at a time, one per
+# GPU (CUDA_VISIBLE_DEVICES). A study runs one trial per GPU (Ray, two slots).
+# Resumable: a step whose results exist is skipped: in RES_DIR (this session), in
+# RESUME_FROM (environment: a folder staged like the bundle holding a poll's res.tgz, or the
+# res/ it unpacks to: results not committed yet) or in experiments/h200-shapes/results/ (the
+# committed results, which travel with the repo tree). Stores: one Optuna SQLite and one
+# MLflow SQLite for all sessions, seeded from RESUME_FROM or the committed ones, copied to
+# RES_DIR/stores/ after each study (collect.sh commits them).
+# Compile caches: parts named cache-part-* in STAGING_DIR (what poll.sh brought back from an
+# earlier session) are unpacked first, so first starts are warm; after each step the caches
+# are packed again in 15-MB parts under ~/res-cache for poll.sh to bring back.
+# Knobs: STEPS, RESUME_FROM, BUDGET_<KEY> (a study's --budget, default shapes.json's
+# budget_s), TRIALS (4: defaults, cover_prefill, recipe, one TPE sample), DRY=1 (CPU dry
+# run: autotune replaced by dryrun.py, nothing installed, no GPU).
+set -uo pipefail
+STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
+T0=$(date +%s); DEADLINE=$(( T0 + LEFT ))
+STEPS=${STEPS:-study:casestudy study:azure study:mooncake cross:casestudy cross:azure cross:mooncake}
+TRIALS=${TRIALS:-4}; DRY=${DRY:-0}
+SPACE=experiments/h200-trust/space-no-moe.yaml
+H=experiments/h200-shapes; COMMITTED=${COMMITTED:-$PWD/$H/results}  # COMMITTED: for dry runs
+mkdir -p "$RES"; RES=$(cd "$RES" && pwd)
+SESSION=$RES/session-$(date -u +%Y%m%dT%H%M%S); mkdir -p "$SESSION"; export SESSION_NAME=${SESSION##*/}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
+left() { echo $(( DEADLINE - $(date +%s) )); }
+phase() { echo "$(date -u +%H:%M:%S) left=$(left) $*" >> "$SESSION/progress.txt"; }
+finish() { phase "${1:-done}"; touch "$RES/DONE"; exit "${2:-0}"; }
+phase "start STEPS=$STEPS"
+SITE=$HOME/site
+if [ "$DRY" = 1 ]; then
+  AT=(python3 "$H/dryrun.py"); export PYTHONPATH=$PWD:${PYTHONPATH:-}
+else
+  AT=(python3 -m autotune)
+  if [ ! -d "$SITE/vllm" ]; then
+    ( time bash "$STAGE/install.sh" "$STAGE" "$SITE" ) > "$SESSION/env.txt" 2>&1 || finish install-failed 3
+  fi
+  export PYTHONPATH=$SITE:$PWD
+  python3 - >> "$SESSION/env.txt" 2>&1 <<'PY'
+import importlib.metadata as m, torch
+for p in ("vllm", "torch", "optuna", "ray", "mlflow", "flashinfer-python", "transformers"):
+    try: print(p, m.version(p))
+    except Exception as e: print(p, "missing", e)
+print("gpus", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+PY
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >> "$SESSION/env.txt" 2>&1
+  nvidia-smi topo -m >> "$SESSION/env.txt" 2>&1
+fi
+git log -1 --format='code %H %s' >> "$SESSION/env.txt" 2>/dev/null
+MODEL=$HOME/models/nemotron3-nano-30b-a3b-mtp
+if [ ! -f "$MODEL/tokenizer.json" ]; then
+  mkdir -p "$MODEL" && cp experiments/h200/model/config.json "$MODEL/"
+  python3 -c "
+from pathlib import Path; from autotune.modelgen import write_tokenizer
+write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$SESSION/env.txt" 2>&1 || finish model-failed 4
+fi
+phase installed
+RUN=$HOME/run; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN/logs" "$HOME/res-cache"
+
+# results of earlier sessions: RESUME_FROM (staged, not committed yet), then the committed ones
+DIRS=("$RES")
+if [ -n "${RESUME_FROM:-}" ]; then
+  R=$RESUME_FROM
+  if [ -f "$R/res.tgz" ]; then mkdir -p "$HOME/resume" && tar xzf "$R/res.tgz" -C "$HOME/resume" && R=$HOME/resume/res; fi
+  [ -d "$R" ] && DIRS+=("$R") && phase "resuming from $R: $(ls "$R" | tr '\n' ' ')"
+fi
+DIRS+=("$COMMITTED")
+for db in autotune.db mlflow.db; do  # the stores every study of issue 15 goes to
+  if [ ! -f "$RUN/$db" ]; then
+    for d in "${DIRS[@]:1}"; do
+      [ -f "$d/stores/$db" ] && { cp "$d/stores/$db" "$RUN/$db"; phase "store $db from $d"; break; }
+    done
+  fi
+done
+if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
+  mkdir -p "$CACHE" && cat "$STAGE"/cache-part-* | tar xzf - -C "$CACHE" && phase "caches restored: $(du -sh "$CACHE" | cut -f1)"
+fi
+SMI=
+if [ "$DRY" != 1 ]; then
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
+    --format=csv,nounits -l 1 > "$SESSION/gpu.csv" 2>/dev/null &
+  SMI=$!
+fi
+PACK=
+pack_caches() {  # in the background; the previous pack first
+  [ -n "$PACK" ] && wait "$PACK" 2>/dev/null
+  [ -d "$CACHE" ] || return
+  ( rm -rf "$HOME/res-cache.new" && mkdir -p "$HOME/res-cache.new" \
+    && nice tar czf - -C "$CACHE" --exclude=quality . 2>/dev/null | split -b 15M - "$HOME/res-cache.new/cache-part-" \
+    && rm -rf "$HOME/res-cache" && mv "$HOME/res-cache.new" "$HOME/res-cache" \
+    && phase "caches packed: $(du -sh "$CACHE" | cut -f1) in $(ls "$HOME/res-cache" | wc -l) parts" ) &
+  PACK=$!
+}
+S() { python3 "$H/steps.py" "$@"; }
+stepjson() {  # DIR STEP START RC [EXTRA JSON]: the step's device-time account
+  python3 - "$@" <<'PY'
+import json, os, sys, time
+d, step, t0, rc = sys.argv[1:5]
+extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
+t0 = int(t0); t1 = int(time.time())
+rec = {"step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+       "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t1)), "wall_s": t1 - t0,
+       "gpus": 2, "rc": int(rc), "session": os.environ.get("SESSION_NAME", ""), **extra}
+open(f"{d}/step.json", "w").write(json.dumps(rec, indent=1) + "\n")
+PY
+}
+logtails() {  # SRC_GLOB... -> OUT.tgz: head and tail of each server log
+  local out=$1; shift; local d=$RUN/tails.$$; rm -rf "$d"; mkdir -p "$d"
+  for f in "$@"; do [ -f "$f" ] && { head -c 20000 "$f"; echo; echo "[...]"; tail -c 30000 "$f"; } > "$d/$(basename "$f")"; done
+  tar czf "$out" -C "$d" . 2>/dev/null; rm -rf "$d"
+}
+
+study() {  # KEY
+  local key=$1 name=shapes-$1 out=$RES/study-$1 have budget resume=() t0 rc
+  if have=$(S done study "$key" "${DIRS[@]}"); then phase "study:$key done already ($have): skipped"; return; fi
+  local bv="BUDGET_${key^^}"; budget=${!bv:-$(S get "$key" budget_s)}
+  # the re-check may overrun the budget by about one trial (a trial in flight when the search
+  # stopped); a study may overrun more, the timeout below then stops it for --resume
+  local room=$(( $(left) - 60 - 330 ))
+  [ "$budget" -gt "$room" ] && budget=$room
+  if [ "$budget" -lt 420 ]; then phase "study:$key not started: $(left) s left, it needs ~800"; return; fi
+  if S has-study "$RUN/autotune.db" "$name"; then resume=(--resume); fi
+  mkdir -p "$out"; phase "study:$key budget ${budget}s ${resume[*]}"; t0=$(date +%s)
+  mapfile -t targs < <(S tune-args "$key")
+  local cap=$(( $(left) - 40 )); [ "$cap" -gt $(( budget + 500 )) ] && cap=$(( budget + 500 ))
+  timeout --signal=TERM --kill-after=30 "$cap" "${AT[@]}" -v tune \
+    --model "$MODEL" --space "$SPACE" "${targs[@]}" \
+    --trials "$TRIALS" --budget "$budget" \
+    --enqueue '{"cudagraph_cover_prefill": true}' --enqueue @experiments/h200/recipe.json \
+    --recheck 1 --recheck-starts 1 --no-quality-probe "${resume[@]}" \
+    --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
+    --experiment h200-shapes --study-name "$name" --out "$RUN/study-$key" --cache-dir "$CACHE" \
+    --start-timeout 480 --request-timeout 240 --seed 0 >> "$out/tune.log" 2>&1
+  rc=$?; echo "tune exit code $rc" >> "$out/tune.log"
+  for f in best.json study.json trials.csv config.yaml serve_command.sh; do
+    [ -f "$RUN/study-$key/$f" ] && cp "$RUN/study-$key/$f" "$out/"; done
+  for db in autotune.db mlflow.db; do [ -f "$RUN/$db" ] && S backup "$RUN/$db" "$RES/stores/$db"; done
+  logtails "$out/server-logs.tgz" "$RUN/study-$key"/logs/*.log
+  stepjson "$out" "study:$key" "$t0" "$rc" "{\"budget_s\": $budget}"
+  if [ "$rc" = 0 ]; then touch "$out/DONE"; phase "study:$key done$([ -f "$out/best.json" ] || echo ', no best.json: no feasible config')";
+  else phase "study:$key ended with exit $rc, no DONE: a later session resumes it (--resume)"; fi
+  pack_caches
+}
+
+cell() {  # GPU SPEC KEY CFG LIMIT_S: one config on one shape, fresh server, this GPU
+  local gpu=$1 spec=$2 key=$3 cfg=$4 secs=$5 out=$RES/cross-$3 t0 rc args
+  mkdir -p "$out"; mapfile -t args < <(S bench-args "$spec"); t0=$(date +%s)
+  phase "cross:$key $cfg on gpu$gpu"
+  CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=30 "$secs" "${AT[@]}" bench --model "$MODEL" \
+    --cache-dir "$CACHE" --start-timeout 420 --seed 0 --log "$RUN/logs/cross-$key-$cfg.log" --json \
+    "${args[@]}" > "$out/$cfg.json.part" 2> "$out/$cfg.err"
+  rc=$?
+  if python3 -c "import json,sys;d=json.load(open(sys.argv[1]));sys.exit(0 if 'ok' in d else 1)" "$out/$cfg.json.part" 2>/dev/null; then
+    mv "$out/$cfg.json.part" "$out/$cfg.json"
+  fi
+  python3 - "$out/$cfg.run.json" "$gpu" "$t0" "$rc" "$spec" <<'PY'
+import json, sys, time
+p, gpu, t0, rc, spec = sys.argv[1:]
+s = json.load(open(spec))
+json.dump({"gpu": int(gpu), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(t0))),
+           "wall_s": int(time.time()) - int(t0), "rc": int(rc), "source": s.get("source"),
+           "args": s["args"]}, open(p, "w"), indent=1)
+PY
+  logtails "$out/$cfg-server-log.tgz" "$RUN/logs/cross-$key-$cfg.log"
+  phase "cross:$key $cfg on gpu$gpu exit $rc"
+}
+
+worker() {  # GPU PLANFILE: take the next unclaimed cell that still fits the deadline
+  local gpu=$1 plan=$2 i=0 spec key cfg expect limit
+  while IFS=$'\t' read -r spec key cfg expect limit; do
+    i=$((i + 1)); [ -n "$spec" ] || continue
+    mkdir "$RUN/claim.$i" 2>/dev/null || continue      # the other worker has it
+    if [ "$(left)" -lt $(( expect + 30 )) ]; then phase "cross:$key $cfg not started on gpu$gpu: $(left) s left, it takes ~$expect"; continue; fi
+    [ "$limit" -gt $(( $(left) - 20 )) ] && limit=$(( $(left) - 20 ))
+    cell "$gpu" "$spec" "$key" "$cfg" "$limit"
+  done < "$plan"
+}
+
+cross() {  # KEY...: every missing cell of these shapes, two at a time
+  local t0 plan=$RUN/plan.$$ w0 w1 k
+  t0=$(date +%s); rm -rf "$RUN"/claim.* "$RUN/cells"
+  S plan "$RES" "$RUN" "$@" -- "${DIRS[@]}" > "$plan" 2> "$RUN/plan.notes"
+  while read -r l; do phase "$l"; done < "$RUN/plan.notes"
+  phase "cross $*: $(grep -c . "$plan") cells to measure"
+  worker 0 "$plan" & w0=$!; sleep 2; worker 1 "$plan" & w1=$!
+  wait "$w0" "$w1"   # the two workers only, not the nvidia-smi sampler
+  for k in "$@"; do mkdir -p "$RES/cross-$k"; stepjson "$RES/cross-$k" "cross:$k" "$t0" 0 \
+    "{\"shared_queue\": \"$*\"}"; done
+  pack_caches
+}
+
+set -- $STEPS; QUEUE=()
+flush() { [ ${#QUEUE[@]} -gt 0 ] && cross "${QUEUE[@]}"; QUEUE=(); }
+for step in "$@"; do
+  case $step in
+    study:*) flush; study "${step#study:}" ;;
+    cross:*) QUEUE+=("${step#cross:}") ;;
+    *) phase "unknown step $step (study:KEY or cross:KEY)" ;;
+  esac
+done
+flush
+[ -n "$PACK" ] && wait "$PACK" 2>/dev/null
+for db in autotune.db mlflow.db; do [ -f "$RUN/$db" ] && S backup "$RUN/$db" "$RES/stores/$db"; done
+[ -n "$SMI" ] && kill "$SMI" 2>/dev/null
+[ -f "$SESSION/gpu.csv" ] && gzip -f "$SESSION/gpu.csv"
+finish done

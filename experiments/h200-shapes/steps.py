@@ -1,0 +1,317 @@
+"""Helper of run.sh (issue 15's shape studies on an nvidia-h200-x2): what a step needs to know
+from shapes.json and from the results already there, so that run.sh stays plain bash.
+
+    python3 steps.py get KEY FIELD                  a field of shapes.json's shape KEY
+    python3 steps.py tune-args KEY                  the shape's tune arguments, one a line
+    python3 steps.py done study KEY DIR...          exit 0 when a DIR holds study-KEY/DONE
+    python3 steps.py plan RES RUN KEY... -- DIR...  the cross-evaluation cells still to measure
+    python3 steps.py bench-args CELL.json           a planned cell's bench arguments, one a line
+    python3 steps.py has-study DB NAME              exit 0 when the Optuna store holds NAME
+    python3 steps.py backup SRC.db DST.db           a consistent copy of a SQLite file
+
+Result folders (DIR: this session's RES, a staged RESUME_FROM, the committed results) are
+searched in the order given; the first that has a result wins. Only the standard library at
+import time (optuna and autotune are imported where a subcommand needs them), so matrix.py
+and the tests can import this file on any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SHAPES = json.loads((HERE / "shapes.json").read_text())
+CONFIGS: list[str] = SHAPES["configs"]
+SPACE = "experiments/h200-trust/space-no-moe.yaml"
+RECIPE = "experiments/h200/recipe.json"
+
+
+def shape_cfg(key: str) -> dict[str, Any]:
+    try:
+        return SHAPES["shapes"][key]
+    except KeyError:
+        raise SystemExit(
+            f"unknown shape key {key!r}; keys: {', '.join(SHAPES['shapes'])}"
+        ) from None
+
+
+def read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# -- what is already there ----------------------------------------------------------------------
+
+
+def study_dir(key: str, dirs: list[Path]) -> Path | None:
+    """The first study-KEY folder that finished (DONE: tune exited 0; a study that found no
+    feasible config has no best.json, and is done all the same)."""
+    for d in dirs:
+        s = d / f"study-{key}"
+        if (s / "DONE").exists():
+            return s
+    return None
+
+
+def cell_result(key: str, cfg: str, dirs: list[Path]) -> tuple[str, Any] | None:
+    """('json', bench output) or ('same', other config) for a measured cell, else None.
+
+    A bench JSON counts when it parses and says ok true or false (a failed start is a
+    result: the config does not serve that shape); a timed-out bench left no JSON."""
+    for d in dirs:
+        c = d / f"cross-{key}"
+        j = read_json(c / f"{cfg}.json")
+        if isinstance(j, dict) and "ok" in j:
+            return ("json", j)
+        same = c / f"{cfg}.same"
+        if same.exists():
+            other = same.read_text().strip()
+            if other != cfg and cell_result(key, other, dirs) is not None:
+                return ("same", other)
+    return None
+
+
+# -- configs ------------------------------------------------------------------------------------
+
+
+def _space_for(shape_path: str, gpu_arch: str):
+    from autotune.space import ModelFacts, load_space
+    from autotune.study import _traffic_streams
+    from autotune.traffic import load_shape
+
+    shape = load_shape(shape_path)
+    facts = ModelFacts.from_model_dir(
+        HERE.parent / "h200" / "model", device="cuda", gpu_arch=gpu_arch
+    ).with_traffic(streams=_traffic_streams(shape, None), prompt_p90=shape.input_tokens.p90)
+    return load_space(SPACE, facts=facts)
+
+
+def config_of(key: str, cfg: str, dirs: list[Path], gpu_arch: str = "") -> dict[str, Any]:
+    """{'flags', 'env', 'source'} of config CFG for shape KEY, or {'missing': why}.
+
+    defaults and recipe come from the space (as the study's trial 0 and its enqueued recipe
+    run them: fixed flags, stand-in flags, derived flags for this shape); win-K is what
+    study-K's best.json names, flags as that study ran them (its CUDA-graph capture size is
+    derived from shape K's traffic: a winner is deployed as tuned)."""
+    if cfg.startswith("win-"):
+        k = cfg[4:]
+        s = study_dir(k, dirs)
+        if s is None:
+            return {
+                "missing": f"study:{k} not run yet: its winner's cell is left for a later session"
+            }
+        b = read_json(s / "best.json")
+        if not isinstance(b, dict):
+            why = (read_json(s / "study.json") or {}).get("explanation") or "no best.json"
+            return {"missing": f"study:{k} named no winner: {why}"}
+        return {
+            "flags": list(b.get("flags") or []),
+            "env": dict(b.get("env") or {}),
+            "source": f"{s.name}/best.json trial {b.get('trial')} ({b.get('verdict')})",
+        }
+    if not gpu_arch:
+        try:
+            from autotune.hardware import gpu_arch as _arch
+
+            gpu_arch = _arch() or "sm90"
+        except Exception:  # noqa: BLE001 - no GPU here: the H200's
+            gpu_arch = "sm90"
+    from autotune.study import _complete_params
+
+    sp = _space_for(shape_cfg(key)["shape"], gpu_arch)
+    if cfg == "defaults":
+        ls = sp.launch_spec(sp.baseline_params(), baseline=True)
+        return {"flags": list(ls.flags), "env": dict(ls.env), "source": f"{SPACE} baseline"}
+    if cfg == "recipe":
+        params = _complete_params(
+            sp, json.loads((HERE.parent / "h200" / "recipe.json").read_text()), "recipe"
+        )
+        ls = sp.launch_spec(params)
+        return {"flags": list(ls.flags), "env": dict(ls.env), "source": RECIPE}
+    raise SystemExit(f"unknown config {cfg!r}; configs: {', '.join(CONFIGS)}")
+
+
+def capacity_start(key: str, dirs: list[Path]) -> float:
+    """The first load level of the cross benches of shape KEY: 0.75 x the defaults' capacity
+    scale in study-KEY (one level below it, so that a level passes, doubles and fails,
+    then three bisections), the same for all five configs; shapes.json's value before the
+    study has run."""
+    cfg = shape_cfg(key)
+    s = study_dir(key, dirs)
+    if s is not None:
+        b = read_json(s / "best.json") or {}
+        base = (b.get("baseline") or {}).get("value")
+        rec = (b.get("capacity") or {}).get("recorded_rps")
+        if base and rec:
+            return round(max(0.25, 0.75 * float(base) / float(rec)), 2)
+    return float(cfg.get("capacity_start", 1.0))
+
+
+# -- arguments ----------------------------------------------------------------------------------
+
+
+def _measure_args(c: dict[str, Any], cap_start: float) -> list[str]:
+    """Shape, SLOs and how each config is measured: the same for tune and bench."""
+    a = ["--shape", c["shape"], "--slo", c["slo"], "--warmup-max-s", str(c.get("warmup_max_s", 60))]
+    if c["objective"] == "capacity":
+        return [*a, "--capacity-start", str(cap_start),
+                "--capacity-level-s", str(c["capacity_level_s"]),
+                "--capacity-tolerance", str(c["capacity_tolerance"]),
+                "--capacity-max-levels", str(c["capacity_max_levels"])]  # fmt: skip
+    return [*a, "--precision", str(c.get("precision", 0.02)),
+            "--measure-max-s", str(c.get("measure_max_s", 90))]  # fmt: skip
+
+
+def tune_args(key: str) -> list[str]:
+    c = shape_cfg(key)
+    return ["--objective", c["objective"], *_measure_args(c, c.get("capacity_start", 1.0))]
+
+
+def bench_args(key: str, cap_start: float) -> list[str]:
+    c = shape_cfg(key)
+    a = _measure_args(c, cap_start)
+    return ["--capacity", *a] if c["objective"] == "capacity" else a
+
+
+def cell_seconds(key: str) -> tuple[int, int]:
+    """(expected, limit) seconds of one cross cell. Limit (its timeout): a start of flags new
+    to this machine's caches (330 s: two cold starts at once on the x2), the warm-up cap,
+    every load level (plus a 20-s drain) or the measurement cap. Expected (what must be left
+    to start it): a start of flags the caches know (START_EST, default 150; 73-85 s
+    measured), the warm-up cap, five load levels (the usual bracketing from a start below
+    capacity) or the measurement cap."""
+    import os
+
+    c = shape_cfg(key)
+    start = int(os.environ.get("START_EST", "150"))
+    warm = int(c.get("warmup_max_s", 60))
+    if c["objective"] == "capacity":
+        body_max = c["capacity_max_levels"] * (c["capacity_level_s"] + 20)
+        body = 5 * (c["capacity_level_s"] + 15)
+    else:
+        body_max = body = int(c.get("measure_max_s", 90))
+    return int(start + warm + body + 20), int(330 + warm + body_max + 40)
+
+
+def plan(res: Path, run: Path, keys: list[str], dirs: list[Path]) -> list[str]:
+    """Write one spec per cell still to measure under RUN/cells/ (in measuring order: shape by
+    shape, configs in shapes.json's order) and return their lines
+    'cell-file<TAB>key<TAB>config<TAB>expected-s<TAB>limit-s'. A config whose flags and env
+    equal another config's of the same shape (a study whose verdict kept the defaults, two
+    studies with one winner) is measured once: RES/cross-KEY/CFG.same names the one measured.
+    Notes go to stderr (run.sh appends them to progress.txt)."""
+    cells = run / "cells"
+    cells.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    for key in keys:
+        cap = capacity_start(key, dirs)
+        seen: dict[str, str] = {}  # flags+env -> config measured (or planned) for them
+        for cfg in CONFIGS:
+            conf = config_of(key, cfg, dirs)
+            if "missing" in conf:
+                print(f"cross:{key} {cfg}: {conf['missing']}", file=sys.stderr)
+                continue
+            ident = json.dumps([conf["flags"], conf["env"]], sort_keys=True)
+            have = cell_result(key, cfg, dirs)
+            if have is not None:
+                seen.setdefault(ident, cfg)
+                print(f"cross:{key} {cfg}: measured already", file=sys.stderr)
+                continue
+            if ident in seen:
+                out = res / f"cross-{key}"
+                out.mkdir(parents=True, exist_ok=True)
+                (out / f"{cfg}.same").write_text(seen[ident] + "\n")
+                print(
+                    f"cross:{key} {cfg}: same flags as {seen[ident]}, measured once",
+                    file=sys.stderr,
+                )
+                continue
+            seen[ident] = cfg
+            expect, limit = cell_seconds(key)
+            spec = {
+                "key": key,
+                "config": cfg,
+                **conf,
+                "args": bench_args(key, cap),
+                "expected_s": expect,
+                "limit_s": limit,
+            }
+            f = cells / f"{len(lines):02d}-{key}-{cfg}.json"
+            f.write_text(json.dumps(spec, indent=1))
+            lines.append(f"{f}\t{key}\t{cfg}\t{expect}\t{limit}")
+    return lines
+
+
+# -- stores -------------------------------------------------------------------------------------
+
+
+def has_study(db: str, name: str) -> bool:
+    if not Path(db).exists():
+        return False
+    con = sqlite3.connect(db)
+    try:
+        return (
+            con.execute("SELECT 1 FROM studies WHERE study_name = ?", (name,)).fetchone()
+            is not None
+        )
+    except sqlite3.Error:
+        return False
+    finally:
+        con.close()
+
+
+def backup(src: str, dst: str) -> None:
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(dst + ".tmp")
+    tmp.unlink(missing_ok=True)
+    s, d = sqlite3.connect(src), sqlite3.connect(tmp)
+    with d:
+        s.backup(d)
+    s.close()
+    d.close()
+    tmp.replace(dst)
+
+
+def main(argv: list[str]) -> int:
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "get":
+        v = shape_cfg(rest[0]).get(rest[1], "")
+        print(v)
+    elif cmd == "tune-args":
+        print("\n".join(tune_args(rest[0])))
+    elif cmd == "done":
+        what, key, dirs = rest[0], rest[1], [Path(d) for d in rest[2:]]
+        assert what == "study"
+        s = study_dir(key, dirs)
+        if s is None:
+            return 1
+        print(s)
+    elif cmd == "plan":
+        i = rest.index("--")
+        res, run, keys = Path(rest[0]), Path(rest[1]), rest[2:i]
+        print("\n".join(plan(res, run, keys, [Path(d) for d in rest[i + 1 :]])))
+    elif cmd == "bench-args":
+        spec = json.loads(Path(rest[0]).read_text())
+        out = list(spec["args"])
+        for k, v in spec["env"].items():
+            out += ["--env", f"{k}={v}"]
+        out += ["--", *spec["flags"]]
+        print("\n".join(out))
+    elif cmd == "has-study":
+        return 0 if has_study(rest[0], rest[1]) else 1
+    elif cmd == "backup":
+        backup(rest[0], rest[1])
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
