@@ -321,7 +321,7 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     phase("capacity", f"level 1 at {spec.capacity.start:g}x {recorded:.3g} req/s")
     res, m = find_capacity(recorded_rps=recorded, build=build, client_kw=client_kw,
                            slo=spec.slo, search=spec.capacity, plan=level_plan,
-                           check=server.check_alive, on_level=on_level)
+                           check=server.check_serving, on_level=on_level)
     outcome.measure_s = time.monotonic() - t_run
     outcome.capacity = res.to_dict()
     outcome.stop = f"capacity_{res.status}"

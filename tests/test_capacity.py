@@ -277,6 +277,28 @@ def test_bench_capacity_measures_one_config(fake_model: Path,
     assert "output tokens/s" in out and "TTFT  p50" in out
 
 
+def test_an_engine_dead_behind_a_live_api_server_ends_the_search_as_died(
+        fake_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's engine can die (a worker's exception) while its API server process stays up,
+    answering every request and /health with errors: the search stops at once with reason
+    died and the log's root cause, instead of probing ever lower rates of a dead server
+    and reporting "no capacity" (as bench --capacity did on the CPU vLLM, 2026-12-01)."""
+    from autotune.cli import main
+    from tests.faults._lab import FAKE_VLLM
+
+    env = [f"PYTHONPATH={FAKE_VLLM}", "AUTOTUNE_FAKE_PLAN=dead:12",
+           "AUTOTUNE_FAKE_MAX_RUNNING=8", "AUTOTUNE_FAKE_CHUNK_S=0.005"]
+    argv = ["bench", "--model", str(fake_model), "--shape", str(SHAPE), "--capacity",
+            "--slo", "ttft_p99=0.5", "--capacity-level-s", "2", "--capacity-max-levels", "5",
+            "--warmup-requests", "4", "--start-timeout", "30",
+            *[a for e in env for a in ("--env", e)], "--", "--max-model-len", "1024"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "level 2" not in captured.out  # no level after the one the engine died in
+    assert "failed (died)" in captured.err and "engine died" in captured.err
+    assert "IndexError: index 3 is out of bounds" in captured.err
+
+
 def test_bench_capacity_needs_arrivals(fake_model: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     from autotune.cli import main

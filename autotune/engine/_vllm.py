@@ -414,12 +414,39 @@ class VllmServer:
             text = self._log_text_for_classification()
             reason = classify_failure(text, code, during_start=False)
             tail = text[-4000:]
+            cause = root_cause(text)
             raise EngineCrashedError(
-                f"vLLM died during the measurement (exit code {code}, {reason}); "
-                f"last log lines:\n{_last_lines(tail, 12)}",
+                f"vLLM died during the measurement (exit code {code}, {reason})"
+                + (f": {cause}" if cause else "") + f"; last log lines:\n{_last_lines(tail, 12)}",
                 reason=FailureReason.OOM if reason == FailureReason.OOM else FailureReason.DIED,
                 log_tail=tail,
             )
+
+    def check_serving(self, timeout_s: float = 5.0) -> None:
+        """:meth:`check_alive`, and raise :class:`EngineCrashedError` too when the process is
+        still there but its engine is not: ``/health`` answers an error status (vLLM's
+        EngineDeadError) or refuses the connection while the API server shuts down. A
+        ``/health`` that does not answer in time (a busy server) proves nothing."""
+        self.check_alive()
+        try:
+            status: int | None = _http.get(f"{self.base_url}/health", timeout_s=timeout_s).status
+        except _http.HttpError as exc:
+            refused = isinstance(exc.__cause__, ConnectionRefusedError) or "refused" in str(exc)
+            if not refused:
+                return
+            status = None
+        if status is not None and status < 500:
+            return
+        time.sleep(1.0)  # an exit on its way is reported with its exit code
+        self.check_alive()
+        text = self._log_text_for_classification()
+        cause = root_cause(text)
+        tail = text[-4000:]
+        said = f"/health answered {status}" if status is not None else "refused connections"
+        raise EngineCrashedError(
+            f"vLLM's engine died during the measurement (the API server {said})"
+            + (f": {cause}" if cause else "") + f"; last log lines:\n{_last_lines(tail, 12)}",
+            reason=FailureReason.DIED, log_tail=tail)
 
     def stop(self, grace_s: float = 20.0) -> list[str]:
         """Stop the whole process group: SIGTERM, wait, SIGKILL. Returns errors seen."""
@@ -520,6 +547,21 @@ def _start_reaper(pgid: int) -> subprocess.Popen[bytes] | None:
     except OSError as exc:
         logger.warning("no reaper for vLLM group %s: %s", pgid, exc)
         return None
+
+
+_CAUSE = re.compile(r"(?:^|\]\s+|\s)((?:[A-Za-z_]\w*\.)*[A-Z][A-Za-z]*(?:Error|Exception): .+)$")
+
+
+def root_cause(text: str) -> str | None:
+    """The first exception line of the server's log ("IndexError: index 3 is out of
+    bounds ..."), where a crash starts; the tail is often shutdown noise. None if none."""
+    for line in text.splitlines():
+        if " WARNING " in line or " INFO " in line:
+            continue
+        m = _CAUSE.search(line.rstrip())
+        if m is not None and "Traceback" not in m.group(1):
+            return m.group(1)[:300]
+    return None
 
 
 def _last_lines(text: str, n: int) -> str:

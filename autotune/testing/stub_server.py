@@ -135,6 +135,12 @@ class _Req(msgspec.Struct):
 _REQ_DECODER = msgspec.json.Decoder(_Req)
 
 
+def _health_status() -> int:
+    """The status ``/health`` answers (200; the fault suite's fake engine patches it to
+    stand for an engine that died behind a live API server)."""
+    return 200
+
+
 def _fault_of(req: _Req) -> str:
     first: int | None = None
     if isinstance(req.prompt, list) and req.prompt:
@@ -483,7 +489,7 @@ class _Conn(asyncio.Protocol):
     def _route(self, method: str, path: str, body: bytes, keep: bool) -> None:
         app = self.app
         gets = {
-            "/health": lambda: _response(200, b"", "text/plain"),
+            "/health": lambda: _response(_health_status(), b"", "text/plain"),
             "/v1/models": lambda: _response(200, app.models(), "application/json"),
             "/metrics": lambda: _response(200, app.metrics(), "text/plain; version=0.0.4"),
         }

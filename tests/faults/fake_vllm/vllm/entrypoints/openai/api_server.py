@@ -21,6 +21,9 @@ Modes (``name`` or ``name:N``):
                 kernel's OOM killer sends SIGKILL (a real out-of-memory at start)
 ``die:N``       serve; SIGKILL itself when request N arrives (mid-measurement death)
 ``fail:K``      serve; every K-th request answers HTTP 500
+``dead:N``      serve; at request N the "engine" dies behind the live API server: it logs
+                a worker's IndexError and vLLM's EngineDeadError, and from then on every
+                request and ``/health`` answer HTTP 500 (the process stays up)
 ``stall:N``     serve; request N goes silent after two chunks for ``AUTOTUNE_FAKE_STALL_S``
 ``slow``        serve; chunks ``AUTOTUNE_FAKE_CHUNK_S`` apart (a trial that takes a while)
 ``jit:N``       like ``slow``; requests 1..N each log vLLM's kernel-JIT warning ("Triton
@@ -140,6 +143,15 @@ def _serve(host: str, port: int, model: str, mode: str, arg: int) -> None:
             _say("SIGKILL now")
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "fail" and n % arg == 0:
+            return "http_500"
+        if mode == "dead" and n >= arg:
+            if n == arg:
+                print("(Worker pid=1) ERROR [multiproc_executor.py:1063] Traceback (most recent "
+                      "call last):\n(Worker pid=1) ERROR [multiproc_executor.py:1063] "
+                      "IndexError: index 3 is out of bounds for dimension 0 with size 1\n"
+                      "(APIServer pid=1) ERROR [async_llm.py:906] vllm.v1.engine.exceptions."
+                      "EngineDeadError: EngineCore encountered an issue.", flush=True)
+                stub._health_status = lambda: 500  # type: ignore[assignment]
             return "http_500"
         if mode == "stall" and n == arg:
             return "stall"
