@@ -1074,8 +1074,9 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
 
 def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None],
                   on_tuned: Callable[[Any], None] | None = None) -> SearchSpace:
-    """Tune (or find cached) the kernels the space's ``tuned`` knobs point at. Their time
-    counts toward ``--timeout``: at most a quarter of it goes to kernels."""
+    """Tune (or find cached) the kernels the space's ``tuned`` knobs point at, for the
+    streams the trials replay (``--concurrency`` or the shape's). Their time counts toward
+    ``--timeout``: at most a quarter of it goes to kernels."""
     from autotune.kernels._study import bind_tuned_kernels
 
     settings = inputs.settings
@@ -1085,7 +1086,8 @@ def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None],
     space = bind_tuned_kernels(
         inputs.space, model=inputs.model, shape_path=settings.shape,
         shape_fingerprint=inputs.shape.fingerprint, cache_dir=inputs.cache_dir,
-        engine=inputs.engine, gpu_name=inputs.gpu_type, budget_s=budget,
+        engine=inputs.engine, gpu_name=inputs.gpu_type, concurrency=settings.concurrency,
+        budget_s=budget,
         trials=settings.kernel_trials, note=note, on_tuned=on_tuned)
     for kind, folder in space.tuned_dirs.items():  # the study's results carry what it served
         shutil.copytree(folder, inputs.out_dir / "kernels" / kind, dirs_exist_ok=True,

@@ -277,17 +277,17 @@ def test_the_cli_without_cuda_exits_2_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "CUDA GPU" in lines[0], proc.stderr
 
 
-def test_cache_folders_separate_gpus_shapes_and_versions(tmp_path: Path) -> None:
+def test_cache_folders_separate_gpus_shapes_streams_and_versions(tmp_path: Path) -> None:
     a = tuned_moe_folder(tmp_path, moe=NANO, gpu_name="NVIDIA H200", shape_fingerprint="f" * 16,
-                         vllm_version="0.26.0")
+                         vllm_version="0.26.0", streams=256)
     assert a.parent == tmp_path / "kernels" / "moe" / "NVIDIA_H200"
-    assert a.name.startswith("E128-N1856-ffffffffffffffff-")
+    assert a.name.startswith("E128-N1856-ffffffffffffffff-s256-")
     assert a == tuned_moe_folder(tmp_path, moe=NANO, gpu_name="NVIDIA H200",
-                                 shape_fingerprint="f" * 16, vllm_version="0.26.0")
+                                 shape_fingerprint="f" * 16, vllm_version="0.26.0", streams=256)
     for other in ({"gpu_name": "NVIDIA H100"}, {"shape_fingerprint": "e" * 16},
-                  {"vllm_version": "0.27.0"}):
+                  {"vllm_version": "0.27.0"}, {"streams": 32}):
         kw = {"gpu_name": "NVIDIA H200", "shape_fingerprint": "f" * 16,
-              "vllm_version": "0.26.0", **other}
+              "vllm_version": "0.26.0", "streams": 256, **other}
         assert tuned_moe_folder(tmp_path, moe=NANO, **kw) != a  # type: ignore[arg-type]
 
 
@@ -575,3 +575,49 @@ def test_the_gpu_time_account_shows_kernel_tuning() -> None:
     acct.close(300.0)
     assert acct.per["gpu0"]["kernels_s"] == 120.0 and acct.per["gpu0"]["idle_s"] == 180.0
     assert set(acct.per) == {"gpu0", "gpu1"}
+
+
+# -- the study's streams reach the token counts and the cache key ----------------------------
+
+def _bind_kw(tmp_path: Path, timer: object) -> dict[str, object]:
+    from autotune.engine import EngineInfo
+
+    return {"model": STAND_IN, "shape_path": CASESTUDY,
+            "shape_fingerprint": load_shape(CASESTUDY).fingerprint,
+            "cache_dir": tmp_path / "cache", "gpu_name": "NVIDIA H200", "trials": 4,
+            "engine": EngineInfo(package="vllm", version="0.26.0", device="cuda"),
+            "timers": [timer]}
+
+
+def test_the_studys_concurrency_reaches_the_token_counts_and_the_cache_key(
+        tmp_path: Path) -> None:
+    from autotune.kernels._study import bind_tuned_kernels
+    from autotune.space import ModelFacts
+
+    space = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
+    calls: list[int] = []
+
+    def counting(config: dict[str, int], m: int, *, iters: int) -> float:
+        calls.append(m)
+        return fake_timer(config, m, iters=iters)
+
+    def keys(bound: object) -> set[int]:
+        folder = Path(bound.tuned_dirs["moe"])  # type: ignore[attr-defined]
+        name = "E=128,N=1856,device_name=NVIDIA_H200.json"
+        return {int(k) for k in json.loads((folder / name).read_text())}
+
+    kw = _bind_kw(tmp_path, counting)
+    notes: list[str] = []
+    c32 = bind_tuned_kernels(space, concurrency=32, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert "--concurrency 32" in notes[0]
+    # 32 streams x (1 + MTP 0..3): decode steps of 32..128 tokens, not the shape's 256..1024
+    assert {32, 64, 96, 128} <= keys(c32) and not {256, 512, 768, 1024} & keys(c32)
+    own = bind_tuned_kernels(space, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert {256, 512, 768, 1024} <= keys(own) and not {64, 96, 128} & keys(own)
+    f32, f256 = Path(c32.tuned_dirs["moe"]), Path(own.tuned_dirs["moe"])
+    assert f32 != f256 and "-s32-" in f32.name and "-s256-" in f256.name
+    # --concurrency 256 is the shape's own: the same folder, nothing timed again
+    calls.clear()
+    same = bind_tuned_kernels(space, concurrency=256, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert same.tuned_dirs == own.tuned_dirs and calls == []
+

@@ -41,9 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      "per stream); default 0")
     moe.add_argument("--max-batched-tokens", type=_ints, default=(8192,), metavar="N[,N...]",
                      help="the server's --max-num-batched-tokens (prefill chunk); default 8192")
-    moe.add_argument("--concurrency", type=int, default=None,
-                     help="streams (default: the shape's closed-loop concurrency, or its "
-                     "open-loop estimate)")
+    moe.add_argument("--concurrency", type=int, default=None, metavar="N",
+                     help="concurrent streams the server will run, as 'autotune tune "
+                     "--concurrency N' replays (decode steps carry N x (1 + D) tokens); "
+                     "default: the shape's closed-loop concurrency, or its open-loop "
+                     "estimate")
     moe.add_argument("--sizes", type=_ints, default=(), metavar="M[,M...]",
                      help="more token counts to tune besides the shape's")
     moe.add_argument("--trials", type=int, default=48,

@@ -4,10 +4,11 @@ A space knob with ``tuned: moe`` (``moe_config: default|tuned`` in
 ``search_spaces/hybrid-mtp.yaml``) sets ``VLLM_TUNED_CONFIG_FOLDER`` to a folder of
 fused-MoE configs tuned for this model, GPU and traffic shape. :func:`bind_tuned_kernels`
 makes (or finds in ``--cache-dir``) that folder once, for every token count the space can
-produce (its MTP depths and ``--max-num-batched-tokens`` choices), and binds it to the
-space. When it cannot (the CPU build has no fused-MoE Triton kernel; a dense model has no
-experts; the tuning failed) the value ``tuned`` becomes a rule violation with that reason:
-samples with it are rejected before any server starts, the other knobs search on.
+produce (its MTP depths and ``--max-num-batched-tokens`` choices) at the streams the study
+replays (the shape's, or ``--concurrency``), and binds it to the space. When it cannot
+(the CPU build has no fused-MoE Triton kernel; a dense model has no experts; the tuning
+failed) the value ``tuned`` becomes a rule violation with that reason: samples with it are
+rejected before any server starts, the other knobs search on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.kernels._cache import ensure_tuned_moe
 from autotune.kernels._search import KernelTimer
+from autotune.kernels._sizes import streams_of
 from autotune.kernels._tune import MoeTuneResult, Progress
 from autotune.space import SearchSpace
 
@@ -65,15 +67,18 @@ def space_batched_tokens(space: SearchSpace) -> tuple[int, ...]:
 
 def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
                        shape_fingerprint: str, cache_dir: Path, engine: Any, gpu_name: str,
-                       budget_s: float | None = None, trials: int = 48,
+                       concurrency: int | None = None, budget_s: float | None = None,
+                       trials: int = 48,
                        note: Callable[[str], None] | None = None,
                        on_progress: Callable[[Progress], None] | None = None,
                        timers: Sequence[KernelTimer] | None = None,
                        on_tuned: Callable[[MoeTuneResult], None] | None = None) -> SearchSpace:
     """``space`` with its ``tuned`` kernel folders bound (or their absence explained).
 
-    ``timers`` (one per GPU) default to worker processes on every visible GPU;
-    ``on_tuned`` receives the tuning's result (its seconds and GPUs: the study's account)."""
+    ``concurrency``: the study's ``--concurrency`` (the streams the token counts come
+    from; None: the shape's own); ``timers`` (one per GPU) default to worker processes on
+    every visible GPU; ``on_tuned`` receives the tuning's result (its seconds and GPUs: the
+    study's account)."""
     kinds = space.tuned_kinds()
     if "moe" not in kinds:
         return space
@@ -88,9 +93,17 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
     if why is not None:
         say(f"knob {knobs}: 'tuned' is off ({why})")
         return space.with_tuned({}, {"moe": why})
+    from autotune.traffic import load_shape
+
+    try:
+        _, source = streams_of(load_shape(shape_path), concurrency)
+    except AutotuneError as exc:
+        say(f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
+        return space.with_tuned({}, {"moe": f"the kernel tuning failed: {exc}"})
     depths, mnbt = space_mtp_depths(space), space_batched_tokens(space)
-    say(f"fused-MoE kernels for knob {knobs}: tuning once per model, GPU and shape "
-        f"(MTP depths {list(depths)}, chunks {list(mnbt)}; cached under {cache_dir}/kernels)")
+    say(f"fused-MoE kernels for knob {knobs}: tuning once per model, GPU, shape and streams "
+        f"({source}, MTP depths {list(depths)}, chunks {list(mnbt)}); cached under "
+        f"{cache_dir}/kernels")
     from autotune.kernels._tune import check_cuda
 
     def progress(p: Progress) -> None:
@@ -107,8 +120,8 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
             cache_dir=cache_dir, model=model, shape_path=shape_path,
             shape_fingerprint=shape_fingerprint, gpu_name=gpu_name,
             vllm_version=engine.version, mtp_depths=depths, max_batched_tokens=mnbt,
-            gpus=len(timers) if timers else len(check_cuda()), budget_s=budget_s,
-            trials=trials, on_progress=progress, timers=timers)
+            concurrency=concurrency, gpus=len(timers) if timers else len(check_cuda()),
+            budget_s=budget_s, trials=trials, on_progress=progress, timers=timers)
     except AutotuneError as exc:
         say(f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
         return space.with_tuned({}, {"moe": f"the kernel tuning failed: {exc}"})
