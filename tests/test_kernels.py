@@ -621,3 +621,140 @@ def test_the_studys_concurrency_reaches_the_token_counts_and_the_cache_key(
     same = bind_tuned_kernels(space, concurrency=256, note=notes.append, **kw)  # type: ignore[arg-type]
     assert same.tuned_dirs == own.tuned_dirs and calls == []
 
+
+# -- the kernel budget holds (simulated GPUs and clock) ---------------------------------------
+
+class SimClock:
+    """Simulated seconds, one timeline per thread (each GPU's worker thread runs its own);
+    the main thread reads the slowest one: the tuning's wall time."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.main = threading.get_ident()
+        self.base = 0.0
+        self.times: dict[int, float] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        import threading
+
+        me = threading.get_ident()
+        with self.lock:
+            if me == self.main:
+                return max([self.base, *self.times.values()])
+            return self.times.setdefault(me, self.base)
+
+    def advance(self, seconds: float) -> None:
+        import threading
+
+        me = threading.get_ident()
+        with self.lock:
+            if me == self.main:
+                self.base += seconds
+            else:
+                self.times[me] = self.times.get(me, self.base) + seconds
+
+
+class SimGpu:
+    """A timer on a simulated H200: fake_timer's landscape scaled to the H200's times (about
+    0.5 ms per call at M=256, 2-6 ms at 16384), a Triton compile per config new to the GPU,
+    and the worker's replays (``replay_seconds``) on the clock. ``recheck_extra_s``: set-up
+    a re-check costs beyond any estimate."""
+
+    def __init__(self, clock: SimClock, *, compile_s: float = 1.0, setup_s: float = 0.05,
+                 recheck_extra_s: float = 0.0) -> None:
+        self.clock = clock
+        self.compile_s, self.setup_s, self.recheck_extra_s = compile_s, setup_s, recheck_extra_s
+        self.compiled: set[tuple[int, str]] = set()
+
+    def __call__(self, config: dict[str, int], m: int, *, iters: int) -> float:
+        from autotune.kernels import replay_seconds
+
+        key = (m, repr(sorted(config.items())))
+        setup = self.setup_s if key in self.compiled else self.compile_s
+        self.compiled.add(key)
+        if iters == SearchSettings().recheck_iters:
+            setup += self.recheck_extra_s
+        try:
+            us = fake_timer(config, m, iters=iters) * 30 * (1 + m / 4096)
+        except KernelFailure:
+            self.clock.advance(setup)
+            raise
+        self.clock.advance(setup + replay_seconds(us, iters))
+        return us
+
+
+def test_a_token_count_fits_its_search_and_recheck_into_its_deadline() -> None:
+    clock = SimClock()
+    res = search_size(16384, NANO, SimGpu(clock), settings=SearchSettings(trials=48),
+                      deadline=40.0, clock=clock)
+    # before: the search stopped at the deadline, then re-checked 4 configs at 100 replays
+    # of a 2-6 ms kernel (about 20 s more); now the re-check is reserved within it
+    assert clock() <= 40.0 * 1.05
+    assert 4 < res.timed < 48 and res.default_us is not None and res.best_us is not None
+    rechecked = [c.config for c in res.candidates if c.phase == "recheck"]
+    fastest = min((c for c in res.candidates if c.phase == "search" and c.us), key=lambda c: c.us
+                  or 0.0)
+    assert rechecked[0] == res.default and fastest.config in rechecked and len(rechecked) >= 3
+    # a re-check slower than any estimate: past the first leader, leaders are left out
+    clock = SimClock()
+    slow = search_size(16384, NANO, SimGpu(clock, recheck_extra_s=6.0),
+                       settings=SearchSettings(trials=48), deadline=40.0, clock=clock)
+    rechecked = [c for c in slow.candidates if c.phase == "recheck"]
+    assert len(rechecked) == 2 and rechecked[0].config == slow.default
+    assert clock() <= 40.0 + 2 * 6.0  # the estimate missed 6 s per re-check: two are over
+
+
+def _h200_case(tmp_path: Path, **kw: object) -> MoeTuneSettings:
+    """The H200 study's tuning: 256 streams, MTP 0-3, chunks 2048-16384: 10 token counts."""
+    return MoeTuneSettings(model=STAND_IN, shape=CASESTUDY, out=tmp_path / "o",
+                           mtp_depths=(0, 1, 2, 3), max_batched_tokens=(2048, 4096, 8192, 16384),
+                           **kw)  # type: ignore[arg-type]
+
+
+def test_the_kernel_budget_holds_over_token_counts_and_gpus(tmp_path: Path) -> None:
+    clock = SimClock()
+    settings = _h200_case(tmp_path, budget_s=45.0, trials=48)
+    res = tune_moe(settings, timers=[SimGpu(clock), SimGpu(clock)], gpu_name="NVIDIA H200",
+                   clock=clock)
+    assert res.seconds <= 45.0 * 1.05  # before: 212 s of a 120 s budget on the H200
+    done, skipped = {r.m for r in res.results}, set(res.skipped)
+    assert len(done) + len(skipped) == 10 and skipped and not done & skipped
+    assert {256, 512, 768, 1024} <= done  # decode steps first, prefill chunks last
+    assert all("budget had" in why and "needs about" in why for why in res.skipped.values())
+    # a skipped count's key holds vLLM's default config; the results say why
+    shape = moe_shape_from_model(STAND_IN)
+    data = json.loads(res.path.read_text())
+    for m in skipped:
+        assert data[str(m)] == default_config(m, shape)
+    meta = json.loads(res.results_path.read_text())
+    assert set(meta["skipped"]) == {str(m) for m in skipped}
+    assert all(s["best"] is None for s in meta["sizes"] if s.get("skipped"))
+
+
+def test_skipped_token_counts_are_tuned_by_the_next_run(tmp_path: Path) -> None:
+    clock = SimClock()
+    first = tune_moe(_h200_case(tmp_path, budget_s=25.0, trials=48), timers=[SimGpu(clock)],
+                     gpu_name="NVIDIA H200", clock=clock)
+    assert first.skipped and first.results and first.seconds <= 25.0 * 1.05
+    # same search settings (reuse needs them), no budget
+    again = tune_moe(_h200_case(tmp_path, trials=48), timers=[fake_timer],
+                     gpu_name="NVIDIA H200")
+    assert again.reused == sorted(r.m for r in first.results)
+    assert sorted(r.m for r in again.results) == sorted(first.skipped) and not again.skipped
+
+
+def test_a_study_note_says_which_counts_the_budget_skipped(tmp_path: Path) -> None:
+    from autotune.kernels._study import bind_tuned_kernels
+    from autotune.space import ModelFacts
+
+    space = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
+    clock = SimClock()
+    notes: list[str] = []
+    kw = {**_bind_kw(tmp_path, SimGpu(clock)), "trials": 48}
+    bound = bind_tuned_kernels(space, budget_s=30.0, clock=clock, note=notes.append,
+                               **kw)  # type: ignore[arg-type]
+    assert "within 30 s" in notes[0] and bound.tuned_dirs
+    assert "fused-MoE kernels ready" in notes[-1] and "skipped for the budget (M=" in notes[-1]
+    assert "vLLM's default config there" in notes[-1] and clock() <= 30.0 * 1.05

@@ -115,9 +115,10 @@ OPTIONS: tuple[Option, ...] = (
                 "what is left would not fit the re-check at the mean trial time so far; "
                 "running trials finish, then the verdict"),
     Option("--kernel-budget", "kernel_budget_s", "search", metavar="SECONDS",
-           help="device time for tuning kernels before trial 0 when the space has a knob "
+           help="wall time for tuning kernels before trial 0 when the space has a knob "
                 "with 'tuned' (moe_config; once per model, GPU, shape and streams, cached "
-                "under --cache-dir; docs/kernels.md)"),
+                "under --cache-dir; at most a quarter of --timeout; token counts that do not "
+                "fit are skipped: vLLM's default config there; docs/kernels.md)"),
     Option("--kernel-trials", "kernel_trials", "search", metavar="N",
            help="kernel configs timed per token count in that tuning"),
     Option("--pruner", "pruner", "search",

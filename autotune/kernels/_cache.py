@@ -14,6 +14,7 @@ nothing, and one whose space adds MTP depths or chunk sizes times only the new c
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,11 +41,12 @@ def ensure_tuned_moe(*, cache_dir: Path, model: Path, shape_path: Path, shape_fi
                      max_batched_tokens: Sequence[int] = (8192,), concurrency: int | None = None,
                      gpus: int = 1, budget_s: float | None = None, trials: int = 48,
                      on_progress: Callable[[Progress], None] | None = None,
-                     timers: Sequence[KernelTimer] | None = None) -> MoeTuneResult:
+                     timers: Sequence[KernelTimer] | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> MoeTuneResult:
     """Tune into the cache folder what it lacks; ``result.path.parent`` is the folder to set
     ``VLLM_TUNED_CONFIG_FOLDER`` to (only missing token counts are timed; ``concurrency``
-    overrides the shape's streams, as ``autotune tune --concurrency``; ``timers``: see
-    :func:`tune_moe`)."""
+    overrides the shape's streams, as ``autotune tune --concurrency``; ``timers`` and
+    ``clock``: see :func:`tune_moe`)."""
     from autotune.traffic import load_shape
 
     moe = moe_shape_from_model(model)
@@ -57,4 +59,5 @@ def ensure_tuned_moe(*, cache_dir: Path, model: Path, shape_path: Path, shape_fi
                                max_batched_tokens=tuple(max_batched_tokens),
                                concurrency=concurrency, budget_s=budget_s, trials=trials,
                                reuse=True)
-    return tune_moe(settings, gpu_name=gpu_name, on_progress=on_progress, timers=timers)
+    return tune_moe(settings, gpu_name=gpu_name, on_progress=on_progress, timers=timers,
+                    clock=clock)

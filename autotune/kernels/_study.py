@@ -7,13 +7,15 @@ makes (or finds in ``--cache-dir``) that folder once, for every token count the 
 produce (its MTP depths and ``--max-num-batched-tokens`` choices) at the streams the study
 replays (the shape's, or ``--concurrency``), and binds it to the space. When it cannot
 (the CPU build has no fused-MoE Triton kernel; a dense model has no experts; the tuning
-failed) the value ``tuned`` becomes a rule violation with that reason: samples with it are
-rejected before any server starts, the other knobs search on.
+failed or the budget fitted no token count) the value ``tuned`` becomes a rule violation
+with that reason: samples with it are rejected before any server starts, the other knobs
+search on.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,37 +74,40 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
                        note: Callable[[str], None] | None = None,
                        on_progress: Callable[[Progress], None] | None = None,
                        timers: Sequence[KernelTimer] | None = None,
-                       on_tuned: Callable[[MoeTuneResult], None] | None = None) -> SearchSpace:
+                       on_tuned: Callable[[MoeTuneResult], None] | None = None,
+                       clock: Callable[[], float] = time.monotonic) -> SearchSpace:
     """``space`` with its ``tuned`` kernel folders bound (or their absence explained).
 
     ``concurrency``: the study's ``--concurrency`` (the streams the token counts come
     from; None: the shape's own); ``timers`` (one per GPU) default to worker processes on
     every visible GPU; ``on_tuned`` receives the tuning's result (its seconds and GPUs: the
-    study's account)."""
+    study's account); ``clock``: the budget's clock (tests simulate it)."""
     kinds = space.tuned_kinds()
     if "moe" not in kinds:
         return space
     knobs = ", ".join(kinds["moe"])
     say = note or (lambda m: logger.warning("%s", m))
-    why = None
-    if engine.device != "cuda":
-        why = (f"{engine.package} {engine.version} has no fused-MoE Triton kernel: MoE runs on "
-               "the CPU's own path")
-    elif not space.facts.moe:
-        why = f"{model} has no routed experts"
-    if why is not None:
-        say(f"knob {knobs}: 'tuned' is off ({why})")
+
+    def off(why: str, line: str | None = None) -> SearchSpace:
+        say(line or f"knob {knobs}: 'tuned' is off ({why})")
         return space.with_tuned({}, {"moe": why})
+
+    if engine.device != "cuda":
+        return off(f"{engine.package} {engine.version} has no fused-MoE Triton kernel: MoE "
+                   "runs on the CPU's own path")
+    if not space.facts.moe:
+        return off(f"{model} has no routed experts")
     from autotune.traffic import load_shape
 
     try:
         _, source = streams_of(load_shape(shape_path), concurrency)
     except AutotuneError as exc:
-        say(f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
-        return space.with_tuned({}, {"moe": f"the kernel tuning failed: {exc}"})
+        return off(f"the kernel tuning failed: {exc}",
+                   f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
     depths, mnbt = space_mtp_depths(space), space_batched_tokens(space)
+    within = f" within {budget_s:.0f} s" if budget_s else ""
     say(f"fused-MoE kernels for knob {knobs}: tuning once per model, GPU, shape and streams "
-        f"({source}, MTP depths {list(depths)}, chunks {list(mnbt)}); cached under "
+        f"({source}, MTP depths {list(depths)}, chunks {list(mnbt)}){within}; cached under "
         f"{cache_dir}/kernels")
     from autotune.kernels._tune import check_cuda
 
@@ -121,14 +126,24 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
             shape_fingerprint=shape_fingerprint, gpu_name=gpu_name,
             vllm_version=engine.version, mtp_depths=depths, max_batched_tokens=mnbt,
             concurrency=concurrency, gpus=len(timers) if timers else len(check_cuda()),
-            budget_s=budget_s, trials=trials, on_progress=progress, timers=timers)
+            budget_s=budget_s, trials=trials, on_progress=progress, timers=timers,
+            clock=clock)
     except AutotuneError as exc:
-        say(f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
-        return space.with_tuned({}, {"moe": f"the kernel tuning failed: {exc}"})
+        return off(f"the kernel tuning failed: {exc}",
+                   f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
     if on_tuned is not None:
         on_tuned(result)
+    first_why = next(iter(result.skipped.values()), "")
+    if not result.results and not result.reused:
+        return off(f"no token count fit the kernel budget{within} ({first_why}); raise "
+                   "--kernel-budget (or --timeout)")
+    skipped = ""
+    if result.skipped:
+        ms = ", ".join(map(str, result.skipped))
+        skipped = (f"; {len(result.skipped)} skipped for the budget (M={ms}: vLLM's default "
+                   f"config there; {first_why})")
     folder = result.path.parent
     kept = f"; {len(result.reused)} token count(s) from the cache" if result.reused else ""
     say(f"fused-MoE kernels ready: {folder} ({len(result.results)} token count(s) tuned in "
-        f"{result.seconds:.0f} s{kept})")
+        f"{result.seconds:.0f} s{kept}{skipped})")
     return space.with_tuned({"moe": str(folder)})
