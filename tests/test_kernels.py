@@ -758,3 +758,106 @@ def test_a_study_note_says_which_counts_the_budget_skipped(tmp_path: Path) -> No
     assert "within 30 s" in notes[0] and bound.tuned_dirs
     assert "fused-MoE kernels ready" in notes[-1] and "skipped for the budget (M=" in notes[-1]
     assert "vLLM's default config there" in notes[-1] and clock() <= 30.0 * 1.05
+
+
+# -- kernels no trial can use are not tuned ---------------------------------------------------
+
+def test_kernels_no_trial_can_pick_are_not_tuned(tmp_path: Path) -> None:
+    from autotune.kernels._study import TrialPlan, bind_tuned_kernels
+    from autotune.space import ModelFacts
+
+    space = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
+    calls: list[int] = []
+
+    def counting(config: dict[str, int], m: int, *, iters: int) -> float:
+        calls.append(m)
+        return fake_timer(config, m, iters=iters)
+
+    kw = _bind_kw(tmp_path, counting)
+    fixed = ({"moe_config": "default", "mtp_depth": 0}, {"mtp_depth": 1})
+    plan = TrialPlan(sampled=0, fixed=fixed, summary="--trials 2, filled by the baseline + 1")
+    notes: list[str] = []
+    bound = bind_tuned_kernels(space, plan=plan, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert notes == ["knob moe_config: not tuned: no trial of this study can pick 'tuned' "
+                     "(--trials 2, filled by the baseline + 1; none sets moe_config=tuned)"]
+    assert calls == [] and bound.tuned_dirs == {} and "moe" in bound.tuned_missing
+    tuned = {**bound.baseline_params(), "moe_config": "tuned"}
+    assert "no trial of this study can pick it" in bound.violations(tuned)[0]
+    # a fixed config with 'tuned', or a sampler with trials to pick, needs the kernels
+    for other in (TrialPlan(sampled=0, fixed=({"moe_config": "tuned"},)),
+                  TrialPlan(sampled=1, fixed=fixed), None):
+        calls.clear()
+        assert bind_tuned_kernels(space, plan=other, note=notes.append,
+                                  **kw).tuned_dirs  # type: ignore[arg-type]
+
+
+_MOE_SPACE = """
+name: moe-plan
+knobs:
+  max_num_seqs: {type: categorical, choices: [8, 16, 32], flag: --max-num-seqs, default: 16}
+  moe_config: {type: categorical, choices: [default, tuned], env: VLLM_TUNED_CONFIG_FOLDER,
+               omit_when: default, default: default, tuned: moe}
+"""
+
+
+def test_a_study_tunes_kernels_only_when_one_of_its_trials_can_pick_tuned(
+        tmp_path: Path) -> None:
+    """Real study inputs and SQLite storage (new, resumed, warm-started) -> the plan
+    _bind_kernels reads from the queue; an engine said to be CUDA, so the binding goes as
+    far as tuning (no GPU here: it then fails, with the reason)."""
+    import dataclasses
+
+    import optuna
+
+    from autotune.config import TuneSettings
+    from autotune.engine import EngineInfo
+    from autotune.registry import PRIOR_ATTR, WarmStart
+    from autotune.schema import A, State
+    from autotune.study import _bind_kernels, open_study, resolve_inputs
+
+    model = _model(tmp_path, model_type="llama", vocab_size=1000, max_position_embeddings=2048,
+                   num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, hidden_size=32)
+    (tmp_path / "space.yaml").write_text(_MOE_SPACE)
+    cuda = EngineInfo(package="vllm", version="0.26.0", device="cuda")
+    base = TuneSettings(model=model, shape=CASESTUDY, space=tmp_path / "space.yaml", trials=2,
+                        concurrency=32, use_ray=False, quality_probe=False, recheck=0,
+                        storage=f"sqlite:///{tmp_path}/optuna.db", cache_dir=tmp_path / "c",
+                        enqueue=[{"max_num_seqs": 8}])
+
+    def bind(name: str, warm_start: WarmStart | None = None, **kw: object) -> str:
+        settings = base.model_copy(update={"study_name": name, "out": tmp_path / name, **kw})
+        inputs = resolve_inputs(settings)
+        study = open_study(inputs, warm_start=warm_start)
+        notes: list[str] = []
+        _bind_kernels(dataclasses.replace(inputs, engine=cuda), note=notes.append, study=study)
+        return " | ".join(notes)
+
+    # --trials 2 = the baseline + one enqueued config without 'tuned': nothing to tune
+    said = bind("a")
+    assert said == ("knob moe_config: not tuned: no trial of this study can pick 'tuned' "
+                    "(--trials 2, filled by the baseline + 1 enqueued config(s); none sets "
+                    "moe_config=tuned)")
+    # a third trial is the sampler's; or the enqueued config sets 'tuned': tune (for the
+    # study's 32 streams), which on this machine fails with the reason
+    for name, kw in (("b", {"trials": 3}), ("c", {"enqueue": [{"moe_config": "tuned"}]})):
+        said = bind(name, **kw)
+        assert "tuning once per model, GPU, shape and streams (--concurrency 32" in said
+        assert "'tuned' is off: the kernel tuning failed" in said
+    # a warm start (retune) that enqueues a 'tuned' config; its priors alone do not count
+    dists = {"max_num_seqs": optuna.distributions.CategoricalDistribution([8, 16, 32]),
+             "moe_config": optuna.distributions.CategoricalDistribution(["default", "tuned"])}
+    prior = optuna.trial.create_trial(params={"max_num_seqs": 8, "moe_config": "tuned"},
+                                      distributions=dists, value=1.0,
+                                      user_attrs={PRIOR_ATTR: "old", A.STATE: State.OK})
+    assert "not tuned" in bind("d", WarmStart(enqueue=[{"max_num_seqs": 32}],
+                                              prior_trials=[prior]), enqueue=[])
+    assert "tuning once" in bind("e", WarmStart(enqueue=[{"moe_config": "tuned"}],
+                                                prior_trials=[]), enqueue=[])
+    # --resume: a measured 'tuned' config counts when a re-check may run it again
+    study = optuna.load_study(study_name="a", storage=base.storage)
+    study.add_trial(optuna.trial.create_trial(
+        params={"max_num_seqs": 16, "moe_config": "tuned"}, distributions=dists, value=2.0,
+        user_attrs={A.STATE: State.OK}))
+    assert "not tuned" in bind("a", resume=True, enqueue=[])
+    said = bind("a", resume=True, enqueue=[], recheck=3)
+    assert "tuning once" in said and "not tuned" not in said

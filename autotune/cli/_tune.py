@@ -118,7 +118,9 @@ OPTIONS: tuple[Option, ...] = (
            help="wall time for tuning kernels before trial 0 when the space has a knob "
                 "with 'tuned' (moe_config; once per model, GPU, shape and streams, cached "
                 "under --cache-dir; at most a quarter of --timeout; token counts that do not "
-                "fit are skipped: vLLM's default config there; docs/kernels.md)"),
+                "fit are skipped: vLLM's default config there). Not tuned at all when no "
+                "trial can pick 'tuned' (--trials filled by the baseline and --enqueue "
+                "configs without it); docs/kernels.md"),
     Option("--kernel-trials", "kernel_trials", "search", metavar="N",
            help="kernel configs timed per token count in that tuning"),
     Option("--pruner", "pruner", "search",

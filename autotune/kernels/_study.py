@@ -7,16 +7,17 @@ makes (or finds in ``--cache-dir``) that folder once, for every token count the 
 produce (its MTP depths and ``--max-num-batched-tokens`` choices) at the streams the study
 replays (the shape's, or ``--concurrency``), and binds it to the space. When it cannot
 (the CPU build has no fused-MoE Triton kernel; a dense model has no experts; the tuning
-failed or the budget fitted no token count) the value ``tuned`` becomes a rule violation
-with that reason: samples with it are rejected before any server starts, the other knobs
-search on.
+failed or the budget fitted no token count) or need not (no trial of the study can pick
+``tuned``: see :class:`TrialPlan`) the value ``tuned`` becomes a rule violation with that
+reason: samples with it are rejected before any server starts, the other knobs search on.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from autotune.kernels._sizes import streams_of
 from autotune.kernels._tune import MoeTuneResult, Progress
 from autotune.space import SearchSpace
 
-__all__ = ["bind_tuned_kernels", "space_batched_tokens", "space_mtp_depths"]
+__all__ = ["TrialPlan", "bind_tuned_kernels", "space_batched_tokens", "space_mtp_depths"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +68,28 @@ def space_batched_tokens(space: SearchSpace) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
+@dataclass(frozen=True)
+class TrialPlan:
+    """The trials a study can still run, to tell whether a knob's ``tuned`` can be picked.
+
+    ``sampled``: trials the sampler chooses (None: not known, any number); ``fixed``: the
+    configs the study runs as they are (the baseline, ``--enqueue`` and warm-start configs,
+    a resumed study's queued trials and those its re-check may run again); ``summary``
+    says where they come from, for the one-line note."""
+
+    sampled: int | None = None
+    fixed: tuple[Mapping[str, Any], ...] = ()
+    summary: str = ""
+
+    def can_pick(self, knobs: Sequence[str], value: str = "tuned") -> bool:
+        """Whether some trial may set one of ``knobs`` to ``value``."""
+        return self.sampled != 0 or any(cfg.get(k) == value for cfg in self.fixed for k in knobs)
+
+
 def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
                        shape_fingerprint: str, cache_dir: Path, engine: Any, gpu_name: str,
                        concurrency: int | None = None, budget_s: float | None = None,
-                       trials: int = 48,
+                       trials: int = 48, plan: TrialPlan | None = None,
                        note: Callable[[str], None] | None = None,
                        on_progress: Callable[[Progress], None] | None = None,
                        timers: Sequence[KernelTimer] | None = None,
@@ -79,9 +98,10 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
     """``space`` with its ``tuned`` kernel folders bound (or their absence explained).
 
     ``concurrency``: the study's ``--concurrency`` (the streams the token counts come
-    from; None: the shape's own); ``timers`` (one per GPU) default to worker processes on
-    every visible GPU; ``on_tuned`` receives the tuning's result (its seconds and GPUs: the
-    study's account); ``clock``: the budget's clock (tests simulate it)."""
+    from; None: the shape's own); ``plan``: the trials the study can run (None: any, so
+    tune); ``timers`` (one per GPU) default to worker processes on every visible GPU;
+    ``on_tuned`` receives the tuning's result (its seconds and GPUs: the study's account);
+    ``clock``: the budget's clock (tests simulate it)."""
     kinds = space.tuned_kinds()
     if "moe" not in kinds:
         return space
@@ -97,6 +117,10 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
                    "runs on the CPU's own path")
     if not space.facts.moe:
         return off(f"{model} has no routed experts")
+    if plan is not None and not plan.can_pick(kinds["moe"]):
+        why = f"{plan.summary}; none sets {knobs}=tuned"
+        return off(f"no trial of this study can pick it ({why})",
+                   f"knob {knobs}: not tuned: no trial of this study can pick 'tuned' ({why})")
     from autotune.traffic import load_shape
 
     try:
