@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
     from optuna.storages import BaseStorage
 
+    from autotune.kernels._study import TrialPlan
     from autotune.measure import Slo
     from autotune.parallel import Executor
     from autotune.quality import ProbeOutputs, ProbeSet, QualityThresholds
@@ -1072,10 +1073,44 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     return probe, reference
 
 
+def _trial_plan(study: optuna.Study, settings: TuneSettings) -> TrialPlan:
+    """The trials this run of the study can start: the sampler's (``--trials`` less the
+    finished and the queued ones), the queued configs (the baseline, ``--enqueue``, a warm
+    start's, a resumed study's retries), the running ones (a stale one runs again) and,
+    when a re-check follows, the measured configs it may run again."""
+    from optuna.trial import TrialState
+
+    from autotune.kernels._study import TrialPlan
+
+    trials = study.get_trials(deepcopy=False)
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    done = n_finished(study)
+    fixed = [dict(t.system_attrs.get("fixed_params") or t.params) for t in waiting]
+    fixed += [dict(t.params) for t in trials if t.state == TrialState.RUNNING]
+    if settings.recheck:
+        fixed += [dict(ts[0].params) for ts in readings(study).values()]
+    labels: dict[str, int] = {}
+    for t in waiting:
+        label = ("re-check" if t.user_attrs.get(A.RECHECK_OF) is not None
+                 else "baseline" if t.user_attrs.get(A.BASELINE)
+                 else "retried config" if t.user_attrs.get(A.RETRY_OF) is not None
+                 else "enqueued config")
+        labels[label] = labels.get(label, 0) + 1
+    items = [f"{done} finished"] if done else []
+    items += ["the baseline" if label == "baseline" and n == 1 else f"{n} {label}(s)"
+              for label, n in labels.items()]
+    return TrialPlan(sampled=max(0, settings.trials - done - len(waiting)), fixed=tuple(fixed),
+                     summary=f"--trials {settings.trials}, filled by "
+                             f"{' + '.join(items) or 'nothing'}")
+
+
 def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None],
+                  study: optuna.Study | None = None,
                   on_tuned: Callable[[Any], None] | None = None) -> SearchSpace:
-    """Tune (or find cached) the kernels the space's ``tuned`` knobs point at. Their time
-    counts toward ``--timeout``: at most a quarter of it goes to kernels."""
+    """Tune (or find cached) the kernels the space's ``tuned`` knobs point at, for the
+    streams the trials replay (``--concurrency`` or the shape's). Their time counts toward
+    ``--timeout``: at most a quarter of it goes to kernels. With the ``study`` opened, not
+    when no trial it can run picks ``tuned`` (:func:`_trial_plan`)."""
     from autotune.kernels._study import bind_tuned_kernels
 
     settings = inputs.settings
@@ -1085,8 +1120,10 @@ def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None],
     space = bind_tuned_kernels(
         inputs.space, model=inputs.model, shape_path=settings.shape,
         shape_fingerprint=inputs.shape.fingerprint, cache_dir=inputs.cache_dir,
-        engine=inputs.engine, gpu_name=inputs.gpu_type, budget_s=budget,
-        trials=settings.kernel_trials, note=note, on_tuned=on_tuned)
+        engine=inputs.engine, gpu_name=inputs.gpu_type, concurrency=settings.concurrency,
+        budget_s=budget, trials=settings.kernel_trials,
+        plan=_trial_plan(study, settings) if study is not None else None, note=note,
+        on_tuned=on_tuned)
     for kind, folder in space.tuned_dirs.items():  # the study's results carry what it served
         shutil.copytree(folder, inputs.out_dir / "kernels" / kind, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("logs", ".*"))
@@ -1185,7 +1222,7 @@ def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
     settings = inputs.settings
     if inputs.space.tuned_kinds():
         loop.space = _bind_kernels(
-            inputs, note=lambda m: subs.on_note(loop.event("note", message=m)),
+            inputs, note=lambda m: subs.on_note(loop.event("note", message=m)), study=loop.study,
             on_tuned=lambda r: loop.gpu_time.add_kernels(r.seconds, r.gpus))
     if inputs.lossy_in_space and (settings.quality_probe or inputs.thresholds is not None):
         probe, reference = _quality_reference(

@@ -277,17 +277,17 @@ def test_the_cli_without_cuda_exits_2_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "CUDA GPU" in lines[0], proc.stderr
 
 
-def test_cache_folders_separate_gpus_shapes_and_versions(tmp_path: Path) -> None:
+def test_cache_folders_separate_gpus_shapes_streams_and_versions(tmp_path: Path) -> None:
     a = tuned_moe_folder(tmp_path, moe=NANO, gpu_name="NVIDIA H200", shape_fingerprint="f" * 16,
-                         vllm_version="0.26.0")
+                         vllm_version="0.26.0", streams=256)
     assert a.parent == tmp_path / "kernels" / "moe" / "NVIDIA_H200"
-    assert a.name.startswith("E128-N1856-ffffffffffffffff-")
+    assert a.name.startswith("E128-N1856-ffffffffffffffff-s256-")
     assert a == tuned_moe_folder(tmp_path, moe=NANO, gpu_name="NVIDIA H200",
-                                 shape_fingerprint="f" * 16, vllm_version="0.26.0")
+                                 shape_fingerprint="f" * 16, vllm_version="0.26.0", streams=256)
     for other in ({"gpu_name": "NVIDIA H100"}, {"shape_fingerprint": "e" * 16},
-                  {"vllm_version": "0.27.0"}):
+                  {"vllm_version": "0.27.0"}, {"streams": 32}):
         kw = {"gpu_name": "NVIDIA H200", "shape_fingerprint": "f" * 16,
-              "vllm_version": "0.26.0", **other}
+              "vllm_version": "0.26.0", "streams": 256, **other}
         assert tuned_moe_folder(tmp_path, moe=NANO, **kw) != a  # type: ignore[arg-type]
 
 
@@ -575,3 +575,289 @@ def test_the_gpu_time_account_shows_kernel_tuning() -> None:
     acct.close(300.0)
     assert acct.per["gpu0"]["kernels_s"] == 120.0 and acct.per["gpu0"]["idle_s"] == 180.0
     assert set(acct.per) == {"gpu0", "gpu1"}
+
+
+# -- the study's streams reach the token counts and the cache key ----------------------------
+
+def _bind_kw(tmp_path: Path, timer: object) -> dict[str, object]:
+    from autotune.engine import EngineInfo
+
+    return {"model": STAND_IN, "shape_path": CASESTUDY,
+            "shape_fingerprint": load_shape(CASESTUDY).fingerprint,
+            "cache_dir": tmp_path / "cache", "gpu_name": "NVIDIA H200", "trials": 4,
+            "engine": EngineInfo(package="vllm", version="0.26.0", device="cuda"),
+            "timers": [timer]}
+
+
+def test_the_studys_concurrency_reaches_the_token_counts_and_the_cache_key(
+        tmp_path: Path) -> None:
+    from autotune.kernels._study import bind_tuned_kernels
+    from autotune.space import ModelFacts
+
+    space = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
+    calls: list[int] = []
+
+    def counting(config: dict[str, int], m: int, *, iters: int) -> float:
+        calls.append(m)
+        return fake_timer(config, m, iters=iters)
+
+    def keys(bound: object) -> set[int]:
+        folder = Path(bound.tuned_dirs["moe"])  # type: ignore[attr-defined]
+        name = "E=128,N=1856,device_name=NVIDIA_H200.json"
+        return {int(k) for k in json.loads((folder / name).read_text())}
+
+    kw = _bind_kw(tmp_path, counting)
+    notes: list[str] = []
+    c32 = bind_tuned_kernels(space, concurrency=32, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert "--concurrency 32" in notes[0]
+    # 32 streams x (1 + MTP 0..3): decode steps of 32..128 tokens, not the shape's 256..1024
+    assert {32, 64, 96, 128} <= keys(c32) and not {256, 512, 768, 1024} & keys(c32)
+    own = bind_tuned_kernels(space, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert {256, 512, 768, 1024} <= keys(own) and not {64, 96, 128} & keys(own)
+    f32, f256 = Path(c32.tuned_dirs["moe"]), Path(own.tuned_dirs["moe"])
+    assert f32 != f256 and "-s32-" in f32.name and "-s256-" in f256.name
+    # --concurrency 256 is the shape's own: the same folder, nothing timed again
+    calls.clear()
+    same = bind_tuned_kernels(space, concurrency=256, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert same.tuned_dirs == own.tuned_dirs and calls == []
+
+
+# -- the kernel budget holds (simulated GPUs and clock) ---------------------------------------
+
+class SimClock:
+    """Simulated seconds, one timeline per thread (each GPU's worker thread runs its own);
+    the main thread reads the slowest one: the tuning's wall time."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.main = threading.get_ident()
+        self.base = 0.0
+        self.times: dict[int, float] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        import threading
+
+        me = threading.get_ident()
+        with self.lock:
+            if me == self.main:
+                return max([self.base, *self.times.values()])
+            return self.times.setdefault(me, self.base)
+
+    def advance(self, seconds: float) -> None:
+        import threading
+
+        me = threading.get_ident()
+        with self.lock:
+            if me == self.main:
+                self.base += seconds
+            else:
+                self.times[me] = self.times.get(me, self.base) + seconds
+
+
+class SimGpu:
+    """A timer on a simulated H200: fake_timer's landscape scaled to the H200's times (about
+    0.5 ms per call at M=256, 2-6 ms at 16384), a Triton compile per config new to the GPU,
+    and the worker's replays (``replay_seconds``) on the clock. ``recheck_extra_s``: set-up
+    a re-check costs beyond any estimate."""
+
+    def __init__(self, clock: SimClock, *, compile_s: float = 1.0, setup_s: float = 0.05,
+                 recheck_extra_s: float = 0.0) -> None:
+        self.clock = clock
+        self.compile_s, self.setup_s, self.recheck_extra_s = compile_s, setup_s, recheck_extra_s
+        self.compiled: set[tuple[int, str]] = set()
+
+    def __call__(self, config: dict[str, int], m: int, *, iters: int) -> float:
+        from autotune.kernels import replay_seconds
+
+        key = (m, repr(sorted(config.items())))
+        setup = self.setup_s if key in self.compiled else self.compile_s
+        self.compiled.add(key)
+        if iters == SearchSettings().recheck_iters:
+            setup += self.recheck_extra_s
+        try:
+            us = fake_timer(config, m, iters=iters) * 30 * (1 + m / 4096)
+        except KernelFailure:
+            self.clock.advance(setup)
+            raise
+        self.clock.advance(setup + replay_seconds(us, iters))
+        return us
+
+
+def test_a_token_count_fits_its_search_and_recheck_into_its_deadline() -> None:
+    clock = SimClock()
+    res = search_size(16384, NANO, SimGpu(clock), settings=SearchSettings(trials=48),
+                      deadline=40.0, clock=clock)
+    # before: the search stopped at the deadline, then re-checked 4 configs at 100 replays
+    # of a 2-6 ms kernel (about 20 s more); now the re-check is reserved within it
+    assert clock() <= 40.0 * 1.05
+    assert 4 < res.timed < 48 and res.default_us is not None and res.best_us is not None
+    rechecked = [c.config for c in res.candidates if c.phase == "recheck"]
+    fastest = min((c for c in res.candidates if c.phase == "search" and c.us), key=lambda c: c.us
+                  or 0.0)
+    assert rechecked[0] == res.default and fastest.config in rechecked and len(rechecked) >= 3
+    # a re-check slower than any estimate: past the first leader, leaders are left out
+    clock = SimClock()
+    slow = search_size(16384, NANO, SimGpu(clock, recheck_extra_s=6.0),
+                       settings=SearchSettings(trials=48), deadline=40.0, clock=clock)
+    rechecked = [c for c in slow.candidates if c.phase == "recheck"]
+    assert len(rechecked) == 2 and rechecked[0].config == slow.default
+    assert clock() <= 40.0 + 2 * 6.0  # the estimate missed 6 s per re-check: two are over
+
+
+def _h200_case(tmp_path: Path, **kw: object) -> MoeTuneSettings:
+    """The H200 study's tuning: 256 streams, MTP 0-3, chunks 2048-16384: 10 token counts."""
+    return MoeTuneSettings(model=STAND_IN, shape=CASESTUDY, out=tmp_path / "o",
+                           mtp_depths=(0, 1, 2, 3), max_batched_tokens=(2048, 4096, 8192, 16384),
+                           **kw)  # type: ignore[arg-type]
+
+
+def test_the_kernel_budget_holds_over_token_counts_and_gpus(tmp_path: Path) -> None:
+    clock = SimClock()
+    settings = _h200_case(tmp_path, budget_s=45.0, trials=48)
+    res = tune_moe(settings, timers=[SimGpu(clock), SimGpu(clock)], gpu_name="NVIDIA H200",
+                   clock=clock)
+    assert res.seconds <= 45.0 * 1.05  # before: 212 s of a 120 s budget on the H200
+    done, skipped = {r.m for r in res.results}, set(res.skipped)
+    assert len(done) + len(skipped) == 10 and skipped and not done & skipped
+    assert {256, 512, 768, 1024} <= done  # decode steps first, prefill chunks last
+    assert all("budget had" in why and "needs about" in why for why in res.skipped.values())
+    # a skipped count's key holds vLLM's default config; the results say why
+    shape = moe_shape_from_model(STAND_IN)
+    data = json.loads(res.path.read_text())
+    for m in skipped:
+        assert data[str(m)] == default_config(m, shape)
+    meta = json.loads(res.results_path.read_text())
+    assert set(meta["skipped"]) == {str(m) for m in skipped}
+    assert all(s["best"] is None for s in meta["sizes"] if s.get("skipped"))
+
+
+def test_skipped_token_counts_are_tuned_by_the_next_run(tmp_path: Path) -> None:
+    clock = SimClock()
+    first = tune_moe(_h200_case(tmp_path, budget_s=25.0, trials=48), timers=[SimGpu(clock)],
+                     gpu_name="NVIDIA H200", clock=clock)
+    assert first.skipped and first.results and first.seconds <= 25.0 * 1.05
+    # same search settings (reuse needs them), no budget
+    again = tune_moe(_h200_case(tmp_path, trials=48), timers=[fake_timer],
+                     gpu_name="NVIDIA H200")
+    assert again.reused == sorted(r.m for r in first.results)
+    assert sorted(r.m for r in again.results) == sorted(first.skipped) and not again.skipped
+
+
+def test_a_study_note_says_which_counts_the_budget_skipped(tmp_path: Path) -> None:
+    from autotune.kernels._study import bind_tuned_kernels
+    from autotune.space import ModelFacts
+
+    space = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
+    clock = SimClock()
+    notes: list[str] = []
+    kw = {**_bind_kw(tmp_path, SimGpu(clock)), "trials": 48}
+    bound = bind_tuned_kernels(space, budget_s=30.0, clock=clock, note=notes.append,
+                               **kw)  # type: ignore[arg-type]
+    assert "within 30 s" in notes[0] and bound.tuned_dirs
+    assert "fused-MoE kernels ready" in notes[-1] and "skipped for the budget (M=" in notes[-1]
+    assert "vLLM's default config there" in notes[-1] and clock() <= 30.0 * 1.05
+
+
+# -- kernels no trial can use are not tuned ---------------------------------------------------
+
+def test_kernels_no_trial_can_pick_are_not_tuned(tmp_path: Path) -> None:
+    from autotune.kernels._study import TrialPlan, bind_tuned_kernels
+    from autotune.space import ModelFacts
+
+    space = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
+    calls: list[int] = []
+
+    def counting(config: dict[str, int], m: int, *, iters: int) -> float:
+        calls.append(m)
+        return fake_timer(config, m, iters=iters)
+
+    kw = _bind_kw(tmp_path, counting)
+    fixed = ({"moe_config": "default", "mtp_depth": 0}, {"mtp_depth": 1})
+    plan = TrialPlan(sampled=0, fixed=fixed, summary="--trials 2, filled by the baseline + 1")
+    notes: list[str] = []
+    bound = bind_tuned_kernels(space, plan=plan, note=notes.append, **kw)  # type: ignore[arg-type]
+    assert notes == ["knob moe_config: not tuned: no trial of this study can pick 'tuned' "
+                     "(--trials 2, filled by the baseline + 1; none sets moe_config=tuned)"]
+    assert calls == [] and bound.tuned_dirs == {} and "moe" in bound.tuned_missing
+    tuned = {**bound.baseline_params(), "moe_config": "tuned"}
+    assert "no trial of this study can pick it" in bound.violations(tuned)[0]
+    # a fixed config with 'tuned', or a sampler with trials to pick, needs the kernels
+    for other in (TrialPlan(sampled=0, fixed=({"moe_config": "tuned"},)),
+                  TrialPlan(sampled=1, fixed=fixed), None):
+        calls.clear()
+        assert bind_tuned_kernels(space, plan=other, note=notes.append,
+                                  **kw).tuned_dirs  # type: ignore[arg-type]
+
+
+_MOE_SPACE = """
+name: moe-plan
+knobs:
+  max_num_seqs: {type: categorical, choices: [8, 16, 32], flag: --max-num-seqs, default: 16}
+  moe_config: {type: categorical, choices: [default, tuned], env: VLLM_TUNED_CONFIG_FOLDER,
+               omit_when: default, default: default, tuned: moe}
+"""
+
+
+def test_a_study_tunes_kernels_only_when_one_of_its_trials_can_pick_tuned(
+        tmp_path: Path) -> None:
+    """Real study inputs and SQLite storage (new, resumed, warm-started) -> the plan
+    _bind_kernels reads from the queue; an engine said to be CUDA, so the binding goes as
+    far as tuning (no GPU here: it then fails, with the reason)."""
+    import dataclasses
+
+    import optuna
+
+    from autotune.config import TuneSettings
+    from autotune.engine import EngineInfo
+    from autotune.registry import PRIOR_ATTR, WarmStart
+    from autotune.schema import A, State
+    from autotune.study import _bind_kernels, open_study, resolve_inputs
+
+    model = _model(tmp_path, model_type="llama", vocab_size=1000, max_position_embeddings=2048,
+                   num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, hidden_size=32)
+    (tmp_path / "space.yaml").write_text(_MOE_SPACE)
+    cuda = EngineInfo(package="vllm", version="0.26.0", device="cuda")
+    base = TuneSettings(model=model, shape=CASESTUDY, space=tmp_path / "space.yaml", trials=2,
+                        concurrency=32, use_ray=False, quality_probe=False, recheck=0,
+                        storage=f"sqlite:///{tmp_path}/optuna.db", cache_dir=tmp_path / "c",
+                        enqueue=[{"max_num_seqs": 8}])
+
+    def bind(name: str, warm_start: WarmStart | None = None, **kw: object) -> str:
+        settings = base.model_copy(update={"study_name": name, "out": tmp_path / name, **kw})
+        inputs = resolve_inputs(settings)
+        study = open_study(inputs, warm_start=warm_start)
+        notes: list[str] = []
+        _bind_kernels(dataclasses.replace(inputs, engine=cuda), note=notes.append, study=study)
+        return " | ".join(notes)
+
+    # --trials 2 = the baseline + one enqueued config without 'tuned': nothing to tune
+    said = bind("a")
+    assert said == ("knob moe_config: not tuned: no trial of this study can pick 'tuned' "
+                    "(--trials 2, filled by the baseline + 1 enqueued config(s); none sets "
+                    "moe_config=tuned)")
+    # a third trial is the sampler's; or the enqueued config sets 'tuned': tune (for the
+    # study's 32 streams), which on this machine fails with the reason
+    for name, kw in (("b", {"trials": 3}), ("c", {"enqueue": [{"moe_config": "tuned"}]})):
+        said = bind(name, **kw)
+        assert "tuning once per model, GPU, shape and streams (--concurrency 32" in said
+        assert "'tuned' is off: the kernel tuning failed" in said
+    # a warm start (retune) that enqueues a 'tuned' config; its priors alone do not count
+    dists = {"max_num_seqs": optuna.distributions.CategoricalDistribution([8, 16, 32]),
+             "moe_config": optuna.distributions.CategoricalDistribution(["default", "tuned"])}
+    prior = optuna.trial.create_trial(params={"max_num_seqs": 8, "moe_config": "tuned"},
+                                      distributions=dists, value=1.0,
+                                      user_attrs={PRIOR_ATTR: "old", A.STATE: State.OK})
+    assert "not tuned" in bind("d", WarmStart(enqueue=[{"max_num_seqs": 32}],
+                                              prior_trials=[prior]), enqueue=[])
+    assert "tuning once" in bind("e", WarmStart(enqueue=[{"moe_config": "tuned"}],
+                                                prior_trials=[]), enqueue=[])
+    # --resume: a measured 'tuned' config counts when a re-check may run it again
+    study = optuna.load_study(study_name="a", storage=base.storage)
+    study.add_trial(optuna.trial.create_trial(
+        params={"max_num_seqs": 16, "moe_config": "tuned"}, distributions=dists, value=2.0,
+        user_attrs={A.STATE: State.OK}))
+    assert "not tuned" in bind("a", resume=True, enqueue=[])
+    said = bind("a", resume=True, enqueue=[], recheck=3)
+    assert "tuning once" in said and "not tuned" not in said

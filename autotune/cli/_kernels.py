@@ -41,16 +41,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      "per stream); default 0")
     moe.add_argument("--max-batched-tokens", type=_ints, default=(8192,), metavar="N[,N...]",
                      help="the server's --max-num-batched-tokens (prefill chunk); default 8192")
-    moe.add_argument("--concurrency", type=int, default=None,
-                     help="streams (default: the shape's closed-loop concurrency, or its "
-                     "open-loop estimate)")
+    moe.add_argument("--concurrency", type=int, default=None, metavar="N",
+                     help="concurrent streams the server will run, as 'autotune tune "
+                     "--concurrency N' replays (decode steps carry N x (1 + D) tokens); "
+                     "default: the shape's closed-loop concurrency, or its open-loop "
+                     "estimate")
     moe.add_argument("--sizes", type=_ints, default=(), metavar="M[,M...]",
                      help="more token counts to tune besides the shape's")
     moe.add_argument("--trials", type=int, default=48,
                      help="configs timed per token count before the re-check (default 48 "
                      "of vLLM's 1,920-point grid)")
     moe.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                     help="device time for the whole tuning (split over the token counts)")
+                     help="wall time for the whole tuning, the GPU workers' start included: "
+                     "decode token counts go first, each gets its share of what is left, and "
+                     "a count that no longer fits is skipped (its key gets vLLM's default "
+                     "config; a later run into OUT tunes it)")
     moe.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the server")
     moe.add_argument("--seed", type=int, default=0)
     moe.add_argument("--fresh", action="store_true",
@@ -91,7 +96,15 @@ def _moe(args: argparse.Namespace) -> int:
     result = tune_moe(settings, on_progress=show)
     if result.reused:
         print(f"kept from an earlier run: M={','.join(map(str, result.reused))}")
-    print(f"wrote {result.path} ({len(result.sizes)} token counts, {result.seconds:.0f} s); "
-          f"all candidates: {result.csv_path}")
+    for m, why in result.skipped.items():
+        print(f"skipped M={m}: {why} (vLLM's default config at this key; run again with a "
+              "larger --budget to tune it)")
+    if result.skipped and not result.results and not result.reused:
+        print(f"autotune: no token count fit --budget {args.budget:g} s; nothing written: "
+              "give it more time", file=sys.stderr)
+        return 1
+    print(f"wrote {result.path} ({len(result.results)} token count(s) tuned"
+          f"{f', {len(result.skipped)} skipped' if result.skipped else ''}, "
+          f"{result.seconds:.0f} s); all candidates: {result.csv_path}")
     print(f"serve with: VLLM_TUNED_CONFIG_FOLDER={result.path.parent.resolve()} vllm serve ...")
     return 0

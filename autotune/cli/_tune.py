@@ -115,9 +115,12 @@ OPTIONS: tuple[Option, ...] = (
                 "what is left would not fit the re-check at the mean trial time so far; "
                 "running trials finish, then the verdict"),
     Option("--kernel-budget", "kernel_budget_s", "search", metavar="SECONDS",
-           help="device time for tuning kernels before trial 0 when the space has a knob "
-                "with 'tuned' (moe_config; once per model, GPU and shape, cached under "
-                "--cache-dir; docs/kernels.md)"),
+           help="wall time for tuning kernels before trial 0 when the space has a knob "
+                "with 'tuned' (moe_config; once per model, GPU, shape and streams, cached "
+                "under --cache-dir; at most a quarter of --timeout; token counts that do not "
+                "fit are skipped: vLLM's default config there). Not tuned at all when no "
+                "trial can pick 'tuned' (--trials filled by the baseline and --enqueue "
+                "configs without it); docs/kernels.md"),
     Option("--kernel-trials", "kernel_trials", "search", metavar="N",
            help="kernel configs timed per token count in that tuning"),
     Option("--pruner", "pruner", "search",
@@ -168,7 +171,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--num-requests", "num_requests", "measure",
            help="requests per replay (default: the shape's load.requests)"),
     Option("--concurrency", "concurrency", "measure",
-           help="closed-loop streams (default: the shape's load.concurrency)"),
+           help="closed-loop streams (default: the shape's load.concurrency); also the "
+                "streams a 'tuned' kernel knob's token counts come from"),
     Option("--api", "api", "measure", help="OpenAI endpoint the load generator uses"),
     Option("--start-timeout", "start_timeout_s", "measure",
            help="seconds a server may take to answer /health"),

@@ -20,6 +20,8 @@ from autotune.kernels._search import (
     KernelTimer,
     SearchSettings,
     SizeResult,
+    TimingCosts,
+    replay_seconds,
     search_size,
 )
 from autotune.kernels._sizes import TokenCount, cudagraph_size, streams_of, token_counts
@@ -53,6 +55,7 @@ __all__ = [
     "Progress",
     "SearchSettings",
     "SizeResult",
+    "TimingCosts",
     "TokenCount",
     "canonical",
     "check_cuda",
@@ -64,6 +67,7 @@ __all__ = [
     "grid",
     "moe_shape_from_model",
     "prune_reason",
+    "replay_seconds",
     "search_size",
     "smem_bytes",
     "streams_of",

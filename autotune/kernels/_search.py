@@ -11,12 +11,21 @@ point), then TPE samples the grid; configs the rules of :mod:`._space` prune cos
 timing, and a config equivalent to one already timed reuses its time. Before the verdict
 the leaders and the default are timed again with more iterations, in one interleaved
 round, so the winner is not a lucky reading.
+
+With a ``deadline`` (the share of a kernel budget a token count gets) the search stops
+when the next timing and the re-check would not fit before it, and the re-check drops
+leaders that would not fit (vLLM's default and the first leader are always re-checked).
+What a timing costs is estimated by :class:`TimingCosts` from the timings so far: its
+set-up (a Triton compile for a new config) plus its replays, which the microseconds read
+give (:func:`replay_seconds`): a re-check at a large M costs seconds per config.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,9 +41,10 @@ from autotune.kernels._space import (
     default_config,
     prune_reason,
 )
+from autotune.kernels._worker import GRAPH_CALLS, WARMUP_REPLAYS
 
 __all__ = ["Candidate", "KernelFailure", "KernelTimer", "SearchSettings", "SizeResult",
-           "search_size"]
+           "TimingCosts", "replay_seconds", "search_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +89,7 @@ class Candidate:
     us: float | None = None
     reason: str | None = None  # why it has no time: a failure or a pruning rule
     message: str = ""
+    seconds: float | None = None  # wall time of the timing (set-up and replays)
 
     def row(self) -> dict[str, Any]:
         return {"m": self.m, "phase": self.phase, **self.config,
@@ -114,16 +125,85 @@ class SizeResult:
                 "pruned": self.pruned, "seconds": round(self.seconds, 1)}
 
 
-def _time(timer: KernelTimer, config: KernelConfig, m: int, iters: int,
-          phase: str) -> Candidate:
+def replay_seconds(us: float, iters: int) -> float:
+    """Seconds one timing of ``iters`` replays runs the kernel at ``us`` per call: the
+    worker calls it once (the compile run), then replays its CUDA graph of
+    ``GRAPH_CALLS`` calls ``WARMUP_REPLAYS + iters`` times. Set-up is not included."""
+    return ((iters + WARMUP_REPLAYS) * GRAPH_CALLS + 1) * us * 1e-6
+
+
+class TimingCosts:
+    """What timings have cost so far, over every token count and GPU (thread-safe): the
+    estimates a budget needs before it starts a timing, a re-check or a token count.
+
+    A timing's wall time is its set-up (Triton's compile of a config new to the worker,
+    tensors, the graph capture), measured as what is left after its replays, plus its
+    replays (:func:`replay_seconds` of the microseconds it read)."""
+
+    def __init__(self, settings: SearchSettings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._setup: dict[str, list[float]] = {"search": [], "recheck": []}
+        self._us: dict[int, float] = {}  # m -> vLLM's default's reading (else the first)
+
+    def add(self, c: Candidate) -> None:
+        """Account one finished timing (pruned configs and repeats cost nothing)."""
+        if c.seconds is None:
+            return
+        recheck = c.phase == "recheck"
+        iters = self.settings.recheck_iters if recheck else self.settings.search_iters
+        replay = replay_seconds(c.us, iters) if c.us is not None else 0.0
+        with self._lock:
+            self._setup["recheck" if recheck else "search"].append(max(0.0, c.seconds - replay))
+            if c.us is not None and (c.phase == "default" or c.m not in self._us):
+                self._us[c.m] = c.us
+
+    def us_at(self, m: int) -> float | None:
+        """An upper bound of the kernel's microseconds per call at ``m`` tokens from the
+        nearest count read: a smaller count's time scaled by the token ratio (the kernel's
+        time grows at most linearly in M), else the smallest larger count's."""
+        with self._lock:
+            if not self._us:
+                return None
+            if m in self._us:
+                return self._us[m]
+            below = [k for k in self._us if k < m]
+            if below:
+                k = max(below)
+                return self._us[k] * m / k
+            return self._us[min(self._us)]
+
+    def _mean_setup(self, kind: str) -> float | None:
+        with self._lock:
+            return statistics.fmean(self._setup[kind]) if self._setup[kind] else None
+
+    def recheck_s(self, us: float) -> float:
+        """Seconds one re-check timing at ``us`` per call costs (its set-up as measured,
+        none before the first re-check: the config is compiled by then)."""
+        return (self._mean_setup("recheck") or 0.0) + replay_seconds(
+            us, self.settings.recheck_iters)
+
+    def floor_s(self, m: int) -> float | None:
+        """The least a token count of ``m`` costs: vLLM's default and one more config
+        timed, both re-checked. None before any timing."""
+        us, setup = self.us_at(m), self._mean_setup("search")
+        if us is None or setup is None:
+            return None
+        return 2 * (setup + replay_seconds(us, self.settings.search_iters)) + 2 * self.recheck_s(us)
+
+
+def _time(timer: KernelTimer, config: KernelConfig, m: int, iters: int, phase: str,
+          clock: Callable[[], float] = time.monotonic) -> Candidate:
+    t0 = clock()
     try:
         us = float(timer(config, m, iters=iters))
     except KernelFailure as exc:
-        return Candidate(m, dict(config), phase, reason=exc.reason, message=exc.message)
+        return Candidate(m, dict(config), phase, reason=exc.reason, message=exc.message,
+                         seconds=clock() - t0)
     if not math.isfinite(us) or us <= 0:
         return Candidate(m, dict(config), phase, reason="error",
-                         message=f"the timer returned {us!r} us")
-    return Candidate(m, dict(config), phase, us=us)
+                         message=f"the timer returned {us!r} us", seconds=clock() - t0)
+    return Candidate(m, dict(config), phase, us=us, seconds=clock() - t0)
 
 
 def _sampler(seed: int) -> Any:
@@ -133,39 +213,77 @@ def _sampler(seed: int) -> Any:
                                       constant_liar=False)
 
 
+def _key(config: KernelConfig) -> str:
+    return repr(sorted(config.items()))
+
+
 def _recheck(timer: KernelTimer, m: int, leaders: Sequence[KernelConfig],
-             default: KernelConfig, s: SearchSettings, out: list[Candidate]
-             ) -> dict[str, float]:
-    """Time the leaders and the default again (interleaved); canonical key -> us."""
+             default: KernelConfig, s: SearchSettings, record: Callable[[Candidate], None],
+             *, read: dict[str, float], costs: TimingCosts, deadline: float | None,
+             clock: Callable[[], float]) -> dict[str, float]:
+    """Time the default and the leaders again (interleaved); canonical key -> us. Past
+    the first leader, a leader whose re-check (at its search reading ``read``) would end
+    after the ``deadline`` is left out."""
     times: dict[str, float] = {}
+    timed: set[str] = set()
     for config in [default, *leaders]:
-        key = repr(sorted(config.items()))
-        if key in times:
+        key = _key(config)
+        if key in timed:
             continue
-        c = _time(timer, config, m, s.recheck_iters, "recheck")
-        out.append(c)
+        us = read.get(key)
+        if (deadline is not None and len(timed) >= 2 and us is not None
+                and clock() + costs.recheck_s(us) > deadline):
+            logger.info("m=%d: the deadline leaves %d leader(s) out of the re-check", m,
+                        len(leaders) + 1 - len(timed))
+            break
+        timed.add(key)
+        c = _time(timer, config, m, s.recheck_iters, "recheck", clock)
+        record(c)
         if c.us is not None:
             times[key] = c.us
     return times
 
 
+def _fits(clock: Callable[[], float], deadline: float, costs: TimingCosts, s: SearchSettings,
+          seen: dict[str, Candidate], default_key: str) -> bool:
+    """Whether one more search timing and then the re-check end before the deadline."""
+    spent = [c.seconds for c in seen.values() if c.seconds is not None]
+    next_s = statistics.fmean(spent) if spent else 0.0
+    ok = sorted(c.us for c in seen.values() if c.us is not None)
+    if not ok:
+        return clock() + next_s <= deadline
+    base = seen.get(default_key)
+    us = max([*ok[: s.recheck], *([base.us] if base is not None and base.us else [])])
+    # the default and the leaders after this timing; until a second config has a time,
+    # only what the re-check cannot drop (the default and the first leader): a token count
+    # is started only when that much fits (TimingCosts.floor_s)
+    n = 1 + min(s.recheck, len(ok) + 1) if len(ok) >= 2 else 2
+    return clock() + next_s + n * costs.recheck_s(us) <= deadline
+
+
 def search_size(m: int, shape: MoeShape, timer: KernelTimer, *,
                 settings: SearchSettings | None = None, deadline: float | None = None,
                 warm: Sequence[KernelConfig] = (),
-                on_candidate: Callable[[Candidate], None] | None = None) -> SizeResult:
-    """Search the best config for ``m`` tokens (until ``settings.trials`` configs are
-    timed or the monotonic ``deadline`` passes), then re-check the leaders."""
+                on_candidate: Callable[[Candidate], None] | None = None,
+                costs: TimingCosts | None = None,
+                clock: Callable[[], float] = time.monotonic) -> SizeResult:
+    """Search the best config for ``m`` tokens, then re-check the leaders: until
+    ``settings.trials`` configs are timed or, with a ``deadline`` (a time of ``clock``),
+    until one more timing and the re-check would end after it (vLLM's default is always
+    timed). ``costs``: the timings of other token counts (shared by a tuning's GPUs)."""
     import optuna
     from optuna.trial import TrialState
 
     s = settings or SearchSettings()
-    t0 = time.monotonic()
+    costs = costs or TimingCosts(s)
+    t0 = clock()
     default = canonical(default_config(m, shape), m, shape)
     result = SizeResult(m=m, best=default, best_us=None, default=default, default_us=None)
     seen: dict[str, Candidate] = {}
 
     def record(c: Candidate) -> None:
         result.candidates.append(c)
+        costs.add(c)
         if on_candidate is not None:
             on_candidate(c)
 
@@ -177,7 +295,8 @@ def search_size(m: int, shape: MoeShape, timer: KernelTimer, *,
         study.enqueue_trial(dict(config), skip_if_exists=True)
     asks = 0
     while result.timed < s.trials and asks < s.max_asks:
-        if deadline is not None and time.monotonic() > deadline and result.timed > 0:
+        if (deadline is not None and result.timed > 0
+                and not _fits(clock, deadline, costs, s, seen, _key(default))):
             break
         asks += 1
         trial = study.ask(dists)
@@ -187,10 +306,10 @@ def search_size(m: int, shape: MoeShape, timer: KernelTimer, *,
             result.pruned += 1
             study.tell(trial, state=TrialState.PRUNED)
             continue
-        key = repr(sorted(canonical(config, m, shape).items()))
+        key = _key(canonical(config, m, shape))
         if key not in seen:
             c = _time(timer, canonical(config, m, shape), m, s.search_iters,
-                      "default" if not seen else "search")
+                      "default" if not seen else "search", clock)
             seen[key] = c
             result.timed += 1
             result.failed += c.us is None
@@ -202,17 +321,16 @@ def search_size(m: int, shape: MoeShape, timer: KernelTimer, *,
             study.tell(trial, c.us)
     ranked = sorted((c for c in seen.values() if c.us is not None), key=lambda c: c.us or 0.0)
     leaders = [c.config for c in ranked[: s.recheck]]
-    rechecked: list[Candidate] = []
-    times = _recheck(timer, m, leaders, default, s, rechecked) if ranked else {}
-    for c in rechecked:
-        record(c)
-    result.default_us = times.get(repr(sorted(default.items())))
+    read = {k: c.us for k, c in seen.items() if c.us is not None}
+    times = (_recheck(timer, m, leaders, default, s, record, read=read, costs=costs,
+                      deadline=deadline, clock=clock) if ranked else {})
+    result.default_us = times.get(_key(default))
     if times:
         best_key = min(times, key=lambda k: times[k])
-        result.best = next(c.config for c in rechecked
-                           if repr(sorted(c.config.items())) == best_key)
+        result.best = next(c.config for c in result.candidates
+                           if c.phase == "recheck" and _key(c.config) == best_key)
         result.best_us = times[best_key]
-    result.seconds = time.monotonic() - t0
+    result.seconds = clock() - t0
     logger.info("m=%d: %d timed, %d failed, %d pruned; best %s us (default %s us)", m,
                 result.timed, result.failed, result.pruned, result.best_us, result.default_us)
     return result

@@ -4,26 +4,31 @@ A space knob with ``tuned: moe`` (``moe_config: default|tuned`` in
 ``search_spaces/hybrid-mtp.yaml``) sets ``VLLM_TUNED_CONFIG_FOLDER`` to a folder of
 fused-MoE configs tuned for this model, GPU and traffic shape. :func:`bind_tuned_kernels`
 makes (or finds in ``--cache-dir``) that folder once, for every token count the space can
-produce (its MTP depths and ``--max-num-batched-tokens`` choices), and binds it to the
-space. When it cannot (the CPU build has no fused-MoE Triton kernel; a dense model has no
-experts; the tuning failed) the value ``tuned`` becomes a rule violation with that reason:
-samples with it are rejected before any server starts, the other knobs search on.
+produce (its MTP depths and ``--max-num-batched-tokens`` choices) at the streams the study
+replays (the shape's, or ``--concurrency``), and binds it to the space. When it cannot
+(the CPU build has no fused-MoE Triton kernel; a dense model has no experts; the tuning
+failed or the budget fitted no token count) or need not (no trial of the study can pick
+``tuned``: see :class:`TrialPlan`) the value ``tuned`` becomes a rule violation with that
+reason: samples with it are rejected before any server starts, the other knobs search on.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.kernels._cache import ensure_tuned_moe
 from autotune.kernels._search import KernelTimer
+from autotune.kernels._sizes import streams_of
 from autotune.kernels._tune import MoeTuneResult, Progress
 from autotune.space import SearchSpace
 
-__all__ = ["bind_tuned_kernels", "space_batched_tokens", "space_mtp_depths"]
+__all__ = ["TrialPlan", "bind_tuned_kernels", "space_batched_tokens", "space_mtp_depths"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,34 +68,71 @@ def space_batched_tokens(space: SearchSpace) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
+@dataclass(frozen=True)
+class TrialPlan:
+    """The trials a study can still run, to tell whether a knob's ``tuned`` can be picked.
+
+    ``sampled``: trials the sampler chooses (None: not known, any number); ``fixed``: the
+    configs the study runs as they are (the baseline, ``--enqueue`` and warm-start configs,
+    a resumed study's queued trials and those its re-check may run again); ``summary``
+    says where they come from, for the one-line note."""
+
+    sampled: int | None = None
+    fixed: tuple[Mapping[str, Any], ...] = ()
+    summary: str = ""
+
+    def can_pick(self, knobs: Sequence[str], value: str = "tuned") -> bool:
+        """Whether some trial may set one of ``knobs`` to ``value``."""
+        return self.sampled != 0 or any(cfg.get(k) == value for cfg in self.fixed for k in knobs)
+
+
 def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
                        shape_fingerprint: str, cache_dir: Path, engine: Any, gpu_name: str,
-                       budget_s: float | None = None, trials: int = 48,
+                       concurrency: int | None = None, budget_s: float | None = None,
+                       trials: int = 48, plan: TrialPlan | None = None,
                        note: Callable[[str], None] | None = None,
                        on_progress: Callable[[Progress], None] | None = None,
                        timers: Sequence[KernelTimer] | None = None,
-                       on_tuned: Callable[[MoeTuneResult], None] | None = None) -> SearchSpace:
+                       on_tuned: Callable[[MoeTuneResult], None] | None = None,
+                       clock: Callable[[], float] = time.monotonic) -> SearchSpace:
     """``space`` with its ``tuned`` kernel folders bound (or their absence explained).
 
-    ``timers`` (one per GPU) default to worker processes on every visible GPU;
-    ``on_tuned`` receives the tuning's result (its seconds and GPUs: the study's account)."""
+    ``concurrency``: the study's ``--concurrency`` (the streams the token counts come
+    from; None: the shape's own); ``plan``: the trials the study can run (None: any, so
+    tune); ``timers`` (one per GPU) default to worker processes on every visible GPU;
+    ``on_tuned`` receives the tuning's result (its seconds and GPUs: the study's account);
+    ``clock``: the budget's clock (tests simulate it)."""
     kinds = space.tuned_kinds()
     if "moe" not in kinds:
         return space
     knobs = ", ".join(kinds["moe"])
     say = note or (lambda m: logger.warning("%s", m))
-    why = None
-    if engine.device != "cuda":
-        why = (f"{engine.package} {engine.version} has no fused-MoE Triton kernel: MoE runs on "
-               "the CPU's own path")
-    elif not space.facts.moe:
-        why = f"{model} has no routed experts"
-    if why is not None:
-        say(f"knob {knobs}: 'tuned' is off ({why})")
+
+    def off(why: str, line: str | None = None) -> SearchSpace:
+        say(line or f"knob {knobs}: 'tuned' is off ({why})")
         return space.with_tuned({}, {"moe": why})
+
+    if engine.device != "cuda":
+        return off(f"{engine.package} {engine.version} has no fused-MoE Triton kernel: MoE "
+                   "runs on the CPU's own path")
+    if not space.facts.moe:
+        return off(f"{model} has no routed experts")
+    if plan is not None and not plan.can_pick(kinds["moe"]):
+        why = f"{plan.summary}; none sets {knobs}=tuned"
+        return off(f"no trial of this study can pick it ({why})",
+                   f"knob {knobs}: not tuned: no trial of this study can pick 'tuned' ({why})")
+    from autotune.traffic import load_shape
+
+    try:
+        _, source = streams_of(load_shape(shape_path), concurrency)
+    except AutotuneError as exc:
+        return off(f"the kernel tuning failed: {exc}",
+                   f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
     depths, mnbt = space_mtp_depths(space), space_batched_tokens(space)
-    say(f"fused-MoE kernels for knob {knobs}: tuning once per model, GPU and shape "
-        f"(MTP depths {list(depths)}, chunks {list(mnbt)}; cached under {cache_dir}/kernels)")
+    within = f" within {budget_s:.0f} s" if budget_s else ""
+    say(f"fused-MoE kernels for knob {knobs}: tuning once per model, GPU, shape and streams "
+        f"({source}, MTP depths {list(depths)}, chunks {list(mnbt)}){within}; cached under "
+        f"{cache_dir}/kernels")
     from autotune.kernels._tune import check_cuda
 
     def progress(p: Progress) -> None:
@@ -107,15 +149,25 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
             cache_dir=cache_dir, model=model, shape_path=shape_path,
             shape_fingerprint=shape_fingerprint, gpu_name=gpu_name,
             vllm_version=engine.version, mtp_depths=depths, max_batched_tokens=mnbt,
-            gpus=len(timers) if timers else len(check_cuda()), budget_s=budget_s,
-            trials=trials, on_progress=progress, timers=timers)
+            concurrency=concurrency, gpus=len(timers) if timers else len(check_cuda()),
+            budget_s=budget_s, trials=trials, on_progress=progress, timers=timers,
+            clock=clock)
     except AutotuneError as exc:
-        say(f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
-        return space.with_tuned({}, {"moe": f"the kernel tuning failed: {exc}"})
+        return off(f"the kernel tuning failed: {exc}",
+                   f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
     if on_tuned is not None:
         on_tuned(result)
+    first_why = next(iter(result.skipped.values()), "")
+    if not result.results and not result.reused:
+        return off(f"no token count fit the kernel budget{within} ({first_why}); raise "
+                   "--kernel-budget (or --timeout)")
+    skipped = ""
+    if result.skipped:
+        ms = ", ".join(map(str, result.skipped))
+        skipped = (f"; {len(result.skipped)} skipped for the budget (M={ms}: vLLM's default "
+                   f"config there; {first_why})")
     folder = result.path.parent
     kept = f"; {len(result.reused)} token count(s) from the cache" if result.reused else ""
     say(f"fused-MoE kernels ready: {folder} ({len(result.results)} token count(s) tuned in "
-        f"{result.seconds:.0f} s{kept})")
+        f"{result.seconds:.0f} s{kept}{skipped})")
     return space.with_tuned({"moe": str(folder)})

@@ -8,6 +8,14 @@ with every candidate's time beside it (``<stem>.results.json``, ``<stem>.candida
 
 Token counts already in ``OUT``'s results (same MoE shape, GPU and search settings) are
 kept, not tuned again: a study's cache folder grows instead of starting over.
+
+A budget (``budget_s``) holds the whole tuning, the workers' start included: token counts
+go out decode steps first, prefill chunks last; each gets its share of the time left
+(:func:`autotune.kernels.search_size` fits its search and re-check into it), and a count
+whose least cost (:meth:`TimingCosts.floor_s`) no longer fits is skipped. A skipped
+count's key holds vLLM's default config, so steps near it run as without a file instead
+of borrowing another count's tiles; the results say which counts were skipped and why,
+and the next run into the folder tunes them.
 """
 
 from __future__ import annotations
@@ -17,9 +25,9 @@ import io
 import json
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -35,10 +43,11 @@ from autotune.kernels._search import (
     KernelTimer,
     SearchSettings,
     SizeResult,
+    TimingCosts,
     search_size,
 )
 from autotune.kernels._sizes import DEFAULT_MAX_BATCHED_TOKENS, TokenCount, token_counts
-from autotune.kernels._space import KEYS
+from autotune.kernels._space import KEYS, default_config
 
 __all__ = ["KernelsUnavailable", "MoeTuneResult", "MoeTuneSettings", "Progress",
            "check_cuda", "tune_moe", "write_moe_config"]
@@ -64,7 +73,7 @@ class MoeTuneSettings(BaseModel):
     concurrency: int | None = Field(default=None, ge=1)
     sizes: tuple[int, ...] = ()  # token counts to add to the shape's
     trials: int = Field(default=48, ge=1, le=2000)  # configs timed per token count
-    budget_s: float | None = Field(default=None, gt=0)  # the whole tuning's device time
+    budget_s: float | None = Field(default=None, gt=0)  # the whole tuning's wall time
     recheck: int = Field(default=3, ge=0, le=20)
     tp: int = Field(default=1, ge=1)
     seed: int = 0
@@ -95,6 +104,7 @@ class MoeTuneResult:
     sizes: list[TokenCount]
     results: list[SizeResult] = field(default_factory=list)
     reused: list[int] = field(default_factory=list)  # token counts kept from an earlier run
+    skipped: dict[int, str] = field(default_factory=dict)  # token count -> why not tuned
     seconds: float = 0.0
     gpus: list[int] = field(default_factory=list)  # GPUs timed on ([]: nothing was timed)
 
@@ -157,29 +167,57 @@ def _old_versions(results_path: Path) -> dict[str, str]:
         return {}
 
 
+_PRIORITY = {"decode": 0, "draft": 1, "mixed": 2, "prefill": 3}
+
+
+def _by_priority(sizes: Sequence[TokenCount]) -> list[TokenCount]:
+    """The order a budget serves token counts in: decode steps first (most of a serving
+    run's steps), then draft and mixed steps, prefill chunks last; smaller M first."""
+    return sorted(sizes, key=lambda tc: (min(_PRIORITY.get(k, 4) for k in tc.kinds), tc.m))
+
+
 def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: MoeShape,
-                 search: SearchSettings, budget_s: float | None,
-                 on_progress: Callable[[Progress], None] | None
-                 ) -> tuple[list[SizeResult], list[BaseException]]:
-    """Each timer (one GPU) takes the next token count from a shared queue. Returns the
-    finished sizes and what stopped a GPU's loop (its other sizes are not tuned)."""
-    work: queue.Queue[TokenCount] = queue.Queue()
-    for tc in todo:
-        work.put(tc)
-    rounds = -(-len(todo) // max(1, len(timers)))
-    per_size = budget_s / rounds if budget_s and rounds else None
+                 search: SearchSettings, end: float | None,
+                 on_progress: Callable[[Progress], None] | None,
+                 clock: Callable[[], float] = time.monotonic
+                 ) -> tuple[list[SizeResult], dict[int, str], list[BaseException]]:
+    """Each timer (one GPU) takes the next token count from a shared queue, with a
+    deadline: its share of what is left until ``end`` (a time of ``clock``). Returns the
+    finished sizes, the skipped ones (why) and what stopped a GPU's loop (its other sizes
+    are not tuned)."""
+    work = deque(_by_priority(todo))
+    costs = TimingCosts(search)
     results: list[SizeResult] = []
+    skipped: dict[int, str] = {}
     errors: list[BaseException] = []
     lock = threading.Lock()
+
+    def take() -> tuple[TokenCount, float | None] | None:
+        """The next token count that fits and its deadline (called under the lock)."""
+        while work:
+            tc = work.popleft()
+            if end is None:
+                return tc, None
+            now = clock()
+            left = end - now
+            floor = costs.floor_s(tc.m)
+            if left <= 0 or (floor is not None and floor > left):
+                need = f"; it needs about {floor:.0f} s" if floor is not None else ""
+                skipped[tc.m] = f"the budget had {max(0.0, left):.0f} s left{need}"
+                continue
+            gpus = max(1, len(timers) - len(errors))
+            share = left / -(-(len(work) + 1) // gpus)  # the rounds left, this one included
+            return tc, now + min(left, max(share, floor or 0.0))
+        return None
 
     def worker(gpu: int, timer: KernelTimer) -> None:
         warm: list[dict[str, int]] = []
         while True:
-            try:
-                tc = work.get_nowait()
-            except queue.Empty:
+            with lock:
+                nxt = take()
+            if nxt is None:
                 return
-            deadline = time.monotonic() + per_size if per_size else None
+            tc, deadline = nxt
 
             def seen(c: Candidate, m: int = tc.m) -> None:
                 if on_progress is not None:
@@ -188,7 +226,7 @@ def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: M
 
             try:
                 res = search_size(tc.m, shape, timer, settings=search, deadline=deadline,
-                                  warm=warm[-1:], on_candidate=seen)
+                                  warm=warm[-1:], on_candidate=seen, costs=costs, clock=clock)
             except BaseException as exc:  # noqa: BLE001 - re-raised once results are saved
                 with lock:
                     errors.append(exc)
@@ -205,7 +243,7 @@ def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: M
         t.start()
     for t in threads:
         t.join()
-    return sorted(results, key=lambda r: r.m), errors
+    return sorted(results, key=lambda r: r.m), dict(sorted(skipped.items())), errors
 
 
 def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: MoeTuneSettings,
@@ -216,6 +254,9 @@ def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: M
     for r in result.results:
         best[r.m] = r.best
         rows[r.m] = r.summary()
+    for m, why in result.skipped.items():  # no "best": the next run into OUT tunes them
+        best[m] = default_config(m, result.shape)
+        rows[m] = {"m": m, "skipped": why, "best": None}
     reasons = {tc.m: tc.as_dict() for tc in result.sizes}
     write_moe_config(result.path, best, versions.get("triton"))
     meta = {
@@ -224,6 +265,7 @@ def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: M
         "settings": settings.model_dump(mode="json"),
         "written": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(result.seconds, 1), "reused": result.reused,
+        "skipped": {str(m): why for m, why in result.skipped.items()},
         "sizes": [{**rows[m], **({"traffic": reasons[m]} if m in reasons else {})}
                   for m in sorted(rows)],
     }
@@ -265,15 +307,18 @@ def _start_workers(shape: MoeShape, gpus: list[int], logs: Path, seed: int, file
 
 def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None = None,
              gpu_name: str | None = None,
-             on_progress: Callable[[Progress], None] | None = None) -> MoeTuneResult:
+             on_progress: Callable[[Progress], None] | None = None,
+             clock: Callable[[], float] = time.monotonic) -> MoeTuneResult:
     """Tune the fused-MoE config of ``settings.model`` for ``settings.shape``'s token counts.
 
     ``timers`` (one per GPU) default to worker processes on the present GPUs; without a
-    CUDA GPU that raises :class:`KernelsUnavailable`. Tests pass pure timers and a
-    ``gpu_name``. Failures of single configs are recorded, never raised."""
+    CUDA GPU that raises :class:`KernelsUnavailable`. Tests pass pure timers, a
+    ``gpu_name`` and a simulated ``clock``. Failures of single configs are recorded, never
+    raised; token counts the budget has no time for are skipped (``result.skipped``)."""
     from autotune.traffic import load_shape
 
-    t0 = time.monotonic()
+    t0 = clock()
+    end = t0 + settings.budget_s if settings.budget_s else None
     shape = moe_shape_from_model(settings.model, tp=settings.tp)
     traffic = load_shape(settings.shape)
     sizes = token_counts(traffic, mtp_depths=settings.mtp_depths,
@@ -309,9 +354,9 @@ def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None 
             result.gpus = list(gpus)
         elif todo:
             result.gpus = list(range(len(timers or [])))
-        result.results, errors = _run_workers(todo, timers or [], shape, search,
-                                              settings.budget_s, on_progress)
-        result.seconds = time.monotonic() - t0
+        result.results, result.skipped, errors = _run_workers(
+            todo, timers or [], shape, search, end, on_progress, clock)
+        result.seconds = clock() - t0
         if result.results or prev:  # what finished is kept, even when a GPU's loop broke
             _write_outputs(out, file_name, result, settings, search, prev, versions)
         if errors:

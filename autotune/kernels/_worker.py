@@ -22,9 +22,12 @@ import json
 import sys
 from typing import Any, TextIO
 
-__all__ = ["main"]
+__all__ = ["GRAPH_CALLS", "WARMUP_REPLAYS", "main"]
 
-_GRAPH_CALLS = 10
+#: fused-MoE calls captured in the one CUDA graph a timing replays
+GRAPH_CALLS = 10
+#: replays before the timed ones
+WARMUP_REPLAYS = 5
 
 
 class _Bench:
@@ -69,10 +72,10 @@ class _Bench:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(_GRAPH_CALLS):
+            for _ in range(GRAPH_CALLS):
                 run()
         torch.cuda.synchronize()
-        for _ in range(5):
+        for _ in range(WARMUP_REPLAYS):
             graph.replay()
         torch.cuda.synchronize()
         start = torch.cuda.Event(enable_timing=True)
@@ -87,7 +90,7 @@ class _Bench:
             end.synchronize()
             total_ms += start.elapsed_time(end)
         graph.reset()
-        return total_ms / (iters * _GRAPH_CALLS) * 1000.0
+        return total_ms / (iters * GRAPH_CALLS) * 1000.0
 
 
 def _classify(exc: BaseException) -> str:
