@@ -37,9 +37,11 @@ from autotune.kernels import (
     write_moe_config,
 )
 from autotune.traffic import load_shape
-from tests.conftest import HAVE_VLLM, REPO, SHARED
+from tests.conftest import HAVE_VLLM, REPO
 
-STAND_IN = SHARED / "reference" / "models" / "nemotron3-nano-30b-a3b-mtp"
+# the 30B stand-in's config as committed for the H200 runs (the same file as
+# ../shared/reference/models/nemotron3-nano-30b-a3b-mtp/config.json, which a clone may lack)
+STAND_IN = REPO / "experiments" / "h200" / "model"
 CASESTUDY = REPO / "traffic" / "casestudy-512x512.json"
 NANO = MoeShape(experts=128, intermediate=1856, hidden=2688, topk=6, gated=False)
 
