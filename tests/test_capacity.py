@@ -275,6 +275,11 @@ def test_bench_capacity_measures_one_config(fake_model: Path,
     assert "capacity: " in out and "GPUs needed for the recorded 5.53 req/s" in out
     assert "within ttft_p99=0.5s" in out and "latencies below: the level at capacity" in out
     assert "output tokens/s" in out and "TTFT  p50" in out
+    # the requests/s line gives the offered rate at capacity, not the window's completions
+    line = next(ln for ln in out.splitlines() if ln.startswith("requests/s"))
+    cap = float(out.split("capacity: ", 1)[1].split(" req/s", 1)[0].replace(",", ""))
+    assert "offered at capacity" in line and "within the SLOs" in line
+    assert float(line.split()[1].replace(",", "")) == pytest.approx(cap, rel=0.01)
 
 
 def test_an_engine_dead_behind_a_live_api_server_ends_the_search_as_died(

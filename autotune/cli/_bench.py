@@ -121,6 +121,19 @@ def _capacity_fields(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
                          seed=args.seed)
 
 
+def _level_at_capacity(cap: dict[str, Any]) -> dict[str, Any] | None:
+    """The passing level the capacity rests on (the bracket's low end), if any."""
+    low = cap.get("low")
+    passed = [lv for lv in cap.get("levels", []) if lv.get("passed")]
+    if not passed:
+        return None
+    if low is not None:
+        exact = [lv for lv in passed if abs(lv["scale"] - low) <= 1e-9 * max(1.0, low)]
+        if exact:
+            return exact[-1]
+    return max(passed, key=lambda lv: lv["scale"])
+
+
 def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool:
     """The levels and the capacity line; False when no level met the SLOs."""
     from autotune.cli._tune import capacity_line
@@ -231,8 +244,15 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  ({ci}; CV "
           f"{m.get('cv', float('nan')):.1%} across "
           f"{'repeats' if args.repeats > 1 else 'segments'})")
-    print(f"requests/s       {m.get('requests_per_s', float('nan')):,.2f}   goodput "
-          f"{m.get('goodput_rps', float('nan')):,.2f}")
+    if outcome.capacity is not None:  # the rate is the level's offered one, not the window's
+        lv = _level_at_capacity(outcome.capacity)
+        share = f"{lv['goodput_fraction']:.1%} within the SLOs; " if lv else ""
+        print(f"requests/s       {m.get('capacity_rps', float('nan')):,.2f} offered at capacity "
+              f"({share}completion rate in the level's measured window, its drain included: "
+              f"{m.get('requests_per_s', float('nan')):,.2f})")
+    else:
+        print(f"requests/s       {m.get('requests_per_s', float('nan')):,.2f}   goodput "
+              f"{m.get('goodput_rps', float('nan')):,.2f}")
     if "server_prompt_tokens_run" in m:
         print(f"prompt tokens    server {int(m['server_prompt_tokens_run']):,} / shape "
               f"{int(m['shape_prompt_tokens']):,} over the measured runs ({args.api} API)")
