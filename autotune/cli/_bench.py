@@ -122,16 +122,10 @@ def _capacity_fields(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
 
 
 def _level_at_capacity(cap: dict[str, Any]) -> dict[str, Any] | None:
-    """The passing level the capacity rests on (the bracket's low end), if any."""
-    low = cap.get("low")
-    passed = [lv for lv in cap.get("levels", []) if lv.get("passed")]
-    if not passed:
-        return None
-    if low is not None:
-        exact = [lv for lv in passed if abs(lv["scale"] - low) <= 1e-9 * max(1.0, low)]
-        if exact:
-            return exact[-1]
-    return max(passed, key=lambda lv: lv["scale"])
+    """The passing level the capacity rests on, from ``CapacityResult.to_dict()`` (the
+    rule of :meth:`autotune.capacity.CapacityResult.at_capacity`)."""
+    return next((lv for lv in reversed(cap.get("levels", []))
+                 if lv.get("passed") and lv["scale"] == cap.get("low")), None)
 
 
 def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool:
