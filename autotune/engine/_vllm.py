@@ -413,14 +413,9 @@ class VllmServer:
         if code is not None:
             text = self._log_text_for_classification()
             reason = classify_failure(text, code, during_start=False)
-            tail = text[-4000:]
-            cause = root_cause(text)
-            raise EngineCrashedError(
-                f"vLLM died during the measurement (exit code {code}, {reason})"
-                + (f": {cause}" if cause else "") + f"; last log lines:\n{_last_lines(tail, 12)}",
-                reason=FailureReason.OOM if reason == FailureReason.OOM else FailureReason.DIED,
-                log_tail=tail,
-            )
+            raise self._crashed(
+                text, f"vLLM died during the measurement (exit code {code}, {reason})",
+                FailureReason.OOM if reason == FailureReason.OOM else FailureReason.DIED)
 
     def check_serving(self, timeout_s: float = 5.0) -> None:
         """:meth:`check_alive`, and raise :class:`EngineCrashedError` too when the process is
@@ -431,22 +426,26 @@ class VllmServer:
         try:
             status: int | None = _http.get(f"{self.base_url}/health", timeout_s=timeout_s).status
         except _http.HttpError as exc:
-            refused = isinstance(exc.__cause__, ConnectionRefusedError) or "refused" in str(exc)
-            if not refused:
+            if "refused" not in str(exc):
                 return
             status = None
         if status is not None and status < 500:
             return
         time.sleep(1.0)  # an exit on its way is reported with its exit code
         self.check_alive()
-        text = self._log_text_for_classification()
+        said = f"/health answered {status}" if status is not None else "refused connections"
+        raise self._crashed(self._log_text_for_classification(),
+                            f"vLLM's engine died during the measurement (the API server {said})",
+                            FailureReason.DIED)
+
+    @staticmethod
+    def _crashed(text: str, head: str, reason: str) -> EngineCrashedError:
+        """The error for a server that died: ``head``, the log's root cause, its last lines."""
         cause = root_cause(text)
         tail = text[-4000:]
-        said = f"/health answered {status}" if status is not None else "refused connections"
-        raise EngineCrashedError(
-            f"vLLM's engine died during the measurement (the API server {said})"
-            + (f": {cause}" if cause else "") + f"; last log lines:\n{_last_lines(tail, 12)}",
-            reason=FailureReason.DIED, log_tail=tail)
+        return EngineCrashedError(
+            head + (f": {cause}" if cause else "") + f"; last log lines:\n{_last_lines(tail, 12)}",
+            reason=reason, log_tail=tail)
 
     def stop(self, grace_s: float = 20.0) -> list[str]:
         """Stop the whole process group: SIGTERM, wait, SIGKILL. Returns errors seen."""
