@@ -16,6 +16,12 @@
 # experiments/h200-trust/space-no-moe.yaml leaves out moe_config, whose kernel tuning before
 # trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
 # c32bench"), SUFFIX (appended to the study names and result folders, e.g. -warm).
+# One GPU (`nvidia-h200`): the study runs one trial at a time and the two re-measure benches
+# run one after the other on that GPU (fresh servers, no "other GPU" to use).
+# Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, staged like
+# the bundle) are unpacked into the cache before the first step; the step `caches` packs the
+# cache into 15 MB parts under ~/res-cache for poll.sh to bring back (e.g. STEPS="c256 caches
+# c256bench").
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
 DEADLINE=$(( $(date +%s) + LEFT ))
@@ -48,7 +54,12 @@ from pathlib import Path; from autotune.modelgen import write_tokenizer
 write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$RES/env.txt" 2>&1 || { phase model-failed; touch "$RES/DONE"; exit 4; }
 fi
 phase installed
-RUN=$HOME/run; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN"
+RUN=$HOME/run; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN" "$HOME/res-cache"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
+  mkdir -p "$CACHE" && cat "$STAGE"/cache-part-* | tar xzf - -C "$CACHE" && phase "caches restored: $(du -sh "$CACHE" | cut -f1)"
+fi
+phase "gpus $NGPU"
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
   --format=csv,nounits -l 1 > "$RES/gpu.csv" 2>/dev/null &
 SMI=$!
@@ -94,6 +105,7 @@ bench() {  # PHASE ROLE CONC MEASURE WARMUP: on the GPU the role's re-check did 
   mapfile -t flags < <(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};[print(f) for f in d.get('flags', [])]")
   while IFS= read -r kv; do envs+=(--env "$kv"); done < <(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};[print(f'{k}={v}') for k,v in d.get('env', {}).items()]")
   gpu=$(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};s=[x for x in d.get('slots',[]) if x];print(1 if s and s[-1]=='gpu0' else 0)")
+  [ "$NGPU" -ge 2 ] || gpu=0
   [ ${#flags[@]} -gt 0 ] || { phase "bench $ph $role: no config"; return; }
   CUDA_VISIBLE_DEVICES=$gpu timeout 560 python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
     --concurrency "$conc" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$meas" \
@@ -116,12 +128,21 @@ for step in $STEPS; do
     c256) study "c256$SUFFIX" 256 "$B256" "$M256" "$W256" ;;
     c256bench|c32bench)
       ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$conc" = 32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
-      if [ -f "$RES/$ph/configs.json" ] && [ "$(left)" -gt $(( 100 + m + w + 40 )) ]; then
+      need=$(( 100 + m + w + 40 ))
+      if [ ! -f "$RES/$ph/configs.json" ] || [ "$(left)" -le "$need" ]; then
+        phase "$ph re-measure skipped: no study or not enough device time left"
+      elif [ "$NGPU" -ge 2 ]; then
         bench "$ph" candidate "$conc" "$m" "$w" & b1=$!; bench "$ph" defaults "$conc" "$m" "$w" & b2=$!; wait $b1 $b2  # not the nvidia-smi sampler
         logtails "$ph"
-      else
-        phase "$ph re-measure skipped: no study or not enough device time left"
+      else  # one GPU: one after the other
+        bench "$ph" candidate "$conc" "$m" "$w"
+        if [ "$(left)" -gt "$need" ]; then bench "$ph" defaults "$conc" "$m" "$w"
+        else phase "$ph re-measure of the defaults skipped: not enough device time left"; fi
+        logtails "$ph"
       fi ;;
+    caches)
+      ( nice tar czf - -C "$CACHE" --exclude=quality . | split -b 15M - "$HOME/res-cache/cache-part-" \
+        && phase "caches: $(du -sh "$CACHE"/* 2>/dev/null | tr '\n' ' ') in $(ls "$HOME/res-cache" | wc -l) parts" ) & ;;
   esac
 done
 cp "$RUN/autotune.db" "$RES/" 2>/dev/null
