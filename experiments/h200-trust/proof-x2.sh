@@ -17,7 +17,8 @@
 # trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
 # c32bench"), SUFFIX (appended to the study names and result folders, e.g. -warm).
 # One GPU (`nvidia-h200`): the study runs one trial at a time and the two re-measure benches
-# run one after the other on that GPU (fresh servers, no "other GPU" to use).
+# run one after the other on that GPU (fresh servers, no "other GPU" to use); BENCH_ROLES
+# (default "candidate defaults") picks which of the two.
 # Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, staged like
 # the bundle) are unpacked into the cache before the first step; the step `caches` packs the
 # cache into 15 MB parts under ~/res-cache for poll.sh to bring back (e.g. STEPS="c256 caches
@@ -134,10 +135,11 @@ for step in $STEPS; do
       elif [ "$NGPU" -ge 2 ]; then
         bench "$ph" candidate "$conc" "$m" "$w" & b1=$!; bench "$ph" defaults "$conc" "$m" "$w" & b2=$!; wait $b1 $b2  # not the nvidia-smi sampler
         logtails "$ph"
-      else  # one GPU: one after the other
-        bench "$ph" candidate "$conc" "$m" "$w"
-        if [ "$(left)" -gt "$need" ]; then bench "$ph" defaults "$conc" "$m" "$w"
-        else phase "$ph re-measure of the defaults skipped: not enough device time left"; fi
+      else  # one GPU: one after the other (BENCH_ROLES picks, e.g. the one a lost machine left)
+        for role in ${BENCH_ROLES:-candidate defaults}; do
+          if [ "$(left)" -gt "$need" ]; then bench "$ph" "$role" "$conc" "$m" "$w"
+          else phase "$ph re-measure of the $role skipped: not enough device time left"; fi
+        done
         logtails "$ph"
       fi ;;
     caches)
