@@ -32,6 +32,10 @@ mkdir -p "$RES"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
 SITE=$HOME/site
+left() { echo $(( DEADLINE - $(date +%s) )); }
+# within CAP MARGIN: a command's time limit, CAP seconds at most, ending MARGIN seconds
+# before the deadline, so the server-log tails are still packed when the device time ends
+within() { local t=$(( $(left) - $2 )); [ "$t" -gt "$1" ] && t=$1; [ "$t" -lt 1 ] && t=1; echo "$t"; }
 phase() { echo "$(date -u +%H:%M:%S) left=$(( DEADLINE - $(date +%s) )) $*" >> "$RES/progress.txt"; }
 phase start
 if [ ! -d "$SITE/vllm" ]; then
@@ -70,7 +74,7 @@ COVER='{"cudagraph_cover_prefill": true}'
 study() {  # NAME CONC BUDGET MEASURE WARMUP
   local name=$1 conc=$2 budget=$3 meas=$4 warm=$5 out=$RES/$1
   mkdir -p "$out"; phase "study $name"
-  timeout --signal=TERM --kill-after=20 $((budget + 420)) python3 -m autotune -v tune \
+  timeout --signal=TERM --kill-after=20 "$(within $((budget + 420)) 40)" python3 -m autotune -v tune \
     --model "$MODEL" --shape "$SHAPE" --concurrency "$conc" --space "$SPACE" \
     --trials 2 --budget "$budget" --enqueue "$COVER" --recheck 1 --recheck-starts 1 \
     --precision 0.02 --measure-max-s "$meas" --warmup-max-s "$warm" --no-quality-probe \
@@ -108,7 +112,7 @@ bench() {  # PHASE ROLE CONC MEASURE WARMUP: on the GPU the role's re-check did 
   gpu=$(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};s=[x for x in d.get('slots',[]) if x];print(1 if s and s[-1]=='gpu0' else 0)")
   [ "$NGPU" -ge 2 ] || gpu=0
   [ ${#flags[@]} -gt 0 ] || { phase "bench $ph $role: no config"; return; }
-  CUDA_VISIBLE_DEVICES=$gpu timeout 560 python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
+  CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 "$(within 560 25)" python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
     --concurrency "$conc" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$meas" \
     --warmup-max-s "$warm" --start-timeout 420 --log "$RUN/bench-$ph-$role.log" --json \
     "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$role-gpu$gpu.json" 2> "$RES/$ph/bench-$role.err"
@@ -122,7 +126,6 @@ logtails() {  # PHASE: head and tail of each server log of that phase
   tar czf "$RES/$ph/server-logs.tgz" -C "$RUN" "logtails-$ph" 2>/dev/null
 }
 
-left() { echo $(( DEADLINE - $(date +%s) )); }
 for step in $STEPS; do
   case $step in
     c32) study "c32$SUFFIX" 32 "$B32" "$M32" "$W32"; logtails "c32$SUFFIX" ;;
