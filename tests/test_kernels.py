@@ -129,6 +129,24 @@ def test_decode_steps_are_padded_like_vllm_cuda_graphs() -> None:
     assert 24 in _counts(shape, concurrency=20)  # 20 streams run the 24-token graph
 
 
+def test_max_num_seqs_below_the_streams_makes_smaller_steps() -> None:
+    shape = load_shape(CASESTUDY)  # 256 streams, 512-token prompts
+    # --max-num-seqs 128: a step holds 128 of the 256 streams (the others wait in the queue)
+    assert _counts(shape, max_num_seqs=(128,)) == {
+        128: ("decode",), 640: ("mixed",), 8192: ("prefill",)}
+    why = {tc.m: tc.why for tc in token_counts(shape, max_num_seqs=(128,))}
+    assert "128 streams (--max-num-seqs 128) x 1 tokens" in why[128]
+    # a space that varies it: the cut streams and the whole ones, at every MTP depth
+    assert _counts(shape, max_num_seqs=(128, 1024), mtp_depths=(0, 1)) == {
+        128: ("decode",), 256: ("decode",), 512: ("decode",), 640: ("mixed",),
+        768: ("mixed",), 1024: ("mixed",), 8192: ("prefill",)}
+    # values at or above the streams change nothing; vLLM's default (1024) is the default
+    assert _counts(shape, max_num_seqs=(256, 512, 1024)) == _counts(shape)
+    assert _counts(shape, concurrency=2000) == _counts(shape, concurrency=1024)
+    with pytest.raises(ConfigError, match="--max-num-seqs"):
+        token_counts(shape, max_num_seqs=(0,))
+
+
 def test_open_loop_streams_come_from_the_shape(tmp_path: Path) -> None:
     shape = load_shape(CASESTUDY)
     from autotune.traffic import LoadSpec
@@ -279,6 +297,20 @@ def test_the_cli_without_cuda_exits_2_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "CUDA GPU" in lines[0], proc.stderr
 
 
+def test_the_cli_passes_the_engines_max_num_seqs(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    argv = ["kernels", "moe", "--model", str(STAND_IN), "--shape", str(CASESTUDY),
+            "--out", str(tmp_path / "o")]
+    # the token counts are made (and checked) before the GPU is looked for
+    assert main([*argv, "--max-num-seqs", "128,0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-num-seqs [0, 128]: values must be >= 1" in err
+    assert main([*argv, "--max-num-seqs", "128,1024"]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+
+
 def test_cache_folders_separate_gpus_shapes_streams_and_versions(tmp_path: Path) -> None:
     a = tuned_moe_folder(tmp_path, moe=NANO, gpu_name="NVIDIA H200", shape_fingerprint="f" * 16,
                          vllm_version="0.26.0", streams=256)
@@ -291,6 +323,11 @@ def test_cache_folders_separate_gpus_shapes_streams_and_versions(tmp_path: Path)
         kw = {"gpu_name": "NVIDIA H200", "shape_fingerprint": "f" * 16,
               "vllm_version": "0.26.0", "streams": 256, **other}
         assert tuned_moe_folder(tmp_path, moe=NANO, **kw) != a  # type: ignore[arg-type]
+    # steps of 128 of the 256 streams too (--max-num-seqs 128 in some trials): other counts
+    kw = {"gpu_name": "NVIDIA H200", "shape_fingerprint": "f" * 16, "vllm_version": "0.26.0"}
+    cut = tuned_moe_folder(tmp_path, moe=NANO, streams=(256, 128), **kw)
+    assert cut != a and cut.name.startswith("E128-N1856-ffffffffffffffff-s128+256-")
+    assert tuned_moe_folder(tmp_path, moe=NANO, streams=[256], **kw) == a  # no cut: as before
 
 
 # -- vLLM's own loader reads the file back ----------------------------------------------------
@@ -369,7 +406,12 @@ def test_the_knob_points_the_server_at_the_tuned_folder(tmp_path: Path) -> None:
 
 def test_on_the_cpu_the_knob_is_off_with_one_line() -> None:
     from autotune.engine import EngineInfo
-    from autotune.kernels._study import bind_tuned_kernels, space_batched_tokens, space_mtp_depths
+    from autotune.kernels._study import (
+        bind_tuned_kernels,
+        space_batched_tokens,
+        space_max_num_seqs,
+        space_mtp_depths,
+    )
     from autotune.space import ModelFacts
 
     space = _space(ModelFacts.from_model_dir(STAND_IN, device="cpu"))
@@ -386,6 +428,7 @@ def test_on_the_cpu_the_knob_is_off_with_one_line() -> None:
     # what the study tunes for: every MTP depth and chunk size the space can produce
     assert space_mtp_depths(cuda) == (0, 1, 2, 3)
     assert space_batched_tokens(cuda) == (2048, 4096, 8192, 16384)
+    assert space_max_num_seqs(cuda) == (128, 256, 512, 1024)
 
 
 def test_a_tuned_knob_needs_an_env_target_and_the_tuned_choice(tmp_path: Path) -> None:
@@ -615,13 +658,62 @@ def test_the_studys_concurrency_reaches_the_token_counts_and_the_cache_key(
     # 32 streams x (1 + MTP 0..3): decode steps of 32..128 tokens, not the shape's 256..1024
     assert {32, 64, 96, 128} <= keys(c32) and not {256, 512, 768, 1024} & keys(c32)
     own = bind_tuned_kernels(space, note=notes.append, **kw)  # type: ignore[arg-type]
-    assert {256, 512, 768, 1024} <= keys(own) and not {64, 96, 128} & keys(own)
+    # the space's --max-num-seqs 128 cuts the 256 streams to 128 per step in some trials
+    assert {128, 256, 384, 512, 768, 1024} <= keys(own) and not {64, 96} & keys(own)
     f32, f256 = Path(c32.tuned_dirs["moe"]), Path(own.tuned_dirs["moe"])
-    assert f32 != f256 and "-s32-" in f32.name and "-s256-" in f256.name
+    assert f32 != f256 and "-s32-" in f32.name and "-s128+256-" in f256.name
     # --concurrency 256 is the shape's own: the same folder, nothing timed again
     calls.clear()
     same = bind_tuned_kernels(space, concurrency=256, note=notes.append, **kw)  # type: ignore[arg-type]
     assert same.tuned_dirs == own.tuned_dirs and calls == []
+
+
+_SEQS_SPACE = """
+name: seqs
+fixed_flags: [{fixed}]
+knobs:
+  {knob}
+  moe_config: {{type: categorical, choices: [default, tuned], env: VLLM_TUNED_CONFIG_FOLDER,
+               omit_when: default, default: default, tuned: moe}}
+"""
+
+
+def test_the_spaces_max_num_seqs_reaches_the_token_counts_and_the_cache_key(
+        tmp_path: Path) -> None:
+    from autotune.kernels._study import bind_tuned_kernels
+    from autotune.space import ModelFacts, load_space
+
+    facts = ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90")
+    calls: list[int] = []
+
+    def counting(config: dict[str, int], m: int, *, iters: int) -> float:
+        calls.append(m)
+        return fake_timer(config, m, iters=iters)
+
+    def bind(name: str, fixed: str = "", knob: str = "", **kw: object) -> tuple[Path, set[int]]:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(_SEQS_SPACE.format(fixed=fixed, knob=knob))
+        notes: list[str] = []
+        bound = bind_tuned_kernels(load_space(path, facts=facts), note=notes.append,
+                                   **{**_bind_kw(tmp_path, counting), **kw})  # type: ignore[arg-type]
+        folder = Path(bound.tuned_dirs["moe"])
+        tuned = folder / "E=128,N=1856,device_name=NVIDIA_H200.json"
+        return folder, {int(k) for k in json.loads(tuned.read_text())}
+
+    # fixed: 128 of the shape's 256 streams per step
+    fixed, keys = bind("fixed", fixed='"--max-num-seqs=128"')
+    assert keys == {128, 640, 8192} and "-s128-" in fixed.name
+    # varied by a knob: 64 and all 256 (vLLM's default 1024 holds them all)
+    varied, keys = bind("varied", knob="seqs: {type: categorical, choices: [64, 512], "
+                                       "flag: --max-num-seqs}")
+    assert keys == {64, 256, 576, 768, 8192} and "-s64+256-" in varied.name
+    # no limit: the shape's 256 streams, another folder
+    whole, keys = bind("whole")
+    assert keys == {256, 768, 8192} and len({fixed, varied, whole}) == 3
+    # 128 streams by --concurrency make the same counts as --max-num-seqs 128: one folder
+    calls.clear()
+    same, keys = bind("same", concurrency=128)
+    assert same == fixed and keys == {128, 640, 8192} and calls == []
 
 
 # -- the kernel budget holds (simulated GPUs and clock) ---------------------------------------

@@ -46,7 +46,12 @@ from autotune.kernels._search import (
     TimingCosts,
     search_size,
 )
-from autotune.kernels._sizes import DEFAULT_MAX_BATCHED_TOKENS, TokenCount, token_counts
+from autotune.kernels._sizes import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    TokenCount,
+    token_counts,
+)
 from autotune.kernels._space import KEYS, default_config
 
 __all__ = ["KernelsUnavailable", "MoeTuneResult", "MoeTuneSettings", "Progress",
@@ -70,6 +75,7 @@ class MoeTuneSettings(BaseModel):
     gpus: int = Field(default=1, ge=1, le=64)
     mtp_depths: tuple[int, ...] = (0,)
     max_batched_tokens: tuple[int, ...] = (DEFAULT_MAX_BATCHED_TOKENS,)
+    max_num_seqs: tuple[int, ...] = (DEFAULT_MAX_NUM_SEQS,)  # a step holds min(streams, this)
     concurrency: int | None = Field(default=None, ge=1)
     sizes: tuple[int, ...] = ()  # token counts to add to the shape's
     trials: int = Field(default=48, ge=1, le=2000)  # configs timed per token count
@@ -323,7 +329,8 @@ def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None 
     traffic = load_shape(settings.shape)
     sizes = token_counts(traffic, mtp_depths=settings.mtp_depths,
                          max_batched_tokens=settings.max_batched_tokens,
-                         concurrency=settings.concurrency, extra=settings.sizes)
+                         max_num_seqs=settings.max_num_seqs, concurrency=settings.concurrency,
+                         extra=settings.sizes)
     if shape.config_dtype == "fp8_w8a8" and timers is None:
         raise ConfigError(f"{settings.model}: FP8 MoE weights are named but not yet timed by "
                           "'autotune kernels moe'; use vLLM's benchmarks/kernels/benchmark_moe.py")
