@@ -464,16 +464,22 @@ for line in sys.stdin:
 '''
 
 
+def _fake_python(tmp_path: Path, worker: str) -> str:
+    """A `python` that runs the fake ``worker`` script when called as
+    `python -m autotune.kernels._worker`."""
+    script = tmp_path / "fake_worker.py"
+    script.write_text(worker)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+    python.chmod(0o755)
+    return str(python)
+
+
 def test_the_worker_timer_survives_crashes_and_hangs(tmp_path: Path) -> None:
     from autotune.kernels._timer import WorkerTimer
 
-    script = tmp_path / "fake_worker.py"
-    script.write_text(_FAKE_WORKER)
-    python = tmp_path / "python"  # called as `python -m autotune.kernels._worker`
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
-    python.chmod(0o755)
-    timer = WorkerTimer(NANO, gpu=0, python=str(python), call_timeout_s=3,
-                        log_path=tmp_path / "w.log")
+    timer = WorkerTimer(NANO, gpu=0, python=_fake_python(tmp_path, _FAKE_WORKER),
+                        call_timeout_s=3, log_path=tmp_path / "w.log")
     try:
         assert timer.start()["device"] == "NVIDIA H200"
         ok = dict(BEST, BLOCK_SIZE_M=16)
@@ -486,6 +492,93 @@ def test_the_worker_timer_survives_crashes_and_hangs(tmp_path: Path) -> None:
         assert timer.restarts == 2
     finally:
         timer.close()
+
+
+# each says hello only once all three are up (a driver that waits for one greeting before
+# it starts the next worker never gets there); the GPUs in REFUSE then refuse to start
+_BARRIER_WORKER = '''
+import json, os, sys, time
+gpu, up = os.environ["CUDA_VISIBLE_DEVICES"], {up!r}
+open(os.path.join(up, f"pid-{{gpu}}"), "w").write(str(os.getpid()))
+sys.stdin.readline()
+end = time.monotonic() + 10
+while len(os.listdir(up)) < 3 and time.monotonic() < end:
+    time.sleep(0.02)
+if len(os.listdir(up)) < 3:
+    print(json.dumps({{"ok": False, "message": "the other workers never started"}}), flush=True)
+elif gpu in {refuse!r}:
+    print(json.dumps({{"ok": False, "message": f"RuntimeError: GPU {{gpu}} is broken"}}),
+          flush=True)
+else:
+    print(json.dumps({{"ok": True, "device": f"GPU {{gpu}}", "file_name": "x.json"}}), flush=True)
+for line in sys.stdin:
+    if json.loads(line)["config"]["BLOCK_SIZE_M"] == 128:
+        time.sleep(600)  # a config that hangs
+    print(json.dumps({{"ok": True, "us": 10.0}}), flush=True)
+'''
+
+
+def _barrier_workers(tmp_path: Path, refuse: tuple[str, ...] = ()) -> tuple[str, Path]:
+    up = tmp_path / "up"
+    up.mkdir(parents=True)
+    return _fake_python(tmp_path, _BARRIER_WORKER.format(up=str(up), refuse=refuse)), up
+
+
+def test_the_workers_of_all_gpus_start_at_once(tmp_path: Path) -> None:
+    from autotune.errors import AutotuneError
+    from autotune.kernels._timer import WorkerTimer, start_workers
+
+    python, up = _barrier_workers(tmp_path)
+    timers = [WorkerTimer(NANO, gpu=g, python=python, start_timeout_s=30) for g in range(3)]
+    try:
+        # before: worker 0's greeting was awaited before worker 1 started (47 s of a 2-GPU
+        # H200 run went to starting them one after the other)
+        assert [h["device"] for h in start_workers(timers)] == ["GPU 0", "GPU 1", "GPU 2"]
+        assert timers[2](dict(BEST, BLOCK_SIZE_M=16), 8, iters=1) == 10.0
+    finally:
+        for t in timers:
+            t.close()
+    # one or two GPUs that cannot start: one line naming each, and every worker stopped
+    for refuse in (("1",), ("0", "2")):
+        python, up = _barrier_workers(tmp_path / "-".join(refuse), refuse)
+        timers = [WorkerTimer(NANO, gpu=g, python=python, start_timeout_s=30)
+                  for g in range(3)]
+        with pytest.raises(AutotuneError) as err:
+            start_workers(timers)
+        text = str(err.value)
+        assert "\n" not in text and text.count("could not start") == len(refuse)
+        assert all(f"GPU {g} is broken" in text for g in refuse)
+        for pid in (int((up / f"pid-{g}").read_text()) for g in range(3)):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+
+
+def test_a_hung_config_is_stopped_when_the_budget_runs_out(tmp_path: Path) -> None:
+    import time
+
+    from autotune.kernels._tune import _start_workers
+
+    python, _ = _barrier_workers(tmp_path)
+    hang = dict(BEST, BLOCK_SIZE_M=128)
+    timers, own, _ = _start_workers(NANO, [0, 1, 2], tmp_path / "logs", 0, "x.json",
+                                    budget_left_s=2.0, python=python, call_timeout_s=20,
+                                    min_call_timeout_s=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(KernelFailure) as err:
+            timers[0](hang, 8, iters=1)
+        # before: a fixed timeout (300 s, here 20 s) whatever the budget had left
+        assert err.value.reason == "timeout" and "budget" in err.value.message
+        assert time.monotonic() - t0 < 2.0 + 1.0
+        # with the budget spent, a timing (the forced re-check) still gets the floor
+        assert timers[1](dict(BEST, BLOCK_SIZE_M=16), 8, iters=1) == 10.0
+        t0 = time.monotonic()
+        with pytest.raises(KernelFailure):
+            timers[1](hang, 8, iters=1)
+        assert 0.5 <= time.monotonic() - t0 < 0.5 + 1.0
+    finally:
+        for w in own:
+            w.close()
 
 
 def test_the_real_worker_without_cuda_says_so(tmp_path: Path) -> None:

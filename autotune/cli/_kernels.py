@@ -57,10 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      help="configs timed per token count before the re-check (default 48 "
                      "of vLLM's 1,920-point grid)")
     moe.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                     help="wall time for the whole tuning, the GPU workers' start included: "
-                     "decode token counts go first, each gets its share of what is left, and "
-                     "a count that no longer fits is skipped (its key gets vLLM's default "
-                     "config; a later run into OUT tunes it)")
+                     help="wall time for the whole tuning, the GPU workers' start included "
+                     "(they start at once): decode token counts go first, each gets its share "
+                     "of what is left, and a count that no longer fits is skipped (its key "
+                     "gets vLLM's default config; a later run into OUT tunes it); a config "
+                     "that hangs is stopped when the budget runs out (at least 30 s after it "
+                     "began)")
     moe.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the server")
     moe.add_argument("--seed", type=int, default=0)
     moe.add_argument("--fresh", action="store_true",
