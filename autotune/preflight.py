@@ -69,15 +69,6 @@ def check_flags(space: Any, *, surface: Any = None) -> list[str]:
     return []
 
 
-def _flag_value(flags: list[str], name: str) -> str | None:
-    for i, f in enumerate(flags):
-        if f == name and i + 1 < len(flags):
-            return flags[i + 1]
-        if f.startswith(name + "="):
-            return f.split("=", 1)[1]
-    return None
-
-
 def model_context(model: Path) -> int | None:
     """The model's own context (config.json max_position_embeddings), None if unknown."""
     try:
@@ -98,7 +89,7 @@ def check_context(space: Any, shape: Any, model: Path, *, seed: int = 0,
 
     where = space.source or space.name
     ctx_model = model_context(model)
-    raw = _flag_value(list(space._spec.fixed_flags), "--max-model-len")
+    raw = space.fixed_flag("--max-model-len")
     ctx_space: int | None = None
     if raw is not None:
         try:

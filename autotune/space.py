@@ -389,6 +389,18 @@ class SearchSpace:
         bound.tuned_missing = dict(missing or {})
         return bound
 
+    def fixed_flag(self, flag: str) -> str | None:
+        """The value ``fixed_flags`` give ``flag`` (``--x V`` or ``--x=V``; the last one
+        wins, as in vLLM's argument parser), None when they do not set it."""
+        flags = self._spec.fixed_flags
+        value = None
+        for i, arg in enumerate(flags):
+            if arg == flag and i + 1 < len(flags):
+                value = flags[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+        return value
+
     # -- facts ------------------------------------------------------------------------------
     def _env(self, params: Mapping[str, Any]) -> dict[str, Any]:
         env: dict[str, Any] = dict.fromkeys(self.knobs)

@@ -129,6 +129,24 @@ def test_decode_steps_are_padded_like_vllm_cuda_graphs() -> None:
     assert 24 in _counts(shape, concurrency=20)  # 20 streams run the 24-token graph
 
 
+def test_max_num_seqs_below_the_streams_makes_smaller_steps() -> None:
+    shape = load_shape(CASESTUDY)  # 256 streams, 512-token prompts
+    # --max-num-seqs 128: a step holds 128 of the 256 streams (the others wait in the queue)
+    assert _counts(shape, max_num_seqs=(128,)) == {
+        128: ("decode",), 640: ("mixed",), 8192: ("prefill",)}
+    why = {tc.m: tc.why for tc in token_counts(shape, max_num_seqs=(128,))}
+    assert "128 streams (--max-num-seqs 128) x 1 tokens" in why[128]
+    # a space that varies it: the cut streams and the whole ones, at every MTP depth
+    assert _counts(shape, max_num_seqs=(128, 1024), mtp_depths=(0, 1)) == {
+        128: ("decode",), 256: ("decode",), 512: ("decode",), 640: ("mixed",),
+        768: ("mixed",), 1024: ("mixed",), 8192: ("prefill",)}
+    # values at or above the streams change nothing; vLLM's default (1024) is the default
+    assert _counts(shape, max_num_seqs=(256, 512, 1024)) == _counts(shape)
+    assert _counts(shape, concurrency=2000) == _counts(shape, concurrency=1024)
+    with pytest.raises(ConfigError, match="--max-num-seqs"):
+        token_counts(shape, max_num_seqs=(0,))
+
+
 def test_open_loop_streams_come_from_the_shape(tmp_path: Path) -> None:
     shape = load_shape(CASESTUDY)
     from autotune.traffic import LoadSpec
@@ -279,6 +297,20 @@ def test_the_cli_without_cuda_exits_2_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "CUDA GPU" in lines[0], proc.stderr
 
 
+def test_the_cli_passes_the_engines_max_num_seqs(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    argv = ["kernels", "moe", "--model", str(STAND_IN), "--shape", str(CASESTUDY),
+            "--out", str(tmp_path / "o")]
+    # the token counts are made (and checked) before the GPU is looked for
+    assert main([*argv, "--max-num-seqs", "128,0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-num-seqs [0, 128]: values must be >= 1" in err
+    assert main([*argv, "--max-num-seqs", "128,1024"]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+
+
 def test_cache_folders_separate_gpus_shapes_streams_and_versions(tmp_path: Path) -> None:
     a = tuned_moe_folder(tmp_path, moe=NANO, gpu_name="NVIDIA H200", shape_fingerprint="f" * 16,
                          vllm_version="0.26.0", streams=256)
@@ -291,6 +323,11 @@ def test_cache_folders_separate_gpus_shapes_streams_and_versions(tmp_path: Path)
         kw = {"gpu_name": "NVIDIA H200", "shape_fingerprint": "f" * 16,
               "vllm_version": "0.26.0", "streams": 256, **other}
         assert tuned_moe_folder(tmp_path, moe=NANO, **kw) != a  # type: ignore[arg-type]
+    # steps of 128 of the 256 streams too (--max-num-seqs 128 in some trials): other counts
+    kw = {"gpu_name": "NVIDIA H200", "shape_fingerprint": "f" * 16, "vllm_version": "0.26.0"}
+    cut = tuned_moe_folder(tmp_path, moe=NANO, streams=(256, 128), **kw)
+    assert cut != a and cut.name.startswith("E128-N1856-ffffffffffffffff-s128+256-")
+    assert tuned_moe_folder(tmp_path, moe=NANO, streams=[256], **kw) == a  # no cut: as before
 
 
 # -- vLLM's own loader reads the file back ----------------------------------------------------
@@ -369,7 +406,12 @@ def test_the_knob_points_the_server_at_the_tuned_folder(tmp_path: Path) -> None:
 
 def test_on_the_cpu_the_knob_is_off_with_one_line() -> None:
     from autotune.engine import EngineInfo
-    from autotune.kernels._study import bind_tuned_kernels, space_batched_tokens, space_mtp_depths
+    from autotune.kernels._study import (
+        bind_tuned_kernels,
+        space_batched_tokens,
+        space_max_num_seqs,
+        space_mtp_depths,
+    )
     from autotune.space import ModelFacts
 
     space = _space(ModelFacts.from_model_dir(STAND_IN, device="cpu"))
@@ -386,6 +428,7 @@ def test_on_the_cpu_the_knob_is_off_with_one_line() -> None:
     # what the study tunes for: every MTP depth and chunk size the space can produce
     assert space_mtp_depths(cuda) == (0, 1, 2, 3)
     assert space_batched_tokens(cuda) == (2048, 4096, 8192, 16384)
+    assert space_max_num_seqs(cuda) == (128, 256, 512, 1024)
 
 
 def test_a_tuned_knob_needs_an_env_target_and_the_tuned_choice(tmp_path: Path) -> None:
@@ -421,16 +464,22 @@ for line in sys.stdin:
 '''
 
 
+def _fake_python(tmp_path: Path, worker: str) -> str:
+    """A `python` that runs the fake ``worker`` script when called as
+    `python -m autotune.kernels._worker`."""
+    script = tmp_path / "fake_worker.py"
+    script.write_text(worker)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+    python.chmod(0o755)
+    return str(python)
+
+
 def test_the_worker_timer_survives_crashes_and_hangs(tmp_path: Path) -> None:
     from autotune.kernels._timer import WorkerTimer
 
-    script = tmp_path / "fake_worker.py"
-    script.write_text(_FAKE_WORKER)
-    python = tmp_path / "python"  # called as `python -m autotune.kernels._worker`
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
-    python.chmod(0o755)
-    timer = WorkerTimer(NANO, gpu=0, python=str(python), call_timeout_s=3,
-                        log_path=tmp_path / "w.log")
+    timer = WorkerTimer(NANO, gpu=0, python=_fake_python(tmp_path, _FAKE_WORKER),
+                        call_timeout_s=3, log_path=tmp_path / "w.log")
     try:
         assert timer.start()["device"] == "NVIDIA H200"
         ok = dict(BEST, BLOCK_SIZE_M=16)
@@ -443,6 +492,93 @@ def test_the_worker_timer_survives_crashes_and_hangs(tmp_path: Path) -> None:
         assert timer.restarts == 2
     finally:
         timer.close()
+
+
+# each says hello only once all three are up (a driver that waits for one greeting before
+# it starts the next worker never gets there); the GPUs in REFUSE then refuse to start
+_BARRIER_WORKER = '''
+import json, os, sys, time
+gpu, up = os.environ["CUDA_VISIBLE_DEVICES"], {up!r}
+open(os.path.join(up, f"pid-{{gpu}}"), "w").write(str(os.getpid()))
+sys.stdin.readline()
+end = time.monotonic() + 10
+while len(os.listdir(up)) < 3 and time.monotonic() < end:
+    time.sleep(0.02)
+if len(os.listdir(up)) < 3:
+    print(json.dumps({{"ok": False, "message": "the other workers never started"}}), flush=True)
+elif gpu in {refuse!r}:
+    print(json.dumps({{"ok": False, "message": f"RuntimeError: GPU {{gpu}} is broken"}}),
+          flush=True)
+else:
+    print(json.dumps({{"ok": True, "device": f"GPU {{gpu}}", "file_name": "x.json"}}), flush=True)
+for line in sys.stdin:
+    if json.loads(line)["config"]["BLOCK_SIZE_M"] == 128:
+        time.sleep(600)  # a config that hangs
+    print(json.dumps({{"ok": True, "us": 10.0}}), flush=True)
+'''
+
+
+def _barrier_workers(tmp_path: Path, refuse: tuple[str, ...] = ()) -> tuple[str, Path]:
+    up = tmp_path / "up"
+    up.mkdir(parents=True)
+    return _fake_python(tmp_path, _BARRIER_WORKER.format(up=str(up), refuse=refuse)), up
+
+
+def test_the_workers_of_all_gpus_start_at_once(tmp_path: Path) -> None:
+    from autotune.errors import AutotuneError
+    from autotune.kernels._timer import WorkerTimer, start_workers
+
+    python, up = _barrier_workers(tmp_path)
+    timers = [WorkerTimer(NANO, gpu=g, python=python, start_timeout_s=30) for g in range(3)]
+    try:
+        # before: worker 0's greeting was awaited before worker 1 started (47 s of a 2-GPU
+        # H200 run went to starting them one after the other)
+        assert [h["device"] for h in start_workers(timers)] == ["GPU 0", "GPU 1", "GPU 2"]
+        assert timers[2](dict(BEST, BLOCK_SIZE_M=16), 8, iters=1) == 10.0
+    finally:
+        for t in timers:
+            t.close()
+    # one or two GPUs that cannot start: one line naming each, and every worker stopped
+    for refuse in (("1",), ("0", "2")):
+        python, up = _barrier_workers(tmp_path / "-".join(refuse), refuse)
+        timers = [WorkerTimer(NANO, gpu=g, python=python, start_timeout_s=30)
+                  for g in range(3)]
+        with pytest.raises(AutotuneError) as err:
+            start_workers(timers)
+        text = str(err.value)
+        assert "\n" not in text and text.count("could not start") == len(refuse)
+        assert all(f"GPU {g} is broken" in text for g in refuse)
+        for pid in (int((up / f"pid-{g}").read_text()) for g in range(3)):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+
+
+def test_a_hung_config_is_stopped_when_the_budget_runs_out(tmp_path: Path) -> None:
+    import time
+
+    from autotune.kernels._tune import _start_workers
+
+    python, _ = _barrier_workers(tmp_path)
+    hang = dict(BEST, BLOCK_SIZE_M=128)
+    timers, own, _ = _start_workers(NANO, [0, 1, 2], tmp_path / "logs", 0, "x.json",
+                                    budget_left_s=2.0, python=python, call_timeout_s=20,
+                                    min_call_timeout_s=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(KernelFailure) as err:
+            timers[0](hang, 8, iters=1)
+        # before: a fixed timeout (300 s, here 20 s) whatever the budget had left
+        assert err.value.reason == "timeout" and "budget" in err.value.message
+        assert time.monotonic() - t0 < 2.0 + 1.0
+        # with the budget spent, a timing (the forced re-check) still gets the floor
+        assert timers[1](dict(BEST, BLOCK_SIZE_M=16), 8, iters=1) == 10.0
+        t0 = time.monotonic()
+        with pytest.raises(KernelFailure):
+            timers[1](hang, 8, iters=1)
+        assert 0.5 <= time.monotonic() - t0 < 0.5 + 1.0
+    finally:
+        for w in own:
+            w.close()
 
 
 def test_the_real_worker_without_cuda_says_so(tmp_path: Path) -> None:
@@ -615,13 +751,62 @@ def test_the_studys_concurrency_reaches_the_token_counts_and_the_cache_key(
     # 32 streams x (1 + MTP 0..3): decode steps of 32..128 tokens, not the shape's 256..1024
     assert {32, 64, 96, 128} <= keys(c32) and not {256, 512, 768, 1024} & keys(c32)
     own = bind_tuned_kernels(space, note=notes.append, **kw)  # type: ignore[arg-type]
-    assert {256, 512, 768, 1024} <= keys(own) and not {64, 96, 128} & keys(own)
+    # the space's --max-num-seqs 128 cuts the 256 streams to 128 per step in some trials
+    assert {128, 256, 384, 512, 768, 1024} <= keys(own) and not {64, 96} & keys(own)
     f32, f256 = Path(c32.tuned_dirs["moe"]), Path(own.tuned_dirs["moe"])
-    assert f32 != f256 and "-s32-" in f32.name and "-s256-" in f256.name
+    assert f32 != f256 and "-s32-" in f32.name and "-s128+256-" in f256.name
     # --concurrency 256 is the shape's own: the same folder, nothing timed again
     calls.clear()
     same = bind_tuned_kernels(space, concurrency=256, note=notes.append, **kw)  # type: ignore[arg-type]
     assert same.tuned_dirs == own.tuned_dirs and calls == []
+
+
+_SEQS_SPACE = """
+name: seqs
+fixed_flags: [{fixed}]
+knobs:
+  {knob}
+  moe_config: {{type: categorical, choices: [default, tuned], env: VLLM_TUNED_CONFIG_FOLDER,
+               omit_when: default, default: default, tuned: moe}}
+"""
+
+
+def test_the_spaces_max_num_seqs_reaches_the_token_counts_and_the_cache_key(
+        tmp_path: Path) -> None:
+    from autotune.kernels._study import bind_tuned_kernels
+    from autotune.space import ModelFacts, load_space
+
+    facts = ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90")
+    calls: list[int] = []
+
+    def counting(config: dict[str, int], m: int, *, iters: int) -> float:
+        calls.append(m)
+        return fake_timer(config, m, iters=iters)
+
+    def bind(name: str, fixed: str = "", knob: str = "", **kw: object) -> tuple[Path, set[int]]:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(_SEQS_SPACE.format(fixed=fixed, knob=knob))
+        notes: list[str] = []
+        bound = bind_tuned_kernels(load_space(path, facts=facts), note=notes.append,
+                                   **{**_bind_kw(tmp_path, counting), **kw})  # type: ignore[arg-type]
+        folder = Path(bound.tuned_dirs["moe"])
+        tuned = folder / "E=128,N=1856,device_name=NVIDIA_H200.json"
+        return folder, {int(k) for k in json.loads(tuned.read_text())}
+
+    # fixed: 128 of the shape's 256 streams per step
+    fixed, keys = bind("fixed", fixed='"--max-num-seqs=128"')
+    assert keys == {128, 640, 8192} and "-s128-" in fixed.name
+    # varied by a knob: 64 and all 256 (vLLM's default 1024 holds them all)
+    varied, keys = bind("varied", knob="seqs: {type: categorical, choices: [64, 512], "
+                                       "flag: --max-num-seqs}")
+    assert keys == {64, 256, 576, 768, 8192} and "-s64+256-" in varied.name
+    # no limit: the shape's 256 streams, another folder
+    whole, keys = bind("whole")
+    assert keys == {256, 768, 8192} and len({fixed, varied, whole}) == 3
+    # 128 streams by --concurrency make the same counts as --max-num-seqs 128: one folder
+    calls.clear()
+    same, keys = bind("same", concurrency=128)
+    assert same == fixed and keys == {128, 640, 8192} and calls == []
 
 
 # -- the kernel budget holds (simulated GPUs and clock) ---------------------------------------

@@ -24,12 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Tune vLLM's fused-MoE Triton kernel (BLOCK_SIZE_M/N/K, GROUP_SIZE_M, num_warps, "
             "num_stages) for the model's expert shape on this GPU, only at the token counts "
-            "the traffic shape produces (streams x (1 + MTP depth) per decode step, mixed "
-            "steps, prefill chunks), with Optuna over vLLM's tuning grid, timing vLLM's own "
-            "fused_experts in one worker process per GPU. Writes OUT/<the file name vLLM "
-            "looks up>, e.g. E=128,N=1856,device_name=NVIDIA_H200.json, plus every "
-            "candidate's time; serve with VLLM_TUNED_CONFIG_FOLDER=OUT. Needs a CUDA GPU "
-            "and the 'gpu' extra. See docs/kernels.md."
+            "the traffic shape produces (min(streams, max-num-seqs) x (1 + MTP depth) per "
+            "decode step, mixed steps, prefill chunks), with Optuna over vLLM's tuning "
+            "grid, timing vLLM's own fused_experts in one worker process per GPU. Writes "
+            "OUT/<the file name vLLM looks up>, e.g. "
+            "E=128,N=1856,device_name=NVIDIA_H200.json, plus every candidate's time; serve "
+            "with VLLM_TUNED_CONFIG_FOLDER=OUT. Needs a CUDA GPU and the 'gpu' extra. See "
+            "docs/kernels.md."
         ),
     )
     moe.add_argument("--model", required=True, type=Path, help="local model directory")
@@ -41,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      "per stream); default 0")
     moe.add_argument("--max-batched-tokens", type=_ints, default=(8192,), metavar="N[,N...]",
                      help="the server's --max-num-batched-tokens (prefill chunk); default 8192")
+    moe.add_argument("--max-num-seqs", type=_ints, default=(1024,), metavar="N[,N...]",
+                     help="the server's --max-num-seqs: a step holds at most N of the streams "
+                     "(decode steps carry min(streams, N) x (1 + D) tokens); default 1024 "
+                     "(vLLM's on a large GPU)")
     moe.add_argument("--concurrency", type=int, default=None, metavar="N",
                      help="concurrent streams the server will run, as 'autotune tune "
                      "--concurrency N' replays (decode steps carry N x (1 + D) tokens); "
@@ -52,10 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      help="configs timed per token count before the re-check (default 48 "
                      "of vLLM's 1,920-point grid)")
     moe.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                     help="wall time for the whole tuning, the GPU workers' start included: "
-                     "decode token counts go first, each gets its share of what is left, and "
-                     "a count that no longer fits is skipped (its key gets vLLM's default "
-                     "config; a later run into OUT tunes it)")
+                     help="wall time for the whole tuning, the GPU workers' start included "
+                     "(they start at once): decode token counts go first, each gets its share "
+                     "of what is left, and a count that no longer fits is skipped (its key "
+                     "gets vLLM's default config; a later run into OUT tunes it); a config "
+                     "that hangs is stopped when the budget runs out (at least 30 s after it "
+                     "began)")
     moe.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the server")
     moe.add_argument("--seed", type=int, default=0)
     moe.add_argument("--fresh", action="store_true",
@@ -73,7 +80,8 @@ def _moe(args: argparse.Namespace) -> int:
         settings = MoeTuneSettings(
             model=args.model, shape=args.shape, out=args.out, gpus=args.gpus,
             mtp_depths=args.mtp_depth, max_batched_tokens=args.max_batched_tokens,
-            concurrency=args.concurrency, sizes=args.sizes, trials=args.trials,
+            max_num_seqs=args.max_num_seqs, concurrency=args.concurrency, sizes=args.sizes,
+            trials=args.trials,
             budget_s=args.budget, tp=args.tp, seed=args.seed, reuse=not args.fresh)
     except ValidationError as exc:
         problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}"

@@ -7,6 +7,8 @@ file needs keys only where the traffic's steps land:
 * **decode**: every running stream contributes ``1 + MTP depth`` tokens per step (the
   verify batch of speculative decoding), padded up to the CUDA-graph capture size vLLM
   replays (``1, 2, 4, 8, 16, 24, ..., 256, 272, ...``: steps of 8 up to 256, then 16);
+  a step runs at most ``max_num_seqs`` sequences, so with fewer seqs than streams the
+  step holds ``max_num_seqs`` of them (the rest wait in vLLM's queue);
 * **mixed**: a decode step that also carries one prompt's prefill chunk
   (decodes + the shape's median prompt, at most ``max_num_batched_tokens``);
 * **prefill**: a full chunk, ``max_num_batched_tokens`` (or all the streams' prompts
@@ -16,7 +18,9 @@ file needs keys only where the traffic's steps land:
 
 The number of streams is the shape's closed-loop concurrency, or for an open loop the
 concurrency the shape records (Little's law over the logged latencies), else the replay
-rate times the mean latency at an assumed speed (stated in the reason).
+rate times the mean latency at an assumed speed (stated in the reason). Every kind above
+is counted for each number of sequences a step can hold, ``min(streams, max_num_seqs)``
+for each ``--max-num-seqs`` value the server may run (:func:`active_streams`).
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["TokenCount", "cudagraph_size", "streams_of", "token_counts"]
+__all__ = ["TokenCount", "active_streams", "cudagraph_size", "streams_of", "token_counts"]
 
-# vLLM 0.26's default max_num_batched_tokens for the OpenAI server on a large GPU
+# vLLM 0.26's defaults for the OpenAI server on a large GPU (>= 70 GiB, not an A100:
+# EngineArgs._set_default_args): max_num_batched_tokens and max_num_seqs
 DEFAULT_MAX_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = 1024
 # vLLM's default capture limit (min(2 * seqs * (1 + depth), 512)); beyond it steps run eager
 DEFAULT_MAX_CAPTURE = 512
 # open loop without a recorded latency: an assumed reference server (as traffic/ does)
@@ -87,11 +93,23 @@ def streams_of(shape: Any, concurrency: int | None = None) -> tuple[int, str]:
         f"shape {shape.name!r} says neither its concurrency nor its rate; pass --concurrency N")
 
 
+def active_streams(streams: int, max_num_seqs: Iterable[int] = (DEFAULT_MAX_NUM_SEQS,)
+                   ) -> tuple[int, ...]:
+    """The numbers of sequences one engine step can hold: ``min(streams, s)`` for each
+    ``--max-num-seqs`` value ``s`` the server may run (sorted, each once)."""
+    seqs = sorted(set(max_num_seqs))
+    if not seqs or any(s < 1 for s in seqs):
+        raise ConfigError(f"--max-num-seqs {seqs}: values must be >= 1")
+    return tuple(sorted({min(streams, s) for s in seqs}))
+
+
 def token_counts(shape: Any, *, mtp_depths: Iterable[int] = (0,),
                  max_batched_tokens: Sequence[int] = (DEFAULT_MAX_BATCHED_TOKENS,),
+                 max_num_seqs: Iterable[int] = (DEFAULT_MAX_NUM_SEQS,),
                  concurrency: int | None = None, max_capture: int = DEFAULT_MAX_CAPTURE,
                  extra: Iterable[int] = ()) -> list[TokenCount]:
-    """The token counts to tune for ``shape`` (sorted, each once, with its reasons)."""
+    """The token counts to tune for ``shape`` (sorted, each once, with its reasons), for
+    every MTP depth, chunk size and ``--max-num-seqs`` value the server may run."""
     streams, source = streams_of(shape, concurrency)
     depths = sorted(set(mtp_depths))
     if not depths or any(d < 0 for d in depths):
@@ -104,21 +122,23 @@ def token_counts(shape: Any, *, mtp_depths: Iterable[int] = (0,),
     def add(m: int, kind: str, why: str) -> None:
         found.setdefault(int(m), []).append((kind, why))
 
-    for d in depths:
-        per_step = streams * (1 + d)
-        mtp = f", MTP {d}" if d else ""
-        add(cudagraph_size(per_step, max_capture), "decode",
-            f"{streams} streams x {1 + d} tokens{mtp}")
-        if d >= 2:
-            add(cudagraph_size(streams, max_capture), "draft",
-                f"MTP draft steps 2..{d}: {streams} tokens")
+    for n in active_streams(streams, max_num_seqs):
+        held = f"{n} streams" if n == streams else f"{n} streams (--max-num-seqs {n})"
+        for d in depths:
+            per_step = n * (1 + d)
+            mtp = f", MTP {d}" if d else ""
+            add(cudagraph_size(per_step, max_capture), "decode",
+                f"{held} x {1 + d} tokens{mtp}")
+            if d >= 2:
+                add(cudagraph_size(n, max_capture), "draft",
+                    f"MTP draft steps 2..{d}: {n} tokens")
+            for cap in max_batched_tokens:
+                if per_step < cap:
+                    add(min(cap, per_step + prompt), "mixed",
+                        f"{per_step} decode tokens{mtp} + a {prompt}-token prompt (chunk {cap})")
         for cap in max_batched_tokens:
-            if per_step < cap:
-                add(min(cap, per_step + prompt), "mixed",
-                    f"{per_step} decode tokens{mtp} + a {prompt}-token prompt (chunk {cap})")
-    for cap in max_batched_tokens:
-        add(min(cap, streams * prompt), "prefill",
-            f"prefill chunk: min(max_num_batched_tokens {cap}, {streams} x {prompt})")
+            add(min(cap, n * prompt), "prefill",
+                f"prefill chunk: min(max_num_batched_tokens {cap}, {n} x {prompt})")
     for m in extra:
         if m < 1:
             raise ConfigError(f"--sizes {m}: token counts must be >= 1")

@@ -4,12 +4,13 @@ A space knob with ``tuned: moe`` (``moe_config: default|tuned`` in
 ``search_spaces/hybrid-mtp.yaml``) sets ``VLLM_TUNED_CONFIG_FOLDER`` to a folder of
 fused-MoE configs tuned for this model, GPU and traffic shape. :func:`bind_tuned_kernels`
 makes (or finds in ``--cache-dir``) that folder once, for every token count the space can
-produce (its MTP depths and ``--max-num-batched-tokens`` choices) at the streams the study
-replays (the shape's, or ``--concurrency``), and binds it to the space. When it cannot
-(the CPU build has no fused-MoE Triton kernel; a dense model has no experts; the tuning
-failed or the budget fitted no token count) or need not (no trial of the study can pick
-``tuned``: see :class:`TrialPlan`) the value ``tuned`` becomes a rule violation with that
-reason: samples with it are rejected before any server starts, the other knobs search on.
+produce (its MTP depths, ``--max-num-batched-tokens`` and ``--max-num-seqs`` choices) at
+the streams the study replays (the shape's, or ``--concurrency``), and binds it to the
+space. When it cannot (the CPU build has no fused-MoE Triton kernel; a dense model has no
+experts; the tuning failed or the budget fitted no token count) or need not (no trial of
+the study can pick ``tuned``: see :class:`TrialPlan`) the value ``tuned`` becomes a rule
+violation with that reason: samples with it are rejected before any server starts, the
+other knobs search on.
 """
 
 from __future__ import annotations
@@ -24,17 +25,21 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.kernels._cache import ensure_tuned_moe
 from autotune.kernels._search import KernelTimer
-from autotune.kernels._sizes import streams_of
+from autotune.kernels._sizes import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    active_streams,
+    streams_of,
+)
 from autotune.kernels._tune import MoeTuneResult, Progress
 from autotune.space import SearchSpace
 
-__all__ = ["TrialPlan", "bind_tuned_kernels", "space_batched_tokens", "space_mtp_depths"]
+__all__ = ["TrialPlan", "bind_tuned_kernels", "space_batched_tokens", "space_max_num_seqs",
+           "space_mtp_depths"]
 
 logger = logging.getLogger(__name__)
 
 _MTP_TARGET = "--speculative-config.num_speculative_tokens"
-_MNBT_FLAG = "--max-num-batched-tokens"
-_VLLM_DEFAULT_MNBT = 8192
 
 
 def _values(knob: Any) -> list[int]:
@@ -54,18 +59,27 @@ def space_mtp_depths(space: SearchSpace) -> tuple[int, ...]:
     return tuple(sorted(depths))
 
 
-def space_batched_tokens(space: SearchSpace) -> tuple[int, ...]:
-    """``--max-num-batched-tokens`` values the space can pass (vLLM's default included)."""
-    values = {_VLLM_DEFAULT_MNBT}
-    flags = list(space._spec.fixed_flags)
-    for i, flag in enumerate(flags[:-1]):
-        if flag == _MNBT_FLAG and flags[i + 1].isdigit():
-            values = {int(flags[i + 1])}
+def _flag_values(space: SearchSpace, flag: str, vllm_default: int) -> tuple[int, ...]:
+    """Values of a whole-number engine ``flag`` the space can pass: its fixed value (else
+    vLLM's default) and its knobs' values (an int range by its two ends)."""
+    fixed = space.fixed_flag(flag)
+    values = {int(fixed) if fixed is not None and fixed.isdigit() else vllm_default}
     for knob in space.knobs.values():
-        if knob.flag == _MNBT_FLAG:
+        if knob.flag == flag:
             vals = _values(knob)
             values.update([min(vals), max(vals)] if knob.type == "int" else vals)
     return tuple(sorted(values))
+
+
+def space_batched_tokens(space: SearchSpace) -> tuple[int, ...]:
+    """``--max-num-batched-tokens`` values the space can pass (vLLM's default included)."""
+    return _flag_values(space, "--max-num-batched-tokens", DEFAULT_MAX_BATCHED_TOKENS)
+
+
+def space_max_num_seqs(space: SearchSpace) -> tuple[int, ...]:
+    """``--max-num-seqs`` values the space can pass (vLLM's default included): a step holds
+    at most that many sequences, so fewer seqs than streams make smaller decode steps."""
+    return _flag_values(space, "--max-num-seqs", DEFAULT_MAX_NUM_SEQS)
 
 
 @dataclass(frozen=True)
@@ -123,16 +137,19 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
                    f"knob {knobs}: not tuned: no trial of this study can pick 'tuned' ({why})")
     from autotune.traffic import load_shape
 
+    depths, mnbt = space_mtp_depths(space), space_batched_tokens(space)
+    seqs = space_max_num_seqs(space)
     try:
-        _, source = streams_of(load_shape(shape_path), concurrency)
+        streams, source = streams_of(load_shape(shape_path), concurrency)
+        held = [n for n in active_streams(streams, seqs) if n < streams]
     except AutotuneError as exc:
         return off(f"the kernel tuning failed: {exc}",
                    f"knob {knobs}: 'tuned' is off: the kernel tuning failed ({exc})")
-    depths, mnbt = space_mtp_depths(space), space_batched_tokens(space)
+    cut = f", {held} of them per step by --max-num-seqs" if held else ""
     within = f" within {budget_s:.0f} s" if budget_s else ""
     say(f"fused-MoE kernels for knob {knobs}: tuning once per model, GPU, shape and streams "
-        f"({source}, MTP depths {list(depths)}, chunks {list(mnbt)}){within}; cached under "
-        f"{cache_dir}/kernels")
+        f"({source}{cut}, MTP depths {list(depths)}, chunks {list(mnbt)}){within}; cached "
+        f"under {cache_dir}/kernels")
     from autotune.kernels._tune import check_cuda
 
     def progress(p: Progress) -> None:
@@ -149,7 +166,8 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
             cache_dir=cache_dir, model=model, shape_path=shape_path,
             shape_fingerprint=shape_fingerprint, gpu_name=gpu_name,
             vllm_version=engine.version, mtp_depths=depths, max_batched_tokens=mnbt,
-            concurrency=concurrency, gpus=len(timers) if timers else len(check_cuda()),
+            max_num_seqs=seqs, concurrency=concurrency,
+            gpus=len(timers) if timers else len(check_cuda()),
             budget_s=budget_s, trials=trials, on_progress=progress, timers=timers,
             clock=clock)
     except AutotuneError as exc:

@@ -2,7 +2,13 @@
 ``python -m autotune.kernels._worker`` on one GPU (``CUDA_VISIBLE_DEVICES``).
 
 A worker that dies or hangs costs one candidate (reason ``crash`` or ``timeout``) and is
-started again for the next one; its stderr goes to a log file beside the results.
+started again for the next one; its stderr goes to a log file beside the results. A
+timing gets ``call_timeout_s`` (300 s), cut to what is left of a kernel budget
+(``deadline``) but never below ``min_call_timeout_s`` (30 s: a Triton compile and a long
+re-check fit in it), so a hung config ends the tuning close to its budget.
+
+:func:`start_workers` starts the workers of several GPUs at once (each loads torch, vLLM
+and its tensors: about 20 s on an H200) and waits for every greeting.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
@@ -23,7 +30,7 @@ from autotune.errors import AutotuneError
 from autotune.kernels._moe_shape import MoeShape
 from autotune.kernels._search import KernelFailure
 
-__all__ = ["WorkerTimer"]
+__all__ = ["WorkerTimer", "start_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +40,8 @@ class WorkerTimer:
 
     def __init__(self, shape: MoeShape, *, gpu: int, log_path: Path | None = None,
                  python: str = sys.executable, seed: int = 0,
-                 call_timeout_s: float = 300.0, start_timeout_s: float = 600.0) -> None:
+                 call_timeout_s: float = 300.0, start_timeout_s: float = 600.0,
+                 deadline: float | None = None, min_call_timeout_s: float = 30.0) -> None:
         self.shape = shape
         self.gpu = gpu
         self.log_path = log_path
@@ -41,9 +49,12 @@ class WorkerTimer:
         self.seed = seed
         self.call_timeout_s = call_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.deadline = deadline  # a time.monotonic(): the kernel budget's end
+        self.min_call_timeout_s = min_call_timeout_s
         self.hello: dict[str, Any] | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._log: IO[str] | None = None
+        self._launched = 0.0
         self.restarts = 0
 
     # -- process ---------------------------------------------------------------------------
@@ -51,18 +62,37 @@ class WorkerTimer:
         """Start the worker and return its greeting (GPU name, vLLM's file name, versions).
 
         Raises :class:`AutotuneError` when the worker cannot time anything at all."""
+        self.launch()
+        return self.ready()
+
+    def launch(self) -> None:
+        """Start the worker process and send it the MoE shape; :meth:`ready` waits for it."""
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(self.gpu), PYTHONUNBUFFERED="1")
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "a", encoding="utf-8")
-        self._proc = subprocess.Popen(
-            [self.python, "-m", "autotune.kernels._worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL, text=True,
-            env=env, start_new_session=True,
-        )  # fmt: skip
+        try:
+            self._proc = subprocess.Popen(
+                [self.python, "-m", "autotune.kernels._worker"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL, text=True,
+                env=env, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            self.close()
+            raise AutotuneError(
+                f"the kernel worker on GPU {self.gpu} could not start ({self.python}: {exc}); "
+                "it needs the CUDA build of vLLM and a GPU") from exc
+        self._launched = time.monotonic()
         shape = {**asdict(self.shape), "activation": self.shape.activation}
-        self._send({"shape": shape, "seed": self.seed})
-        answer = self._receive(self.start_timeout_s)
+        try:
+            self._send({"shape": shape, "seed": self.seed})
+        except OSError:
+            pass  # it exited already: ready() says so
+
+    def ready(self) -> dict[str, Any]:
+        """The greeting of the worker :meth:`launch` started, within ``start_timeout_s`` of
+        its launch; raises :class:`AutotuneError` (and stops it) when none comes."""
+        answer = self._receive(self._launched + self.start_timeout_s - time.monotonic())
         if isinstance(answer, str) or not answer.get("ok"):
             if isinstance(answer, str):
                 why = "it exited" if answer == "crash" else "no answer"
@@ -102,8 +132,9 @@ class WorkerTimer:
         """The worker's next answer, or "crash" (it exited) or "timeout" (no answer)."""
         assert self._proc is not None and self._proc.stdout is not None
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self._proc.stdout], [], [], 1.0)
+        while True:  # one look even with no time left: an answer may be waiting
+            wait = max(0.0, min(1.0, deadline - time.monotonic()))
+            ready, _, _ = select.select([self._proc.stdout], [], [], wait)
             if ready:
                 line = self._proc.stdout.readline()
                 if not line:
@@ -111,7 +142,16 @@ class WorkerTimer:
                 return dict(json.loads(line))
             if self._proc.poll() is not None:
                 return "crash"
-        return "timeout"
+            if time.monotonic() >= deadline:
+                return "timeout"
+
+    def call_timeout(self) -> float:
+        """Seconds the next timing may take: ``call_timeout_s``, cut to the budget's time
+        left, never below ``min_call_timeout_s``."""
+        if self.deadline is None:
+            return self.call_timeout_s
+        left = self.deadline - time.monotonic()
+        return min(self.call_timeout_s, max(self.min_call_timeout_s, left))
 
     # -- KernelTimer -----------------------------------------------------------------------
     def __call__(self, config: dict[str, int], m: int, *, iters: int) -> float:
@@ -125,13 +165,43 @@ class WorkerTimer:
         except (BrokenPipeError, OSError) as exc:
             self.close()
             raise KernelFailure("crash", f"the worker went away: {exc}") from exc
-        answer = self._receive(self.call_timeout_s)
+        timeout = self.call_timeout()
+        answer = self._receive(timeout)
         if isinstance(answer, str):
             code = None if self._proc is None else self._proc.poll()
             self.close(kill=True)
             if answer == "timeout":
-                raise KernelFailure("timeout", f"no answer within {self.call_timeout_s:.0f} s")
+                cut = " (the kernel budget's time left)" if timeout < self.call_timeout_s else ""
+                raise KernelFailure("timeout", f"no answer within {timeout:.0f} s{cut}")
             raise KernelFailure("crash", f"the worker exited (code {code})")
         if not answer.get("ok"):
             raise KernelFailure(str(answer.get("reason", "error")), str(answer.get("message", "")))
         return float(answer["us"])
+
+
+def start_workers(timers: Sequence[WorkerTimer]) -> list[dict[str, Any]]:
+    """Start every worker at once and wait for all their greetings (in ``timers``' order).
+
+    When one cannot start, all are stopped and an :class:`AutotuneError` names each that
+    failed (one line), as :meth:`WorkerTimer.start` does for one."""
+    errors: list[AutotuneError] = []
+    hellos: list[dict[str, Any]] = []
+    try:
+        for w in timers:
+            w.launch()
+        for w in timers:
+            try:
+                hellos.append(w.ready())
+            except AutotuneError as exc:  # the others are still waited for: each is reported
+                errors.append(exc)
+    except BaseException:
+        for w in timers:
+            w.close(kill=True)
+        raise
+    if errors:
+        for w in timers:
+            w.close(kill=True)
+        if len(errors) == 1:
+            raise errors[0]
+        raise AutotuneError("; ".join(map(str, errors))) from errors[0]
+    return hellos

@@ -9,13 +9,15 @@ with every candidate's time beside it (``<stem>.results.json``, ``<stem>.candida
 Token counts already in ``OUT``'s results (same MoE shape, GPU and search settings) are
 kept, not tuned again: a study's cache folder grows instead of starting over.
 
-A budget (``budget_s``) holds the whole tuning, the workers' start included: token counts
-go out decode steps first, prefill chunks last; each gets its share of the time left
-(:func:`autotune.kernels.search_size` fits its search and re-check into it), and a count
-whose least cost (:meth:`TimingCosts.floor_s`) no longer fits is skipped. A skipped
-count's key holds vLLM's default config, so steps near it run as without a file instead
-of borrowing another count's tiles; the results say which counts were skipped and why,
-and the next run into the folder tunes them.
+A budget (``budget_s``) holds the whole tuning, the workers' start included (they start
+at once, one per GPU): token counts go out decode steps first, prefill chunks last; each
+gets its share of the time left (:func:`autotune.kernels.search_size` fits its search and
+re-check into it), and a count whose least cost (:meth:`TimingCosts.floor_s`) no longer
+fits is skipped. A skipped count's key holds vLLM's default config, so steps near it run
+as without a file instead of borrowing another count's tiles; the results say which
+counts were skipped and why, and the next run into the folder tunes them. A worker's
+timing that hangs is stopped when the budget runs out (at least 30 s after it began), not
+300 s later.
 """
 
 from __future__ import annotations
@@ -46,7 +48,12 @@ from autotune.kernels._search import (
     TimingCosts,
     search_size,
 )
-from autotune.kernels._sizes import DEFAULT_MAX_BATCHED_TOKENS, TokenCount, token_counts
+from autotune.kernels._sizes import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    TokenCount,
+    token_counts,
+)
 from autotune.kernels._space import KEYS, default_config
 
 __all__ = ["KernelsUnavailable", "MoeTuneResult", "MoeTuneSettings", "Progress",
@@ -70,6 +77,7 @@ class MoeTuneSettings(BaseModel):
     gpus: int = Field(default=1, ge=1, le=64)
     mtp_depths: tuple[int, ...] = (0,)
     max_batched_tokens: tuple[int, ...] = (DEFAULT_MAX_BATCHED_TOKENS,)
+    max_num_seqs: tuple[int, ...] = (DEFAULT_MAX_NUM_SEQS,)  # a step holds min(streams, this)
     concurrency: int | None = Field(default=None, ge=1)
     sizes: tuple[int, ...] = ()  # token counts to add to the shape's
     trials: int = Field(default=48, ge=1, le=2000)  # configs timed per token count
@@ -282,23 +290,23 @@ def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: M
     _atomic_write(result.csv_path, buf.getvalue())
 
 
-def _start_workers(shape: MoeShape, gpus: list[int], logs: Path, seed: int, file_name: str
+def _start_workers(shape: MoeShape, gpus: list[int], logs: Path, seed: int, file_name: str,
+                   *, budget_left_s: float | None = None, **timer_kw: Any
                    ) -> tuple[list[KernelTimer], list[Any], dict[str, str]]:
-    """One worker per GPU; each checks that vLLM itself names the file as autotune does."""
-    from autotune.kernels._timer import WorkerTimer
+    """One worker per GPU, all started at once; each checks that vLLM itself names the file
+    as autotune does. ``budget_left_s``: what is left of the budget now (a timing's
+    timeout is cut to it); ``timer_kw``: more :class:`~autotune.kernels._timer.WorkerTimer`
+    options (tests: a fake ``python``, short timeouts)."""
+    from autotune.kernels._timer import WorkerTimer, start_workers
 
-    own = [WorkerTimer(shape, gpu=g, log_path=logs / f"worker-gpu{g}.log", seed=seed)
-           for g in gpus]
-    try:
-        hellos = [w.start() for w in own]
-    except BaseException:
-        for w in own:
-            w.close()
-        raise
+    deadline = None if budget_left_s is None else time.monotonic() + budget_left_s
+    own = [WorkerTimer(shape, gpu=g, log_path=logs / f"worker-gpu{g}.log", seed=seed,
+                       deadline=deadline, **timer_kw) for g in gpus]
+    hellos = start_workers(own)
     vllm_name = hellos[0].get("file_name")
     if vllm_name and vllm_name != file_name:
         for w in own:
-            w.close()
+            w.close(kill=True)
         raise AutotuneError(
             f"vLLM on this GPU reads {vllm_name}, but autotune would write {file_name}; "
             "report this (autotune/kernels/_moe_shape.py config_file_name)")
@@ -323,7 +331,8 @@ def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None 
     traffic = load_shape(settings.shape)
     sizes = token_counts(traffic, mtp_depths=settings.mtp_depths,
                          max_batched_tokens=settings.max_batched_tokens,
-                         concurrency=settings.concurrency, extra=settings.sizes)
+                         max_num_seqs=settings.max_num_seqs, concurrency=settings.concurrency,
+                         extra=settings.sizes)
     if shape.config_dtype == "fp8_w8a8" and timers is None:
         raise ConfigError(f"{settings.model}: FP8 MoE weights are named but not yet timed by "
                           "'autotune kernels moe'; use vLLM's benchmarks/kernels/benchmark_moe.py")
@@ -349,8 +358,9 @@ def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None 
     versions: dict[str, str] = _old_versions(result.results_path) if prev else {}
     try:
         if timers is None and todo:
-            timers, own, versions = _start_workers(shape, gpus, out / "logs", settings.seed,
-                                                   file_name)
+            timers, own, versions = _start_workers(
+                shape, gpus, out / "logs", settings.seed, file_name,
+                budget_left_s=None if end is None else end - clock())
             result.gpus = list(gpus)
         elif todo:
             result.gpus = list(range(len(timers or [])))
