@@ -354,6 +354,11 @@ class Judgement:
     # when no other config was measured feasible: the best one the pruner stopped (its
     # within-run figures give the ratio; it has no objective value of its own)
     pruned: Any = None
+    # defaults_best with a ratio above 1 that the starts could not show: how many starts
+    # of each config would, at the measured start-to-start spread (autotune.stats.
+    # starts_needed), and the --recheck-starts that gives them
+    starts_needed: int | None = None
+    recheck_starts_needed: int | None = None
 
 
 def _fresh(ts: list[Any]) -> list[Any]:
@@ -390,7 +395,12 @@ def judge_study(study: Any) -> Judgement | None:
     A winner is declared only if the 95 % interval of its ratio to the defaults lies
     above 1; otherwise the defaults remain best and best.json names them. None: no
     feasible trial."""
-    from autotune.stats import decide_verdict, ratio_to_defaults
+    from autotune.stats import (
+        MAX_STARTS_NEEDED,
+        decide_verdict,
+        ratio_to_defaults,
+        starts_needed,
+    )
 
     groups = list(readings(study).values())
     if not groups:
@@ -398,7 +408,8 @@ def judge_study(study: Any) -> Judgement | None:
     objective = study_objective(study)
     base = next((ts for ts in groups if ts[0].user_attrs.get(A.BASELINE)), None)
     others = [ts for ts in groups if ts is not base]
-    if all(_fresh(ts) for ts in groups):  # no selection: every reading is unbiased
+    search_counts = all(_fresh(ts) for ts in groups)
+    if search_counts:  # no selection: every reading is unbiased
         pool, base_use = others, (base or [])
     else:
         pool = [_fresh(ts) for ts in others if _fresh(ts)] or others
@@ -415,8 +426,22 @@ def judge_study(study: Any) -> Judgement | None:
                               within={"config": _within(cand, objective),
                                       "defaults": _within(base_use, objective)})
     v = decide_verdict(ratio)
-    return Judgement(v.verdict, v.reason, ratio, cand if v.verdict == "winner" else base_use,
-                     cand, base_use)
+    n = starts_needed(ratio) if v.verdict == "defaults_best" else None
+    reason, recheck = v.reason, None
+    if n is not None and ratio is not None and ratio.log_sd is not None:
+        # each config's re-check adds --recheck-starts fresh starts; its search reading
+        # counts as one more start only when every config was re-checked
+        recheck = n - 1 if search_counts else n
+        reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd):.1%})"
+                   f" showing {ratio.median:.3f}x would take about {n} starts of each config "
+                   f"(--recheck-starts {recheck})")
+    elif (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
+          and ratio.log_sd is not None):
+        reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd):.1%})"
+                   f" more than {MAX_STARTS_NEEDED} starts of each config would not show "
+                   f"{ratio.median:.3f}x")
+    return Judgement(v.verdict, reason, ratio, cand if v.verdict == "winner" else base_use,
+                     cand, base_use, starts_needed=n, recheck_starts_needed=recheck)
 
 
 def _pruned_value(t: Any) -> float | None:
@@ -486,6 +511,11 @@ def verdict_record(j: Judgement | None) -> dict[str, Any]:
                                    [_pruned_value(j.pruned)] if j.pruned is not None else []),
                      "defaults": [primary(t) for t in j.defaults]},
         "method": j.ratio.method if j.ratio is not None else None,
+        "start_spread": (math.expm1(j.ratio.log_sd)
+                         if j.ratio is not None and j.ratio.log_sd is not None else None),
+        "starts_needed": ({"per_config": j.starts_needed,
+                           "recheck_starts": j.recheck_starts_needed}
+                          if j.starts_needed is not None else None),
         "reason": j.reason,
     }
 

@@ -30,6 +30,7 @@ __all__ = [
     "mean_interval",
     "ratio_to_defaults",
     "relative_half_width",
+    "starts_needed",
 ]
 
 CONFIDENCE = 0.95
@@ -143,6 +144,10 @@ class RatioInterval:
     method: str
     n_config: int
     n_defaults: int
+    # the delta method's pooled between-start SD of log readings and its degrees of
+    # freedom (None for within-run intervals): what :func:`starts_needed` works from
+    log_sd: float | None = None
+    df: int | None = None
 
     def as_dict(self) -> dict[str, float]:
         return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high}
@@ -198,7 +203,38 @@ def ratio_to_defaults(
         method = "within-run intervals only (no repeated server start)"
     lo, hi = est - q * se, est + q * se
     return RatioInterval(median=math.exp(est), ci_low=math.exp(lo), ci_high=math.exp(hi),
-                         method=method, n_config=int(c.size), n_defaults=int(d.size))
+                         method=method, n_config=int(c.size), n_defaults=int(d.size),
+                         log_sd=math.sqrt(ss / df) if df > 0 else None,
+                         df=df if df > 0 else None)
+
+
+# beyond this many starts of each config the answer is "not worth it", not a number
+MAX_STARTS_NEEDED = 50
+
+
+def starts_needed(ratio: RatioInterval | None, *, confidence: float = CONFIDENCE,
+                  max_starts: int = MAX_STARTS_NEEDED) -> int | None:
+    """Starts of each of the two configs that would show ``ratio.median`` above 1, if the
+    start-to-start spread stays as measured (``ratio.log_sd``): the least ``n`` with
+    ``t(df_n) * log_sd * sqrt(2 / n) < log(median)``, where ``df_n`` is the pooled degrees
+    of freedom with both configs at ``n`` starts (the other re-checked configs' share
+    kept). None when no number of starts would: the ratio is at most 1, the interval came
+    from within-run figures alone (no start-to-start spread measured), or it would take
+    more than ``max_starts``. A planning figure: the spread itself is estimated from few
+    starts."""
+    if (ratio is None or ratio.log_sd is None or ratio.df is None or ratio.median <= 1.0
+            or not math.isfinite(ratio.median)):
+        return None
+    gap = math.log(ratio.median)
+    if ratio.log_sd <= 0:
+        return max(ratio.n_config, ratio.n_defaults)
+    rest = ratio.df - (ratio.n_config - 1) - (ratio.n_defaults - 1)  # the other configs'
+    for n in range(2, max_starts + 1):
+        df = rest + 2 * (n - 1)
+        q = float(_st.t.ppf(0.5 + confidence / 2, df))
+        if q * ratio.log_sd * math.sqrt(2 / n) < gap:
+            return n
+    return None
 
 
 @dataclass(frozen=True)

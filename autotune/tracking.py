@@ -338,6 +338,10 @@ class MlflowCallback(StudyCallback):
         ratio = (result.verdict or {}).get("ratio_to_defaults") or {}
         self.tracker.log_study_metrics({f"ratio_to_defaults_{k}": float(v)
                                         for k, v in ratio.items() if v is not None})
+        need = (result.verdict or {}).get("starts_needed") or {}
+        if need.get("per_config") is not None:  # defaults_best, but not shown either way
+            self.tracker.log_study_metrics({"starts_needed_per_config":
+                                            float(need["per_config"])})
         self.tracker.log_study_metrics({f"gpu_time.{label}.{k}": float(v)
                                         for label, acc in (result.gpu_time or {}).items()
                                         for k, v in acc.items()})

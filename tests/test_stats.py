@@ -161,3 +161,43 @@ def test_verdict_edge_cases() -> None:
     r = ratio_to_defaults([1100.0], [1000.0], within={
         "config": Interval(1100.0, 1090.0, 1110.0), "defaults": Interval(1000.0, 990.0, 1010.0)})
     assert r is not None and "within-run" in r.method and r.ci_low > 1.0
+
+
+def test_starts_needed_is_the_least_count_whose_interval_would_clear_1() -> None:
+    from autotune.stats import ratio_to_defaults, starts_needed
+
+    # the H200 at 256 streams (experiments/h200-trust, fourth session): two starts each,
+    # 1.094x with [0.847, 1.412]; the pooled start-to-start SD of log readings is 5.9 %
+    r = ratio_to_defaults([13955.46, 14530.92], [13768.53, 12314.16])
+    assert r is not None and r.ci_low < 1 < r.median
+    assert r.df == 2 and r.log_sd == pytest.approx(0.0594, abs=1e-3)
+    n = starts_needed(r)
+    assert n == 5
+    # check it against the interval itself: n starts each at exactly that mean and spread
+    # (readings exp(mu +- log_sd * k), k making the sample SD log_sd) clear 1, n - 1 do not
+    def readings(level: float, m: int) -> list[float]:
+        z = np.linspace(-1.0, 1.0, m)
+        z = z / z.std(ddof=1)
+        return [float(level * math.exp(r.log_sd * x)) for x in z]
+
+    def lower(m: int) -> float:
+        got = ratio_to_defaults(readings(r.median, m), readings(1.0, m))
+        assert got is not None and got.median == pytest.approx(r.median)
+        return got.ci_low
+
+    assert lower(n) > 1.0 > lower(n - 1)
+
+
+def test_starts_needed_is_none_when_no_number_of_starts_would_show_a_gain() -> None:
+    from autotune.stats import Interval, ratio_to_defaults, starts_needed
+
+    slower = ratio_to_defaults([950.0, 980.0], [1000.0, 1010.0])
+    assert slower is not None and slower.median < 1 and starts_needed(slower) is None
+    # within-run intervals only: no start-to-start spread was measured to plan with
+    within = ratio_to_defaults([1100.0], [1000.0], within={
+        "config": Interval(1100.0, 900.0, 1300.0), "defaults": Interval(1000.0, 990.0, 1010.0)})
+    assert within is not None and within.log_sd is None and starts_needed(within) is None
+    # a 0.1 % gain under a 10 % start-to-start spread: beyond any sensible count
+    tiny = ratio_to_defaults([1001.0, 1101.0], [1000.0, 1100.0])
+    assert tiny is not None and starts_needed(tiny) is None
+    assert starts_needed(None) is None

@@ -303,3 +303,39 @@ def test_when_every_config_is_rechecked_the_search_readings_count_too(
     d = json.loads((out / "best.json").read_text())["verdict_detail"]
     assert len(d["readings"]["candidate"]) == 1 and len(d["readings"]["defaults"]) == 1
     assert d["method"].startswith("within-run")
+
+
+def test_a_gain_the_starts_cannot_show_says_how_many_starts_would(
+        tmp_path: Path, fake_model: Path) -> None:
+    # A 6 % better config under a 5 % start-to-start spread, two starts each (the H200 at
+    # 256 streams had 1.094x, [0.847, 1.412]): not shown, so the defaults remain best, and
+    # the verdict says how many starts of each would show it at that spread, as the
+    # --recheck-starts to ask for (each search reading counts: every config is re-checked).
+    from mlflow.tracking import MlflowClient
+
+    from autotune.cli._tune import _verdict_line
+
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1060.0, "other": 800.0}, start_cv=0.05)
+    _, out, tracking = study(tmp_path, fake_model, fn, trials=2, recheck_starts=1)
+    v = json.loads((out / "study.json").read_text())["verdict"]
+    r = v["ratio_to_defaults"]
+    assert v["verdict"] == "defaults_best" and r["ci_low"] < 1 < r["median"], v
+    need = v["starts_needed"]
+    assert need["per_config"] >= 3 and need["recheck_starts"] == need["per_config"] - 1
+    assert 0 < v["start_spread"] < 0.5
+    assert f"about {need['per_config']} starts of each config" in v["reason"]
+    line = _verdict_line(v)
+    assert f"--recheck-starts {need['recheck_starts']}" in line, line
+    best = json.loads((out / "best.json").read_text())
+    assert best["verdict_detail"]["starts_needed"] == need
+    client = MlflowClient(tracking_uri=tracking)
+    exp = client.get_experiment_by_name("autotune")
+    assert exp is not None
+    parent = next(r for r in client.search_runs([exp.experiment_id])
+                  if r.data.tags.get("autotune.kind") == "study")
+    assert parent.data.metrics["starts_needed_per_config"] == need["per_config"]
+    # a winner, or a config slower than the defaults, needs no such count
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 800.0}, start_cv=0.01)
+    _, out, _ = study(tmp_path / "w", fake_model, fn, trials=2, recheck_starts=1)
+    v = json.loads((out / "study.json").read_text())["verdict"]
+    assert v["verdict"] == "winner" and v["starts_needed"] is None

@@ -150,7 +150,9 @@ OPTIONS: tuple[Option, ...] = (
                 "95 %% interval of its ratio to the defaults lies above 1 (default 3; 0 = "
                 "off: the verdict then rests on within-run intervals)"),
     Option("--recheck-starts", "recheck_starts", "measure", metavar="N",
-           help="fresh server starts per re-checked config (default 2)"),
+           help="fresh server starts per re-checked config (default 2); when the "
+                "defaults remain best only because the interval is wide, the verdict says "
+                "how many starts would show the best ratio found"),
     Option("--precision", "precision", "measure",
            help="stop measuring a trial when the 95 %% interval of its output tokens/s is "
                 "within this fraction of it (default 0.02 = 2 %%)"),
@@ -349,8 +351,13 @@ def _verdict_line(v: dict[str, Any]) -> str:
                     f"({v.get('reason') or 'no other config was measured'})")
         how = (" (pruned as a clear loser; within-run figures)" if v.get("candidate_pruned")
                else "")
+        need = v.get("starts_needed") or {}
+        more = (f"; to show it at the measured start-to-start SD of {v['start_spread']:.1%}: "
+                f"about {need['per_config']} starts of each (--recheck-starts "
+                f"{need['recheck_starts']})" if need and v.get("start_spread") is not None
+                else "")
         return (f"verdict: vLLM's defaults remain best for this shape; best other config "
-                f"(trial {v.get('candidate_number')}{how}): {ci}")
+                f"(trial {v.get('candidate_number')}{how}): {ci}{more}")
     return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"
 
 

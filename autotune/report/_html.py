@@ -82,6 +82,13 @@ def _verdict_html(d: ReportData) -> str:
               if r.get("ci_low") is not None and r.get("ci_high") is not None
               else " (no interval: a single reading on one side)")
         parts.append(f"<p>ratio to vLLM's defaults: <b>{r['median']:.2f}x</b>{_e(ci)}</p>")
+        need = v.get("starts_needed") or {}
+        if need.get("per_config") is not None and v.get("start_spread") is not None:
+            parts.append(_note(
+                f"not shown either way: at the measured start-to-start SD of "
+                f"{v['start_spread']:.1%}, showing {r['median']:.2f}x would take about "
+                f"{need['per_config']} server starts of each config (--recheck-starts "
+                f"{need['recheck_starts']})"))
     else:
         parts.append(_note("no ratio to the defaults: vLLM's defaults were not measured "
                            "(--no-baseline) or did not meet the constraints"))
