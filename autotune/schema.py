@@ -432,12 +432,12 @@ def judge_study(study: Any) -> Judgement | None:
         # each config's re-check adds --recheck-starts fresh starts; its search reading
         # counts as one more start only when every config was re-checked
         recheck = n - 1 if search_counts else n
-        reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd):.1%})"
+        reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"
                    f" showing {ratio.median:.3f}x would take about {n} starts of each config "
                    f"(--recheck-starts {recheck})")
     elif (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
           and ratio.log_sd is not None):
-        reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd):.1%})"
+        reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"
                    f" more than {MAX_STARTS_NEEDED} starts of each config would not show "
                    f"{ratio.median:.3f}x")
     return Judgement(v.verdict, reason, ratio, cand if v.verdict == "winner" else base_use,

@@ -86,7 +86,7 @@ def _verdict_html(d: ReportData) -> str:
         if need.get("per_config") is not None and v.get("start_spread") is not None:
             parts.append(_note(
                 f"not shown either way: at the measured start-to-start SD of "
-                f"{v['start_spread']:.1%}, showing {r['median']:.2f}x would take about "
+                f"{v['start_spread'] * 100:.1f} %, showing {r['median']:.2f}x would take about "
                 f"{need['per_config']} server starts of each config (--recheck-starts "
                 f"{need['recheck_starts']})"))
     else:
