@@ -352,7 +352,8 @@ def _verdict_line(v: dict[str, Any]) -> str:
         how = (" (pruned as a clear loser; within-run figures)" if v.get("candidate_pruned")
                else "")
         need = v.get("starts_needed") or {}
-        more = (f"; to show it at the measured start-to-start SD of {v['start_spread'] * 100:.1f} %: "
+        sd = v.get("start_spread") or 0.0
+        more = (f"; to show it at the measured start-to-start SD of {sd * 100:.1f} %: "
                 f"about {need['per_config']} starts of each (--recheck-starts "
                 f"{need['recheck_starts']})" if need and v.get("start_spread") is not None
                 else "")
