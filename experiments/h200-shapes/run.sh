@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 15 on an nvidia-h200-x2: a study per traffic shape, then the cross-evaluation of the
-# studies' winners, vLLM's defaults and the case study's recipe on every shape, on fresh
-# servers. One background job from the repo root:
+# Issue 15 on an nvidia-h200-x2 (or one nvidia-h200: GPUS=1, slower): a study per traffic
+# shape, then the cross-evaluation of the studies' winners, vLLM's defaults and the case
+# study's recipe on every shape, on fresh servers. One background job from the repo root:
 #   setsid nohup bash experiments/h200-shapes/run.sh STAGING_DIR RES_DIR SECONDS_LEFT &
 # SECONDS_LEFT: device seconds this session may still spend (status's budget_left_s less
 # the polls that bring results back); no step starts when it cannot finish before then.
@@ -26,6 +26,10 @@ STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time
 T0=$(date +%s); DEADLINE=$(( T0 + LEFT ))
 STEPS=${STEPS:-study:casestudy study:azure study:mooncake cross:casestudy cross:azure cross:mooncake}
 TRIALS=${TRIALS:-4}; DRY=${DRY:-0}
+# GPUS (environment): how many to use; default: what nvidia-smi lists (2 in a dry run). On
+# one GPU (`nvidia-h200`) a study runs one trial at a time and the cross cells one by one.
+GPUS=${GPUS:-$( [ "$DRY" = 1 ] && echo 2 || nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+[ "$GPUS" -ge 1 ] 2>/dev/null || GPUS=1
 SPACE=experiments/h200-trust/space-no-moe.yaml
 H=experiments/h200-shapes; COMMITTED=${COMMITTED:-$PWD/$H/results}  # COMMITTED: for dry runs
 mkdir -p "$RES"; RES=$(cd "$RES" && pwd)
@@ -35,7 +39,8 @@ export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=
 left() { echo $(( DEADLINE - $(date +%s) )); }
 phase() { echo "$(date -u +%H:%M:%S) left=$(left) $*" >> "$SESSION/progress.txt"; }
 finish() { phase "${1:-done}"; touch "$RES/DONE"; exit "${2:-0}"; }
-phase "start STEPS=$STEPS"
+export GPUS
+phase "start STEPS=$STEPS GPUS=$GPUS"
 SITE=$HOME/site
 if [ "$DRY" = 1 ]; then
   AT=(python3 "$H/dryrun.py"); export PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -109,7 +114,8 @@ extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
 t0 = int(t0); t1 = int(time.time())
 rec = {"step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
        "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t1)), "wall_s": t1 - t0,
-       "gpus": 2, "rc": int(rc), "session": os.environ.get("SESSION_NAME", ""), **extra}
+       "gpus": int(os.environ.get("GPUS", "2")), "rc": int(rc),
+       "session": os.environ.get("SESSION_NAME", ""), **extra}
 open(f"{d}/step.json", "w").write(json.dumps(rec, indent=1) + "\n")
 PY
 }
@@ -191,8 +197,12 @@ cross() {  # KEY...: every missing cell of these shapes, two at a time
   S plan "$RES" "$RUN" "$@" -- "${DIRS[@]}" > "$plan" 2> "$RUN/plan.notes"
   while read -r l; do phase "$l"; done < "$RUN/plan.notes"
   phase "cross $*: $(grep -c . "$plan") cells to measure"
-  worker 0 "$plan" & w0=$!; sleep 2; worker 1 "$plan" & w1=$!
-  wait "$w0" "$w1"   # the two workers only, not the nvidia-smi sampler
+  if [ "$GPUS" -ge 2 ]; then
+    worker 0 "$plan" & w0=$!; sleep 2; worker 1 "$plan" & w1=$!
+    wait "$w0" "$w1"   # the two workers only, not the nvidia-smi sampler
+  else
+    worker 0 "$plan"   # one GPU: one cell at a time
+  fi
   for k in "$@"; do mkdir -p "$RES/cross-$k"; stepjson "$RES/cross-$k" "cross:$k" "$t0" 0 \
     "{\"shared_queue\": \"$*\"}"; done
   pack_caches
