@@ -168,3 +168,26 @@ def test_arguments_per_objective() -> None:
     assert "--capacity" not in steps.bench_args("casestudy", 1.0)
     expect, limit = steps.cell_seconds("azure")
     assert 0 < expect < limit
+
+
+def test_run_sh_on_one_gpu_measures_the_cells_one_by_one_on_gpu0(tmp_path: Path) -> None:
+    # the CPU dry run (DRY=1: dryrun.py stands in for autotune) of a study and its cross
+    # cells with GPUS=1: every cell on gpu0, none handed to a second GPU that is not there
+    import os
+    import subprocess
+    import sys
+
+    repo = HERE.parents[1]
+    env = dict(os.environ, DRY="1", GPUS="1", STEPS="study:azure cross:azure",
+               HOME=str(tmp_path), COMMITTED=str(tmp_path / "none"),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    res = tmp_path / "res"
+    done = subprocess.run(["bash", str(HERE / "run.sh"), "x", str(res), "900"], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    progress = next(res.glob("session-*/progress.txt")).read_text()
+    assert "GPUS=1" in progress
+    measured = [line for line in progress.splitlines() if " exit " in line and "cross:" in line]
+    assert len(measured) == 3 and all("on gpu0 exit 0" in line for line in measured), progress
+    assert "gpu1" not in progress
+    assert json.loads((res / "cross-azure" / "step.json").read_text())["gpus"] == 1
