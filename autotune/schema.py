@@ -434,7 +434,7 @@ def judge_study(study: Any) -> Judgement | None:
         recheck = n - 1 if search_counts else n
         reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"
                    f" showing {ratio.median:.3f}x would take about {n} starts of each config "
-                   f"(--recheck-starts {recheck})")
+                   f"(rerun with --resume --recheck-starts {recheck})")
     elif (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
           and ratio.log_sd is not None):
         reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"

@@ -325,7 +325,7 @@ def test_a_gain_the_starts_cannot_show_says_how_many_starts_would(
     assert 0 < v["start_spread"] < 0.5
     assert f"about {need['per_config']} starts of each config" in v["reason"]
     line = _verdict_line(v)
-    assert f"--recheck-starts {need['recheck_starts']}" in line, line
+    assert f"--resume --recheck-starts {need['recheck_starts']}" in line, line
     best = json.loads((out / "best.json").read_text())
     assert best["verdict_detail"]["starts_needed"] == need
     client = MlflowClient(tracking_uri=tracking)
@@ -334,6 +334,14 @@ def test_a_gain_the_starts_cannot_show_says_how_many_starts_would(
     parent = next(r for r in client.search_runs([exp.experiment_id])
                   if r.data.tags.get("autotune.kind") == "study")
     assert parent.data.metrics["starts_needed_per_config"] == need["per_config"]
+    # acting on it: the same study resumed with that --recheck-starts adds the missing
+    # fresh starts of the two configs (nothing else runs) and judges again
+    _, out, _ = study(tmp_path, fake_model, fn, trials=2, resume=True,
+                      recheck_starts=need["recheck_starts"])
+    again = json.loads((out / "study.json").read_text())["verdict"]
+    assert len(again["readings"]["candidate"]) == need["per_config"]
+    assert len(again["readings"]["defaults"]) == need["per_config"]
+    assert again["verdict"] in ("winner", "defaults_best") and again["ratio_to_defaults"]
     # a winner, or a config slower than the defaults, needs no such count
     fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 800.0}, start_cv=0.01)
     _, out, _ = study(tmp_path / "w", fake_model, fn, trials=2, recheck_starts=1)

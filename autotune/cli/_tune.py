@@ -354,9 +354,9 @@ def _verdict_line(v: dict[str, Any]) -> str:
         need = v.get("starts_needed") or {}
         sd = v.get("start_spread") or 0.0
         more = (f"; to show it at the measured start-to-start SD of {sd * 100:.1f} %: "
-                f"about {need['per_config']} starts of each (--recheck-starts "
-                f"{need['recheck_starts']})" if need and v.get("start_spread") is not None
-                else "")
+                f"about {need['per_config']} starts of each (rerun with --resume "
+                f"--recheck-starts {need['recheck_starts']})"
+                if need and v.get("start_spread") is not None else "")
         return (f"verdict: vLLM's defaults remain best for this shape; best other config "
                 f"(trial {v.get('candidate_number')}{how}): {ci}{more}")
     return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"

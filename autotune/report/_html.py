@@ -87,8 +87,8 @@ def _verdict_html(d: ReportData) -> str:
             parts.append(_note(
                 f"not shown either way: at the measured start-to-start SD of "
                 f"{v['start_spread'] * 100:.1f} %, showing {r['median']:.2f}x would take about "
-                f"{need['per_config']} server starts of each config (--recheck-starts "
-                f"{need['recheck_starts']})"))
+                f"{need['per_config']} server starts of each config (rerun the study with "
+                f"--resume --recheck-starts {need['recheck_starts']})"))
     else:
         parts.append(_note("no ratio to the defaults: vLLM's defaults were not measured "
                            "(--no-baseline) or did not meet the constraints"))
