@@ -7,11 +7,21 @@
 #     token counts the first already tuned);
 # (b) kernel-level before/after per token count through vLLM's own lookup (compare.py);
 # (c) one decode step profiled (profile_step.py) at 32 streams: vLLM defaults, MTP 1 at
-#     acceptance 1.70, then both with the tuned folder, each only if >= 420 s are left.
+#     acceptance 1.70, then both with the tuned folder, each only if >= 420 s are left;
+# (d) `e2e` (not in the default STEPS): the end-to-end table, `autotune bench` of a config
+#     with vLLM's default tiles and with the tuned folder, two fresh starts each in
+#     alternating order (e2e.py plan), at E2E_STREAMS (default "32") for E2E_BASES (default
+#     "defaults"; "recipe" = experiments/h200/recipe.json), measure/warm-up caps E2E_MEASURE
+#     (75 s) / E2E_WARMUP (30 s below 128 streams, 60 s from 128), each bench only if it fits
+#     what is left; the tuned folder is (a)'s of this session, else E2E_TUNED (e.g. the
+#     committed experiments/h200-kernels/results). Then e2e.md/e2e.csv (e2e.py table).
+# STEPS (environment): default "kernels compare profile"; e.g. STEPS=e2e in a later session.
 # Results (RES_DIR): progress.txt, env.txt, E=128,N=1856,device_name=NVIDIA_H200.json,
-# kernels.results.json, kernel-compare.csv, profile.json, logs.tgz (logs, every candidate).
+# kernels.results.json, kernel-compare.csv, profile.json, e2e/ + e2e.md + e2e.csv,
+# logs.tgz (logs, every candidate).
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; BUDGET=${3:-1300}; GPUS=${4:-1}
+STEPS=${STEPS:-kernels compare profile}
 mkdir -p "$RES"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
@@ -52,29 +62,67 @@ fi
 RUN=$HOME/run; TUNED=$RUN/kernels-tuned; mkdir -p "$RUN"
 SHAPE=traffic/casestudy-512x512.json
 KB=$(( BUDGET * 45 / 100 ))
-for spec in "256 $(( KB * 5 / 9 ))" "32 $(( KB * 4 / 9 ))"; do
-  set -- $spec
-  phase "kernels $1 streams, budget $2 s"
-  timeout --signal=TERM --kill-after=20 $(( $2 + 300 )) python3 -m autotune -v kernels moe \
-    --model "$MODEL" --shape "$SHAPE" --concurrency "$1" --mtp-depth 0,1 --gpus "$GPUS" \
-    --trials 32 --budget "$2" --out "$TUNED" >> "$RES/kernels.log" 2>&1
-  phase "kernels $1 exit $?"
-done
-cp "$TUNED"/E=*NVIDIA_H200.json "$RES"/ 2>/dev/null
-cp "$TUNED"/E=*.results.json "$RES/kernels.results.json" 2>/dev/null
-[ -f "$RES/kernels.results.json" ] || finish kernels-failed 5
-phase compare
-timeout 600 python3 experiments/h200-kernels/compare.py --model "$MODEL" --tuned "$TUNED" \
-  --out "$RES/kernel-compare.csv" >> "$RES/compare.log" 2>&1
-phase "compare exit $?"
-for spec in "defaults 0 -" "mtp1 1 -" "defaults-tuned 0 $TUNED" "mtp1-tuned 1 $TUNED"; do
-  set -- $spec
-  if [ "$(left)" -lt 420 ]; then phase "profile $1 skipped: $(left) s left"; continue; fi
-  tuned=(); [ "$3" != "-" ] && tuned=(--tuned "$3")
-  phase "profile $1"
-  timeout --signal=TERM --kill-after=20 $(( $(left) - 20 )) python3 experiments/h200-kernels/profile_step.py \
-    --model "$MODEL" --name "$1" --streams 32 --mtp "$2" --acceptance 1.7 "${tuned[@]}" \
-    --out "$RES/profile.json" >> "$RES/profile.log" 2>&1
-  phase "profile $1 exit $?"
+kernels() {
+  for spec in "256 $(( KB * 5 / 9 ))" "32 $(( KB * 4 / 9 ))"; do
+    set -- $spec
+    phase "kernels $1 streams, budget $2 s"
+    timeout --signal=TERM --kill-after=20 $(( $2 + 300 )) python3 -m autotune -v kernels moe \
+      --model "$MODEL" --shape "$SHAPE" --concurrency "$1" --mtp-depth 0,1 --gpus "$GPUS" \
+      --trials 32 --budget "$2" --out "$TUNED" >> "$RES/kernels.log" 2>&1
+    phase "kernels $1 exit $?"
+  done
+  cp "$TUNED"/E=*NVIDIA_H200.json "$RES"/ 2>/dev/null
+  cp "$TUNED"/E=*.results.json "$RES/kernels.results.json" 2>/dev/null
+  [ -f "$RES/kernels.results.json" ] || finish kernels-failed 5
+}
+compare() {
+  phase compare
+  timeout 600 python3 experiments/h200-kernels/compare.py --model "$MODEL" --tuned "$TUNED" \
+    --out "$RES/kernel-compare.csv" >> "$RES/compare.log" 2>&1
+  phase "compare exit $?"
+}
+profile() {
+  for spec in "defaults 0 -" "mtp1 1 -" "defaults-tuned 0 $TUNED" "mtp1-tuned 1 $TUNED"; do
+    set -- $spec
+    if [ "$(left)" -lt 420 ]; then phase "profile $1 skipped: $(left) s left"; continue; fi
+    tuned=(); [ "$3" != "-" ] && tuned=(--tuned "$3")
+    phase "profile $1"
+    timeout --signal=TERM --kill-after=20 $(( $(left) - 20 )) python3 experiments/h200-kernels/profile_step.py \
+      --model "$MODEL" --name "$1" --streams 32 --mtp "$2" --acceptance 1.7 "${tuned[@]}" \
+      --out "$RES/profile.json" >> "$RES/profile.log" 2>&1
+    phase "profile $1 exit $?"
+  done
+}
+e2e() {
+  local folder=$TUNED streams base variant round m w args envs flags out limit
+  ls "$folder"/E=*NVIDIA_H200.json >/dev/null 2>&1 || folder=${E2E_TUNED:-}
+  if [ -z "$folder" ] || ! ls "$folder"/E=*NVIDIA_H200.json >/dev/null 2>&1; then
+    phase "e2e skipped: no tuned folder (run the kernels step first, or set E2E_TUNED)"; return
+  fi
+  folder=$(cd "$folder" && pwd); mkdir -p "$RES/e2e"; phase "e2e: tuned folder $folder"
+  while read -r streams base variant round; do
+    out=$RES/e2e/c$streams-$base-$variant-r$round.json
+    [ -s "$out" ] && { phase "e2e $streams $base $variant r$round: done already"; continue; }
+    m=${E2E_MEASURE:-75}; w=${E2E_WARMUP:-$([ "$streams" -ge 128 ] && echo 60 || echo 30)}
+    if [ "$(left)" -lt $(( 150 + m + w )) ]; then
+      phase "e2e $streams $base $variant r$round skipped: $(left) s left"; continue; fi
+    mapfile -t args < <(python3 experiments/h200-kernels/e2e.py args "$base" "$streams")
+    envs=(); [ "$variant" = tuned ] && envs=(--env "VLLM_TUNED_CONFIG_FOLDER=$folder")
+    limit=$(( $(left) - 20 )); [ "$limit" -gt $(( 480 + m + w )) ] && limit=$(( 480 + m + w ))
+    phase "e2e $streams $base $variant r$round"
+    timeout --kill-after=15 "$limit" python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
+      --concurrency "$streams" --cache-dir "$C" --precision 0.02 --measure-max-s "$m" \
+      --warmup-max-s "$w" --start-timeout 420 --json --log "$RES/e2e-c$streams-$base-$variant-r$round.log" \
+      "${envs[@]}" "${args[@]}" > "$out.part" 2>> "$RES/e2e.log" < /dev/null
+    local rc=$?; [ -s "$out.part" ] && mv "$out.part" "$out"
+    phase "e2e $streams $base $variant r$round exit $rc"
+  done < <(python3 experiments/h200-kernels/e2e.py plan ${E2E_STREAMS:-32} -- ${E2E_BASES:-defaults})
+  python3 experiments/h200-kernels/e2e.py table "$RES" >> "$RES/progress.txt" 2>&1
+}
+for step in $STEPS; do
+  case $step in
+    kernels|compare|profile|e2e) "$step" ;;
+    *) phase "unknown step $step (kernels, compare, profile, e2e)" ;;
+  esac
 done
 finish ok
