@@ -581,6 +581,46 @@ def test_a_hung_config_is_stopped_when_the_budget_runs_out(tmp_path: Path) -> No
             w.close()
 
 
+# starts once; crashes on BLOCK_SIZE_M 256; a second start never greets (a hung restart)
+_RESTART_HANGS = '''
+import json, os, sys, time
+mark = {mark!r}
+sys.stdin.readline()
+if os.path.exists(mark):
+    time.sleep(600)
+open(mark, "w").write("started")
+print(json.dumps({{"ok": True, "device": "GPU", "file_name": "x.json"}}), flush=True)
+for line in sys.stdin:
+    if json.loads(line)["config"]["BLOCK_SIZE_M"] == 256:
+        os._exit(9)
+    print(json.dumps({{"ok": True, "us": 10.0}}), flush=True)
+'''
+
+
+def test_a_hung_restart_ends_with_the_budget_too(tmp_path: Path) -> None:
+    import time
+
+    from autotune.errors import AutotuneError
+    from autotune.kernels._timer import WorkerTimer
+
+    python = _fake_python(tmp_path, _RESTART_HANGS.format(mark=str(tmp_path / "mark")))
+    timer = WorkerTimer(NANO, gpu=0, python=python, start_timeout_s=30,
+                        deadline=time.monotonic() + 1.0, min_start_timeout_s=0.5)
+    try:
+        timer.start()
+        with pytest.raises(KernelFailure) as err:
+            timer(dict(BEST, BLOCK_SIZE_M=256), 8, iters=1)
+        assert err.value.reason == "crash"
+        time.sleep(1.0)  # the budget is spent
+        t0 = time.monotonic()
+        with pytest.raises(AutotuneError, match=r"no answer within 0.5 s"):
+            timer(dict(BEST, BLOCK_SIZE_M=16), 8, iters=1)  # the restart never greets
+        # before: the restart waited start_timeout_s (600 s on the GPU, 30 s here)
+        assert time.monotonic() - t0 < 0.5 + 1.5
+    finally:
+        timer.close(kill=True)
+
+
 def test_the_real_worker_without_cuda_says_so(tmp_path: Path) -> None:
     from autotune.errors import AutotuneError
     from autotune.kernels._timer import WorkerTimer

@@ -41,7 +41,8 @@ class WorkerTimer:
     def __init__(self, shape: MoeShape, *, gpu: int, log_path: Path | None = None,
                  python: str = sys.executable, seed: int = 0,
                  call_timeout_s: float = 300.0, start_timeout_s: float = 600.0,
-                 deadline: float | None = None, min_call_timeout_s: float = 30.0) -> None:
+                 deadline: float | None = None, min_call_timeout_s: float = 30.0,
+                 min_start_timeout_s: float = 60.0) -> None:
         self.shape = shape
         self.gpu = gpu
         self.log_path = log_path
@@ -51,6 +52,7 @@ class WorkerTimer:
         self.start_timeout_s = start_timeout_s
         self.deadline = deadline  # a time.monotonic(): the kernel budget's end
         self.min_call_timeout_s = min_call_timeout_s
+        self.min_start_timeout_s = min_start_timeout_s  # a restart's floor, with a deadline
         self.hello: dict[str, Any] | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._log: IO[str] | None = None
@@ -89,13 +91,15 @@ class WorkerTimer:
         except OSError:
             pass  # it exited already: ready() says so
 
-    def ready(self) -> dict[str, Any]:
-        """The greeting of the worker :meth:`launch` started, within ``start_timeout_s`` of
-        its launch; raises :class:`AutotuneError` (and stops it) when none comes."""
-        answer = self._receive(self._launched + self.start_timeout_s - time.monotonic())
+    def ready(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """The greeting of the worker :meth:`launch` started, within ``timeout_s`` (default
+        ``start_timeout_s``) of its launch; raises :class:`AutotuneError` (and stops it)
+        when none comes."""
+        limit = self.start_timeout_s if timeout_s is None else timeout_s
+        answer = self._receive(self._launched + limit - time.monotonic())
         if isinstance(answer, str) or not answer.get("ok"):
             if isinstance(answer, str):
-                why = "it exited" if answer == "crash" else "no answer"
+                why = "it exited" if answer == "crash" else f"no answer within {limit:.3g} s"
             else:
                 why = str(answer.get("message") or "it refused")
             self.close(kill=True)
@@ -145,6 +149,15 @@ class WorkerTimer:
             if time.monotonic() >= deadline:
                 return "timeout"
 
+    def restart_timeout(self) -> float:
+        """Seconds a restarted worker may take to greet: ``start_timeout_s``, cut to the
+        budget's time left, never below ``min_start_timeout_s`` (a worker starts in ~20 s
+        on an H200; a restart that hangs must not outlast the budget by 10 minutes)."""
+        if self.deadline is None:
+            return self.start_timeout_s
+        left = self.deadline - time.monotonic()
+        return min(self.start_timeout_s, max(self.min_start_timeout_s, left))
+
     def call_timeout(self) -> float:
         """Seconds the next timing may take: ``call_timeout_s``, cut to the budget's time
         left, never below ``min_call_timeout_s``."""
@@ -159,7 +172,8 @@ class WorkerTimer:
             if self.hello is not None:
                 self.restarts += 1
             self.close()
-            self.start()
+            self.launch()
+            self.ready(self.restart_timeout())
         try:
             self._send({"m": m, "config": config, "iters": iters})
         except (BrokenPipeError, OSError) as exc:
