@@ -125,7 +125,8 @@ class A(StrEnum):
     #   "ci_low_rps", "ci_high_rps", "levels": [{"scale", "offered_rps", "passed", ...}]}
     CAPACITY = "autotune.capacity"
     WARMUP = "autotune.warmup"  # {"seconds", "segments", "converged", "jit_in_last_segment"}
-    TIME = "autotune.time"  # {"start_s", "compile_s", "warmup_s", "measure_s", "other_s", "slot"}
+    TIME = "autotune.time"  # {"start_s", "compile_s", "warmup_s", "measure_s", "other_s", "slot",
+    #                         "start_phases": {phase: s} (autotune.trial.start_phases)}
     MLFLOW_RUN = "autotune.mlflow_run_id"  # also "<this>.<trial number>" on the study
     OWNER = "autotune.owner"  # the tuner running it: Owner.record() (host, pid, started, token)
     # study attributes

@@ -654,7 +654,7 @@ def trial_time(outcome: TrialOutcome) -> dict[str, Any]:
     return {"start_s": round(start, 2), "compile_s": round(float(outcome.compile_s or 0.0), 2),
             "warmup_s": round(outcome.warmup_s, 2),
             "measure_s": round(outcome.measure_s, 2), "other_s": round(other, 2),
-            "slot": _slot_label(outcome)}
+            "slot": _slot_label(outcome), "start_phases": dict(outcome.start_phases)}
 
 
 class GpuTime:

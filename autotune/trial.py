@@ -91,6 +91,9 @@ class TrialOutcome:
     # None when the log says nothing (e.g. --enforce-eager). A second start of the same
     # flags loads the compiled graphs from the cache and mostly skips this.
     compile_s: float | None = None
+    # of start_s: where vLLM's log dates its parts (start_phases(): engine spawn, weights,
+    # torch.compile, kernel JIT, CUDA-graph capture); empty when it dates none
+    start_phases: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     log_path: str | None = None
     log_tail: str = ""
@@ -376,7 +379,7 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
         before = snapshot_metrics(server.base_url)
         run = replay(schedule, **client_kw, abort=_abort(spec))
         server.check_alive()
-        if _aborted(spec, run, outcome):
+        if _aborted(spec, run, outcome, server):
             return results
         after = snapshot_metrics(server.base_url)
         _count_prompt_tokens(outcome, run, before, after)
@@ -440,7 +443,7 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
                          refill=refill, stagger=spec.stagger, metrics_interval_s=5.0,
                          abort=_abort(spec, min(20, seg_n)))
             server.check_alive()
-            if _aborted(spec, run, outcome):
+            if _aborted(spec, run, outcome, server):
                 break
             _count_prompt_tokens(outcome, run, before, snapshot_metrics(server.base_url))
             wall = time.monotonic() - t_run
@@ -489,10 +492,16 @@ def _abort(spec: TrialSpec, min_requests: int = 20) -> Any:
                          max_failed_fraction=spec.abort_failed_fraction)
 
 
-def _aborted(spec: TrialSpec, run: Any, outcome: TrialOutcome) -> bool:
-    """A replay stopped because most requests failed: the trial fails with that line."""
+def _aborted(spec: TrialSpec, run: Any, outcome: TrialOutcome,
+             server: VllmServer | None = None) -> bool:
+    """A replay stopped because most requests failed: the trial fails with that line,
+    unless the engine behind the API server died (``server.check_serving`` raises
+    :class:`EngineCrashedError`, reason ``died``, with the log's root cause: a worker's
+    exception says more than "most requests failed")."""
     if not run.aborted:
         return False
+    if server is not None:
+        server.check_serving()
     outcome.reason = FailureReason.ABORTED
     outcome.message = run.aborted
     logger.warning("trial %d: %s", spec.number, run.aborted)
@@ -555,6 +564,7 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
             try:
                 outcome.start_s = server.wait_healthy()
                 outcome.compile_s = compile_seconds(server.log_path)
+                outcome.start_phases = start_phases(server.log_path)
                 break
             except EngineStartError as exc:
                 # Another process took the port between choosing and binding it: that says
@@ -623,6 +633,56 @@ def compile_seconds(log_path: Path | None) -> float | None:
             if 0 <= gap < 3600:
                 found.append(gap)
     return round(sum(found), 2) if found else None
+
+
+# the first line of each vLLM process, "(APIServer pid=1) INFO 12-01 13:13:46 [...]"
+_PROC_LINE = re.compile(rb"\((APIServer|EngineCore)[^)]*\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d)")
+_WEIGHTS_LINE = re.compile(rb"(\d\d-\d\d \d\d:\d\d:\d\d).*Model loading took")
+_GRAPHS_LINE = re.compile(rb"Graph capturing finished in ([0-9.]+) secs")
+
+
+def start_phases(log_path: Path | None) -> dict[str, float]:
+    """Where a server's start went, as vLLM's log dates it (seconds; a phase it does not
+    date is left out): ``engine_spawn_s`` from the API server's first line to the engine
+    process's (the API server's set-up, then the engine process's spawn and imports),
+    ``weights_s`` from there to the loaded weights, ``torch_compile_s`` and ``kernel_jit_s``
+    (:func:`compile_seconds`, split: the Triton JIT of the profiling run and the kernel
+    warm-up after it) and ``graph_capture_s`` (CUDA graphs). What they leave of the start
+    is the API server's own imports before its first line and its last steps. Read on the
+    H200: a warm start of 67 s was 25 + 6 + 2 + 4.6 + 12 s of these (docs/measurement.md,
+    section 10). A log problem is not an error: it gives an empty dict."""
+    if log_path is None:
+        return {}
+    try:
+        data = Path(log_path).read_bytes()
+    except OSError:
+        return {}
+    first: dict[bytes, float] = {}
+    try:
+        for m in _PROC_LINE.finditer(data):
+            first.setdefault(m.group(1), _stamp(m.group(2)))
+            if len(first) == 2:
+                break
+        weights = _WEIGHTS_LINE.search(data)
+        t_weights = _stamp(weights.group(1)) if weights is not None else None
+    except ValueError:
+        return {}
+    out: dict[str, float] = {}
+    api, engine = first.get(b"APIServer"), first.get(b"EngineCore")
+    if api is not None and engine is not None and 0 <= engine - api < 3600:
+        out["engine_spawn_s"] = engine - api
+    if engine is not None and t_weights is not None and 0 <= t_weights - engine < 3600:
+        out["weights_s"] = t_weights - engine
+    compiled = [float(m.group(1)) for m in _COMPILE_LINE.finditer(data)]
+    if compiled:
+        out["torch_compile_s"] = sum(compiled)
+    total = compile_seconds(Path(log_path))
+    if total is not None and total - sum(compiled) > 0:
+        out["kernel_jit_s"] = total - sum(compiled)
+    graphs = [float(m.group(1)) for m in _GRAPHS_LINE.finditer(data)]
+    if graphs:
+        out["graph_capture_s"] = sum(graphs)
+    return {k: round(v, 2) for k, v in out.items() if v >= 0.05}  # not a phase below that
 
 
 def _stop(server: VllmServer, outcome: TrialOutcome) -> None:

@@ -56,6 +56,7 @@ def simulated(means: dict[str, float], *, start_cv: float, seg_cv: float = 0.01,
             number=spec.number, ok=True, metrics=metrics, segments=rates,
             pruned=decision == "stop_pruned", stop=decision.removeprefix("stop_"),
             start_s=20.0 + (comp or 0.0), compile_s=comp, warmup_s=5.0 * n_warm,
+            start_phases={"torch_compile_s": comp} if comp else {},
             measure_s=5.0 * len(rates),
             wall_s=20.0 + (comp or 0.0) + 5.0 * (n_warm + len(rates)) + wall(key),
             hostname="sim",
@@ -212,6 +213,7 @@ def test_the_budget_rule_leaves_first_start_compiles_out_of_the_recheck_estimate
         assert len(search) == 3
         assert acct["compile_s"] == 750.0 and acct["start_s"] >= 750.0
         assert trials[0].user_attrs["autotune.time"]["compile_s"] == 250.0
+        assert trials[0].user_attrs["autotune.time"]["start_phases"] == {"torch_compile_s": 250.0}
     else:
         assert len(search) == 1 and acct["compile_s"] == 0.0
 
@@ -228,6 +230,41 @@ def test_compile_seconds_are_read_from_the_server_log(tmp_path: Path) -> None:
     log.write_text("INFO no compile lines (--enforce-eager)\n")
     assert compile_seconds(log) is None
     assert compile_seconds(tmp_path / "missing.log") is None and compile_seconds(None) is None
+
+
+# a warm start of vLLM's defaults at 256 streams on the H200 (experiments/h200-trust/
+# results-x1-c256/server-logs.tgz, trial-0003-server.log), the lines start_phases() dates
+_H200_WARM = """\
+$ /opt/torch/.venv/bin/python3 -m vllm.entrypoints.openai.api_server --model /m
+(APIServer pid=3507) INFO 12-01 13:13:46 [api_utils.py:345]
+(APIServer pid=3507) INFO 12-01 13:13:47 [vllm.py:1109] Asynchronous scheduling is enabled.
+(EngineCore pid=3537) INFO 12-01 13:14:11 [core.py:116] Initializing a V1 LLM engine (v0.26.0)
+[W1201 13:14:13.596186275 socket.cpp:207] [c10d] The hostname of the client socket ...
+(EngineCore pid=3537) INFO 12-01 13:14:17 [gpu_model_runner.py:5347] Model loading took 58.92 GiB memory and 0.619615 seconds
+(EngineCore pid=3537) INFO 12-01 13:14:19 [monitor.py:53] torch.compile took 1.96 s in total
+(EngineCore pid=3537) INFO 12-01 13:14:21 [monitor.py:81] Initial profiling/warmup run took 1.63 s
+(EngineCore pid=3537) 2026-12-01 13:14:24,460 - INFO - autotuner.py:651 - flashinfer.jit: [Autotuner]: ...
+(EngineCore pid=3537) INFO 12-01 13:14:24 [cutedsl_warmup.py:101] Skipping CuTeDSL warmup because ...
+(EngineCore pid=3537) INFO 12-01 13:14:36 [gpu_model_runner.py:6844] Graph capturing finished in 12 secs, took 0.80 GiB
+"""
+
+
+def test_start_phases_date_where_a_start_went(tmp_path: Path) -> None:
+    from autotune.trial import compile_seconds, start_phases
+
+    log = tmp_path / "server.log"
+    log.write_text(_H200_WARM)
+    phases = start_phases(log)
+    assert phases == {"engine_spawn_s": 25.0, "weights_s": 6.0, "torch_compile_s": 1.96,
+                      "kernel_jit_s": pytest.approx(1.63 + 3.0), "graph_capture_s": 12.0}
+    # the compile phases are compile_seconds() split, not counted again
+    assert phases["torch_compile_s"] + phases["kernel_jit_s"] == pytest.approx(
+        compile_seconds(log) or 0.0)
+    # a log without the engine's lines (a start that failed early, the CPU build's
+    # eager mode): only what it dates; no log: nothing
+    log.write_text(_H200_WARM.split("(EngineCore")[0])
+    assert start_phases(log) == {}
+    assert start_phases(tmp_path / "missing.log") == {} and start_phases(None) == {}
 
 
 # vLLM 0.26 on the H200 (experiments/h200-trust/results-x2-c32/server-logs.tgz): a cold start

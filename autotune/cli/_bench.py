@@ -208,7 +208,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"ok": outcome.ok, "reason": outcome.reason, "flags": flags,
                           "env": env, "start_s": outcome.start_s, "compile_s": outcome.compile_s,
-                          "warmup": outcome.warmup,
+                          "start_phases": outcome.start_phases, "warmup": outcome.warmup,
                           "measure_s": outcome.measure_s, "stop": outcome.stop,
                           "segments": outcome.segments,
                           "log_path": outcome.log_path,
@@ -226,6 +226,9 @@ def _bench(args: argparse.Namespace) -> int:
     w = outcome.warmup or {}
     conv = "converged" if w.get("converged") else "NOT converged"
     comp = f" (compiling {outcome.compile_s:.1f} s)" if outcome.compile_s else ""
+    if outcome.start_phases:
+        comp += " [" + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s"
+                                 for k, v in outcome.start_phases.items()) + "]"
     print(f"started in {outcome.start_s:.1f} s{comp}; warm-up {w.get('seconds', 0):.1f} s in "
           f"{w.get('segments', 0)} segments ({conv}"
           f"{', kernel JIT in its last segment' if w.get('jit_in_last_segment') else ''}); "

@@ -99,6 +99,19 @@ def test_server_killed_mid_measurement_is_died(lab: Lab) -> None:
     assert wait_gone(lab.tag, 5) == []
 
 
+def test_engine_dead_behind_a_live_api_server_is_died_with_its_root_cause(lab: Lab) -> None:
+    # The engine dies at request 4 (a worker's exception) while the API server stays up and
+    # answers every request and /health with 500: the run stops for its failed requests,
+    # and the trial says the engine died and why, not only "most requests failed" (seen on
+    # the CPU vLLM 0.32: a Mamba prefill IndexError on the tiny hybrid at 4 streams).
+    outcome = fake_trial(lab, "dead:4")
+    assert (outcome.ok, outcome.reason) == (False, FailureReason.DIED), outcome.message
+    assert "engine died during the measurement" in outcome.message
+    assert "IndexError: index 3 is out of bounds" in outcome.message
+    assert outcome.metrics == {}
+    assert wait_gone(lab.tag, 5) == []
+
+
 def test_server_failing_some_requests_is_measured_with_its_error_rate(lab: Lab) -> None:
     outcome = fake_trial(lab, "fail:3")  # requests 3, 6, 9, ...: one in three
     assert outcome.ok, outcome.message
