@@ -184,8 +184,12 @@ def test_bracketing_finds_the_stub_servers_known_capacity() -> None:
             on_level=lambda lv, r: seen.append((lv, r)))
     assert res.status == "found", res.to_dict()
     assert res.capacity_rps is not None and res.ci_high_rps is not None
-    # measured here: [15.4, 16.8] req/s in 6 levels (18.7 s), three runs alike
-    assert 0.85 * true_rps <= res.capacity_rps <= true_rps * 1.02, res.summary()
+    # measured here: [15.4, 16.8] req/s in 6 levels (18.7 s), three runs alike. A 3-s level
+    # a little over 16 req/s passes when its backlog stays under the SLO: at 16.8 req/s,
+    # 3 s x 0.8 req/s = 2.4 queued requests = 0.15 s more TTFT by the level's end, so a
+    # level up to ~5 % over the stub's capacity is a right answer for 3-s levels (16.8
+    # req/s came out as capacity in a CI run, 2026-12-01)
+    assert 0.85 * true_rps <= res.capacity_rps <= true_rps * 1.06, res.summary()
     assert res.ci_high_rps >= 0.95 * true_rps, res.summary()
     assert [lv.scale for lv, _ in seen][:2] == [1.0, 2.0]  # 5 and 10 req/s pass
     failing = [lv for lv in res.levels if not lv.passed]
