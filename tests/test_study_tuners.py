@@ -89,16 +89,20 @@ def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
 
 def _wait_running(storage: str, tuner: _Tuner, timeout_s: float = 180.0
                   ) -> optuna.trial.FrozenTrial:
-    """The first tuner's trial 0, once it runs and records its owner."""
+    """The first tuner's trial 0, once it runs: its owner, its params and its launch flags
+    recorded (it was asked, sampled and submitted). Not earlier: a tuner killed between
+    the ask and the sample leaves a trial without params, and one stopped mid-write holds
+    SQLite's lock (both seen on a loaded CI machine)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert tuner.proc.poll() is None, tuner.output()
         try:
             running = [t for t in _trials(storage) if t.state == TrialState.RUNNING
-                       and A.OWNER in t.user_attrs]
+                       and A.OWNER in t.user_attrs and A.FLAGS in t.user_attrs]
         except KeyError:  # the study is not created yet
             running = []
         if running:
+            time.sleep(0.5)  # past the launch's last writes (its phase events)
             return running[0]
         time.sleep(0.2)
     raise AssertionError(f"no running trial after {timeout_s} s:\n{tuner.output()}")
