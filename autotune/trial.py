@@ -492,16 +492,14 @@ def _abort(spec: TrialSpec, min_requests: int = 20) -> Any:
                          max_failed_fraction=spec.abort_failed_fraction)
 
 
-def _aborted(spec: TrialSpec, run: Any, outcome: TrialOutcome,
-             server: VllmServer | None = None) -> bool:
+def _aborted(spec: TrialSpec, run: Any, outcome: TrialOutcome, server: VllmServer) -> bool:
     """A replay stopped because most requests failed: the trial fails with that line,
     unless the engine behind the API server died (``server.check_serving`` raises
     :class:`EngineCrashedError`, reason ``died``, with the log's root cause: a worker's
     exception says more than "most requests failed")."""
     if not run.aborted:
         return False
-    if server is not None:
-        server.check_serving()
+    server.check_serving()
     outcome.reason = FailureReason.ABORTED
     outcome.message = run.aborted
     logger.warning("trial %d: %s", spec.number, run.aborted)
@@ -563,8 +561,9 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
             server.start()
             try:
                 outcome.start_s = server.wait_healthy()
-                outcome.compile_s = compile_seconds(server.log_path)
-                outcome.start_phases = start_phases(server.log_path)
+                log = _log_bytes(server.log_path)  # read once for both accounts
+                if log is not None:
+                    outcome.compile_s, outcome.start_phases = _compile_in(log), _phases_in(log)
                 break
             except EngineStartError as exc:
                 # Another process took the port between choosing and binding it: that says
@@ -608,6 +607,17 @@ def _stamp(raw: bytes) -> float:
     return t.timestamp()
 
 
+def _log_bytes(log_path: Path | None) -> bytes | None:
+    """The server log's bytes, None when there is none or it cannot be read (a log problem
+    is not an error)."""
+    if log_path is None:
+        return None
+    try:
+        return Path(log_path).read_bytes()
+    except OSError:
+        return None
+
+
 def compile_seconds(log_path: Path | None) -> float | None:
     """Seconds of the server's start that a warm compile/JIT cache takes away, as its log
     dates them, or None when it says nothing: torch.compile ("torch.compile took X s in
@@ -615,12 +625,11 @@ def compile_seconds(log_path: Path | None) -> float | None:
     Triton kernels ("Initial profiling/warmup run took X s") and the kernel warm-up after it
     (to the first CUDA-graph capture line). On the H200 a cold start spends ~220 s there, a
     warm one ~10 s (docs/measurement.md, section 10). A log problem is not an error."""
-    if log_path is None:
-        return None
-    try:
-        data = Path(log_path).read_bytes()
-    except OSError:
-        return None
+    data = _log_bytes(log_path)
+    return None if data is None else _compile_in(data)
+
+
+def _compile_in(data: bytes) -> float | None:
     found = [float(m.group(1)) for m in _COMPILE_LINE.finditer(data)]
     for prof in _PROFILE_LINE.finditer(data):
         found.append(float(prof.group(2)))
@@ -651,12 +660,11 @@ def start_phases(log_path: Path | None) -> dict[str, float]:
     is the API server's own imports before its first line and its last steps. Read on the
     H200: a warm start of 67 s was 25 + 6 + 2 + 4.6 + 12 s of these (docs/measurement.md,
     section 10). A log problem is not an error: it gives an empty dict."""
-    if log_path is None:
-        return {}
-    try:
-        data = Path(log_path).read_bytes()
-    except OSError:
-        return {}
+    data = _log_bytes(log_path)
+    return {} if data is None else _phases_in(data)
+
+
+def _phases_in(data: bytes) -> dict[str, float]:
     first: dict[bytes, float] = {}
     try:
         for m in _PROC_LINE.finditer(data):
@@ -676,7 +684,7 @@ def start_phases(log_path: Path | None) -> dict[str, float]:
     compiled = [float(m.group(1)) for m in _COMPILE_LINE.finditer(data)]
     if compiled:
         out["torch_compile_s"] = sum(compiled)
-    total = compile_seconds(Path(log_path))
+    total = _compile_in(data)
     if total is not None and total - sum(compiled) > 0:
         out["kernel_jit_s"] = total - sum(compiled)
     graphs = [float(m.group(1)) for m in _GRAPHS_LINE.finditer(data)]
