@@ -429,18 +429,18 @@ def judge_study(study: Any) -> Judgement | None:
     v = decide_verdict(ratio)
     n = starts_needed(ratio) if v.verdict == "defaults_best" else None
     reason, recheck = v.reason, None
-    if n is not None and ratio is not None and ratio.log_sd is not None:
-        # each config's re-check adds --recheck-starts fresh starts; its search reading
-        # counts as one more start only when every config was re-checked
-        recheck = n - 1 if search_counts else n
-        reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"
-                   f" showing {ratio.median:.3f}x would take about {n} starts of each config "
-                   f"(rerun with --resume --recheck-starts {recheck})")
-    elif (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
-          and ratio.log_sd is not None):
-        reason += (f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"
-                   f" more than {MAX_STARTS_NEEDED} starts of each config would not show "
-                   f"{ratio.median:.3f}x")
+    if (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
+            and ratio.log_sd is not None):
+        at = f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"
+        if n is not None:
+            # each config's re-check adds --recheck-starts fresh starts; its search reading
+            # counts as one more start only when every config was re-checked
+            recheck = n - 1 if search_counts else n
+            reason += (f"{at} showing {ratio.median:.3f}x would take about {n} starts of "
+                       f"each config (rerun with --resume --recheck-starts {recheck})")
+        else:
+            reason += (f"{at} more than {MAX_STARTS_NEEDED} starts of each config would not "
+                       f"show {ratio.median:.3f}x")
     return Judgement(v.verdict, reason, ratio, cand if v.verdict == "winner" else base_use,
                      cand, base_use, starts_needed=n, recheck_starts_needed=recheck)
 
