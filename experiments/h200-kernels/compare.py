@@ -63,24 +63,25 @@ def main() -> int:
     between = [(a + b) // 2 for a, b in itertools.pairwise(keys)]
     sizes = sorted(set(keys) | set(between) | {1, 8})
     bench = _Bench({**asdict(shape), "activation": shape.activation}, seed=0)
-    rows = []
-    for m in sizes:
-        before, after = _vllm_pick(shape, m, None), _vllm_pick(shape, m, str(args.tuned))
-        t_before, t_after = [], []
-        for _ in range(args.repeats):
-            t_before.append(bench.time(before, m, args.iters))
-            t_after.append(bench.time(after, m, args.iters))
-        b, a = statistics.median(t_before), statistics.median(t_after)
-        rows.append({"m": m, "in_file": m in keys, "before_us": round(b, 2),
-                     "after_us": round(a, 2), "speedup": round(b / a, 3),
-                     "before_spread_us": round(max(t_before) - min(t_before), 2),
-                     "after_spread_us": round(max(t_after) - min(t_after), 2),
-                     "before_config": json.dumps(before), "after_config": json.dumps(after)})
-        print(f"M={m}: {b:.1f} -> {a:.1f} us ({b / a:.2f}x)", flush=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    fields = ["m", "in_file", "before_us", "after_us", "speedup", "before_spread_us",
+              "after_spread_us", "before_config", "after_config"]
+    with open(args.out, "w", newline="") as f:  # row by row: a cut-off run keeps its rows
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
-        w.writerows(rows)
+        for m in sizes:
+            before, after = _vllm_pick(shape, m, None), _vllm_pick(shape, m, str(args.tuned))
+            t_before, t_after = [], []
+            for _ in range(args.repeats):
+                t_before.append(bench.time(before, m, args.iters))
+                t_after.append(bench.time(after, m, args.iters))
+            b, a = statistics.median(t_before), statistics.median(t_after)
+            w.writerow({"m": m, "in_file": m in keys, "before_us": round(b, 2),
+                        "after_us": round(a, 2), "speedup": round(b / a, 3),
+                        "before_spread_us": round(max(t_before) - min(t_before), 2),
+                        "after_spread_us": round(max(t_after) - min(t_after), 2),
+                        "before_config": json.dumps(before), "after_config": json.dumps(after)})
+            f.flush()
+            print(f"M={m}: {b:.1f} -> {a:.1f} us ({b / a:.2f}x)", flush=True)
     return 0
 
 

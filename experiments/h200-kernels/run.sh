@@ -16,6 +16,10 @@
 #     what is left; the tuned folder is (a)'s of this session, else E2E_TUNED (e.g. the
 #     committed experiments/h200-kernels/results). Then e2e.md/e2e.csv (e2e.py table).
 # STEPS (environment): default "kernels compare profile"; e.g. STEPS=e2e in a later session.
+# KSHARE (environment): the kernels' share of BUDGET_S in percent (default 45; e.g. 30 to
+# leave the profiles room for two cold engine starts).
+# Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, as
+# experiments/h200-trust/proof-x2.sh packs them) are unpacked into the shared cache first.
 # Results (RES_DIR): progress.txt, env.txt, E=128,N=1856,device_name=NVIDIA_H200.json,
 # kernels.results.json, kernel-compare.csv, profile.json, e2e/ + e2e.md + e2e.csv,
 # logs.tgz (logs, every candidate).
@@ -61,7 +65,10 @@ write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$RES/env.txt" 2>&1 || { 
 fi
 RUN=$HOME/run; TUNED=$RUN/kernels-tuned; mkdir -p "$RUN"
 SHAPE=traffic/casestudy-512x512.json
-KB=$(( BUDGET * 45 / 100 ))
+KB=$(( BUDGET * ${KSHARE:-45} / 100 ))
+if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
+  mkdir -p "$C" && cat "$STAGE"/cache-part-* | tar xzf - -C "$C" && phase "caches restored: $(du -sh "$C" | cut -f1)"
+fi
 kernels() {
   for spec in "256 $(( KB * 5 / 9 ))" "32 $(( KB * 4 / 9 ))"; do
     set -- $spec
@@ -77,7 +84,7 @@ kernels() {
 }
 compare() {
   phase compare
-  timeout 600 python3 experiments/h200-kernels/compare.py --model "$MODEL" --tuned "$TUNED" \
+  timeout 360 python3 experiments/h200-kernels/compare.py --model "$MODEL" --tuned "$TUNED" \
     --out "$RES/kernel-compare.csv" >> "$RES/compare.log" 2>&1
   phase "compare exit $?"
 }
