@@ -20,7 +20,8 @@ import ast
 import json
 import math
 import operator
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,11 +32,13 @@ from autotune.errors import SpaceError
 from autotune.hardware import cpu_has_avx512
 
 __all__ = [
+    "ROUTING_SIMULATION_ENV",
     "Knob",
     "LaunchSpec",
     "ModelFacts",
     "Rule",
     "SearchSpace",
+    "dummy_routing_warning",
     "load_space",
 ]
 
@@ -292,12 +295,40 @@ class LaunchSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+#: vLLM's MoE routing simulator (``uniform_random``, ``normal_routing``): a stand-in's random
+#: weights route every token to the same few experts; the hybrid space's stand_in part sets it
+ROUTING_SIMULATION_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
+
+
+def dummy_routing_warning(model: str | Path, flags: Sequence[str],
+                          env: Mapping[str, str]) -> str | None:
+    """A one-line warning when a MoE model is served with ``--load-format dummy`` and without
+    a routing simulator: its random weights send every token to the same experts, so the
+    MoE layers cost a fraction of a trained model's (None when that is not the case)."""
+    joined = " ".join(flags)
+    if "--load-format dummy" not in joined and "--load-format=dummy" not in joined:
+        return None
+    if env.get(ROUTING_SIMULATION_ENV) or os.environ.get(ROUTING_SIMULATION_ENV):
+        return None
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = {**cfg, **(cfg.get("text_config") or {})}
+    if not any(int(text.get(k) or 0) > 0 for k in _EXPERT_KEYS):
+        return None
+    return (f"warning: dummy weights route every token to the same few experts, so this MoE "
+            f"model's expert layers cost a fraction of a trained model's; add --env "
+            f"{ROUTING_SIMULATION_ENV}=uniform_random to spread them as a trained router does")
+
+
 class _StandIn(BaseModel):
     """What only a stand-in model needs (random weights): applied unless ``real_weights``."""
 
     model_config = ConfigDict(extra="forbid")
 
     fixed_flags: list[str] = Field(default_factory=list)
+    fixed_env: dict[str, str] = Field(default_factory=dict)
     fixed_json: dict[str, dict[str, Any]] = Field(default_factory=dict)
     derive: dict[str, str] = Field(default_factory=dict)
 
@@ -340,6 +371,7 @@ class SearchSpace:
             merged = {f: {**spec.fixed_json.get(f, {}), **o} for f, o in extra.fixed_json.items()}
             spec = spec.model_copy(update={
                 "fixed_flags": [*spec.fixed_flags, *extra.fixed_flags],
+                "fixed_env": {**spec.fixed_env, **extra.fixed_env},
                 "fixed_json": {**spec.fixed_json, **merged},
                 "derive": {**spec.derive, **extra.derive},
             })  # fmt: skip

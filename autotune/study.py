@@ -64,7 +64,7 @@ from autotune.schema import (
     set_constraints,
     verdict_record,
 )
-from autotune.space import LaunchSpec, ModelFacts, SearchSpace, load_space
+from autotune.space import ROUTING_SIMULATION_ENV, LaunchSpec, ModelFacts, SearchSpace, load_space
 from autotune.trial import TrialOutcome, TrialSpec
 
 if TYPE_CHECKING:
@@ -1046,6 +1046,15 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     settings, model = inputs.settings, inputs.model
     real = inputs.space.facts.real_weights  # a real checkpoint: probe with real text
     ref = inputs.space.launch_spec(reference_params(inputs.space))
+    routing = ref.env.get(ROUTING_SIMULATION_ENV, "")
+    if routing:  # a stand-in's simulated routing: no server's tokens are the model's
+        why = (f"the stand-in's MoE routing is simulated ({ROUTING_SIMULATION_ENV}={routing}), "
+               "so no config's tokens are the model's to compare")
+        if settings.quality:
+            raise StudyError(f"--quality cannot be checked: {why}; drop --quality, or set "
+                             f"{ROUTING_SIMULATION_ENV} to \"\" in the space's stand_in part")
+        note(f"quality probe off: {why}")
+        return None, None
     # On the CPU build batching does not change outputs (seen bit-exact): probe 8 at a time.
     conc = 8 if inputs.engine.device == "cpu" else 1
     probe = build_probe(inputs.shape, vocab_size=model_vocab_size(model),

@@ -27,10 +27,13 @@ def test_each_pair_runs_twice_in_alternating_order() -> None:
 
 def test_bench_arguments_are_the_configs_a_study_runs() -> None:
     d = e2e.bench_args("defaults", 32)
-    assert d == ["--", "--max-model-len", "2048", "--load-format", "dummy"]
+    # the stand-in's simulated uniform MoE routing applies to the defaults too
+    assert d == ["--env=VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random",
+                 "--", "--max-model-len", "2048", "--load-format", "dummy"]
     r = e2e.bench_args("recipe", 256)
     flags = r[r.index("--") + 1:]
     assert "--env=OMP_NUM_THREADS=1" in r[:r.index("--")]
+    assert "--env=VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random" in r[:r.index("--")]
     assert flags[flags.index("--mamba-backend") + 1] == "flashinfer"
     assert flags[flags.index("--max-num-seqs") + 1] == "256"
     spec = json.loads(flags[flags.index("--speculative-config") + 1])

@@ -71,3 +71,61 @@ def test_tiny_mtp_pattern() -> None:
     assert tiny_config("nemotron_h", mtp=True)["mtp_hybrid_override_pattern"] == "*E"
     with pytest.raises(ModelGenError, match="MTP pattern"):
         tiny_config("nemotron_h", mtp=True, mtp_pattern="M")
+
+
+def test_stand_in_routes_moe_tokens_uniformly_and_real_weights_do_not() -> None:
+    """vLLM's dummy weights send every token to the same experts: the stand-in simulates
+    uniform routing on every trial, the baseline included; a real checkpoint routes itself."""
+    from autotune.space import ROUTING_SIMULATION_ENV
+
+    envs = {}
+    for real in (False, True):
+        facts = ModelFacts(device="cuda", hybrid=True, mtp=True, moe=True, real_weights=real)
+        space = load_space(REPO / "search_spaces" / "hybrid-mtp.yaml", facts=facts)
+        envs[real] = (space.launch_spec(PARAMS).env,
+                      space.launch_spec(space.baseline_params(), baseline=True).env)
+    for env in envs[False]:
+        assert env[ROUTING_SIMULATION_ENV] == "uniform_random"
+    for env in envs[True]:
+        assert ROUTING_SIMULATION_ENV not in env
+
+
+def test_simulated_routing_turns_the_quality_probe_off_without_a_server_start() -> None:
+    """With simulated routing no server's tokens are the model's: the study notes that the
+    probe is off (no reference server is started); asking for a quality gate is an error."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from autotune.errors import StudyError
+    from autotune.study import _quality_reference
+
+    facts = ModelFacts(device="cuda", hybrid=True, mtp=True, moe=True)
+    space = load_space(REPO / "search_spaces" / "hybrid-mtp.yaml", facts=facts)
+    notes: list[str] = []
+    inputs = SimpleNamespace(settings=SimpleNamespace(quality=None), model=Path("/nonexistent"),
+                             space=space)
+    assert _quality_reference(inputs, notes.append) == (None, None)  # type: ignore[arg-type]
+    assert len(notes) == 1 and notes[0].startswith("quality probe off: the stand-in's MoE")
+    inputs.settings.quality = "min_agreement=0.95"
+    with pytest.raises(StudyError, match="--quality cannot be checked"):
+        _quality_reference(inputs, notes.append)  # type: ignore[arg-type]
+
+
+def test_bench_warns_of_dummy_routing_only_for_a_moe_model_without_a_simulator(
+        tmp_path: Path) -> None:
+    from autotune.space import ROUTING_SIMULATION_ENV, dummy_routing_warning
+
+    moe, dense = tmp_path / "moe", tmp_path / "dense"
+    for d, cfg in ((moe, {"model_type": "nemotron_h", "n_routed_experts": 128}),
+                   (dense, {"model_type": "llama"})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    dummy = ["--max-model-len", "2048", "--load-format", "dummy"]
+    msg = dummy_routing_warning(moe, dummy, {})
+    assert msg is not None and f"--env {ROUTING_SIMULATION_ENV}=uniform_random" in msg
+    assert "\n" not in msg
+    assert dummy_routing_warning(moe, ["--load-format=dummy"], {}) is not None
+    assert dummy_routing_warning(moe, dummy, {ROUTING_SIMULATION_ENV: "uniform_random"}) is None
+    assert dummy_routing_warning(moe, ["--max-model-len", "2048"], {}) is None
+    assert dummy_routing_warning(dense, dummy, {}) is None

@@ -183,8 +183,12 @@ def _bench(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
     if not (args.model / "config.json").exists():
         raise ConfigError(f"--model {args.model}: no config.json there")
+    from autotune.space import dummy_routing_warning
     from autotune.stats import SegmentRule
 
+    warning = dummy_routing_warning(args.model, flags, env)
+    if warning:
+        print(warning, file=sys.stderr)
     shape = load_shape(args.shape)
     capacity = _capacity_fields(args, shape)
     log_path = _claim_log(args.log) if args.log is not None else None

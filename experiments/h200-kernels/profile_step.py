@@ -2,7 +2,8 @@
 profiler, kernel time by category per step, and the CPU gaps between kernels.
 
     python3 experiments/h200-kernels/profile_step.py --model DIR --name defaults --streams 32 \
-        --out profile.json [--mtp 1 --acceptance 1.7] [--tuned DIR] [--steps 30]
+        --out profile.json [--mtp 1 --acceptance 1.7] [--tuned DIR] [--steps 30] \
+        [--routing uniform_random]
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with vLLM's own step
 scopes on (VLLM_CUSTOM_SCOPES_FOR_PROFILING=1: "gpu_model_runner: forward", "...: sample",
@@ -31,7 +32,7 @@ from pathlib import Path
 
 _MOE = re.compile(r"fused_moe|moe_align|moe_sum|topk|count_and_sort|grouped_topk|moe_", re.I)
 _MAMBA = re.compile(r"mamba|ssd|chunk_scan|chunk_state|state_passing|bmm_chunk|causal_conv1d"
-                    r"|selective_state|ssu|conv1d|replay_ssm|_ssm", re.I)
+                    r"|selective_state|selective_scan|scan_update|ssu|conv1d|replay_ssm|_ssm", re.I)
 _ATTN = re.compile(r"flash|attn|attention|fmha|reshape_and_cache|paged|mha|split_kv", re.I)
 _GEMM = re.compile(r"gemm|nvjet|cutlass|sm90_xmma|matmul|cublas|splitk", re.I)
 
@@ -108,6 +109,10 @@ def main() -> int:
     ap.add_argument("--mtp", type=int, default=0)
     ap.add_argument("--acceptance", type=float, default=1.7)
     ap.add_argument("--tuned", default=None, help="VLLM_TUNED_CONFIG_FOLDER")
+    ap.add_argument("--routing", default="",
+                    help="VLLM_MOE_ROUTING_SIMULATION_STRATEGY (uniform_random, normal_routing); "
+                         "empty: the dummy weights' own routing (every token to the same "
+                         "experts)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warm-steps", type=int, default=20)
     args = ap.parse_args()
@@ -115,6 +120,8 @@ def main() -> int:
     os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
     if args.tuned:
         os.environ["VLLM_TUNED_CONFIG_FOLDER"] = args.tuned
+    if args.routing:
+        os.environ["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"] = args.routing
     import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -16,6 +16,9 @@
 #     what is left; the tuned folder is (a)'s of this session, else E2E_TUNED (e.g. the
 #     committed experiments/h200-kernels/results). Then e2e.md/e2e.csv (e2e.py table).
 # STEPS (environment): default "kernels compare profile"; e.g. STEPS=e2e in a later session.
+# ROUTING (environment): the profiles' MoE routing, VLLM_MOE_ROUTING_SIMULATION_STRATEGY
+# (default uniform_random; ROUTING= for the dummy weights' own, every token to the same
+# experts, as the first profiles of 2026-12-01 ran); the profile names end in -<routing>.
 # KSHARE (environment): the kernels' share of BUDGET_S in percent (default 45; e.g. 30 to
 # leave the profiles room for two cold engine starts).
 # Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, as
@@ -37,9 +40,12 @@ finish() {
   local logs=$HOME/run/logs; mkdir -p "$logs"
   cp "$RES"/*.log "$logs"/ 2>/dev/null; cp -r "$TUNED" "$logs"/tuned 2>/dev/null
   tar czf "$RES/logs.tgz" -C "$HOME/run" logs 2>/dev/null && rm -f "$RES"/*.log
+  bash experiments/gpu-newfiles.sh "$HOME/.job-t0" "$RES/new-files.txt" "$HOME/res" "$HOME/run" \
+    "$HOME/site" "$HOME/gpub" "$HOME/models" 2>/dev/null
   phase "done $1"; touch "$RES/DONE"; exit "${2:-0}"
 }
 phase start
+touch "$HOME/.job-t0"  # what this job writes outside its folders: new-files.txt at the end
 if [ ! -d "$SITE/vllm" ]; then
   ( time bash "$STAGE/install.sh" "$STAGE" "$SITE" ) > "$RES/env.txt" 2>&1 || { phase install-failed; touch "$RES/DONE"; exit 3; }
 fi
@@ -67,7 +73,9 @@ RUN=$HOME/run; TUNED=$RUN/kernels-tuned; mkdir -p "$RUN"
 SHAPE=traffic/casestudy-512x512.json
 KB=$(( BUDGET * ${KSHARE:-45} / 100 ))
 if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
-  mkdir -p "$C" && cat "$STAGE"/cache-part-* | tar xzf - -C "$C" && phase "caches restored: $(du -sh "$C" | cut -f1)"
+  # -m: every restored file dated now, newer than the sources just installed: FlashInfer's
+  # JIT (ninja) likely rebuilt its sampling kernels for that (126 s on a fresh machine, 2026-12-01)
+  mkdir -p "$C" && cat "$STAGE"/cache-part-* | tar xzmf - -C "$C" && phase "caches restored: $(du -sh "$C" | cut -f1)"
 fi
 kernels() {
   for spec in "256 $(( KB * 5 / 9 ))" "32 $(( KB * 4 / 9 ))"; do
@@ -88,6 +96,7 @@ compare() {
     --out "$RES/kernel-compare.csv" >> "$RES/compare.log" 2>&1
   phase "compare exit $?"
 }
+ROUTING=${ROUTING-uniform_random}; PSUF=$([ -n "$ROUTING" ] && echo "-$ROUTING" || echo "-dummy")
 profile() {
   for spec in "defaults 0 -" "mtp1 1 -" "defaults-tuned 0 $TUNED" "mtp1-tuned 1 $TUNED"; do
     set -- $spec
@@ -95,7 +104,8 @@ profile() {
     tuned=(); [ "$3" != "-" ] && tuned=(--tuned "$3")
     phase "profile $1"
     timeout --signal=TERM --kill-after=20 $(( $(left) - 20 )) python3 experiments/h200-kernels/profile_step.py \
-      --model "$MODEL" --name "$1" --streams 32 --mtp "$2" --acceptance 1.7 "${tuned[@]}" \
+      --model "$MODEL" --name "$1$PSUF" --streams 32 --mtp "$2" --acceptance 1.7 "${tuned[@]}" \
+      --routing "$ROUTING" \
       --out "$RES/profile.json" >> "$RES/profile.log" 2>&1
     phase "profile $1 exit $?"
   done

@@ -38,6 +38,7 @@ left() { echo $(( DEADLINE - $(date +%s) )); }
 within() { local t=$(( $(left) - $2 )); [ "$t" -gt "$1" ] && t=$1; [ "$t" -lt 1 ] && t=1; echo "$t"; }
 phase() { echo "$(date -u +%H:%M:%S) left=$(( DEADLINE - $(date +%s) )) $*" >> "$RES/progress.txt"; }
 phase start
+touch "$HOME/.job-t0"  # what this job writes outside its folders: new-files.txt at the end
 if [ ! -d "$SITE/vllm" ]; then
   ( time bash "$STAGE/install.sh" "$STAGE" "$SITE" ) > "$RES/env.txt" 2>&1 || { phase install-failed; touch "$RES/DONE"; exit 3; }
 fi
@@ -62,7 +63,9 @@ phase installed
 RUN=$HOME/run; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN" "$HOME/res-cache"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
-  mkdir -p "$CACHE" && cat "$STAGE"/cache-part-* | tar xzf - -C "$CACHE" && phase "caches restored: $(du -sh "$CACHE" | cut -f1)"
+  # -m: every restored file dated now, newer than the sources just installed: FlashInfer's
+  # JIT (ninja) likely rebuilt its sampling kernels for that (126 s on a fresh machine, 2026-12-01)
+  mkdir -p "$CACHE" && cat "$STAGE"/cache-part-* | tar xzmf - -C "$CACHE" && phase "caches restored: $(du -sh "$CACHE" | cut -f1)"
 fi
 phase "gpus $NGPU"
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
@@ -152,4 +155,6 @@ for step in $STEPS; do
 done
 cp "$RUN/autotune.db" "$RES/" 2>/dev/null
 kill $SMI 2>/dev/null
+bash experiments/gpu-newfiles.sh "$HOME/.job-t0" "$RES/new-files.txt" "$HOME/res" "$HOME/run" \
+    "$HOME/site" "$HOME/gpub" "$HOME/models" 2>/dev/null
 phase done; touch "$RES/DONE"
