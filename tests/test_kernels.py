@@ -46,6 +46,12 @@ CASESTUDY = REPO / "traffic" / "casestudy-512x512.json"
 NANO = MoeShape(experts=128, intermediate=1856, hidden=2688, topk=6, gated=False)
 
 
+def _tuned_counts(folder: Path) -> set[int]:
+    """The token counts a tuning wrote rows for (the file's keys also hold guard keys)."""
+    meta = json.loads((folder / "E=128,N=1856,device_name=NVIDIA_H200.results.json").read_text())
+    return {int(row["m"]) for row in meta["sizes"]}
+
+
 def _model(tmp_path: Path, **cfg: object) -> Path:
     d = tmp_path / "m"
     d.mkdir(exist_ok=True)
@@ -261,10 +267,13 @@ def test_tune_writes_vllms_file_and_the_results_and_reuses_them(tmp_path: Path) 
                    on_progress=events.append)
     assert res.path == out / "E=128,N=1856,device_name=NVIDIA_H200.json"
     data = json.loads(res.path.read_text())
-    assert list(data) == ["32", "64", "544", "576", "8192"]
+    meta = json.loads(res.results_path.read_text())
+    # the tuned counts, plus guard keys holding vLLM's default (listed apart, no rows)
+    guards = meta["guard_keys"]
+    assert guards == res.guard_keys and 1 in guards and 8192 not in guards
+    assert [int(k) for k in data] == sorted({32, 64, 544, 576, 8192, *guards})
     for cfg in data.values():
         assert set(cfg) == set(GRID) and all(isinstance(v, int) for v in cfg.values())
-    meta = json.loads(res.results_path.read_text())
     assert [s["m"] for s in meta["sizes"]] == [32, 64, 544, 576, 8192]
     assert meta["sizes"][0]["traffic"]["kinds"] == ["decode"]
     assert {"default_us", "best_us", "speedup", "timed", "failed"} <= set(meta["sizes"][0])
@@ -276,7 +285,14 @@ def test_tune_writes_vllms_file_and_the_results_and_reuses_them(tmp_path: Path) 
                      gpu_name="NVIDIA H200")
     assert again.reused == [32, 64, 544, 576, 8192]
     assert [r.m for r in again.results] == [128]
-    assert list(json.loads(again.path.read_text())) == ["32", "64", "128", "544", "576", "8192"]
+    keys = [int(k) for k in json.loads(again.path.read_text())]
+    assert {32, 64, 128, 544, 576, 8192} <= set(keys) and keys == sorted(keys)
+    assert 128 not in again.guard_keys  # now a tuned count: its key is the tuned config
+    without = tune_moe(settings.model_copy(update={"sizes": (128,), "guard_keys": False}),
+                       timers=[fake_timer], gpu_name="NVIDIA H200")
+    assert list(json.loads(without.path.read_text())) == ["32", "64", "128", "544", "576",
+                                                          "8192"]
+    assert json.loads(without.results_path.read_text())["guard_keys"] == []
 
 
 def test_without_cuda_the_command_says_so_in_one_line(tmp_path: Path) -> None:
@@ -654,10 +670,9 @@ def test_a_study_tunes_once_per_model_gpu_and_shape_then_reuses(tmp_path: Path) 
     assert tuned[0].gpus == [0] and tuned[0].seconds > 0  # type: ignore[attr-defined]
     folder = Path(bound.tuned_dirs["moe"])
     assert folder.is_relative_to(tmp_path / "cache" / "kernels" / "moe" / "NVIDIA_H200")
-    keys = [int(k) for k in json.loads(
-        (folder / "E=128,N=1856,device_name=NVIDIA_H200.json").read_text())]
+    keys = _tuned_counts(folder)
     # 256 streams x (1 + 0..3), padded; draft steps; mixed steps; every chunk size
-    assert {256, 512, 768, 1024, 2048, 4096, 8192, 16384} <= set(keys)
+    assert {256, 512, 768, 1024, 2048, 4096, 8192, 16384} <= keys
     assert calls and "fused-MoE kernels ready" in notes[-1]
     assert any(n.startswith("fused-MoE M=256 (") and "x the default" in n for n in notes)
     env = bound.launch_spec({**bound.baseline_params(), "moe_config": "tuned"}).env
@@ -741,8 +756,8 @@ def test_a_broken_gpu_loses_only_its_own_token_count(tmp_path: Path) -> None:
                                recheck=1)
     with pytest.raises(AutotuneError, match="GPU 1 could not start"):
         tune_moe(settings, timers=[gpu0, broken], gpu_name="NVIDIA H200")
-    saved = json.loads((tmp_path / "o" / "E=128,N=1856,device_name=NVIDIA_H200.json").read_text())
-    assert len(saved) == 2 and set(saved) < {"256", "768", "8192"}  # the other GPU's two
+    saved = _tuned_counts(tmp_path / "o")
+    assert len(saved) == 2 and saved < {256, 768, 8192}  # the other GPU's two
 
 
 def test_the_gpu_time_account_shows_kernel_tuning() -> None:
@@ -780,9 +795,7 @@ def test_the_studys_concurrency_reaches_the_token_counts_and_the_cache_key(
         return fake_timer(config, m, iters=iters)
 
     def keys(bound: object) -> set[int]:
-        folder = Path(bound.tuned_dirs["moe"])  # type: ignore[attr-defined]
-        name = "E=128,N=1856,device_name=NVIDIA_H200.json"
-        return {int(k) for k in json.loads((folder / name).read_text())}
+        return _tuned_counts(Path(bound.tuned_dirs["moe"]))  # type: ignore[attr-defined]
 
     kw = _bind_kw(tmp_path, counting)
     notes: list[str] = []
@@ -830,8 +843,7 @@ def test_the_spaces_max_num_seqs_reaches_the_token_counts_and_the_cache_key(
         bound = bind_tuned_kernels(load_space(path, facts=facts), note=notes.append,
                                    **{**_bind_kw(tmp_path, counting), **kw})  # type: ignore[arg-type]
         folder = Path(bound.tuned_dirs["moe"])
-        tuned = folder / "E=128,N=1856,device_name=NVIDIA_H200.json"
-        return folder, {int(k) for k in json.loads(tuned.read_text())}
+        return folder, _tuned_counts(folder)
 
     # fixed: 128 of the shape's 256 streams per step
     fixed, keys = bind("fixed", fixed='"--max-num-seqs=128"')

@@ -63,6 +63,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      "gets vLLM's default config; a later run into OUT tunes it); a config "
                      "that hangs is stopped when the budget runs out (at least 30 s after it "
                      "began)")
+    moe.add_argument("--min-gain", type=float, default=0.03, metavar="FRACTION",
+                     help="a token count keeps vLLM's default config unless the re-check "
+                     "times the winner at least this much faster (default_us / best_us >= "
+                     "1 + FRACTION); default 0.03: a gain of a few percent is within what "
+                     "the model's own run can reverse. The measured speed-up is reported "
+                     "either way")
+    moe.add_argument("--no-guard-keys", action="store_true",
+                     help="write only the tuned token counts. By default the file also "
+                     "holds vLLM's own default config at guard keys (where the default "
+                     "changes, and a geometric grid up to the largest count), so vLLM's "
+                     "nearest-key lookup never serves a token count with tiles tuned for a "
+                     "far-away one")
     moe.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the server")
     moe.add_argument("--seed", type=int, default=0)
     moe.add_argument("--fresh", action="store_true",
@@ -82,7 +94,8 @@ def _moe(args: argparse.Namespace) -> int:
             mtp_depths=args.mtp_depth, max_batched_tokens=args.max_batched_tokens,
             max_num_seqs=args.max_num_seqs, concurrency=args.concurrency, sizes=args.sizes,
             trials=args.trials,
-            budget_s=args.budget, tp=args.tp, seed=args.seed, reuse=not args.fresh)
+            budget_s=args.budget, tp=args.tp, seed=args.seed, reuse=not args.fresh,
+            min_gain=args.min_gain, guard_keys=not args.no_guard_keys)
     except ValidationError as exc:
         problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}"
                              for e in exc.errors())
@@ -92,9 +105,10 @@ def _moe(args: argparse.Namespace) -> int:
         if p.done is not None:
             r = p.done
             speed = f"{r.speedup:.2f}x" if r.speedup else "n/a"
+            kept = f", kept vLLM's default: {r.kept_default}" if r.kept_default else ""
             best, default = r.best_us or float("nan"), r.default_us or float("nan")
             print(f"[{p.sizes_done}/{p.sizes_total}] M={r.m}: best {best:.1f} us, "
-                  f"default {default:.1f} us ({speed}); {r.timed} timed, "
+                  f"default {default:.1f} us ({speed}{kept}); {r.timed} timed, "
                   f"{r.failed} failed, {r.pruned} pruned, {r.seconds:.0f} s", flush=True)
         elif p.candidate is not None and p.candidate.us is None:
             c = p.candidate
@@ -111,8 +125,15 @@ def _moe(args: argparse.Namespace) -> int:
         print(f"autotune: no token count fit --budget {args.budget:g} s; nothing written: "
               "give it more time", file=sys.stderr)
         return 1
-    print(f"wrote {result.path} ({len(result.results)} token count(s) tuned"
-          f"{f', {len(result.skipped)} skipped' if result.skipped else ''}, "
-          f"{result.seconds:.0f} s); all candidates: {result.csv_path}")
+    kept = sum(1 for r in result.results if r.kept_default)
+    notes = [f"{len(result.results)} token count(s) tuned"]
+    if kept:
+        notes.append(f"{kept} of them kept vLLM's default (--min-gain)")
+    if result.skipped:
+        notes.append(f"{len(result.skipped)} skipped")
+    if result.guard_keys:
+        notes.append(f"{len(result.guard_keys)} guard keys")
+    print(f"wrote {result.path} ({', '.join(notes)}, {result.seconds:.0f} s); all "
+          f"candidates: {result.csv_path}")
     print(f"serve with: VLLM_TUNED_CONFIG_FOLDER={result.path.parent.resolve()} vllm serve ...")
     return 0

@@ -11,6 +11,9 @@ fingerprint does not cover a closed loop's streams) and the vLLM version (its Tr
 its kernel change the best tiles). A study asks :func:`ensure_tuned_moe` once
 before trial 0; a second study on the same key finds the folder complete and times
 nothing, and one whose space adds MTP depths or chunk sizes times only the new counts.
+The key needs no version for guard keys and ``--min-gain``: the file is rebuilt from the
+folder's results each time, so a folder tuned before them is reused without timing and
+written again with them.
 """
 
 from __future__ import annotations

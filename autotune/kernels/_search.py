@@ -10,7 +10,10 @@ Per token count: vLLM's default config is timed first (the baseline, and Optuna'
 point), then TPE samples the grid; configs the rules of :mod:`._space` prune cost no
 timing, and a config equivalent to one already timed reuses its time. Before the verdict
 the leaders and the default are timed again with more iterations, in one interleaved
-round, so the winner is not a lucky reading.
+round, so the winner is not a lucky reading. The winner goes in the file only when that
+round shows it at least ``min_gain`` faster than the default (:func:`kept_default_reason`):
+a kernel-level gain of a few percent is within what the model's own run can reverse
+(measured on an H200 at M=64: 1.02x in the re-check, 1.39x slower per call in the model).
 
 With a ``deadline`` (the share of a kernel budget a token count gets) the search stops
 when the next timing and the re-check would not fit before it, and the re-check drops
@@ -44,7 +47,7 @@ from autotune.kernels._space import (
 from autotune.kernels._worker import GRAPH_CALLS, WARMUP_REPLAYS
 
 __all__ = ["Candidate", "KernelFailure", "KernelTimer", "SearchSettings", "SizeResult",
-           "TimingCosts", "replay_seconds", "search_size"]
+           "TimingCosts", "kept_default_reason", "replay_seconds", "search_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,21 @@ class SearchSettings:
     seed: int = 0
     smem_limit: int = HOPPER_SMEM
     max_asks: int = 2000  # bound on samples (pruned or repeated ones cost no timing)
+    # the re-check's least speed-up (default_us / best_us >= 1 + min_gain) for the winner to
+    # replace vLLM's default in the file; decides the verdict only, not what is timed
+    min_gain: float = 0.03
+
+
+def kept_default_reason(speedup: float | None, min_gain: float) -> str | None:
+    """Why a token count whose re-check found a winner other than vLLM's default keeps the
+    default in the file (``"1.020x below --min-gain 3%"``); None: the winner goes in. A
+    default without a valid re-check time (None) cannot be compared: the winner, the
+    only config known to run, goes in."""
+    if speedup is None or speedup >= 1.0 + min_gain - 1e-9:
+        return None
+    # rounded down: 1.0299 is shown as 1.029x, not as "1.030x below 3%"
+    shown = math.floor(speedup * 1000 + 1e-6) / 1000
+    return f"{shown:.3f}x below --min-gain {min_gain * 100:g}%"
 
 
 @dataclass
@@ -110,18 +128,34 @@ class SizeResult:
     failed: int = 0
     pruned: int = 0
     seconds: float = 0.0
+    min_gain: float = 0.0  # the least speed-up for ``best`` to replace ``default`` in the file
 
     @property
     def speedup(self) -> float | None:
-        """Default time / winner time from the re-check round (1.0: the default won)."""
+        """Default time / winner time from the re-check round (1.0: the default won), as
+        measured: also when the file keeps the default (:attr:`kept_default`)."""
         if self.best_us and self.default_us:
             return self.default_us / self.best_us
         return None
 
+    @property
+    def kept_default(self) -> str | None:
+        """Why the file holds vLLM's default although ``best`` won the re-check (None: the
+        file holds ``best``)."""
+        if self.best == self.default:
+            return None
+        return kept_default_reason(self.speedup, self.min_gain)
+
+    @property
+    def chosen(self) -> KernelConfig:
+        """The config the file holds for this token count."""
+        return self.default if self.kept_default else self.best
+
     def summary(self) -> dict[str, Any]:
         return {"m": self.m, "best": self.best, "best_us": self.best_us,
                 "default": self.default, "default_us": self.default_us,
-                "speedup": self.speedup, "timed": self.timed, "failed": self.failed,
+                "speedup": self.speedup, "kept_default": self.kept_default,
+                "timed": self.timed, "failed": self.failed,
                 "pruned": self.pruned, "seconds": round(self.seconds, 1)}
 
 
@@ -278,7 +312,8 @@ def search_size(m: int, shape: MoeShape, timer: KernelTimer, *,
     costs = costs or TimingCosts(s)
     t0 = clock()
     default = canonical(default_config(m, shape), m, shape)
-    result = SizeResult(m=m, best=default, best_us=None, default=default, default_us=None)
+    result = SizeResult(m=m, best=default, best_us=None, default=default, default_us=None,
+                        min_gain=s.min_gain)
     seen: dict[str, Candidate] = {}
 
     def record(c: Candidate) -> None:
@@ -331,6 +366,7 @@ def search_size(m: int, shape: MoeShape, timer: KernelTimer, *,
                            if c.phase == "recheck" and _key(c.config) == best_key)
         result.best_us = times[best_key]
     result.seconds = clock() - t0
-    logger.info("m=%d: %d timed, %d failed, %d pruned; best %s us (default %s us)", m,
-                result.timed, result.failed, result.pruned, result.best_us, result.default_us)
+    logger.info("m=%d: %d timed, %d failed, %d pruned; best %s us (default %s us)%s", m,
+                result.timed, result.failed, result.pruned, result.best_us, result.default_us,
+                f"; keeps the default: {result.kept_default}" if result.kept_default else "")
     return result

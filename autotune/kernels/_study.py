@@ -156,6 +156,8 @@ def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
         if p.done is not None:
             r = p.done
             speed = f"{r.speedup:.2f}x the default" if r.speedup else "no valid time"
+            if r.kept_default:
+                speed += f" (kept the default: {r.kept_default})"
             say(f"fused-MoE M={r.m} ({p.sizes_done}/{p.sizes_total}): {speed}, "
                 f"{r.timed} configs timed ({r.failed} failed) in {r.seconds:.0f} s")
         if on_progress is not None:

@@ -7,7 +7,13 @@ the winners -> ``OUT/<vLLM's file name>`` (what ``VLLM_TUNED_CONFIG_FOLDER`` poi
 with every candidate's time beside it (``<stem>.results.json``, ``<stem>.candidates.csv``).
 
 Token counts already in ``OUT``'s results (same MoE shape, GPU and search settings) are
-kept, not tuned again: a study's cache folder grows instead of starting over.
+kept, not tuned again: a study's cache folder grows instead of starting over. The file is
+written anew each time from the results: per count the winner, or vLLM's default when the
+winner's measured gain is below ``min_gain`` (decided again from the recorded times, so a
+run with another ``--min-gain`` times nothing new), plus guard keys (:mod:`._guard`) that
+hold vLLM's default config wherever no tuned count is the nearest key. Guard keys are
+listed apart (``guard_keys``), never as rows of ``sizes``: a later run does not take them
+for tuned counts.
 
 A budget (``budget_s``) holds the whole tuning, the workers' start included (they start
 at once, one per GPU): token counts go out decode steps first, prefill chunks last; each
@@ -39,6 +45,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import AutotuneError, ConfigError
+from autotune.kernels._guard import with_guard_keys
 from autotune.kernels._moe_shape import MoeShape, config_file_name, moe_shape_from_model
 from autotune.kernels._search import (
     Candidate,
@@ -46,6 +53,7 @@ from autotune.kernels._search import (
     SearchSettings,
     SizeResult,
     TimingCosts,
+    kept_default_reason,
     search_size,
 )
 from autotune.kernels._sizes import (
@@ -54,7 +62,7 @@ from autotune.kernels._sizes import (
     TokenCount,
     token_counts,
 )
-from autotune.kernels._space import KEYS, default_config
+from autotune.kernels._space import KEYS, KernelConfig, default_config
 
 __all__ = ["KernelsUnavailable", "MoeTuneResult", "MoeTuneSettings", "Progress",
            "check_cuda", "tune_moe", "write_moe_config"]
@@ -86,6 +94,9 @@ class MoeTuneSettings(BaseModel):
     tp: int = Field(default=1, ge=1)
     seed: int = 0
     reuse: bool = True  # keep token counts already tuned in OUT
+    # a count keeps vLLM's default unless the re-check shows the winner this much faster
+    min_gain: float = Field(default=0.03, ge=0.0, le=1.0)
+    guard_keys: bool = True  # vLLM's default config at keys no tuned count is nearest to
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,7 @@ class MoeTuneResult:
     results: list[SizeResult] = field(default_factory=list)
     reused: list[int] = field(default_factory=list)  # token counts kept from an earlier run
     skipped: dict[int, str] = field(default_factory=dict)  # token count -> why not tuned
+    guard_keys: list[int] = field(default_factory=list)  # keys holding vLLM's default config
     seconds: float = 0.0
     gpus: list[int] = field(default_factory=list)  # GPUs timed on ([]: nothing was timed)
 
@@ -163,9 +175,28 @@ def _previous(results_path: Path, shape: MoeShape, gpu_name: str,
     except (OSError, ValueError):
         return {}
     if (old.get("moe_shape") != asdict(shape) or old.get("gpu") != gpu_name
-            or old.get("search") != asdict(search)):
+            or _timing_settings(old.get("search")) != _timing_settings(asdict(search))):
         return {}
     return {int(r["m"]): r for r in old.get("sizes", []) if r.get("best")}
+
+
+def _timing_settings(search: Any) -> Any:
+    """What a search's times depend on: ``min_gain`` only decides the verdict (taken again
+    from the recorded times), and results written before it existed lack it."""
+    if not isinstance(search, dict):
+        return search
+    return {k: v for k, v in search.items() if k != "min_gain"}
+
+
+def _earlier_row(row: dict[str, Any], min_gain: float) -> tuple[dict[str, Any], KernelConfig]:
+    """An earlier run's row with its verdict decided at ``min_gain``, and the config the
+    file holds for it."""
+    best: KernelConfig = row["best"]
+    default: KernelConfig | None = row.get("default")
+    if default is None or best == default:
+        return {**row, "kept_default": None}, best
+    kept = kept_default_reason(row.get("speedup"), min_gain)
+    return {**row, "kept_default": kept}, (default if kept else best)
 
 
 def _old_versions(results_path: Path) -> dict[str, str]:
@@ -257,15 +288,20 @@ def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: M
 def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: MoeTuneSettings,
                    search: SearchSettings, prev: dict[int, dict[str, Any]],
                    versions: dict[str, str]) -> None:
-    best: dict[int, dict[str, int]] = {m: r["best"] for m, r in prev.items()}
-    rows = dict(prev)
+    best: dict[int, KernelConfig] = {}
+    rows: dict[int, dict[str, Any]] = {}
+    for m, row in prev.items():
+        rows[m], best[m] = _earlier_row(row, search.min_gain)
     for r in result.results:
-        best[r.m] = r.best
+        best[r.m] = r.chosen
         rows[r.m] = r.summary()
     for m, why in result.skipped.items():  # no "best": the next run into OUT tunes them
         best[m] = default_config(m, result.shape)
         rows[m] = {"m": m, "skipped": why, "best": None}
     reasons = {tc.m: tc.as_dict() for tc in result.sizes}
+    if settings.guard_keys:
+        best, result.guard_keys = with_guard_keys(best, result.shape,
+                                                  limit=max(settings.max_batched_tokens))
     write_moe_config(result.path, best, versions.get("triton"))
     meta = {
         "file": file_name, "gpu": result.gpu_name, "moe_shape": asdict(result.shape),
@@ -274,6 +310,10 @@ def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: M
         "written": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(result.seconds, 1), "reused": result.reused,
         "skipped": {str(m): why for m, why in result.skipped.items()},
+        "min_gain": search.min_gain,
+        # keys holding vLLM's default config (not tuned, no row in "sizes"): nearest-key
+        # lookup would otherwise serve them a far-away count's tiles
+        "guard_keys": result.guard_keys,
         "sizes": [{**rows[m], **({"traffic": reasons[m]} if m in reasons else {})}
                   for m in sorted(rows)],
     }
@@ -336,7 +376,8 @@ def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None 
     if shape.config_dtype == "fp8_w8a8" and timers is None:
         raise ConfigError(f"{settings.model}: FP8 MoE weights are named but not yet timed by "
                           "'autotune kernels moe'; use vLLM's benchmarks/kernels/benchmark_moe.py")
-    search = SearchSettings(trials=settings.trials, recheck=settings.recheck, seed=settings.seed)
+    search = SearchSettings(trials=settings.trials, recheck=settings.recheck, seed=settings.seed,
+                            min_gain=settings.min_gain)
     gpus: list[int] = []
     if timers is None:
         from autotune.hardware import gpu_type
