@@ -1,7 +1,9 @@
 """Kernel-level before/after: the fused-MoE call timed with the config vLLM itself picks
 without a tuned folder (its shipped file or built-in default) and with
 VLLM_TUNED_CONFIG_FOLDER=TUNED, at each token count of the tuned file and a few in between
-(vLLM takes the nearest key), on one GPU.
+(vLLM takes the nearest key), on one GPU. With a results file beside it, the tuned counts
+and the points half-way between them (the guard keys, which hold vLLM's default, are
+served there when nearer).
 
     python3 experiments/h200-kernels/compare.py --model DIR --tuned DIR --out kernel-compare.csv
 
@@ -60,6 +62,11 @@ def main() -> int:
         print(f"no tuned file in {args.tuned}", file=sys.stderr)
         return 2
     keys = sorted(int(k) for k in json.loads(files[0].read_text()) if k.isdigit())
+    results = files[0].with_name(files[0].stem + ".results.json")
+    if results.exists():  # the tuned counts only: the file's guard keys hold vLLM's default
+        tuned = {int(r["m"]) for r in json.loads(results.read_text()).get("sizes", [])
+                 if r.get("best")}
+        keys = sorted(tuned) or keys
     between = [(a + b) // 2 for a, b in itertools.pairwise(keys)]
     sizes = sorted(set(keys) | set(between) | {1, 8})
     bench = _Bench({**asdict(shape), "activation": shape.activation}, seed=0)

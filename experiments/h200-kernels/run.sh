@@ -19,6 +19,11 @@
 # ROUTING (environment): the profiles' MoE routing, VLLM_MOE_ROUTING_SIMULATION_STRATEGY
 # (default uniform_random; ROUTING= for the dummy weights' own, every token to the same
 # experts, as the first profiles of 2026-12-01 ran); the profile names end in -<routing>.
+# PROFILES (environment): which of "defaults mtp1 defaults-tuned mtp1-tuned" to profile
+# (default all four, each while >= 420 s are left).
+# KSEED (environment): a folder an earlier session's kernels step wrote (e.g. the committed
+# experiments/h200-kernels/results): its token counts are reused, not timed again, and the
+# file is rewritten by this code's rules (guard keys, --min-gain); new counts are tuned.
 # KSHARE (environment): the kernels' share of BUDGET_S in percent (default 45; e.g. 30 to
 # leave the profiles room for two cold engine starts).
 # Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, as
@@ -78,6 +83,13 @@ if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier s
   mkdir -p "$C" && cat "$STAGE"/cache-part-* | tar xzmf - -C "$C" && phase "caches restored: $(du -sh "$C" | cut -f1)"
 fi
 kernels() {
+  if [ -n "${KSEED:-}" ] && ! ls "$TUNED"/E=*.results.json >/dev/null 2>&1; then
+    mkdir -p "$TUNED"  # an earlier session's tuning: reused (nothing timed again), rewritten
+    for f in "$KSEED"/E=*NVIDIA_H200.json; do               # by this code's rules
+      cp "$f" "$TUNED/" && cp "$KSEED/kernels.results.json" "$TUNED/$(basename "$f" .json).results.json"
+    done
+    phase "kernels seeded from $KSEED"
+  fi
   for spec in "256 $(( KB * 5 / 9 ))" "32 $(( KB * 4 / 9 ))"; do
     set -- $spec
     phase "kernels $1 streams, budget $2 s"
@@ -100,6 +112,7 @@ ROUTING=${ROUTING-uniform_random}; PSUF=$([ -n "$ROUTING" ] && echo "-$ROUTING" 
 profile() {
   for spec in "defaults 0 -" "mtp1 1 -" "defaults-tuned 0 $TUNED" "mtp1-tuned 1 $TUNED"; do
     set -- $spec
+    case " ${PROFILES:-defaults mtp1 defaults-tuned mtp1-tuned} " in *" $1 "*) ;; *) continue ;; esac
     if [ "$(left)" -lt 420 ]; then phase "profile $1 skipped: $(left) s left"; continue; fi
     tuned=(); [ "$3" != "-" ] && tuned=(--tuned "$3")
     phase "profile $1"
