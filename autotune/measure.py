@@ -71,6 +71,8 @@ _HISTOGRAMS: dict[str, str] = {
     "prefill_time": "vllm:request_prefill_time_seconds",
     "decode_time": "vllm:request_decode_time_seconds",
 }
+# one observation per engine step: the tokens it computed (prompt + generated)
+_ITERATION_TOKENS = "vllm:iteration_tokens_total"
 _GAUGES: dict[str, str] = {
     "kv_cache_usage": "vllm:kv_cache_usage_perc",
     "requests_running": "vllm:num_requests_running",
@@ -89,7 +91,9 @@ def server_figures(
     snapshots' interval (``generation_tokens_per_s``), spec-decode ``spec_acceptance_rate``
     (accepted / draft tokens) and ``spec_acceptance_length`` (1 + accepted / drafts),
     ``prefix_cache_hit_rate`` (hits / queries), histogram means over the interval
-    (``ttft_mean_s``, ...), and gauges (``kv_cache_usage`` mean and ``_max`` over
+    (``ttft_mean_s``, ...), the engine's steps (``engine_steps``, ``engine_steps_per_s``,
+    ``step_ms``: wall time per step, ``tokens_per_step`` computed and
+    ``generated_tokens_per_step``, from ``vllm:iteration_tokens_total``), and gauges (``kv_cache_usage`` mean and ``_max`` over
     ``samples``, else the ``after`` value). Figures that cannot be computed are left out.
     """
     out: dict[str, float] = {}
@@ -117,6 +121,18 @@ def server_figures(
             s0, c0 = before.histograms.get(fam, (0.0, 0.0))
             if c1 - c0 > 0 and s1 - s0 >= 0:
                 out[f"{key}_mean_s"] = (s1 - s0) / (c1 - c0)
+    if _ITERATION_TOKENS in after.histograms:  # engine steps: how often, how full, how long
+        s1, c1 = after.histograms[_ITERATION_TOKENS]
+        s0, c0 = before.histograms.get(_ITERATION_TOKENS, (0.0, 0.0))
+        steps = c1 - c0
+        if steps > 0 and s1 - s0 >= 0:
+            out["engine_steps"] = steps
+            out["tokens_per_step"] = (s1 - s0) / steps
+            if dt > 0:
+                out["engine_steps_per_s"] = steps / dt
+                out["step_ms"] = dt / steps * 1000.0
+            if "generation_tokens" in delta:
+                out["generated_tokens_per_step"] = delta["generation_tokens"] / steps
     for key, fam in _GAUGES.items():
         vals = [s.gauges[fam] for s in samples if fam in s.gauges]
         if vals:

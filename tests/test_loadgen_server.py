@@ -58,6 +58,13 @@ def test_completions_stream_and_agree_with_the_server(tiny_server: Any) -> None:
     ours_tokens = sum(r.output_tokens for r in run.records)
     assert ours_tokens == server["generation_tokens"] == 24 * 24  # exact: tolerance 0 tokens
     assert server["requests_success"] == 24
+    # engine steps: 24 requests x 24 tokens at 4 streams take at least 24 x 24 / 4 steps (one
+    # token per stream and step), each step computed its prompt chunks and decodes
+    assert server["engine_steps"] >= 24 * 24 / 4
+    assert 1.0 <= server["generated_tokens_per_step"] <= 4.0
+    assert server["tokens_per_step"] >= server["generated_tokens_per_step"]
+    assert server["step_ms"] * server["engine_steps"] == pytest.approx(
+        server["interval_s"] * 1000.0)
 
     m = measure(run, server_before=before, server_after=after)
     ttft_ours = sum(r.first_token_s - r.send_s for r in run.records) / 24  # type: ignore[operator]

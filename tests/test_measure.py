@@ -348,6 +348,28 @@ def test_server_figures_from_counter_and_histogram_deltas() -> None:
     assert f["kv_cache_usage"] == 0.5
     # a restart between the snapshots (counters went down) gives no figure rather than a wrong one
     assert "generation_tokens" not in server_figures(after, before)
+    assert "step_ms" not in f  # no engine-step histogram, no step figures
+
+
+def test_engine_step_figures_from_the_iteration_tokens_histogram() -> None:
+    """vLLM observes each engine step's computed tokens once: steps, their rate, their wall
+    time and how full they were (e.g. an MTP step's tokens per stream) come from it."""
+    reg = CollectorRegistry()
+    hist = Histogram("vllm:iteration_tokens_total", "", ["engine"], registry=reg,
+                     buckets=(1, 8, 64, 512, 8192))
+    gen = Counter("vllm:generation_tokens", "", ["engine"], registry=reg)
+    hist.labels("0").observe(32)
+    before = parse_metrics(generate_latest(reg).decode(), taken_at=10.0)
+    for _ in range(400):  # 400 decode steps of 32 streams x 1.75 tokens
+        hist.labels("0").observe(56)
+    gen.labels("0").inc(400 * 56)
+    after = parse_metrics(generate_latest(reg).decode(), taken_at=12.0)
+    f = server_figures(before, after)
+    assert f["engine_steps"] == 400
+    assert f["engine_steps_per_s"] == pytest.approx(200.0)
+    assert f["step_ms"] == pytest.approx(5.0)
+    assert f["tokens_per_step"] == pytest.approx(56.0)
+    assert f["generated_tokens_per_step"] == pytest.approx(56.0)
 
 
 def test_measure_reads_server_figures_from_samples_around_the_window() -> None:
