@@ -94,7 +94,8 @@ def server_figures(
     (``ttft_mean_s``, ...), the engine's steps (``engine_steps``, ``engine_steps_per_s``,
     ``step_ms``: wall time per step, ``tokens_per_step`` computed and
     ``generated_tokens_per_step``, from ``vllm:iteration_tokens_total``), and gauges
-    (``kv_cache_usage`` mean and ``_max`` over ``samples``, else the ``after`` value). Figures that cannot be computed are left out.
+    (``kv_cache_usage`` mean and ``_max`` over ``samples``, else the ``after`` value).
+    Figures that cannot be computed are left out.
     """
     out: dict[str, float] = {}
     dt = after.taken_at - before.taken_at
