@@ -300,11 +300,12 @@ class LaunchSpec(BaseModel):
 ROUTING_SIMULATION_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
 
 
-def dummy_routing_warning(model: str | Path, flags: Sequence[str],
-                          env: Mapping[str, str]) -> str | None:
+def dummy_routing_warning(model: str | Path, flags: Sequence[str], env: Mapping[str, str],
+                          *, fix: str = "") -> str | None:
     """A one-line warning when a MoE model is served with ``--load-format dummy`` and without
     a routing simulator: its random weights send every token to the same experts, so the
-    MoE layers cost a fraction of a trained model's (None when that is not the case)."""
+    MoE layers cost a fraction of a trained model's (None when that is not the case).
+    ``fix``: what to do about it, as the caller's user does it (default: bench's --env)."""
     joined = " ".join(flags)
     if "--load-format dummy" not in joined and "--load-format=dummy" not in joined:
         return None
@@ -317,9 +318,10 @@ def dummy_routing_warning(model: str | Path, flags: Sequence[str],
     text = {**cfg, **(cfg.get("text_config") or {})}
     if not any(int(text.get(k) or 0) > 0 for k in _EXPERT_KEYS):
         return None
+    fix = fix or f"add --env {ROUTING_SIMULATION_ENV}=uniform_random"
     return (f"warning: dummy weights route every token to the same few experts, so this MoE "
-            f"model's expert layers cost a fraction of a trained model's; add --env "
-            f"{ROUTING_SIMULATION_ENV}=uniform_random to spread them as a trained router does")
+            f"model's expert layers cost a fraction of a trained model's; {fix} to spread them "
+            "as a trained router does")
 
 
 class _StandIn(BaseModel):

@@ -64,7 +64,14 @@ from autotune.schema import (
     set_constraints,
     verdict_record,
 )
-from autotune.space import ROUTING_SIMULATION_ENV, LaunchSpec, ModelFacts, SearchSpace, load_space
+from autotune.space import (
+    ROUTING_SIMULATION_ENV,
+    LaunchSpec,
+    ModelFacts,
+    SearchSpace,
+    dummy_routing_warning,
+    load_space,
+)
 from autotune.trial import TrialOutcome, TrialSpec
 
 if TYPE_CHECKING:
@@ -1229,6 +1236,12 @@ def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
     """The quality reference (when lossy trials are probed), then the loop; an error or an
     interrupt stops the trials in flight and tells the subscribers."""
     settings = inputs.settings
+    base = inputs.space.launch_spec(inputs.space.baseline_params(), baseline=True)
+    routing = dummy_routing_warning(
+        inputs.model, base.flags, base.env,
+        fix=f"set {ROUTING_SIMULATION_ENV}: uniform_random in the space's stand_in.fixed_env")
+    if routing:  # a space of the user's own for a MoE stand-in, without the simulator
+        subs.on_note(loop.event("note", message=routing))
     if inputs.space.tuned_kinds():
         loop.space = _bind_kernels(
             inputs, note=lambda m: subs.on_note(loop.event("note", message=m)), study=loop.study,

@@ -129,3 +129,7 @@ def test_bench_warns_of_dummy_routing_only_for_a_moe_model_without_a_simulator(
     assert dummy_routing_warning(moe, dummy, {ROUTING_SIMULATION_ENV: "uniform_random"}) is None
     assert dummy_routing_warning(moe, ["--max-model-len", "2048"], {}) is None
     assert dummy_routing_warning(dense, dummy, {}) is None
+    # a study says how to fix it in the space, not with bench's --env
+    fix = f"set {ROUTING_SIMULATION_ENV}: uniform_random in the space's stand_in.fixed_env"
+    study_msg = dummy_routing_warning(moe, dummy, {}, fix=fix)
+    assert study_msg is not None and fix in study_msg and "--env" not in study_msg
