@@ -46,6 +46,14 @@ _FACTS = ("device", "hybrid", "mtp", "moe", "gpu_arch", "avx512", "real_weights"
           "prompt_p90")
 # routed experts in config.json (as autotune/kernels/_moe_shape.py reads them)
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+
+
+def _has_routed_experts(cfg: Mapping[str, Any]) -> bool:
+    """A MoE model: config.json (or its text_config) names routed experts."""
+    text = {**cfg, **(cfg.get("text_config") or {})}
+    return any(int(text.get(k) or 0) > 0 for k in _EXPERT_KEYS)
+
+
 _WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 
 
@@ -92,8 +100,7 @@ class ModelFacts(BaseModel):
         hybrid = "M" in pattern or model_type in {"nemotron_h", "mamba2", "bamba", "jamba",
                                                   "falcon_h1", "granitemoehybrid", "qwen3_next"}
         mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0) > 0
-        text = {**cfg, **(cfg.get("text_config") or {})}
-        moe = any(int(text.get(k) or 0) > 0 for k in _EXPERT_KEYS)
+        moe = _has_routed_experts(cfg)
         d = Path(model)
         real = not (d / "autotune-model.json").exists() and any(
             next(d.glob(g), None) is not None for g in _WEIGHTS
@@ -315,8 +322,7 @@ def dummy_routing_warning(model: str | Path, flags: Sequence[str], env: Mapping[
         cfg = json.loads((Path(model) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    text = {**cfg, **(cfg.get("text_config") or {})}
-    if not any(int(text.get(k) or 0) > 0 for k in _EXPERT_KEYS):
+    if not _has_routed_experts(cfg):
         return None
     fix = fix or f"add --env {ROUTING_SIMULATION_ENV}=uniform_random"
     return (f"warning: dummy weights route every token to the same few experts, so this MoE "
