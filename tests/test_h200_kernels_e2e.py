@@ -21,6 +21,13 @@ def test_each_pair_runs_twice_in_alternating_order() -> None:
         "32 defaults plain 1", "32 defaults tuned 1", "32 defaults tuned 2",
         "32 defaults plain 2"]
     assert len(e2e.plan([32, 256], ["defaults", "recipe"])) == 16
+    # every cell's first start comes before any cell's second (a budget cut leaves one each)
+    assert e2e.plan([32, 256], ["defaults", "recipe"], rounds=1) == [
+        "32 defaults plain 1", "32 defaults tuned 1", "32 recipe plain 1", "32 recipe tuned 1",
+        "256 defaults plain 1", "256 defaults tuned 1", "256 recipe plain 1",
+        "256 recipe tuned 1"]
+    assert e2e.plan([32, 256], ["defaults"])[2:4] == ["256 defaults plain 1",
+                                                      "256 defaults tuned 1"]
     with pytest.raises(SystemExit, match="unknown base"):
         e2e.plan([32], ["fastest"])
 

@@ -3,15 +3,17 @@ intervals. Helper of run.sh's `e2e` step (plain bash calls it), and the table ma
 
     python3 e2e.py args BASE STREAMS            a config's `autotune bench` arguments, one a
                                                 line (--env K=V lines, then '--', then flags)
-    python3 e2e.py plan STREAMS... -- BASE...   the benches of the step, in order: one line
-                                                "STREAMS BASE VARIANT ROUND" each
+    python3 e2e.py plan [--rounds N] STREAMS... -- BASE...
+                                                the benches of the step, in order: one line
+                                                "STREAMS BASE VARIANT ROUND" each (N: 2)
     python3 e2e.py table RESULTS_DIR            e2e.md and e2e.csv from RESULTS_DIR/e2e/*.json
 
 BASE: `defaults` (vLLM's own: the space's baseline, as a study's trial 0 runs it) or
 `recipe` (experiments/h200/recipe.json, the case study's MTP recipe, as a study runs it).
 VARIANT: `plain` (no tuned folder: vLLM's built-in default tiles, as on the H200 today) or
 `tuned` (VLLM_TUNED_CONFIG_FOLDER = the folder `autotune kernels moe` wrote). Each pair is
-measured over two rounds in alternating order (plain, tuned, then tuned, plain), each bench a
+measured over rounds (two by default) in alternating order (plain, tuned, then tuned, plain),
+every cell's first start before any cell's second, each bench a
 fresh server with the trust issue's measurement (segmented warm-up, adaptive stop, the 95 %
 interval of output tokens/s); the table's ratio tuned / plain pools the start-to-start
 variance of both (autotune.stats.ratio_to_defaults: delta method on log readings), so its
@@ -60,16 +62,22 @@ def bench_args(base: str, streams: int, gpu_arch: str = "sm90") -> list[str]:
     return [f"--env={k}={v}" for k, v in ls.env.items()] + ["--", *ls.flags]
 
 
-def plan(streams: list[int], bases: list[str]) -> list[str]:
-    """The step's benches in order: per stream count and base, plain then tuned, then tuned
-    then plain (a drift over the session hits both variants alike)."""
+def plan(streams: list[int], bases: list[str], rounds: int = 2) -> list[str]:
+    """The step's benches in order, round by round (a budget that ends early leaves every
+    cell with one start rather than some cells with two and others with none): in round 1
+    each (streams, base) pair runs plain then tuned, in round 2 tuned then plain (a drift
+    over the session hits both variants alike), and so on."""
+    for b in bases:
+        if b not in BASES:
+            raise SystemExit(f"unknown base {b!r}; bases: {', '.join(BASES)}")
+    if rounds < 1:
+        raise SystemExit(f"rounds must be at least 1, got {rounds}")
     out = []
-    for s in streams:
-        for b in bases:
-            if b not in BASES:
-                raise SystemExit(f"unknown base {b!r}; bases: {', '.join(BASES)}")
-            out += [f"{s} {b} plain 1", f"{s} {b} tuned 1", f"{s} {b} tuned 2",
-                    f"{s} {b} plain 2"]
+    for r in range(1, rounds + 1):
+        order = VARIANTS if r % 2 else VARIANTS[::-1]
+        for s in streams:
+            for b in bases:
+                out += [f"{s} {b} {v} {r}" for v in order]
     return out
 
 
@@ -152,8 +160,11 @@ def main(argv: list[str]) -> int:
         print("\n".join(bench_args(argv[1], int(argv[2]))))
         return 0
     if argv and argv[0] == "plan" and "--" in argv:
-        i = argv.index("--")
-        print("\n".join(plan([int(s) for s in argv[1:i]], argv[i + 1:])))
+        rounds, rest = 2, argv[1:]
+        if rest[:1] == ["--rounds"]:
+            rounds, rest = int(rest[1]), rest[2:]
+        i = rest.index("--")
+        print("\n".join(plan([int(s) for s in rest[:i]], rest[i + 1:], rounds)))
         return 0
     if len(argv) == 2 and argv[0] == "table":
         print(table(Path(argv[1])), end="")

@@ -2,6 +2,6 @@
 # Wait for run.sh (at most $1 s), then bring back what it has written so far ($OUT/res.tgz).
 RES=${2:-$HOME/res}; T=${1:-540}; t0=$(date +%s)
 while [ ! -f "$RES/DONE" ] && [ $(( $(date +%s) - t0 )) -lt "$T" ]; do sleep 5; done
-cat "$RES/progress.txt" 2>/dev/null; tail -c 3000 "$RES/kernels.log" 2>/dev/null
+cat "$RES/progress.txt" 2>/dev/null; tail -c 2000 "$RES/kernels.log" 2>/dev/null; tail -c 1500 "$RES/e2e.log" 2>/dev/null
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 tar czf "$OUT/res.tgz" -C "$(dirname "$RES")" "$(basename "$RES")" 2>/dev/null; ls -la "$RES"

@@ -9,8 +9,9 @@
 # (c) one decode step profiled (profile_step.py) at 32 streams: vLLM defaults, MTP 1 at
 #     acceptance 1.70, then both with the tuned folder, each only if >= 420 s are left;
 # (d) `e2e` (not in the default STEPS): the end-to-end table, `autotune bench` of a config
-#     with vLLM's default tiles and with the tuned folder, two fresh starts each in
-#     alternating order (e2e.py plan), at E2E_STREAMS (default "32") for E2E_BASES (default
+#     with vLLM's default tiles and with the tuned folder, E2E_ROUNDS (default 2) fresh
+#     starts each in alternating order, every cell's first start before any second (e2e.py
+#     plan), at E2E_STREAMS (default "32") for E2E_BASES (default
 #     "defaults"; "recipe" = experiments/h200/recipe.json), measure/warm-up caps E2E_MEASURE
 #     (75 s) / E2E_WARMUP (30 s below 128 streams, 60 s from 128), each bench only if it fits
 #     what is left; the tuned folder is (a)'s of this session, else E2E_TUNED (e.g. the
@@ -146,7 +147,7 @@ e2e() {
       "${envs[@]}" "${args[@]}" > "$out.part" 2>> "$RES/e2e.log" < /dev/null
     local rc=$?; [ -s "$out.part" ] && mv "$out.part" "$out"
     phase "e2e $streams $base $variant r$round exit $rc"
-  done < <(python3 experiments/h200-kernels/e2e.py plan ${E2E_STREAMS:-32} -- ${E2E_BASES:-defaults})
+  done < <(python3 experiments/h200-kernels/e2e.py plan --rounds "${E2E_ROUNDS:-2}" ${E2E_STREAMS:-32} -- ${E2E_BASES:-defaults})
   python3 experiments/h200-kernels/e2e.py table "$RES" >> "$RES/progress.txt" 2>&1
 }
 for step in $STEPS; do
