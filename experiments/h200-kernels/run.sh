@@ -16,7 +16,11 @@
 #     (75 s) / E2E_WARMUP (30 s below 128 streams, 60 s from 128), each bench only if it fits
 #     what is left; the tuned folder is (a)'s of this session, else E2E_TUNED (e.g. the
 #     committed experiments/h200-kernels/results). Then e2e.md/e2e.csv (e2e.py table).
-# STEPS (environment): default "kernels compare profile"; e.g. STEPS=e2e in a later session.
+# STEPS (environment): default "kernels compare profile"; e.g. STEPS=e2e in a later session;
+#   `caches` (last) packs the compile caches into ~/res-cache/cache-part-* for the next
+#   session (poll.sh PART... brings them back; experiments/gpu-caches.sh says why and how).
+# E2E_SEED (environment): a folder of benches an earlier session brought back (its e2e/*.json,
+#   e.g. experiments/h200-kernels/results-e2e): copied into RES/e2e first, so not run again.
 # ROUTING (environment): the profiles' MoE routing, VLLM_MOE_ROUTING_SIMULATION_STRATEGY
 # (default uniform_random; ROUTING= for the dummy weights' own, every token to the same
 # experts, as the first profiles of 2026-12-01 ran); the profile names end in -<routing>.
@@ -79,9 +83,7 @@ RUN=$HOME/run; TUNED=$RUN/kernels-tuned; mkdir -p "$RUN"
 SHAPE=traffic/casestudy-512x512.json
 KB=$(( BUDGET * ${KSHARE:-45} / 100 ))
 if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
-  # -m: every restored file dated now, newer than the sources just installed: FlashInfer's
-  # JIT (ninja) likely rebuilt its sampling kernels for that (126 s on a fresh machine, 2026-12-01)
-  mkdir -p "$C" && cat "$STAGE"/cache-part-* | tar xzmf - -C "$C" && phase "caches restored: $(du -sh "$C" | cut -f1)"
+  phase "$(bash experiments/gpu-caches.sh restore "$STAGE" "$C" "$SITE")"
 fi
 kernels() {
   if [ -n "${KSEED:-}" ] && ! ls "$TUNED"/E=*.results.json >/dev/null 2>&1; then
@@ -131,6 +133,9 @@ e2e() {
     phase "e2e skipped: no tuned folder (run the kernels step first, or set E2E_TUNED)"; return
   fi
   folder=$(cd "$folder" && pwd); mkdir -p "$RES/e2e"; phase "e2e: tuned folder $folder"
+  if [ -n "${E2E_SEED:-}" ] && ls "$E2E_SEED"/e2e/c*.json >/dev/null 2>&1; then
+    cp -n "$E2E_SEED"/e2e/c*.json "$RES/e2e/" && phase "e2e: $(ls "$E2E_SEED"/e2e/c*.json | wc -l) benches from $E2E_SEED"
+  fi
   while read -r streams base variant round; do
     out=$RES/e2e/c$streams-$base-$variant-r$round.json
     [ -s "$out" ] && { phase "e2e $streams $base $variant r$round: done already"; continue; }
@@ -150,10 +155,13 @@ e2e() {
   done < <(python3 experiments/h200-kernels/e2e.py plan --rounds "${E2E_ROUNDS:-2}" ${E2E_STREAMS:-32} -- ${E2E_BASES:-defaults})
   python3 experiments/h200-kernels/e2e.py table "$RES" >> "$RES/progress.txt" 2>&1
 }
+caches() {  # for the next session: poll.sh brings the parts back (see the README)
+  phase "$(bash experiments/gpu-caches.sh pack "$C" "$HOME/res-cache")"
+}
 for step in $STEPS; do
   case $step in
-    kernels|compare|profile|e2e) "$step" ;;
-    *) phase "unknown step $step (kernels, compare, profile, e2e)" ;;
+    kernels|compare|profile|e2e|caches) "$step" ;;
+    *) phase "unknown step $step (kernels, compare, profile, e2e, caches)" ;;
   esac
 done
 finish ok

@@ -87,9 +87,7 @@ for db in autotune.db mlflow.db; do  # the stores every study of issue 15 goes t
   fi
 done
 if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
-  # -m: every restored file dated now, newer than the sources just installed: FlashInfer's
-  # JIT (ninja) likely rebuilt its sampling kernels for that (126 s on a fresh machine, 2026-12-01)
-  mkdir -p "$CACHE" && cat "$STAGE"/cache-part-* | tar xzmf - -C "$CACHE" && phase "caches restored: $(du -sh "$CACHE" | cut -f1)"
+  phase "$(bash experiments/gpu-caches.sh restore "$STAGE" "$CACHE" "$SITE")"
 fi
 SMI=
 if [ "$DRY" != 1 ]; then

@@ -63,9 +63,7 @@ phase installed
 RUN=$HOME/run; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN" "$HOME/res-cache"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
-  # -m: every restored file dated now, newer than the sources just installed: FlashInfer's
-  # JIT (ninja) likely rebuilt its sampling kernels for that (126 s on a fresh machine, 2026-12-01)
-  mkdir -p "$CACHE" && cat "$STAGE"/cache-part-* | tar xzmf - -C "$CACHE" && phase "caches restored: $(du -sh "$CACHE" | cut -f1)"
+  phase "$(bash experiments/gpu-caches.sh restore "$STAGE" "$CACHE" "$SITE")"
 fi
 phase "gpus $NGPU"
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
