@@ -75,3 +75,17 @@ def test_the_table_pools_both_starts_of_each_variant(tmp_path: Path) -> None:
     assert rows[(256, "recipe")]["ratio"] is None and rows[(256, "recipe")]["tuned"] == []
     assert "| 32 | defaults | 3,000, 3,060 | 3,150, 3,120 |" in md and "not measured" in md
     assert (tmp_path / "e2e.csv").read_text().count("\n") == 3
+
+
+def test_the_table_also_sets_the_recipe_against_the_defaults(tmp_path: Path) -> None:
+    d = tmp_path / "e2e"
+    _bench(d / "c32-defaults-plain-r1.json", 1661.0, 45.0)
+    _bench(d / "c32-recipe-plain-r1.json", 2117.0, 97.0)
+    _bench(d / "c32-defaults-tuned-r1.json", 1689.0, 21.0)
+    _bench(d / "c256-defaults-plain-r1.json", 6683.0, 1000.0)  # no recipe at 256: no row
+    rr = e2e.recipe_rows(tmp_path)
+    assert [(r["streams"], r["variant"]) for r in rr] == [(32, "plain")]
+    assert rr[0]["ratio"] == pytest.approx(2117 / 1661, rel=1e-3)
+    assert rr[0]["ci_low"] < rr[0]["ratio"] < rr[0]["ci_high"]
+    assert "| 32 | default | 1.274 [" in e2e.table(tmp_path)
+

@@ -7,6 +7,7 @@ intervals. Helper of run.sh's `e2e` step (plain bash calls it), and the table ma
                                                 the benches of the step, in order: one line
                                                 "STREAMS BASE VARIANT ROUND" each (N: 2)
     python3 e2e.py table RESULTS_DIR            e2e.md and e2e.csv from RESULTS_DIR/e2e/*.json
+                                                (e2e.md also: MTP recipe / defaults per tiles)
 
 BASE: `defaults` (vLLM's own: the space's baseline, as a study's trial 0 runs it) or
 `recipe` (experiments/h200/recipe.json, the case study's MTP recipe, as a study runs it).
@@ -95,11 +96,8 @@ def _reading(p: Path) -> dict[str, Any] | None:
             "measure_s": d.get("measure_s")}
 
 
-def rows(results: Path) -> list[dict[str, Any]]:
-    """One row per (streams, base) with readings: each variant's readings, and the ratio
-    tuned / plain with its 95 % interval (None until both variants have a reading)."""
-    from autotune.stats import Interval, ratio_to_defaults
-
+def _readings(results: Path) -> dict[tuple[int, str], dict[str, list[dict[str, Any]]]]:
+    """(streams, base) -> variant -> the readings of its successful benches, by round."""
     found: dict[tuple[int, str], dict[str, list[dict[str, Any]]]] = {}
     for p in sorted((results / "e2e").glob("c*-*-*-r*.json")):
         parts = p.stem.split("-")
@@ -110,24 +108,49 @@ def rows(results: Path) -> list[dict[str, Any]]:
             continue
         key = (int(parts[0][1:]), parts[1])
         found.setdefault(key, {v: [] for v in VARIANTS})[parts[2]].append(r)
+    return found
+
+
+def _ratio(num: list[dict[str, Any]], den: list[dict[str, Any]]) -> dict[str, Any]:
+    """num / den with its 95 % interval (autotune.stats.ratio_to_defaults: between-start
+    variance pooled from two starts on; with one start each, the runs' own intervals)."""
+    from autotune.stats import Interval, ratio_to_defaults
+
+    if not num or not den:
+        return {"ratio": None, "ci_low": None, "ci_high": None, "method": None}
+
+    def within(rs: list[dict[str, Any]]) -> Interval | None:
+        r = rs[0]
+        return (Interval(r["value"], r["low"], r["high"])
+                if r["low"] is not None and r["high"] is not None else None)
+    ratio = ratio_to_defaults([r["value"] for r in num], [r["value"] for r in den],
+                              within={"config": within(num), "defaults": within(den)})
+    return {"ratio": round(ratio.median, 4), "ci_low": round(ratio.ci_low, 4),
+            "ci_high": round(ratio.ci_high, 4), "method": ratio.method}
+
+
+def rows(results: Path) -> list[dict[str, Any]]:
+    """One row per (streams, base) with readings: each variant's readings, and the ratio
+    tuned / plain with its 95 % interval (None until both variants have a reading)."""
+    return [{"streams": streams, "base": base,
+             "plain": [round(r["value"], 1) for r in got["plain"]],
+             "tuned": [round(r["value"], 1) for r in got["tuned"]],
+             **_ratio(got["tuned"], got["plain"])}
+            for (streams, base), got in sorted(_readings(results).items())]
+
+
+def recipe_rows(results: Path) -> list[dict[str, Any]]:
+    """The other comparison the benches hold: the MTP recipe / vLLM's defaults, per stream
+    count and tiles variant (each pair from the same session, servers one after the other)."""
+    found = _readings(results)
     out = []
-    for (streams, base), got in sorted(found.items()):
-        plain, tuned = got["plain"], got["tuned"]
-        ratio = None
-        if plain and tuned:
-            def within(rs: list[dict[str, Any]]) -> Interval | None:
-                r = rs[0]
-                return (Interval(r["value"], r["low"], r["high"])
-                        if r["low"] is not None and r["high"] is not None else None)
-            ratio = ratio_to_defaults([r["value"] for r in tuned], [r["value"] for r in plain],
-                                      within={"config": within(tuned), "defaults": within(plain)})
-        out.append({"streams": streams, "base": base,
-                    "plain": [round(r["value"], 1) for r in plain],
-                    "tuned": [round(r["value"], 1) for r in tuned],
-                    "ratio": None if ratio is None else round(ratio.median, 4),
-                    "ci_low": None if ratio is None else round(ratio.ci_low, 4),
-                    "ci_high": None if ratio is None else round(ratio.ci_high, 4),
-                    "method": None if ratio is None else ratio.method})
+    for streams in sorted({s for s, _ in found}):
+        d, r = found.get((streams, "defaults")), found.get((streams, "recipe"))
+        if not d or not r:
+            continue
+        for v in VARIANTS:
+            if d[v] and r[v]:
+                out.append({"streams": streams, "variant": v, **_ratio(r[v], d[v])})
     return out
 
 
@@ -150,6 +173,13 @@ def table(results: Path) -> str:
         lines.append(f"| {r['streams']} | {r['base']} | "
                      f"{', '.join(f'{v:,.0f}' for v in r['plain']) or '-'} | "
                      f"{', '.join(f'{v:,.0f}' for v in r['tuned']) or '-'} | {ratio} |")
+    rr = recipe_rows(results)
+    if rr:
+        lines += ["", "| streams | tiles | MTP recipe / vLLM's defaults [95 %] | method |",
+                  "|---:|---|---|---|"]
+        lines += [f"| {r['streams']} | {'tuned' if r['variant'] == 'tuned' else 'default'} | "
+                  f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['method']} |"
+                  for r in rr]
     text = "\n".join(lines) + "\n"
     (results / "e2e.md").write_text(text)
     return text
