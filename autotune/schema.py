@@ -124,7 +124,8 @@ class A(StrEnum):
     # --objective capacity: {"recorded_rps", "low", "high", "status", "capacity_rps",
     #   "ci_low_rps", "ci_high_rps", "levels": [{"scale", "offered_rps", "passed", ...}]}
     CAPACITY = "autotune.capacity"
-    WARMUP = "autotune.warmup"  # {"seconds", "segments", "converged", "jit_in_last_segment"}
+    WARMUP = "autotune.warmup"  # {"seconds", "segments", "converged", "jit_in_last_segment",
+    #                             "jit_events", "jit_segments_measuring", "rates": [tok/s]}
     TIME = "autotune.time"  # {"start_s", "compile_s", "warmup_s", "measure_s", "other_s", "slot",
     #                         "start_phases": {phase: s} (autotune.trial.start_phases)}
     MLFLOW_RUN = "autotune.mlflow_run_id"  # also "<this>.<trial number>" on the study

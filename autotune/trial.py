@@ -453,7 +453,8 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
                 outcome.warmup = {"seconds": round(warm_s, 2), "segments": len(ctl.warm_rates),
                                   "converged": ctl.converged, "jit_in_last_segment": ctl.jit_last,
                                   "jit_events": ctl.watch.events,
-                                  "jit_segments_measuring": ctl.jit_measuring}
+                                  "jit_segments_measuring": ctl.jit_measuring,
+                                  "rates": [round(x, 1) for x in ctl.warm_rates]}
             outcome.measure_s += max(0.0, wall - warm_s)
             m = measure(run, slo=spec.slo, segments=ctl.bounds)
             results.append(m)

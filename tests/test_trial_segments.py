@@ -52,6 +52,8 @@ def test_warmup_goes_on_while_the_server_compiles_kernels(fake_model: Path, tmp_
     # requests 1..28 logged a compile: the segments that held them (8 requests each, 4 in
     # flight) cannot end the warm-up, however steady the rate already was
     assert w["segments"] >= 4 and w["jit_events"] == 28
+    # each warm-up segment's rate is kept (was the system still settling when it ended?)
+    assert len(w["rates"]) == w["segments"] and all(r > 0 for r in w["rates"])
     assert out.metrics["warmup_segments"] == w["segments"] and out.metrics["warmup_converged"] == 1
     # the phases the study's display shows: starting, warming up segment by segment (with
     # the compiles), then measuring once
