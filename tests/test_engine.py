@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engine import FailureReason, VllmServer, classify_failure, free_port, serve_command
+from autotune.engine import (
+    FailureReason,
+    VllmServer,
+    cache_env,
+    classify_failure,
+    free_port,
+    serve_command,
+)
 from autotune.errors import EngineCrashedError, EngineStartError
 from tests.conftest import needs_vllm
 
@@ -136,3 +143,15 @@ def test_translate_flags_by_version() -> None:
     assert translate_flags(flags, (0, 33, 0)) == [
         "--mamba-backend", "flashinfer", "--max-num-seqs", "8", "--enable-chunked-prefill"]
     assert translate_flags(flags, (0, 34, 1))[:2] == ["--mamba-decode-backend", "flashinfer"]
+
+
+def test_every_compile_cache_goes_under_the_cache_dir(tmp_path: Path) -> None:
+    """What --cache-dir shares across trials and carries to another machine: each cache a
+    vLLM 0.26 server on an H200 was seen to fill (experiments/h200-kernels/results-e2e/
+    new-files.txt), humming's included, which defaults to ~/.humming/cache."""
+    env = cache_env(tmp_path)
+    assert set(env) == {"VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE", "TRITON_CACHE_DIR",
+                        "TORCHINDUCTOR_CACHE_DIR", "HUMMING_CACHE_DIR"}
+    assert all(Path(v).parent == tmp_path for v in env.values())
+    assert len({Path(v).name for v in env.values()}) == len(env)  # one folder each
+

@@ -222,6 +222,20 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
+def cache_env(root: Path) -> dict[str, str]:
+    """The environment that puts every compile and JIT cache a vLLM server fills under
+    ROOT (``--cache-dir``), so trials share them and a copy of ROOT carries them to another
+    machine: vLLM's torch.compile cache, FlashInfer's JIT ops and autotune cache, Triton's
+    kernels, Inductor's, and humming's (a kernel library vLLM 0.26 loads; ~/.humming/cache
+    by default, outside every other cache: 2.7 MB of launchers built there on an H200 while
+    vLLM 0.26 served the 30B stand-in, experiments/h200-kernels/results-e2e/new-files.txt)."""
+    return {"VLLM_CACHE_ROOT": str(root / "vllm"),
+            "FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"),
+            "TRITON_CACHE_DIR": str(root / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+            "HUMMING_CACHE_DIR": str(root / "humming")}
+
+
 @dataclass
 class VllmServer:
     """One vLLM server process (and its process group).
@@ -296,11 +310,8 @@ class VllmServer:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         if self.cache_dir is not None:
             # Share compile and JIT caches across trials: warm starts are 20 s, cold 2-3 min.
-            root = Path(self.cache_dir)
-            env.setdefault("VLLM_CACHE_ROOT", str(root / "vllm"))
-            env.setdefault("FLASHINFER_WORKSPACE_BASE", str(root / "flashinfer"))
-            env.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
-            env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+            for k, v in cache_env(Path(self.cache_dir)).items():
+                env.setdefault(k, v)
         env.update({k: str(v) for k, v in self.env.items()})
         return env
 

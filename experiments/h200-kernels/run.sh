@@ -71,7 +71,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
 phase installed
 # shared compile/JIT caches, as autotune's servers use them (--cache-dir)
 C=$HOME/.cache/autotune
-export VLLM_CACHE_ROOT=$C/vllm FLASHINFER_WORKSPACE_BASE=$C/flashinfer TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor
+export VLLM_CACHE_ROOT=$C/vllm FLASHINFER_WORKSPACE_BASE=$C/flashinfer TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor HUMMING_CACHE_DIR=$C/humming
 MODEL=$HOME/models/nemotron3-nano-30b-a3b-mtp
 if [ ! -f "$MODEL/tokenizer.json" ]; then
   mkdir -p "$MODEL" && cp experiments/h200/model/config.json "$MODEL/"
