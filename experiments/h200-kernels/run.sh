@@ -69,9 +69,10 @@ print("gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0))
 PY
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv >> "$RES/env.txt" 2>&1
 phase installed
-# shared compile/JIT caches, as autotune's servers use them (--cache-dir)
+# shared compile/JIT caches, as autotune's servers use them (--cache-dir: autotune.engine.cache_env)
 C=$HOME/.cache/autotune
-export VLLM_CACHE_ROOT=$C/vllm FLASHINFER_WORKSPACE_BASE=$C/flashinfer TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor HUMMING_CACHE_DIR=$C/humming
+eval "$(python3 -c 'import shlex, sys; from pathlib import Path; from autotune.engine import cache_env
+for k, v in cache_env(Path(sys.argv[1])).items(): print(f"export {k}={shlex.quote(v)}")' "$C")"
 MODEL=$HOME/models/nemotron3-nano-30b-a3b-mtp
 if [ ! -f "$MODEL/tokenizer.json" ]; then
   mkdir -p "$MODEL" && cp experiments/h200/model/config.json "$MODEL/"

@@ -99,10 +99,9 @@ PACK=
 pack_caches() {  # in the background; the previous pack first
   [ -n "$PACK" ] && wait "$PACK" 2>/dev/null
   [ -d "$CACHE" ] || return
-  ( rm -rf "$HOME/res-cache.new" && mkdir -p "$HOME/res-cache.new" \
-    && nice tar czf - -C "$CACHE" --exclude=quality . 2>/dev/null | split -b 15M - "$HOME/res-cache.new/cache-part-" \
-    && rm -rf "$HOME/res-cache" && mv "$HOME/res-cache.new" "$HOME/res-cache" \
-    && phase "caches packed: $(du -sh "$CACHE" | cut -f1) in $(ls "$HOME/res-cache" | wc -l) parts" ) &
+  ( rm -rf "$HOME/res-cache.new" \
+    && msg=$(bash experiments/gpu-caches.sh pack "$CACHE" "$HOME/res-cache.new" 2>/dev/null) \
+    && rm -rf "$HOME/res-cache" && mv "$HOME/res-cache.new" "$HOME/res-cache" && phase "$msg" ) &
   PACK=$!
 }
 S() { python3 "$H/steps.py" "$@"; }

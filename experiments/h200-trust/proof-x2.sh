@@ -147,8 +147,7 @@ for step in $STEPS; do
         logtails "$ph"
       fi ;;
     caches)
-      ( nice tar czf - -C "$CACHE" --exclude=quality . | split -b 15M - "$HOME/res-cache/cache-part-" \
-        && phase "caches: $(du -sh "$CACHE"/* 2>/dev/null | tr '\n' ' ') in $(ls "$HOME/res-cache" | wc -l) parts" ) & ;;
+      ( phase "$(bash experiments/gpu-caches.sh pack "$CACHE" "$HOME/res-cache")" ) & ;;
   esac
 done
 cp "$RUN/autotune.db" "$RES/" 2>/dev/null
