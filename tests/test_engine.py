@@ -154,4 +154,3 @@ def test_every_compile_cache_goes_under_the_cache_dir(tmp_path: Path) -> None:
                         "TORCHINDUCTOR_CACHE_DIR", "HUMMING_CACHE_DIR"}
     assert all(Path(v).parent == tmp_path for v in env.values())
     assert len({Path(v).name for v in env.values()}) == len(env)  # one folder each
-
