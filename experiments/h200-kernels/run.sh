@@ -47,7 +47,7 @@ T0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 phase() { echo "$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*" >> "$RES/progress.txt"; }
 finish() {
-  local logs=$HOME/run/logs; mkdir -p "$logs"
+  local logs=$HOME/run/logs; rm -rf "$logs"; mkdir -p "$logs"  # this job's only (a warm machine keeps the last's)
   cp "$RES"/*.log "$logs"/ 2>/dev/null; cp -r "$TUNED" "$logs"/tuned 2>/dev/null
   tar czf "$RES/logs.tgz" -C "$HOME/run" logs 2>/dev/null && rm -f "$RES"/*.log
   bash experiments/gpu-newfiles.sh "$HOME/.job-t0" "$RES/new-files.txt" "$HOME/res" "$HOME/run" \
