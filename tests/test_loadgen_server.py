@@ -49,32 +49,42 @@ def check_complete(run: RunResult, prompt_len: int, max_tokens: int) -> None:
 def test_completions_stream_and_agree_with_the_server(tiny_server: Any) -> None:
     url, model = tiny_server.base_url, tiny_server.model_name
     replay(schedule(2, conc=2, seed=99), base_url=url, model=model)  # warm the server up
-    before = snapshot_metrics(url)
-    run = replay(schedule(24, conc=4), base_url=url, model=model)
-    after = snapshot_metrics(url)
-    check_complete(run, 32, 24)
+    # Token and request counts must agree exactly every time. The TTFT check compares a
+    # client's clock with the server's: on a 2-core host a CPU server busy with 4 streams can
+    # starve the client's event loop (once, in a full suite: ours 129 ms vs the server's 9 ms,
+    # typically 2 ms apart), so it must hold in one of two runs, not in every one.
+    for attempt in range(2):
+        before = snapshot_metrics(url)
+        run = replay(schedule(24, conc=4), base_url=url, model=model)
+        after = snapshot_metrics(url)
+        check_complete(run, 32, 24)
 
-    server = server_figures(before, after)
-    ours_tokens = sum(r.output_tokens for r in run.records)
-    assert ours_tokens == server["generation_tokens"] == 24 * 24  # exact: tolerance 0 tokens
-    assert server["requests_success"] == 24
-    # engine steps: 24 requests x 24 tokens at 4 streams take at least 24 x 24 / 4 steps (one
-    # token per stream and step), each step computed its prompt chunks and decodes
-    assert server["engine_steps"] >= 24 * 24 / 4
-    assert 1.0 <= server["generated_tokens_per_step"] <= 4.0
-    assert server["tokens_per_step"] >= server["generated_tokens_per_step"]
-    assert server["step_ms"] * server["engine_steps"] == pytest.approx(
-        server["interval_s"] * 1000.0)
+        server = server_figures(before, after)
+        ours_tokens = sum(r.output_tokens for r in run.records)
+        assert ours_tokens == server["generation_tokens"] == 24 * 24  # exact: 0 tokens off
+        assert server["requests_success"] == 24
+        # engine steps: 24 requests x 24 tokens at 4 streams take at least 24 x 24 / 4 steps
+        # (one token per stream and step), each step computed its prompt chunks and decodes
+        assert server["engine_steps"] >= 24 * 24 / 4
+        assert 1.0 <= server["generated_tokens_per_step"] <= 4.0
+        assert server["tokens_per_step"] >= server["generated_tokens_per_step"]
+        assert server["step_ms"] * server["engine_steps"] == pytest.approx(
+            server["interval_s"] * 1000.0)
 
-    m = measure(run, server_before=before, server_after=after)
-    ttft_ours = sum(r.first_token_s - r.send_s for r in run.records) / 24  # type: ignore[operator]
-    ttft_server = server["ttft_mean_s"]
-    print(f"mean TTFT ours {ttft_ours * 1e3:.1f} ms, server {ttft_server * 1e3:.1f} ms")
-    assert ttft_ours >= ttft_server - 0.005
-    assert abs(ttft_ours - ttft_server) <= TTFT_TOL_S + TTFT_TOL_REL * ttft_server
-    assert m.server["ttft_mean_s"] == ttft_server
-    assert m.output_tokens_per_s is not None and m.output_tokens_per_s > 0
-    assert m.n_errors == 0 and m.cv is not None
+        m = measure(run, server_before=before, server_after=after)
+        assert m.server["ttft_mean_s"] == server["ttft_mean_s"]
+        assert m.output_tokens_per_s is not None and m.output_tokens_per_s > 0
+        assert m.n_errors == 0 and m.cv is not None
+
+        ttft_ours = sum(r.first_token_s - r.send_s for r in run.records) / 24  # type: ignore[operator]
+        ttft_server = server["ttft_mean_s"]
+        print(f"mean TTFT ours {ttft_ours * 1e3:.1f} ms, server {ttft_server * 1e3:.1f} ms")
+        assert ttft_ours >= ttft_server - 0.005  # the client's wait includes the server's
+        if abs(ttft_ours - ttft_server) <= TTFT_TOL_S + TTFT_TOL_REL * ttft_server:
+            break
+    else:
+        pytest.fail(f"mean TTFT ours {ttft_ours * 1e3:.1f} ms vs the server's "
+                    f"{ttft_server * 1e3:.1f} ms in both runs")
 
 
 def test_chat_prompts_of_t_words_have_the_intended_length(tiny_server: Any) -> None:

@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from autotune.stats import SegmentRule
 from autotune.traffic import load_shape
 from tests.conftest import needs_vllm
 
 REPO = Path(__file__).resolve().parents[1]
+# what these tests check (token counts, drafts) needs a few segments, not the 2 % default
+# precision: segments of 8 requests, 10 % precision, 15-s caps (CI time, not accuracy)
+SHORT = {"segment_requests": 8, "rule": SegmentRule(precision=0.1, warmup_max_s=15.0,
+                                                    measure_max_s=15.0)}
 
 
 @pytest.mark.slow
@@ -27,7 +32,7 @@ def test_bpe_chat_server_prompt_tokens_equal_the_shapes(tmp_path: Path) -> None:
         number=0, model=str(model), flags=("--max-model-len", "2048", "-O0"), env={},
         shape=load_shape(REPO / "traffic" / "example-chat.json"), seed=5, api="chat",
         num_requests=24, concurrency=4, warmup_requests=2, log_dir=str(tmp_path),
-        start_timeout_s=float(os.environ.get("AUTOTUNE_TEST_START_TIMEOUT", "400")),
+        start_timeout_s=float(os.environ.get("AUTOTUNE_TEST_START_TIMEOUT", "400")), **SHORT,
     )  # fmt: skip
     out = run_trial(spec)
     assert out.ok, out.message
@@ -56,7 +61,7 @@ def test_cpu_space_mtp_trial_serves_drafts_on_the_cpu_build(tmp_path: Path) -> N
         number=0, model=str(model), flags=launch.flags, env=dict(launch.env),
         shape=load_shape(REPO / "traffic" / "example-chat.json"), seed=1, num_requests=12,
         concurrency=4, warmup_requests=2, log_dir=str(tmp_path),
-        start_timeout_s=float(os.environ.get("AUTOTUNE_TEST_START_TIMEOUT", "400")),
+        start_timeout_s=float(os.environ.get("AUTOTUNE_TEST_START_TIMEOUT", "400")), **SHORT,
     )  # fmt: skip
     out = run_trial(spec)
     assert out.ok, out.message

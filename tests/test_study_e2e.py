@@ -201,8 +201,8 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
                   "--tracking-uri", tracking, "--study-name", "e2e-retune",
                   "--out", str(tmp_path / "out2"), "--trials", "1", "--top-k", "1",
                   "--recheck", "0", "--no-baseline", "--no-quality-probe",
-                  "--precision", "0.1", "--warmup-max-s", "15", "--measure-max-s", "15",
-                  "--cache-dir", str(tmp_path / "cache"))
+                  "--segment-requests", "8", "--precision", "0.1", "--warmup-max-s", "15",
+                  "--measure-max-s", "15", "--cache-dir", str(tmp_path / "cache"))
     assert drifted.returncode == 0, (drifted.stdout + drifted.stderr)[-5000:]
     assert "DRIFTED" in drifted.stdout and "warm-started from study e2e" in drifted.stdout
     new = optuna.load_study(study_name="e2e-retune", storage=storage)
