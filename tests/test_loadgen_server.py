@@ -53,7 +53,7 @@ def test_completions_stream_and_agree_with_the_server(tiny_server: Any) -> None:
     # client's clock with the server's: on a 2-core host a CPU server busy with 4 streams can
     # starve the client's event loop (once, in a full suite: ours 129 ms vs the server's 9 ms,
     # typically 2 ms apart), so it must hold in one of two runs, not in every one.
-    for attempt in range(2):
+    for _attempt in range(2):
         before = snapshot_metrics(url)
         run = replay(schedule(24, conc=4), base_url=url, model=model)
         after = snapshot_metrics(url)
