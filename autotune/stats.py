@@ -22,6 +22,7 @@ import numpy as np
 from scipy import stats as _st
 
 __all__ = [
+    "RAMP_FACTOR",
     "Interval",
     "RatioInterval",
     "SegmentRule",
@@ -79,12 +80,18 @@ def relative_half_width(iv: Interval | None) -> float:
 Decision = Literal["continue", "warm", "stop_precise", "stop_cap", "stop_pruned"]
 
 
+#: a warm-up's last three segments moving one way by more than this many tolerances are a
+#: ramp still under way (:meth:`SegmentRule.ramping`), even if the last two agree
+RAMP_FACTOR = 3.0
+
+
 @dataclass(frozen=True)
 class SegmentRule:
     """How a trial's continuous run is cut into warm-up and measurement (pure).
 
     Warm-up: done when two consecutive segments agree within ``warmup_tolerance``
-    (relative to the larger) and no kernel was JIT-compiled during the last one, or after
+    (relative to the larger), they are not the tail of a steep ramp (:meth:`ramping`) and
+    no kernel was JIT-compiled during the last one, or after
     ``warmup_max_segments``/``warmup_max_s`` (then not converged). Measurement: stops when
     the ``confidence`` interval of the mean segment rate is within ``precision`` of it
     (relative half-width) after at least ``min_segments``, or at ``measure_max_segments``/
@@ -104,14 +111,29 @@ class SegmentRule:
 
     def warmup(self, rates: Sequence[float], jit_in_last: bool, elapsed_s: float) -> Decision:
         """``"warm"`` when the warm-up is over (converged or capped), else ``"continue"``."""
-        if len(rates) >= 2 and not jit_in_last and self.agree(rates[-2], rates[-1]):
+        if self.warmup_converged(rates, jit_in_last):
             return "warm"
         if len(rates) >= self.warmup_max_segments or elapsed_s >= self.warmup_max_s:
             return "warm"
         return "continue"
 
     def warmup_converged(self, rates: Sequence[float], jit_in_last: bool) -> bool:
-        return len(rates) >= 2 and not jit_in_last and self.agree(rates[-2], rates[-1])
+        return (len(rates) >= 2 and not jit_in_last and self.agree(rates[-2], rates[-1])
+                and not self.ramping(rates))
+
+    def ramping(self, rates: Sequence[float]) -> bool:
+        """The last three segments move one way by more than ``RAMP_FACTOR`` x the
+        tolerance: two agreeing segments there are the tail of a steep ramp, whose end
+        one more segment shows. (On an H200 at 256 streams a warm-up of 4,777 / 5,889 /
+        6,196 tok/s stopped on its last two, 5.0 % apart, and the run went on climbing
+        5-6 % a segment: ``experiments/h200-trust/README.md``.)"""
+        if len(rates) < 3:
+            return False
+        a, b, c = rates[-3:]
+        top = max(abs(a), abs(c))
+        steady = (a < b < c) or (a > b > c)
+        return (steady and top > 0 and math.isfinite(top)
+                and abs(c - a) / top > RAMP_FACTOR * self.warmup_tolerance)
 
     def agree(self, a: float, b: float) -> bool:
         top = max(abs(a), abs(b))

@@ -57,6 +57,27 @@ def test_warmup_converges_when_two_segments_agree_and_no_jit() -> None:
     assert rule.warmup_converged([900.0, 1000.0, 1020.0], False)
 
 
+def test_warmup_goes_on_past_two_agreeing_segments_at_the_tail_of_a_steep_ramp() -> None:
+    # the H200's 256-stream warm-up that stopped mid-ramp (then measured 6,711 / 7,079 /
+    # 7,521): the last two agree (5.0 %), the last three climbed 23 %
+    rule = SegmentRule(warmup_tolerance=0.05)
+    h200 = [4776.7, 5888.7, 6195.8]
+    assert rule.agree(h200[-2], h200[-1]) and rule.ramping(h200)
+    assert rule.warmup(h200, False, 30) == "continue"
+    assert not rule.warmup_converged(h200, False)
+    # one more segment that agrees and ends the climb: warm
+    assert rule.warmup([*h200, 6250.0], False, 40) == "warm"
+    # ... one that keeps climbing 5-6 % a segment never agrees: the cap ends it, not converged
+    climbing = [*h200, 6711.0, 7079.0, 7521.0]
+    assert all(rule.warmup(climbing[:i], False, 10.0 * i) == "continue" for i in range(1, 7))
+    assert not rule.warmup_converged(climbing, False)
+    # a fall is a ramp too; noise that goes up and down is not; nor a climb within 3 x 5 %
+    assert rule.ramping([8000.0, 6600.0, 6300.0])
+    assert not rule.ramping([6000.0, 6400.0, 6200.0])
+    assert not rule.ramping([900.0, 1000.0, 1020.0])  # 11.8 % over three: converged
+    assert not rule.ramping([1000.0, 1001.0]) and not rule.ramping([math.nan, 1.0, 2.0])
+
+
 def test_warmup_goes_on_while_kernels_compile_even_if_segments_agree() -> None:
     rule = SegmentRule(warmup_tolerance=0.05)
     assert rule.warmup([1000.0, 1001.0], True, 10) == "continue"

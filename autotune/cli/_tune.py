@@ -160,8 +160,9 @@ OPTIONS: tuple[Option, ...] = (
            help="measure a trial at most this long (default 180)"),
     Option("--warmup-max-s", "warmup_max_s", "measure", metavar="SECONDS",
            help="warm up at most this long; the warm-up ends earlier when two consecutive "
-                "segments agree within --warmup-tolerance and the server logged no kernel "
-                "JIT compilation in the last one (default 120)"),
+                "segments agree within --warmup-tolerance, the last three do not climb (or "
+                "fall) by more than 3x it, and the server logged no kernel JIT compilation "
+                "in the last one (default 120)"),
     Option("--warmup-tolerance", "warmup_tolerance", "measure",
            help="segments agree when they differ by at most this fraction (0.05)"),
     Option("--segment-requests", "segment_requests", "measure", metavar="N",
