@@ -44,7 +44,7 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_pa
             "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "2",
             "--parallel", "2", "--recheck", "0", "--no-baseline",
             "--enqueue", '{"max_num_seqs": 8}', "--enqueue", '{"max_num_seqs": 16}',
-            "--num-requests", "8", "--concurrency", "2",
+            "--num-requests", "8", "--concurrency", "2", "--segment-requests", "4",
             "--precision", "0.1", "--warmup-max-s", "15", "--measure-max-s", "15",
             "--storage", storage, "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
             "--study-name", "cluster", "--out", str(tmp_path / "out"),
