@@ -2,8 +2,9 @@
 # Wait for run.sh (at most $1 s), then bring back what it has written so far ($OUT/res.tgz);
 # further arguments name compile-cache parts (~/res-cache/cache-part-*) to bring back too.
 RES=${2:-$HOME/res}; T=${1:-540}; t0=$(date +%s)
-while [ ! -f "$RES/DONE" ] && [ $(( $(date +%s) - t0 )) -lt "$T" ]; do sleep 5; done
+done_() { [ -f "$RES/DONE" ]; }; . experiments/poll-lib.sh; wait_for "$RES" "$T" done_; rc=$?
 cat "$RES/progress.txt" 2>/dev/null; tail -c 2000 "$RES/kernels.log" 2>/dev/null; tail -c 1500 "$RES/e2e.log" 2>/dev/null
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 tar czf "$OUT/res.tgz" -C "$(dirname "$RES")" "$(basename "$RES")" 2>/dev/null; ls -la "$RES"
 ls -la "$HOME/res-cache" 2>/dev/null; for f in "${@:3}"; do cp "$HOME/res-cache/$f" "$OUT/" 2>/dev/null; done
+[ "$rc" = 3 ] && exit 3 || exit 0

@@ -39,7 +39,7 @@
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; BUDGET=${3:-1300}; GPUS=${4:-1}
 STEPS=${STEPS:-kernels compare profile}
-mkdir -p "$RES"
+mkdir -p "$RES"; echo $$ > "$RES/pid"  # poll.sh waits only while this runs
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 SITE=$HOME/site

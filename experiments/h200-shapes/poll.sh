@@ -15,7 +15,7 @@ step_done() {
     *) [ -f "$RES/${WHAT/:/-}/step.json" ] ;;
   esac
 }
-while ! step_done && [ $(( $(date +%s) - t0 )) -lt "$T" ]; do sleep 5; done
+. experiments/poll-lib.sh; wait_for "$RES" "$T" step_done; rc=$?
 S=$(ls -d "$RES"/session-* 2>/dev/null | tail -1)
 tail -n 25 "$S/progress.txt" 2>/dev/null
 L=$(ls -t "$RES"/study-*/tune.log 2>/dev/null | head -1); [ -n "$L" ] && { echo "== $L"; tail -c 1500 "$L"; }
@@ -29,4 +29,5 @@ for f in "${@:3}"; do
     [ $n -lt 7 ] && cp "$HOME/res-cache/$g" "${OUT:-/tmp}/" 2>/dev/null && n=$((n + 1))
   done
 done
-[ -f "$RES/DONE" ] && echo "run.sh DONE" || echo "run.sh still running"
+if [ -f "$RES/DONE" ]; then echo "run.sh DONE"; elif [ "$rc" = 3 ]; then echo "run.sh NOT running"; else echo "run.sh still running"; fi
+[ "$rc" = 3 ] && exit 3 || exit 0

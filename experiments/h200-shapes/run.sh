@@ -32,7 +32,7 @@ GPUS=${GPUS:-$( [ "$DRY" = 1 ] && echo 2 || nvidia-smi -L 2>/dev/null | grep -c 
 [ "$GPUS" -ge 1 ] 2>/dev/null || GPUS=1
 SPACE=experiments/h200-trust/space-no-moe.yaml
 H=experiments/h200-shapes; COMMITTED=${COMMITTED:-$PWD/$H/results}  # COMMITTED: for dry runs
-mkdir -p "$RES"; RES=$(cd "$RES" && pwd)
+mkdir -p "$RES"; RES=$(cd "$RES" && pwd); echo $$ > "$RES/pid"  # poll.sh waits only while this runs
 SESSION=$RES/session-$(date -u +%Y%m%dT%H%M%S); mkdir -p "$SESSION"; export SESSION_NAME=${SESSION##*/}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1

@@ -24,7 +24,7 @@ CONC=${CONC:-}; NAME=${NAME:-h200-trust}; TRIALS=${TRIALS:-2}; RECHECK_STARTS=${
 MEASURE_MAX=${MEASURE_MAX:-120}; WARMUP_MAX=${WARMUP_MAX:-120}; PRUNER=${PRUNER:-interval}
 CONC_ARG=(); [ -n "$CONC" ] && CONC_ARG=(--concurrency "$CONC")
 ENQ_ARG=(); IFS=';' read -ra _enq <<< "${ENQUEUE:-}"; for e in "${_enq[@]}"; do [ -n "$e" ] && ENQ_ARG+=(--enqueue "$e"); done
-mkdir -p "$RES"
+mkdir -p "$RES"; echo $$ > "$RES/pid"  # poll.sh waits only while this runs
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
 SITE=$HOME/site
