@@ -83,7 +83,7 @@ def test_shapes_in_turn_on_one_start_each_warmed_up(model_dir: Path) -> None:
     assert second.capacity and second.capacity["levels"] and second.warmup
     # each outcome is handed over before the next trial begins; its own phases, no restart
     assert heard[0][:2] == (0, True) and phases[heard[0][2] - 1][0] == 0
-    assert [p for n, p in phases if n == 1][0] == "warming_up"
+    assert next(p for n, p in phases if n == 1) == "warming_up"
     assert [p for _, p in phases].count("starting") == 1
     assert first.log_tail and second.log_tail and first.wall_s > 0 and second.wall_s > 0
 
