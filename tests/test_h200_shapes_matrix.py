@@ -221,7 +221,7 @@ def test_cells_driver_writes_each_cell_when_measured_and_stops_on_sigterm(
     group = tmp_path / "g00.json"
     _w(group, {"label": "defaults", "start_expected_s": 150, "cells": files})
     repo = HERE.parents[1]
-    env = dict(os.environ, DRY_SLEEP="1.5", DRY_FAIL_SHAPE="casestudy",
+    env = dict(os.environ, DRY_SLEEP="0.8", DRY_FAIL_SHAPE="casestudy",
                PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "dryrun.py"), "cells", str(group), "--gpu", "1", "--log",

@@ -65,10 +65,10 @@ def test_trials_that_disagree_on_the_server_are_a_one_line_error(tmp_path: Path)
 def test_shapes_in_turn_on_one_start_each_warmed_up(model_dir: Path) -> None:
     closed = _fake(model_dir, "slow", load_shape(SHAPE), num_requests=16, concurrency=4,
                    segment_requests=8,
-                   rule=SegmentRule(precision=0.2, warmup_max_s=10, measure_max_s=5))
+                   rule=SegmentRule(precision=0.2, warmup_max_s=2, measure_max_s=2))
     cap = _fake(model_dir, "slow", load_shape(SHAPE), number=1, slo=Slo(ttft_s=1.0),
-                **capacity_spec(goodput=0.9, max_error_rate=0.05, start=1.0, tolerance=0.5,
-                                level_s=1.0, max_levels=2))
+                **capacity_spec(goodput=0.9, max_error_rate=0.05, start=4.0, tolerance=0.5,
+                                level_s=0.5, max_levels=2))
     heard: list[tuple[int, bool, int]] = []
     phases: list[tuple[int, str]] = []
     outs = run_trials_on_one_server(

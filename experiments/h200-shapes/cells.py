@@ -203,10 +203,14 @@ def _parse(cells: list[dict[str, Any]], common: list[str], log: Path
     for i, c in enumerate(cells):
         argv = [*common, *steps.cell_bench_args(json.loads(Path(c["file"]).read_text()))]
         err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            args = parse_bench((["--log", str(log)] if i == 0 else []) + argv)
-            spec = bench_spec(args, number=i,
-                              log_path=Path(specs[0].log_path) if specs else None)
+        try:
+            with contextlib.redirect_stderr(err):
+                args = parse_bench((["--log", str(log)] if i == 0 else []) + argv)
+                spec = bench_spec(args, number=i,
+                                  log_path=Path(specs[0].log_path) if specs else None)
+        except BaseException:  # argparse's exit, a ConfigError: its words go to stderr
+            sys.stderr.write(f"cell {c['key']}/{c['config']}: {err.getvalue()}")
+            raise
         specs.append(spec)
         notes.append(err.getvalue() + f"benchmarking: {' '.join(spec.flags)}; server log: "
                      f"{spec.log_path} (cell {i + 1} of {len(cells)} on one server)\n")
