@@ -24,8 +24,8 @@ from autotune.errors import ConfigError, LoadgenError
 from autotune.loadgen import Abort, RequestRecord, replay
 from autotune.measure import Measurement, Slo, measure, meets_slo, snapshot_metrics
 
-__all__ = ["LevelPlan", "capacity_spec", "find_capacity", "level_abort", "recorded_rate",
-           "run_level"]
+__all__ = ["LevelPlan", "capacity_spec", "drain", "find_capacity", "level_abort",
+           "recorded_rate", "run_level"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +96,9 @@ def level_abort(offered: int, slo: Slo | None, search: CapacitySearch) -> Abort:
     return check
 
 
-def _drain(base_url: str, timeout_s: float) -> None:
-    """Wait until the server reports nothing running or waiting (best effort)."""
+def drain(base_url: str, timeout_s: float) -> None:
+    """Wait until the server reports nothing running or waiting (best effort): after each
+    level, and between two trials that share a server (autotune.trial)."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         try:
@@ -108,7 +109,7 @@ def _drain(base_url: str, timeout_s: float) -> None:
         if busy <= 0:
             return
         time.sleep(0.25)
-    logger.warning("the server still had requests after %.0f s; next level starts anyway",
+    logger.warning("the server still had requests after %.0f s; the next load starts anyway",
                    timeout_s)
 
 
@@ -144,7 +145,7 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dic
         e2e_p99_s=_pct(m.e2e_s) if m else None, seconds=round(seconds, 2),
         stopped_early=run.aborted is not None, note=run.aborted or "",
     )  # fmt: skip
-    _drain(client_kw["base_url"], plan.drain_timeout_s)
+    drain(client_kw["base_url"], plan.drain_timeout_s)
     return level, m
 
 

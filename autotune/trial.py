@@ -4,6 +4,9 @@
 measurement. It never raises for a failure of the configuration under test: a server that
 does not start, dies, or serves nothing is returned as a :class:`TrialOutcome` with a
 failure reason, because a failed trial is information for the search.
+:func:`run_trials_on_one_server` measures several trials of one server configuration
+(different shapes, SLOs, objectives) on one start, in turn, each warmed up on its own:
+``run_trial`` is its one-trial case.
 """
 
 from __future__ import annotations
@@ -13,19 +16,20 @@ import logging
 import re
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.engine import VllmServer, detect_engine
-from autotune.errors import AutotuneError, EngineCrashedError, EngineStartError
+from autotune.errors import AutotuneError, ConfigError, EngineCrashedError, EngineStartError
 from autotune.events import PhaseReporter
 from autotune.prompts import build_prompts, model_vocab_size
 from autotune.schema import FailureReason
 
-__all__ = ["TrialOutcome", "TrialSpec", "model_max_len", "model_vocab_size", "run_trial"]
+__all__ = ["TrialOutcome", "TrialSpec", "model_max_len", "model_vocab_size", "run_trial",
+           "run_trials_on_one_server"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +122,9 @@ class TrialOutcome:
     prompt_tokens_server: float | None = None
     # --objective capacity: CapacityResult.to_dict() (the bracket and every load level)
     capacity: dict[str, Any] | None = None
+    # measured on a server an earlier trial started (run_trials_on_one_server): start_s 0,
+    # the start is that trial's
+    server_reused: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -524,71 +531,214 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
 
     ``on_phase(number, phase, elapsed_s, detail)`` hears of each phase as it begins
     (starting, warming_up, measuring, quality)."""
-    import socket
+    return run_trials_on_one_server([spec], on_phase=on_phase)[0]
 
-    t0 = time.monotonic()
-    info = detect_engine()
-    gpus = _assigned_gpus(spec)
-    log_path = (Path(spec.log_path) if spec.log_path
-                else Path(spec.log_dir) / f"trial-{spec.number:04d}-server.log" if spec.log_dir
-                else None)
-    outcome = TrialOutcome(
-        number=spec.number, ok=False, engine_version=f"{info.package} {info.version}",
-        hostname=socket.gethostname(), node_id=_ray_node_id(), gpus=gpus,
-        log_path=str(log_path) if log_path else None,
-    )  # fmt: skip
 
-    def phase(name: str, detail: str = "") -> None:
-        if on_phase is not None:
-            on_phase(spec.number, name, time.monotonic() - t0, detail)
+# What a server is: trials that agree on these can be measured on one server start.
+_SERVER_FIELDS = ("model", "flags", "env", "gpus", "cache_dir", "log_path", "log_dir",
+                  "start_timeout_s", "cpu_kv_cache_gib")
+# Between two trials on one server: wait at most this long for the earlier one's requests
+# to leave it (a closed loop stopped when precise, a level stopped early may leave some).
+_IDLE_WAIT_S = 60.0
 
-    def new_server() -> VllmServer:
+
+def _check_one_server(specs: list[TrialSpec]) -> None:
+    """A :class:`ConfigError` (one line) unless every spec describes the same server."""
+    if not specs:
+        raise ConfigError("run_trials_on_one_server: no trial given; pass at least one TrialSpec")
+    first = specs[0]
+    for spec in specs[1:]:
+        for name in _SERVER_FIELDS:
+            a, b = getattr(first, name), getattr(spec, name)
+            if name == "flags":
+                a, b = tuple(a), tuple(b)
+            if a != b:
+                raise ConfigError(
+                    f"trials {first.number} and {spec.number} cannot share one server: their "
+                    f"{name} differ ({_short(a)} vs {_short(b)}); trials on one server need the "
+                    "same model, flags, env, GPUs, cache dir, log and start settings (measure "
+                    "the other one on a server of its own: run_trial)")
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _log_path_of(spec: TrialSpec) -> Path | None:
+    if spec.log_path:
+        return Path(spec.log_path)
+    return Path(spec.log_dir) / f"trial-{spec.number:04d}-server.log" if spec.log_dir else None
+
+
+class _OneServer:
+    """The server a list of trials shares: started once, for the first trial that gets to
+    measure (a port another process took is retried on a fresh one), stopped once."""
+
+    def __init__(self, spec: TrialSpec, gpus: tuple[int, ...] | None,
+                 log_path: Path | None) -> None:
+        self._spec, self._gpus, self._log_path = spec, gpus, log_path
+        self.server = self._new()
+        self.up = False  # healthy once; stays True after a crash (it was started)
+
+    def _new(self) -> VllmServer:
+        spec = self._spec
         return VllmServer(
             model=spec.model,
             flags=spec.flags,
             env=spec.env,
-            log_path=log_path,
-            gpus=gpus,
+            log_path=self._log_path,
+            gpus=self._gpus,
             cache_dir=Path(spec.cache_dir) if spec.cache_dir else None,
             start_timeout_s=spec.start_timeout_s,
             cpu_kv_cache_gib=spec.cpu_kv_cache_gib,
         )
 
-    server = new_server()
-    try:
-        plan = _plan(spec)
-        phase("starting", " ".join(spec.flags))
+    def start(self, outcome: TrialOutcome) -> None:
+        """Start it and account the start in ``outcome`` (start_s, compile_s, phases)."""
         for attempt in range(_PORT_ATTEMPTS):
-            server.start()
+            self.server.start()
             try:
-                outcome.start_s = server.wait_healthy()
-                log = _log_bytes(server.log_path)  # read once for both accounts
+                outcome.start_s = self.server.wait_healthy()
+                log = _log_bytes(self.server.log_path)  # read once for both accounts
                 if log is not None:
                     outcome.compile_s, outcome.start_phases = _compile_in(log), _phases_in(log)
-                break
+                self.up = True
+                return
             except EngineStartError as exc:
                 # Another process took the port between choosing and binding it: that says
                 # nothing about the config. Try again on a fresh port.
                 if exc.reason != FailureReason.PORT_IN_USE or attempt == _PORT_ATTEMPTS - 1:
                     raise
                 logger.warning("trial %d: port %s was taken; retrying on another port",
-                               spec.number, server.port)
-                server.stop()
-                server = new_server()
-        _measure(spec, plan, server, outcome, phase)
-    except (EngineStartError, EngineCrashedError) as exc:
+                               outcome.number, self.server.port)
+                self.server.stop()
+                self.server = self._new()
+
+    def reuse(self, outcome: TrialOutcome) -> None:
+        """Hand the running server to the next trial: its start is the first trial's."""
+        from autotune.levels import drain
+
+        outcome.server_reused, outcome.start_s = True, 0.0
+        drain(self.server.base_url, _IDLE_WAIT_S)
+        self.server.check_serving()
+
+    def lost(self, outcome: TrialOutcome) -> tuple[str, str] | None:
+        """After ``outcome`` failed: (reason, message) for the trials after it when the
+        server is gone (never started, or died), None while it still serves."""
+        if not self.up:
+            return (str(outcome.reason),
+                    f"the server these trials share did not start (trial {outcome.number}): "
+                    f"{outcome.message}")
+        try:
+            self.server.check_serving()
+        except EngineCrashedError as exc:
+            return (exc.reason, f"the server these trials share died during or after trial "
+                                f"{outcome.number}, before this one: {exc}")
+        return None
+
+
+def _record_failure(exc: Exception, server: VllmServer, outcome: TrialOutcome) -> None:
+    """A trial's error as data (call it in the ``except`` block: it reads the traceback)."""
+    if isinstance(exc, EngineStartError | EngineCrashedError):
         outcome.reason = exc.reason
         outcome.message = str(exc)
-    except AutotuneError as exc:
+    elif isinstance(exc, AutotuneError):
         _crash_or_error(server, exc, outcome)
-    except Exception as exc:
+    else:
         outcome.reason = FailureReason.INTERNAL_ERROR
         outcome.message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-        logger.exception("trial %d failed with an internal error", spec.number)
+        logger.exception("trial %d failed with an internal error", outcome.number)
+
+
+def run_trials_on_one_server(
+    specs: Sequence[TrialSpec], *, on_phase: PhaseReporter | None = None,
+    on_outcome: Callable[[TrialOutcome], None] | None = None,
+) -> list[TrialOutcome]:
+    """Measure several trials on one server start, in turn: one outcome per spec, in order.
+
+    The specs must agree on what the server is (model, flags, env, GPUs, cache dir, log,
+    start settings; else a one-line :class:`ConfigError` names what differs). Each keeps
+    its own shape, SLOs, objective (capacity search or throughput), rule, seed and warm-up:
+    each is warmed up on its own before it is measured, as in :func:`run_trial`. The first
+    outcome carries the start (``start_s``, ``compile_s``, ``start_phases``); the later
+    ones say ``server_reused`` (``start_s`` 0). A failed measurement is that trial's
+    outcome (failures as data) and the next trial runs on the same server while it still
+    serves; once the server is gone (it did not start, or died) the remaining trials fail
+    with that reason, without a new start. ``on_outcome(outcome)`` hears of each outcome
+    once it is final (log tail read), before the next trial begins: a caller can keep the
+    finished ones if it is stopped mid-way. ``wall_s`` of each outcome is its own turn (the
+    first includes the start, the last the stop): they add up to the whole."""
+    import socket
+
+    specs = list(specs)
+    _check_one_server(specs)
+    t0 = time.monotonic()
+    info = detect_engine()
+    gpus = _assigned_gpus(specs[0])
+    log_path = _log_path_of(specs[0])
+    outcomes = [TrialOutcome(
+        number=s.number, ok=False, engine_version=f"{info.package} {info.version}",
+        hostname=socket.gethostname(), node_id=_ray_node_id(), gpus=gpus,
+        log_path=str(log_path) if log_path else None,
+    ) for s in specs]  # fmt: skip
+    begun = [t0] * len(specs)
+
+    def reporter(i: int) -> Callable[[str, str], None]:
+        def phase(name: str, detail: str = "") -> None:
+            if on_phase is not None:
+                on_phase(specs[i].number, name, time.monotonic() - begun[i], detail)
+        return phase
+
+    one = _OneServer(specs[0], gpus, log_path)
+    done = 0  # outcomes handed to on_outcome
+    try:
+        plans: list[_Plan | None] = []
+        for spec, outcome in zip(specs, outcomes, strict=True):
+            try:  # before the start: bad input costs no start
+                plans.append(_plan(spec))
+            except Exception as exc:  # noqa: BLE001 - data: _record_failure logs it
+                _record_failure(exc, one.server, outcome)
+                plans.append(None)
+        gone: tuple[str, str] | None = None
+        for i, (spec, plan, outcome) in enumerate(zip(specs, plans, outcomes, strict=True)):
+            begun[i] = time.monotonic() if i else t0
+            if plan is not None and gone is not None:
+                outcome.reason, outcome.message = gone
+            elif plan is not None:
+                try:
+                    if not one.up:
+                        reporter(i)("starting", " ".join(spec.flags))
+                        one.start(outcome)
+                    else:
+                        one.reuse(outcome)
+                    _measure(spec, plan, one.server, outcome, reporter(i))
+                except Exception as exc:  # noqa: BLE001 - data: _record_failure logs it
+                    _record_failure(exc, one.server, outcome)
+                    if i < len(specs) - 1:  # is there a server left for the next ones?
+                        gone = one.lost(outcome)
+            if i < len(specs) - 1:
+                _final(outcome, one.server if plan is not None else None, begun[i], on_outcome)
+                done += 1
     finally:
-        _stop(server, outcome)
-        outcome.wall_s = time.monotonic() - t0
-    return outcome
+        _stop(one.server, outcomes[done:])
+    for i in range(done, len(specs)):
+        _final(outcomes[i], None, begun[i], on_outcome)
+    return outcomes
+
+
+def _final(outcome: TrialOutcome, server: VllmServer | None, begun: float,
+           on_outcome: Callable[[TrialOutcome], None] | None) -> None:
+    """Close a trial's turn: its wall time, the server log's tail as it stands (``server``:
+    still running; None: read at the stop), then tell ``on_outcome``."""
+    outcome.wall_s = time.monotonic() - begun
+    if server is not None:
+        try:
+            outcome.log_tail = server.log_tail(6000)
+        except OSError as exc:  # a log problem is a warning, never the loss of the result
+            logger.warning("trial %d: cannot read the server log: %s", outcome.number, exc)
+    if on_outcome is not None:
+        on_outcome(outcome)
 
 
 # vLLM's compile monitor (vllm/compilation/monitor.py): "torch.compile took 41.23 s in
@@ -694,11 +844,13 @@ def _phases_in(data: bytes) -> dict[str, float]:
     return {k: round(v, 2) for k, v in out.items() if v >= 0.05}  # not a phase below that
 
 
-def _stop(server: VllmServer, outcome: TrialOutcome) -> None:
+def _stop(server: VllmServer, outcomes: Sequence[TrialOutcome]) -> None:
+    """Stop the server; the outcomes not final yet get the log's tail and the stop's errors."""
     errors = server.stop()
-    try:
-        outcome.log_tail = server.log_tail(6000)
-    except OSError as exc:  # a log problem is a warning, never the loss of the result
-        logger.warning("trial %d: cannot read the server log: %s", outcome.number, exc)
-    if errors:
-        outcome.message = (outcome.message + "\nstop: " + "; ".join(errors)).strip()
+    for outcome in outcomes:
+        try:
+            outcome.log_tail = server.log_tail(6000)
+        except OSError as exc:  # a log problem is a warning, never the loss of the result
+            logger.warning("trial %d: cannot read the server log: %s", outcome.number, exc)
+        if errors:
+            outcome.message = (outcome.message + "\nstop: " + "; ".join(errors)).strip()

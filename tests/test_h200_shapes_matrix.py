@@ -170,24 +170,132 @@ def test_arguments_per_objective() -> None:
     assert 0 < expect < limit
 
 
-def test_run_sh_on_one_gpu_measures_the_cells_one_by_one_on_gpu0(tmp_path: Path) -> None:
-    # the CPU dry run (DRY=1: dryrun.py stands in for autotune) of a study and its cross
-    # cells with GPUS=1: every cell on gpu0, none handed to a second GPU that is not there
+def _cell(tmp: Path, key: str, cfg: str, flags: list[str]) -> dict:
+    return {"key": key, "config": cfg, "flags": flags, "env": {"E": "1"}, "source": "test",
+            "args": steps.bench_args(key, 2.0), "expected_s": steps.cell_seconds(key)[0],
+            "limit_s": steps.cell_seconds(key)[1], "prefix": str(tmp / f"cross-{key}" / cfg)}
+
+
+def test_cells_are_grouped_by_server_and_fitted_to_the_deadline(tmp_path: Path) -> None:
+    a, b = ["--max-model-len", "2048"], ["--max-model-len", "2048", "--max-num-seqs", "64"]
+    cells = [_cell(tmp_path, "casestudy", "defaults", a), _cell(tmp_path, "casestudy", "recipe", b),
+             _cell(tmp_path, "azure", "defaults", a), _cell(tmp_path, "azure", "win-casestudy", b),
+             _cell(tmp_path, "mooncake", "defaults", a)]
+    groups = steps.group_cells(cells, 150)
+    # one server per flags+env, in the order of its first cell; cells in plan order
+    assert [g["label"] for g in groups] == ["defaults", "recipe+win-casestudy"]
+    assert [c["key"] for c in groups[0]["cells"]] == ["casestudy", "azure", "mooncake"]
+    e = [c["expected_s"] for c in groups[0]["cells"]]
+    assert groups[0]["expected_s"] == 150 + sum(e) and groups[0]["first_s"] == 150 + e[0]
+    assert groups[0]["limit_s"] == steps.START_LIMIT + sum(c["limit_s"] for c in cells[::2])
+    # other env, other server
+    assert len(steps.group_cells([cells[0], {**cells[2], "env": {}}], 150)) == 2
+    # the cells that fit: one start, then each cell's expected seconds, 30 s to spare
+    assert steps.fit_cells([100, 200, 300], 150, 10_000) == 3
+    assert steps.fit_cells([100, 200, 300], 150, 150 + 30 + 300) == 2
+    assert steps.fit_cells([100, 200, 300], 150, 150 + 30 + 299) == 1
+    assert steps.fit_cells([100, 200, 300], 150, 200) == 0
+    args = steps.cell_bench_args(cells[1])
+    assert args[-5:] == ["--", *b] and args[args.index("--env") + 1] == "E=1"
+
+
+def test_cells_driver_writes_each_cell_when_measured_and_stops_on_sigterm(
+        tmp_path: Path, fake_model: Path) -> None:
+    """cells.py (dryrun.py cells: the driver itself, a stand-in for the server): a failed
+    cell is a result and the next one runs; SIGTERM keeps the finished cells, marks the one
+    in progress (rc 124, no JSON) and leaves the rest pending."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    flags = ["--max-model-len", "2048"]
+    cells = [_cell(tmp_path, k, "defaults", flags) for k in ("casestudy", "azure", "mooncake")]
+    files = []
+    for i, c in enumerate(cells):
+        f = tmp_path / f"{i:02d}.json"
+        _w(f, c)
+        files.append({**{k: c[k] for k in ("key", "config", "expected_s", "limit_s", "prefix")},
+                      "file": str(f)})
+    group = tmp_path / "g00.json"
+    _w(group, {"label": "defaults", "start_expected_s": 150, "cells": files})
+    repo = HERE.parents[1]
+    env = dict(os.environ, DRY_SLEEP="0.8", DRY_FAIL_SHAPE="casestudy",
+               PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "dryrun.py"), "cells", str(group), "--gpu", "1", "--log",
+         str(tmp_path / "logs" / "server.log"), "--", "--model", str(fake_model),
+         "--cache-dir", str(tmp_path / "cache"), "--seed", "0"],
+        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = tmp_path / "cross-azure" / "defaults.json"
+    t0 = time.monotonic()
+    while not second.exists() and proc.poll() is None and time.monotonic() - t0 < 60:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 124, err[-2000:]
+    first = json.loads((tmp_path / "cross-casestudy" / "defaults.json").read_text())
+    assert first["ok"] is False and first["reason"] == "crash" and not first["server_reused"]
+    assert first["start_s"] == 80.0 and first["flags"] == flags and first["env"] == {"E": "1"}
+    run1 = json.loads((tmp_path / "cross-casestudy" / "defaults.run.json").read_text())
+    assert run1["rc"] == 1 and run1["gpu"] == 1 and run1["server_start_s"] == 80.0
+    assert run1["server_cells"] == ["casestudy/defaults", "azure/defaults", "mooncake/defaults"]
+    got = json.loads(second.read_text())
+    assert got["ok"] and got["server_reused"] and got["start_s"] == 0.0
+    assert got["metrics"]["capacity_rps"] > 0  # azure: bench --capacity
+    assert steps.cell_result("azure", "defaults", [tmp_path])[0] == "json"
+    # the cell in progress: a run.json (rc 124), no result: measured again next session
+    third = tmp_path / "cross-mooncake"
+    assert json.loads((third / "defaults.run.json").read_text())["rc"] == 124
+    assert not (third / "defaults.json").exists()
+    assert steps.cell_result("mooncake", "defaults", [tmp_path]) is None
+    for key in ("casestudy", "azure", "mooncake"):  # each cell's log lines and log part
+        assert (tmp_path / f"cross-{key}" / "defaults.err").read_text().startswith("benchmarking")
+        assert (tmp_path / f"cross-{key}" / "defaults-server-log.tgz").stat().st_size > 0
+    assert "cross:casestudy defaults on gpu1 exit 1 (crash)" in out
+    assert "cross:mooncake defaults on gpu1 exit 124" in out
+
+
+def test_run_sh_one_server_per_config_on_two_gpus_then_resume_on_one(tmp_path: Path) -> None:
+    # the CPU dry run (DRY=1: dryrun.py stands in for autotune tune and for the server under
+    # cells.py): a study and two shapes' cross cells on two GPUs, each config's server
+    # measuring both shapes; then a session on one GPU measures only the cell left
     import os
     import subprocess
     import sys
 
     repo = HERE.parents[1]
-    env = dict(os.environ, DRY="1", GPUS="1", STEPS="study:azure cross:azure",
-               HOME=str(tmp_path), COMMITTED=str(tmp_path / "none"),
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def session(res: Path, gpus: str, committed: Path) -> str:
+        env = dict(os.environ, DRY="1", GPUS=gpus, STEPS="study:azure cross:casestudy cross:azure",
+                   HOME=str(tmp_path), COMMITTED=str(committed), DRY_SLEEP="0.1",
+                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        done = subprocess.run(["bash", str(HERE / "run.sh"), "x", str(res), "3000"], cwd=repo,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return next(res.glob("session-*/progress.txt")).read_text()
+
     res = tmp_path / "res"
-    done = subprocess.run(["bash", str(HERE / "run.sh"), "x", str(res), "900"], cwd=repo,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    progress = next(res.glob("session-*/progress.txt")).read_text()
-    assert "GPUS=1" in progress
-    measured = [line for line in progress.splitlines() if " exit " in line and "cross:" in line]
-    assert len(measured) == 3 and all("on gpu0 exit 0" in line for line in measured), progress
-    assert "gpu1" not in progress
-    assert json.loads((res / "cross-azure" / "step.json").read_text())["gpus"] == 1
+    progress = session(res, "2", tmp_path / "none")
+    assert "GPUS=2" in progress and "6 cells to measure on 3 servers" in progress
+    lines = progress.splitlines()
+    assert sum("(starts the server" in x for x in lines) == 3, progress
+    assert sum("(same server" in x for x in lines) == 3, progress
+    assert {"gpu0", "gpu1"} <= {w for x in lines if "exit 0" in x for w in x.split()}
+    cs = json.loads((res / "cross-casestudy" / "defaults.json").read_text())
+    az = json.loads((res / "cross-azure" / "defaults.json").read_text())
+    assert (cs["server_reused"], cs["start_s"], az["server_reused"], az["start_s"]) == (
+        False, 80.0, True, 0.0)
+    rows = [r for r in matrix.build(res) if r["status"] == "measured"]
+    assert len(rows) == 6 and sum(not r["server_reused"] for r in rows) == 3
+    assert "6 on 3 server starts" in matrix.render(res)[0]
+    # next session, one GPU: the results above as the committed ones, one cell missing
+    (res / "cross-azure" / "recipe.json").unlink()
+    res2 = tmp_path / "res2"
+    progress = session(res2, "1", res)
+    measured = [x for x in progress.splitlines() if " exit " in x and "cross:" in x]
+    assert measured and all("on gpu0 exit 0" in x for x in measured), progress
+    assert len(measured) == 1 and "cross:azure recipe on gpu0 exit 0" in measured[0]
+    assert "gpu1" not in progress and "study:azure done already" in progress
+    assert json.loads((res2 / "cross-azure" / "step.json").read_text())["gpus"] == 1

@@ -1,4 +1,10 @@
-"""``autotune bench``: measure one configuration carefully (start, warm up, repeats, stop)."""
+"""``autotune bench``: measure one configuration carefully (start, warm up, repeats, stop).
+
+:func:`parse_bench`, :func:`bench_spec` and :func:`bench_json` are the command's steps (an
+argument list -> its options -> the trial it runs; an outcome -> its ``--json``), for a
+caller that measures several benches' trials on one server
+(:func:`autotune.trial.run_trials_on_one_server`: experiments/h200-shapes/cells.py).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,14 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.trial import TrialOutcome, TrialSpec
+
+__all__ = ["bench_json", "bench_spec", "parse_bench", "register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -154,12 +166,27 @@ def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool
     return True
 
 
-def _bench(args: argparse.Namespace) -> int:
+def parse_bench(argv: Sequence[str]) -> argparse.Namespace:
+    """``autotune bench ARGV``'s options, parsed as the command line parses them (an
+    argument list that would not parse there exits here the same way)."""
+    parser = argparse.ArgumentParser(prog="autotune")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["bench", *argv])
+
+
+def bench_spec(args: argparse.Namespace, *, number: int = 0,
+               log_path: Path | None = None) -> TrialSpec:
+    """The trial ``autotune bench`` runs for these options (checked: a bad option is a
+    :class:`ConfigError` before any server starts). ``log_path``: a server log claimed
+    already (benches that share one server share its log); default: ``--log``, claimed
+    here (a taken name gets a -N suffix)."""
     from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
     from autotune.errors import ConfigError
+    from autotune.space import dummy_routing_warning
+    from autotune.stats import SegmentRule
     from autotune.study import goodput_slo
     from autotune.traffic import load_shape
-    from autotune.trial import TrialSpec, run_trial
+    from autotune.trial import TrialSpec
 
     flags: list[str] = []
     for f in args.flag:
@@ -183,18 +210,17 @@ def _bench(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
     if not (args.model / "config.json").exists():
         raise ConfigError(f"--model {args.model}: no config.json there")
-    from autotune.space import dummy_routing_warning
-    from autotune.stats import SegmentRule
-
     warning = dummy_routing_warning(args.model, flags, env)
     if warning:
         print(warning, file=sys.stderr)
     shape = load_shape(args.shape)
     capacity = _capacity_fields(args, shape)
-    log_path = _claim_log(args.log) if args.log is not None else None
-    spec = TrialSpec(
-        number=0, model=str(args.model.resolve()), flags=tuple(flags), env=env, shape=shape,
-        seed=args.seed, warmup_requests=args.warmup_requests, repeats=args.repeats,
+    if log_path is None and args.log is not None:
+        log_path = _claim_log(args.log)
+    return TrialSpec(
+        number=number, model=str(args.model.resolve()), flags=tuple(flags), env=env,
+        shape=shape, seed=args.seed, warmup_requests=args.warmup_requests,
+        repeats=args.repeats,
         slo=goodput_slo(parse_slo(args.slo) or (CAPACITY_DEFAULT_SLO if capacity else {})),
         api=args.api,
         num_requests=args.num_requests, concurrency=args.concurrency,
@@ -205,19 +231,31 @@ def _bench(args: argparse.Namespace) -> int:
         stagger=args.stagger, **capacity,
         cache_dir=str((args.cache_dir or Path.home() / ".cache" / "autotune").expanduser()),
     )  # fmt: skip
-    print(f"benchmarking: {' '.join(flags) or '(vLLM defaults)'}"
+
+
+def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, Any]:
+    """What ``autotune bench --json`` prints for this trial's outcome."""
+    return {"ok": outcome.ok, "reason": outcome.reason, "flags": list(spec.flags),
+            "env": dict(spec.env), "start_s": outcome.start_s, "compile_s": outcome.compile_s,
+            "start_phases": outcome.start_phases, "warmup": outcome.warmup,
+            "measure_s": outcome.measure_s, "stop": outcome.stop,
+            "segments": outcome.segments,
+            "log_path": outcome.log_path,
+            "measurement": outcome.measurement, "metrics": outcome.metrics,
+            "message": outcome.message if not outcome.ok else ""}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
+    from autotune.trial import run_trial
+
+    spec = bench_spec(args)
+    print(f"benchmarking: {' '.join(spec.flags) or '(vLLM defaults)'}"
           + (f" x {args.repeats} repeats" if args.repeats > 1 else "")
-          + (f"; server log: {log_path}" if log_path else ""), file=sys.stderr)
+          + (f"; server log: {spec.log_path}" if spec.log_path else ""), file=sys.stderr)
     outcome = run_trial(spec)
     if args.json:
-        print(json.dumps({"ok": outcome.ok, "reason": outcome.reason, "flags": flags,
-                          "env": env, "start_s": outcome.start_s, "compile_s": outcome.compile_s,
-                          "start_phases": outcome.start_phases, "warmup": outcome.warmup,
-                          "measure_s": outcome.measure_s, "stop": outcome.stop,
-                          "segments": outcome.segments,
-                          "log_path": outcome.log_path,
-                          "measurement": outcome.measurement, "metrics": outcome.metrics,
-                          "message": outcome.message if not outcome.ok else ""}, indent=2))
+        print(json.dumps(bench_json(spec, outcome), indent=2))
         return 0 if outcome.ok else 1
     if not outcome.ok:
         print(f"failed ({outcome.reason}): {outcome.message}", file=sys.stderr)

@@ -1,6 +1,8 @@
-"""Stand-in for `python3 -m autotune tune|bench` in run.sh's CPU dry run (DRY=1): no server,
-no GPU; writes files of the same names and layout with made-up numbers (deterministic per
-config), so run.sh's steps, skips, resume, cell queue and matrix.py can be checked here.
+"""Stand-in for `python3 -m autotune tune` and `cells.py` in run.sh's CPU dry run (DRY=1): no
+server, no GPU; writes files of the same names and layout with made-up numbers
+(deterministic per config), so run.sh's steps, skips, resume, server queue, cells.py and
+matrix.py can be checked here. `dryrun.py cells ...` is cells.py itself with a stand-in for
+the server (autotune's bench parser checks every cell's arguments, as on the GPU).
 
     DRY=1 STEPS="study:azure cross:azure" HOME=/tmp/h \
       bash experiments/h200-shapes/run.sh x /tmp/h/res 900
@@ -12,6 +14,7 @@ run.sh's --resume logic sees it); the MLflow store is not written.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import sqlite3
@@ -29,7 +32,7 @@ def _num(flags: list[str], env: dict, lo: float, hi: float) -> float:
     return lo + (hi - lo) * (h % 1000) / 999
 
 
-def _shape_rate(path: str) -> float:
+def _shape_rate(path: str) -> float:  # tune's --shape
     return float(json.loads(Path(path).read_text()).get("rate_rps") or 0.0)
 
 
@@ -58,37 +61,46 @@ def _metrics(flags: list[str], env: dict, capacity: bool, rate: float) -> dict:
     return m
 
 
-def bench(argv: list[str]) -> int:
-    i = argv.index("--") if "--" in argv else len(argv)
-    flags, opts = argv[i + 1 :], argv[:i]
-    env = dict(e.split("=", 1) for e in (opts[j + 1] for j, a in enumerate(opts) if a == "--env"))
-    shape = _opt(opts, "--shape")
-    cap = "--capacity" in opts
-    time.sleep(float(os.environ.get("DRY_SLEEP", "0.3")))
-    m = _metrics(flags, env, cap, _shape_rate(shape))
-    print(
-        json.dumps(
-            {
-                "ok": True,
-                "reason": None,
-                "flags": flags,
-                "env": env,
-                "start_s": 80.0,
-                "compile_s": 2.0,
-                "warmup": {"seconds": 20.0, "segments": 3, "converged": True},
-                "measure_s": 60.0,
-                "stop": "cap",
-                "segments": [],
-                "log_path": None,
-                "measurement": {},
-                "metrics": m,
-                "message": "",
-                "dry_run": True,
-            },
-            indent=1,
+def _fake_runner(specs: list, *, on_outcome=None, on_phase=None) -> list:
+    """Stands in for autotune.trial.run_trials_on_one_server: no server; one "start" in the
+    log, then per spec made-up numbers (deterministic per flags, env and shape), handed to
+    on_outcome one by one, DRY_SLEEP seconds apart. DRY_FAIL_SHAPE=NAME: the cells of the
+    shape whose name contains NAME fail (reason crash)."""
+    from autotune.trial import TrialOutcome
+
+    log = Path(specs[0].log_path)
+    with log.open("a") as f:
+        f.write(f"$ dry run: vllm serve {' '.join(specs[0].flags)} (no server)\n")
+    outs = []
+    for i, s in enumerate(specs):
+        time.sleep(float(os.environ.get("DRY_SLEEP", "0.3")))
+        cap = s.capacity is not None
+        fail = os.environ.get("DRY_FAIL_SHAPE")
+        with log.open("a") as f:
+            f.write(f"dry run: trial {i} ({s.shape.name}) measured\n")
+        o = TrialOutcome(
+            number=s.number, ok=True, start_s=0.0 if i else 80.0, compile_s=None if i else 2.0,
+            server_reused=bool(i), warmup={"seconds": 20.0, "segments": 3, "converged": True},
+            warmup_s=20.0, measure_s=60.0, stop="cap", log_path=s.log_path,
+            metrics=_metrics(list(s.flags), dict(s.env), cap, float(s.shape.rate_rps or 0.0)),
+            wall_s=0.3,
         )
-    )
-    return 0
+        if fail and fail in s.shape.name:
+            o.ok, o.reason, o.message, o.metrics = False, "crash", "dry run: DRY_FAIL_SHAPE", {}
+        outs.append(o)
+        if on_outcome is not None:
+            on_outcome(o)
+    return outs
+
+
+def cells(argv: list[str]) -> int:
+    """cells.py itself (argument parsing by autotune bench's own parser, the files it writes,
+    its deadline, SIGTERM) with _fake_runner in place of the server."""
+    here = Path(__file__).resolve().parent
+    spec = importlib.util.spec_from_file_location("h200_shapes_cells", here / "cells.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main(argv, runner=_fake_runner, extra={"dry_run": True})
 
 
 def tune(argv: list[str]) -> int:
@@ -178,7 +190,6 @@ def tune(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     here = Path(__file__).resolve().parent
-    import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "experiments_h200_shapes_steps", here / "steps.py"
@@ -187,4 +198,4 @@ if __name__ == "__main__":
     spec.loader.exec_module(mod)
     sys.modules["experiments_h200_shapes_steps"] = mod
     args = [a for a in sys.argv[1:] if a != "-v"]
-    sys.exit({"tune": tune, "bench": bench}[args[0]](args[1:]))
+    sys.exit({"tune": tune, "cells": cells}[args[0]](args[1:]))

@@ -6,9 +6,13 @@
 # SECONDS_LEFT: device seconds this session may still spend (status's budget_left_s less
 # the polls that bring results back); no step starts when it cannot finish before then.
 # STEPS (environment; default all): study:KEY (KEY in shapes.json: azure, mooncake,
-# casestudy) and cross:KEY. Consecutive cross steps share one queue of cells (one cell = one
-# config measured on one shape by `autotune bench` on a fresh server), two at a time, one per
-# GPU (CUDA_VISIBLE_DEVICES). A study runs one trial per GPU (Ray, two slots).
+# casestudy) and cross:KEY. Consecutive cross steps share one queue of servers: one per
+# config (flags and env), started fresh by cells.py, which measures on it each cell (one
+# config on one shape, as `autotune bench` would: its own warm-up, objective, SLOs, caps) it
+# still lacks, in turn; two servers at a time, one per GPU (CUDA_VISIBLE_DEVICES). A server
+# is begun when its start and first cell fit before the deadline; cells.py leaves the cells
+# after that which do not (a later session measures them). A study runs one trial per GPU
+# (Ray, two slots).
 # Resumable: a step whose results exist is skipped: in RES_DIR (this session), in
 # RESUME_FROM (environment: a folder staged like the bundle holding a poll's res.tgz, or the
 # res/ it unpacks to: results not committed yet) or in experiments/h200-shapes/results/ (the
@@ -27,7 +31,7 @@ T0=$(date +%s); DEADLINE=$(( T0 + LEFT ))
 STEPS=${STEPS:-study:casestudy study:azure study:mooncake cross:casestudy cross:azure cross:mooncake}
 TRIALS=${TRIALS:-4}; DRY=${DRY:-0}
 # GPUS (environment): how many to use; default: what nvidia-smi lists (2 in a dry run). On
-# one GPU (`nvidia-h200`) a study runs one trial at a time and the cross cells one by one.
+# one GPU (`nvidia-h200`) a study runs one trial at a time and the cross servers one by one.
 GPUS=${GPUS:-$( [ "$DRY" = 1 ] && echo 2 || nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 [ "$GPUS" -ge 1 ] 2>/dev/null || GPUS=1
 SPACE=experiments/h200-trust/space-no-moe.yaml
@@ -43,9 +47,9 @@ export GPUS
 phase "start STEPS=$STEPS GPUS=$GPUS"
 SITE=$HOME/site
 if [ "$DRY" = 1 ]; then
-  AT=(python3 "$H/dryrun.py"); export PYTHONPATH=$PWD:${PYTHONPATH:-}
+  AT=(python3 "$H/dryrun.py"); CELLS=(python3 "$H/dryrun.py" cells); export PYTHONPATH=$PWD:${PYTHONPATH:-}
 else
-  AT=(python3 -m autotune)
+  AT=(python3 -m autotune); CELLS=(python3 "$H/cells.py")
   if [ ! -d "$SITE/vllm" ]; then
     ( time bash "$STAGE/install.sh" "$STAGE" "$SITE" ) > "$SESSION/env.txt" 2>&1 || finish install-failed 3
   fi
@@ -156,51 +160,47 @@ study() {  # KEY
   pack_caches
 }
 
-cell() {  # GPU SPEC KEY CFG LIMIT_S: one config on one shape, fresh server, this GPU
-  local gpu=$1 spec=$2 key=$3 cfg=$4 secs=$5 out=$RES/cross-$3 t0 rc args
-  mkdir -p "$out"; mapfile -t args < <(S bench-args "$spec"); t0=$(date +%s)
-  phase "cross:$key $cfg on gpu$gpu"
-  CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=30 "$secs" "${AT[@]}" bench --model "$MODEL" \
-    --cache-dir "$CACHE" --start-timeout 420 --seed 0 --log "$RUN/logs/cross-$key-$cfg.log" --json \
-    "${args[@]}" > "$out/$cfg.json.part" 2> "$out/$cfg.err"
-  rc=$?
-  if python3 -c "import json,sys;d=json.load(open(sys.argv[1]));sys.exit(0 if 'ok' in d else 1)" "$out/$cfg.json.part" 2>/dev/null; then
-    mv "$out/$cfg.json.part" "$out/$cfg.json"
-  fi
-  python3 - "$out/$cfg.run.json" "$gpu" "$t0" "$rc" "$spec" <<'PY'
-import json, sys, time
-p, gpu, t0, rc, spec = sys.argv[1:]
-s = json.load(open(spec))
-json.dump({"gpu": int(gpu), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(t0))),
-           "wall_s": int(time.time()) - int(t0), "rc": int(rc), "source": s.get("source"),
-           "args": s["args"]}, open(p, "w"), indent=1)
-PY
-  logtails "$out/$cfg-server-log.tgz" "$RUN/logs/cross-$key-$cfg.log"
-  phase "cross:$key $cfg on gpu$gpu exit $rc"
+server() {  # GPU GROUP LABEL N LIMIT_S: one config's server, each of its N cells in turn, this GPU
+  local gpu=$1 group=$2 label=$3 n=$4 secs=$5 t0 rc err=$SESSION/cross-server-$3.err
+  t0=$(date +%s); phase "cross server $label on gpu$gpu: cells $n, limit ${secs}s"
+  # cells.py prints one line per cell (begun, exit, not started): into progress.txt; its
+  # stderr (warnings; a traceback if it breaks) goes with the session's files
+  CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=30 "$secs" "${CELLS[@]}" "$group" --gpu "$gpu" \
+    --log "$RUN/logs/cross-$label.log" --deadline "$DEADLINE" -- --model "$MODEL" \
+    --cache-dir "$CACHE" --start-timeout 420 --seed 0 2>> "$err" \
+    | while IFS= read -r l; do phase "$l"; done
+  rc=${PIPESTATUS[0]}
+  [ -s "$err" ] || rm -f "$err"
+  phase "cross server $label on gpu$gpu exit $rc after $(( $(date +%s) - t0 )) s"
+  # killed at its limit: the library's reaper stops that server within ~15 s; the next
+  # server on this GPU must not start beside it
+  if [ "$rc" -ge 124 ] && [ "$DRY" != 1 ]; then sleep 20; fi
 }
 
-worker() {  # GPU PLANFILE: take the next unclaimed cell that still fits the deadline
-  local gpu=$1 plan=$2 i=0 spec key cfg expect limit
-  while IFS=$'\t' read -r spec key cfg expect limit; do
-    i=$((i + 1)); [ -n "$spec" ] || continue
+worker() {  # GPU PLANFILE: take the next unclaimed server (config) whose first cell still fits
+  local gpu=$1 plan=$2 i=0 group label n expect limit first
+  while IFS=$'\t' read -r group label n expect limit first; do
+    i=$((i + 1)); [ -n "$group" ] || continue
     mkdir "$RUN/claim.$i" 2>/dev/null || continue      # the other worker has it
-    if [ "$(left)" -lt $(( expect + 30 )) ]; then phase "cross:$key $cfg not started on gpu$gpu: $(left) s left, it takes ~$expect"; continue; fi
+    if [ "$(left)" -lt $(( first + 30 )) ]; then
+      phase "cross server $label ($n cells) not started on gpu$gpu: $(left) s left, its start and first cell take ~$first"; continue
+    fi
     [ "$limit" -gt $(( $(left) - 20 )) ] && limit=$(( $(left) - 20 ))
-    cell "$gpu" "$spec" "$key" "$cfg" "$limit"
+    server "$gpu" "$group" "$label" "$n" "$limit"   # cells.py leaves the cells that do not fit
   done < "$plan"
 }
 
-cross() {  # KEY...: every missing cell of these shapes, two at a time
+cross() {  # KEY...: every missing cell of these shapes, one server per config, two servers at a time
   local t0 plan=$RUN/plan.$$ w0 w1 k
   t0=$(date +%s); rm -rf "$RUN"/claim.* "$RUN/cells"
   S plan "$RES" "$RUN" "$@" -- "${DIRS[@]}" > "$plan" 2> "$RUN/plan.notes"
   while read -r l; do phase "$l"; done < "$RUN/plan.notes"
-  phase "cross $*: $(grep -c . "$plan") cells to measure"
+  phase "cross $*: $(awk -F'\t' '{n += $3} END {print n + 0}' "$plan") cells to measure on $(grep -c . "$plan") servers"
   if [ "$GPUS" -ge 2 ]; then
     worker 0 "$plan" & w0=$!; sleep 2; worker 1 "$plan" & w1=$!
     wait "$w0" "$w1"   # the two workers only, not the nvidia-smi sampler
   else
-    worker 0 "$plan"   # one GPU: one cell at a time
+    worker 0 "$plan"   # one GPU: one server at a time
   fi
   for k in "$@"; do mkdir -p "$RES/cross-$k"; stepjson "$RES/cross-$k" "cross:$k" "$t0" 0 \
     "{\"shared_queue\": \"$*\"}"; done

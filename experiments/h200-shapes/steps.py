@@ -4,7 +4,8 @@ from shapes.json and from the results already there, so that run.sh stays plain 
     python3 steps.py get KEY FIELD                  a field of shapes.json's shape KEY
     python3 steps.py tune-args KEY                  the shape's tune arguments, one a line
     python3 steps.py done study KEY DIR...          exit 0 when a DIR holds study-KEY/DONE
-    python3 steps.py plan RES RUN KEY... -- DIR...  the cross-evaluation cells still to measure
+    python3 steps.py plan RES RUN KEY... -- DIR...  the cross-evaluation cells still to
+                                                    measure, grouped by server (cells.py)
     python3 steps.py bench-args CELL.json           a planned cell's bench arguments, one a line
     python3 steps.py has-study DB NAME              exit 0 when the Optuna store holds NAME
     python3 steps.py backup SRC.db DST.db           a consistent copy of a SQLite file
@@ -179,36 +180,90 @@ def bench_args(key: str, cap_start: float) -> list[str]:
     return ["--capacity", *a] if c["objective"] == "capacity" else a
 
 
-def cell_seconds(key: str) -> tuple[int, int]:
-    """(expected, limit) seconds of one cross cell. Limit (its timeout): a start of flags new
-    to this machine's caches (330 s: two cold starts at once on the x2), the warm-up cap,
-    every load level (plus a 20-s drain) or the measurement cap. Expected (what must be left
-    to start it): a start of flags the caches know (START_EST, default 150; 73-85 s
-    measured), the warm-up cap, five load levels (the usual bracketing from a start below
-    capacity) or the measurement cap."""
+START_LIMIT = 330  # a start of flags new to this machine's caches (two cold starts at once)
+
+
+def start_seconds() -> int:
+    """Expected seconds of one server start: flags the caches know (START_EST, default
+    150; 73-85 s measured in experiments/h200-trust session 3)."""
     import os
 
+    return int(os.environ.get("START_EST", "150"))
+
+
+def cell_seconds(key: str) -> tuple[int, int]:
+    """(expected, limit) seconds of one cross cell on a server already up (its start is
+    counted once per server: start_seconds, START_LIMIT). Limit: the warm-up cap, every load
+    level (plus a 20-s drain) or the measurement cap. Expected: the warm-up cap, five load
+    levels (the usual bracketing from a start below capacity) or the measurement cap."""
     c = shape_cfg(key)
-    start = int(os.environ.get("START_EST", "150"))
     warm = int(c.get("warmup_max_s", 60))
     if c["objective"] == "capacity":
         body_max = c["capacity_max_levels"] * (c["capacity_level_s"] + 20)
         body = 5 * (c["capacity_level_s"] + 15)
     else:
         body_max = body = int(c.get("measure_max_s", 90))
-    return int(start + warm + body + 20), int(330 + warm + body_max + 40)
+    return int(warm + body + 20), int(warm + body_max + 40)
+
+
+def cell_bench_args(spec: dict[str, Any]) -> list[str]:
+    """A planned cell's bench arguments: the shape's options, --env, then the flags."""
+    out = list(spec["args"])
+    for k, v in spec["env"].items():
+        out += ["--env", f"{k}={v}"]
+    return [*out, "--", *spec["flags"]]
+
+
+def group_cells(cells: list[dict[str, Any]], start_s: int) -> list[dict[str, Any]]:
+    """The planned cells by server: cells whose flags and env are equal share one server
+    start and are measured on it in turn (cells.py). Groups in the order of their first
+    cell, cells in plan order. Each group: label (its configs), cells, and seconds:
+    start_expected_s, expected_s (start + every cell), limit_s (START_LIMIT + every cell's
+    limit), first_s (start + its first cell: what must be left to begin it)."""
+    groups: dict[str, dict[str, Any]] = {}
+    for c in cells:
+        ident = json.dumps([c["flags"], c["env"]], sort_keys=True)
+        g = groups.setdefault(ident, {"configs": [], "cells": []})
+        if c["config"] not in g["configs"]:
+            g["configs"].append(c["config"])
+        g["cells"].append(c)
+    out = []
+    for g in groups.values():
+        cs = g["cells"]
+        out.append({
+            "label": "+".join(g["configs"]),
+            "cells": cs,
+            "start_expected_s": start_s,
+            "expected_s": start_s + sum(c["expected_s"] for c in cs),
+            "limit_s": START_LIMIT + sum(c["limit_s"] for c in cs),
+            "first_s": start_s + cs[0]["expected_s"],
+        })  # fmt: skip
+    return out
+
+
+def fit_cells(expected: list[int], start_s: int, left_s: float, margin: int = 30) -> int:
+    """How many of a group's cells (in order) fit in ``left_s``: the start, then each
+    cell's expected seconds, ``margin`` to spare. The rest wait for a later session."""
+    used, n = start_s + margin, 0
+    for e in expected:
+        used += e
+        if used > left_s:
+            break
+        n += 1
+    return n
 
 
 def plan(res: Path, run: Path, keys: list[str], dirs: list[Path]) -> list[str]:
-    """Write one spec per cell still to measure under RUN/cells/ (in measuring order: shape by
-    shape, configs in shapes.json's order) and return their lines
-    'cell-file<TAB>key<TAB>config<TAB>expected-s<TAB>limit-s'. A config whose flags and env
-    equal another config's of the same shape (a study whose verdict kept the defaults, two
-    studies with one winner) is measured once: RES/cross-KEY/CFG.same names the one measured.
-    Notes go to stderr (run.sh appends them to progress.txt)."""
-    cells = run / "cells"
-    cells.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
+    """Write one spec per cell still to measure under RUN/cells/ (shape by shape, configs
+    in shapes.json's order), group them by server (group_cells: one start per config) into
+    RUN/cells/gNN-LABEL.json, and return one line per group 'group-file<TAB>label<TAB>
+    cells<TAB>expected-s<TAB>limit-s<TAB>first-s'. A config whose flags and env equal
+    another config's of the same shape (a study whose verdict kept the defaults, two
+    studies with one winner) is measured once: RES/cross-KEY/CFG.same names the one
+    measured. Notes go to stderr (run.sh appends them to progress.txt)."""
+    cells_dir = run / "cells"
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    cells: list[dict[str, Any]] = []
     for key in keys:
         cap = capacity_start(key, dirs)
         seen: dict[str, str] = {}  # flags+env -> config measured (or planned) for them
@@ -241,10 +296,23 @@ def plan(res: Path, run: Path, keys: list[str], dirs: list[Path]) -> list[str]:
                 "args": bench_args(key, cap),
                 "expected_s": expect,
                 "limit_s": limit,
+                "prefix": str(res / f"cross-{key}" / cfg),
             }
-            f = cells / f"{len(lines):02d}-{key}-{cfg}.json"
+            f = cells_dir / f"{len(cells):02d}-{key}-{cfg}.json"
             f.write_text(json.dumps(spec, indent=1))
-            lines.append(f"{f}\t{key}\t{cfg}\t{expect}\t{limit}")
+            cells.append({**spec, "file": str(f)})
+    lines = []
+    for i, g in enumerate(group_cells(cells, start_seconds())):
+        f = cells_dir / f"g{i:02d}-{g['label']}.json"
+        f.write_text(json.dumps({**g, "cells": [
+            {k: c[k] for k in ("file", "prefix", "key", "config", "expected_s", "limit_s")}
+            for c in g["cells"]]}, indent=1))  # fmt: skip
+        shapes = ", ".join(c["key"] for c in g["cells"])
+        n = len(g["cells"])
+        print(f"cross server {g['label']}: {n} cell{'' if n == 1 else 's'} on one start ({shapes})",
+              file=sys.stderr)
+        lines.append(f"{f}\t{g['label']}\t{len(g['cells'])}\t{g['expected_s']}\t"
+                     f"{g['limit_s']}\t{g['first_s']}")
     return lines
 
 
@@ -297,12 +365,7 @@ def main(argv: list[str]) -> int:
         res, run, keys = Path(rest[0]), Path(rest[1]), rest[2:i]
         print("\n".join(plan(res, run, keys, [Path(d) for d in rest[i + 1 :]])))
     elif cmd == "bench-args":
-        spec = json.loads(Path(rest[0]).read_text())
-        out = list(spec["args"])
-        for k, v in spec["env"].items():
-            out += ["--env", f"{k}={v}"]
-        out += ["--", *spec["flags"]]
-        print("\n".join(out))
+        print("\n".join(cell_bench_args(json.loads(Path(rest[0]).read_text()))))
     elif cmd == "has-study":
         return 0 if has_study(rest[0], rest[1]) else 1
     elif cmd == "backup":
