@@ -23,7 +23,7 @@
 # earlier session) are unpacked first, so first starts are warm; after each step the caches
 # are packed again in 15-MB parts under ~/res-cache for poll.sh to bring back.
 # Knobs: STEPS, RESUME_FROM, BUDGET_<KEY> (a study's --budget, default shapes.json's
-# budget_s), TRIALS (4: defaults, cover_prefill, recipe, one TPE sample), DRY=1 (CPU dry
+# budget_s, or budget_s_one_gpu on one GPU), TRIALS (4: defaults, cover_prefill, recipe, one TPE sample), DRY=1 (CPU dry
 # run: autotune replaced by dryrun.py, nothing installed, no GPU).
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
@@ -131,7 +131,8 @@ logtails() {  # SRC_GLOB... -> OUT.tgz: head and tail of each server log
 study() {  # KEY
   local key=$1 name=shapes-$1 out=$RES/study-$1 have budget resume=() t0 rc
   if have=$(S done study "$key" "${DIRS[@]}"); then phase "study:$key done already ($have): skipped"; return; fi
-  local bv="BUDGET_${key^^}"; budget=${!bv:-$(S get "$key" budget_s)}
+  local bv="BUDGET_${key^^}" field=budget_s; [ "$GPUS" = 1 ] && field=budget_s_one_gpu
+  budget=${!bv:-$(S get "$key" "$field")}; [ -n "$budget" ] || budget=$(S get "$key" budget_s)
   # the re-check may overrun the budget by about one trial (a trial in flight when the search
   # stopped); a study may overrun more, the timeout below then stops it for --resume
   local room=$(( $(left) - 60 - 330 ))
@@ -140,7 +141,10 @@ study() {  # KEY
   if S has-study "$RUN/autotune.db" "$name"; then resume=(--resume); fi
   mkdir -p "$out"; phase "study:$key budget ${budget}s ${resume[*]}"; t0=$(date +%s)
   mapfile -t targs < <(S tune-args "$key")
-  local cap=$(( $(left) - 40 )); [ "$cap" -gt $(( budget + 500 )) ] && cap=$(( budget + 500 ))
+  # on one GPU the trial in flight when the search stops runs alone, then the re-check's
+  # trials one after the other: allow more after the budget
+  local over=500; [ "$GPUS" = 1 ] && over=700
+  local cap=$(( $(left) - 40 )); [ "$cap" -gt $(( budget + over )) ] && cap=$(( budget + over ))
   timeout --signal=TERM --kill-after=30 "$cap" "${AT[@]}" -v tune \
     --model "$MODEL" --space "$SPACE" "${targs[@]}" \
     --trials "$TRIALS" --budget "$budget" \
