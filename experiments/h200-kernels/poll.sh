@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wait for run.sh (at most $1 s), then bring back what it has written so far ($OUT/res.tgz);
 # further arguments name compile-cache parts (~/res-cache/cache-part-*) to bring back too.
-RES=${2:-$HOME/res}; T=${1:-540}; t0=$(date +%s)
+RES=${2:-$HOME/res}; T=${1:-540}
 done_() { [ -f "$RES/DONE" ]; }; . experiments/poll-lib.sh; wait_for "$RES" "$T" done_; rc=$?
 cat "$RES/progress.txt" 2>/dev/null; tail -c 2000 "$RES/kernels.log" 2>/dev/null; tail -c 1500 "$RES/e2e.log" 2>/dev/null
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader

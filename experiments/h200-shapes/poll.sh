@@ -7,7 +7,7 @@
 # too: at most 7 with res.tgz, the 8 files a call may return.
 #   bash experiments/h200-shapes/poll.sh 540 study:casestudy
 #   bash experiments/h200-shapes/poll.sh 300 DONE caches
-RES=${RES:-$HOME/res}; T=${1:-540}; WHAT=${2:-DONE}; t0=$(date +%s)
+RES=${RES:-$HOME/res}; T=${1:-540}; WHAT=${2:-DONE}
 step_done() {
   [ -f "$RES/DONE" ] && return 0
   case $WHAT in

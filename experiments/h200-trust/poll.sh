@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wait for run.sh (at most $1 s), then bring back what it has written so far; further
 # arguments name compile-cache parts (~/res-cache/cache-part-*) to bring back too.
-RES=$HOME/res; T=${1:-540}; t0=$(date +%s)
+RES=$HOME/res; T=${1:-540}
 done_() { [ -f "$RES/DONE" ]; }; . experiments/poll-lib.sh; wait_for "$RES" "$T" done_; rc=$?
 cat "$RES/progress.txt" 2>/dev/null; tail -c 3000 "$RES/tune.log" 2>/dev/null; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 tar czf "$OUT/res.tgz" -C "$HOME" res 2>/dev/null; ls -la "$RES"; ls -la "$HOME/res-cache" 2>/dev/null
