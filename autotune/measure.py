@@ -25,7 +25,7 @@ from autotune.server_metrics import (
     scrape_metrics,
     snapshot_metrics,
 )
-from autotune.stats import Interval, mean_interval
+from autotune.stats import Interval, drift, mean_interval
 
 if TYPE_CHECKING:
     from autotune.loadgen import RequestRecord, RunResult
@@ -248,6 +248,9 @@ class Measurement(BaseModel):
         out["cv"] = self.cv
         out["window_s"] = self.window_s
         out["segments"] = len(self.segment_tokens_per_s) or None
+        d = drift(self.segment_tokens_per_s) if self.segment_kind == "segments" else None
+        if d is not None:  # the second half's mean rate over the first's, less 1
+            out["output_tokens_per_s_drift"] = d.relative
         for k, v in self.server.items():
             out[f"server_{k}"] = v
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}

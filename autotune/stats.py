@@ -2,6 +2,8 @@
 
 * :func:`mean_interval`: the 95 % t-interval of a rate over equal-count segments of one
   continuous run (batch means: each segment's rate is one reading);
+* :func:`drift`: whether a measurement's segments moved between its halves (a server
+  still speeding up after its warm-up: the interval then is not the steady rate's);
 * :class:`SegmentRule`: when a warm-up has converged, when a measurement is precise enough,
   and when a trial is a clear loser (the pruner), as one pure decision per segment;
 * :func:`ratio_to_defaults`: the interval of a config's throughput ratio to vLLM's
@@ -23,11 +25,13 @@ from scipy import stats as _st
 
 __all__ = [
     "RAMP_FACTOR",
+    "Drift",
     "Interval",
     "RatioInterval",
     "SegmentRule",
     "Verdict",
     "decide_verdict",
+    "drift",
     "mean_interval",
     "ratio_to_defaults",
     "relative_half_width",
@@ -68,6 +72,39 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     t = float(_st.t.ppf(0.5 + confidence / 2, arr.size - 1))
     half = t * float(arr.std(ddof=1)) / math.sqrt(arr.size)
     return Interval(m, m - half, m + half)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The change of a measurement's mean rate from its first half of segments to its
+    second, relative to the first (+0.10: 10 % faster at the end), and whether it is
+    significant at 95 % (Welch's t-test of the two halves)."""
+
+    relative: float
+    significant: bool
+
+
+def drift(values: Sequence[float], confidence: float = CONFIDENCE) -> Drift | None:
+    """The drift of a run's segment rates, first half against second (the middle segment
+    of an odd count left out); None under 4 finite segments. A steady server's halves
+    agree within their noise; a significant drift says the warm-up ended before the server
+    reached its steady rate (kernels still compiling or autotuning, caches filling) and
+    the measured mean lies between the two."""
+    arr = _finite(values)
+    if arr.size < 4:
+        return None
+    h = arr.size // 2
+    a, b = arr[:h], arr[arr.size - h:]
+    if not a.mean() > 0:
+        return None
+    rel = float(b.mean() / a.mean() - 1.0)
+    va, vb = float(a.var(ddof=1)) / h, float(b.var(ddof=1)) / h
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return Drift(rel, bool(b.mean() != a.mean()))
+    df = (va + vb) ** 2 / ((va**2 + vb**2) / (h - 1)) if va + vb > 0 else 2 * h - 2
+    t = abs(float(b.mean() - a.mean())) / se
+    return Drift(rel, bool(t > float(_st.t.ppf(0.5 + confidence / 2, df))))
 
 
 def relative_half_width(iv: Interval | None) -> float:

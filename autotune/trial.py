@@ -408,7 +408,7 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
     from autotune._segments import LogWatch, SegmentWatch
     from autotune.loadgen import replay
     from autotune.measure import measure, snapshot_metrics
-    from autotune.stats import SegmentRule
+    from autotune.stats import SegmentRule, drift
 
     schedule = plan.schedule
     rule = spec.rule or SegmentRule()
@@ -470,6 +470,14 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
             logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
                         spec.number, r, m.output_tokens_per_s, outcome.stop,
                         len(m.segment_tokens_per_s), outcome.warmup)
+            d = drift(m.segment_tokens_per_s)
+            if d is not None and d.significant and abs(d.relative) > rule.precision:
+                logger.warning(
+                    "trial %d: its measured segments moved %+.1f %% from the first half to the "
+                    "second (significant at 95 %%): the server was not steady when its warm-up "
+                    "ended (%s); a longer --warmup-max-s covers it", spec.number,
+                    100 * d.relative, "converged" if (outcome.warmup or {}).get("converged")
+                    else "at its cap")
             if ctl.stop == "pruned":
                 outcome.pruned = True
                 break

@@ -285,7 +285,8 @@ def test_run_sh_one_server_per_config_on_two_gpus_then_resume_on_one(tmp_path: P
     assert {"gpu0", "gpu1"} <= {w for x in lines if "exit 0" in x for w in x.split()}
     cs = json.loads((res / "cross-casestudy" / "defaults.json").read_text())
     az = json.loads((res / "cross-azure" / "defaults.json").read_text())
-    assert (cs["server_reused"], cs["start_s"], az["server_reused"], az["start_s"]) == (
+    # study:azure is done: the defaults' azure cell checks its verdict, so it comes first
+    assert (az["server_reused"], az["start_s"], cs["server_reused"], cs["start_s"]) == (
         False, 80.0, True, 0.0)
     rows = [r for r in matrix.build(res) if r["status"] == "measured"]
     assert len(rows) == 6 and sum(not r["server_reused"] for r in rows) == 3
@@ -299,3 +300,29 @@ def test_run_sh_one_server_per_config_on_two_gpus_then_resume_on_one(tmp_path: P
     assert len(measured) == 1 and "cross:azure recipe on gpu0 exit 0" in measured[0]
     assert "gpu1" not in progress and "study:azure done already" in progress
     assert json.loads((res2 / "cross-azure" / "step.json").read_text())["gpus"] == 1
+
+
+def test_plan_puts_the_cells_that_check_a_verdict_first(tmp_path: Path) -> None:
+    # study:casestudy is done and its defaults cell measured: its winner's casestudy cell
+    # (the other half of the verdict's re-measure) comes before every other server
+    r = tmp_path / "results"
+    _w(r / "study-casestudy" / "DONE", "")
+    _w(r / "study-casestudy" / "best.json", {
+        "verdict": "winner", "trial": 1, "params": {"cudagraph_cover_prefill": True},
+        "objective": {"value": 7611.0}, "env": {},
+        "flags": ["--max-model-len", "2048", "--max-num-seqs", "1024"]})  # fmt: skip
+    _w(r / "cross-casestudy" / "defaults.json", _tput(7408.0, 500.0))
+    assert steps.checks_verdict("casestudy", "win-casestudy", [r])
+    assert steps.checks_verdict("casestudy", "defaults", [r])
+    assert not steps.checks_verdict("casestudy", "recipe", [r])
+    assert not steps.checks_verdict("azure", "defaults", [r])  # study:azure not run
+    lines = steps.plan(tmp_path / "res", tmp_path / "run", ["casestudy", "azure"], [r])
+    labels = [ln.split("\t")[1] for ln in lines]
+    assert labels[0] == "win-casestudy" and set(labels) == {"win-casestudy", "defaults", "recipe"}
+    first = json.loads(Path(lines[0].split("\t")[0]).read_text())
+    assert [c["key"] for c in first["cells"]] == ["casestudy", "azure"]
+    # without the study, shapes.json's order: the defaults' server first
+    r2 = tmp_path / "none"
+    r2.mkdir()
+    lines = steps.plan(tmp_path / "res2", tmp_path / "run2", ["casestudy"], [r2])
+    assert [ln.split("\t")[1] for ln in lines] == ["defaults", "recipe"]

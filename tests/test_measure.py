@@ -412,6 +412,9 @@ def test_segments_set_the_window_and_the_interval() -> None:
     assert (hi - lo) / 2 == pytest.approx(half, rel=1e-3)
     flat = m.flat()
     assert flat["segments"] == 4 and flat["output_tokens_per_s_ci_low"] == lo
+    seg4 = m.segment_tokens_per_s
+    assert flat["output_tokens_per_s_drift"] == pytest.approx(
+        (seg4[2] + seg4[3]) / (seg4[0] + seg4[1]) - 1)
     # without segments the interval comes from the sub-windows
     plain = measure(run)
     assert plain.segment_kind == "subwindows" and len(plain.segment_tokens_per_s) == 5

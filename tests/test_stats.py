@@ -11,6 +11,7 @@ from autotune.stats import (
     Interval,
     SegmentRule,
     decide_verdict,
+    drift,
     mean_interval,
     ratio_to_defaults,
     relative_half_width,
@@ -222,3 +223,23 @@ def test_starts_needed_is_none_when_no_number_of_starts_would_show_a_gain() -> N
     tiny = ratio_to_defaults([1001.0, 1101.0], [1000.0, 1100.0])
     assert tiny is not None and starts_needed(tiny) is None
     assert starts_needed(None) is None
+
+
+def test_drift_compares_the_halves_of_a_measurement() -> None:
+    # the H200's fresh-machine defaults at 256 streams (experiments/h200-shapes, ninth
+    # session): still speeding up through the measurement
+    rising = [6752.9, 6773.0, 7176.1, 7500.0, 7909.1, 7736.5, 8289.7]
+    d = drift(rising)
+    assert d is not None and d.significant
+    # the middle segment of an odd count is left out: (7736.5 + 8289.7 + 7909.1) / 3 over
+    # (6752.9 + 6773.0 + 7176.1) / 3
+    assert d.relative == pytest.approx((7909.1 + 7736.5 + 8289.7) / (6752.9 + 6773.0 + 7176.1) - 1)
+    # a steady server's noise: halves that differ within it are not a drift
+    steady = [7730.4, 7876.4, 7179.1, 7611.3, 8034.9, 7764.5, 7499.6, 7773.7]
+    d = drift(steady)
+    assert d is not None and not d.significant and abs(d.relative) < 0.03
+    # falling counts too; too few segments say nothing
+    d = drift(list(reversed(rising)))
+    assert d is not None and d.significant and d.relative < 0
+    assert drift([1.0, 2.0, 3.0]) is None
+    assert drift([5.0, 5.0, 5.0, 5.0]) == drift([5.0, 5.0, math.nan, 5.0, 5.0])

@@ -80,6 +80,11 @@ def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path
     tight = trial(fake_model, tmp_path / "b", "slow",
                   SegmentRule(precision=1e-6, measure_max_s=3, measure_max_segments=1000))
     assert tight.ok and tight.stop == "cap" and len(tight.segments) > 3
+    # its drift (second half of the segments over the first) is recorded with the figures
+    h = len(tight.segments) // 2
+    first, second = tight.segments[:h], tight.segments[len(tight.segments) - h:]
+    assert tight.metrics["output_tokens_per_s_drift"] == pytest.approx(
+        sum(second) / sum(first) - 1, rel=1e-6)
     assert 3 <= tight.measure_s < 15
 
 
