@@ -16,6 +16,8 @@ import json
 import logging
 import math
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -419,30 +421,107 @@ def find_best(
     return found[0] if found else None
 
 
-def _tracked_hit(client: Any, run: Any, uri: str) -> RegistryHit | None:
-    """A hit from one MLflow trial run tagged best for its shape: its study run's best.json
-    (the declared value: the median of its readings), else the trial run's own figures."""
+@contextmanager
+def _no_download_bar() -> Iterator[None]:
+    """MLflow draws a tqdm bar on stderr for every artifact download, even of one small
+    file; a lookup is not a download the user asked for. MLflow reads the variable when it
+    downloads: it is set for the download only, then restored (process-wide meanwhile)."""
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as var
+
+    before = var.get_raw()
+    var.set("false")
+    try:
+        yield
+    finally:
+        if before is None:
+            var.unset()
+        else:
+            var.set(before)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _json_or_str(text: str) -> Any:
+    """An MLflow param (always a string) as the value it was logged from: its JSON reading
+    when it has one ("1024" -> 1024, "true" -> True), else the string ("auto"; "NaN" too)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except ValueError:
+        return text
+
+
+def _best_json(client: Any, run_id: str) -> dict[str, Any]:
+    """The study run's best.json, or {} when its artifact is not in the store."""
     import tempfile
 
     from mlflow.exceptions import MlflowException
 
+    try:
+        with tempfile.TemporaryDirectory() as tmp, _no_download_bar():
+            doc = json.loads(Path(client.download_artifacts(run_id, "best.json", tmp))
+                             .read_text())
+    except (MlflowException, OSError, ValueError) as exc:  # no artifact folder
+        logger.info("registry: no best.json for MLflow run %s (%s)", run_id, exc)
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _study_record(parent: Any) -> dict[str, Any]:
+    """What the study run records of its best.json (:func:`autotune.tracking.mark_best`), in
+    best.json's names: objective value, readings, params and trial; {} when it records no
+    value (a store written before autotune recorded them). A figure that does not read back
+    is left out (the trial run's is used)."""
+    from autotune.tracking import BEST_VALUE, TAGS
+
+    value = parent.data.metrics.get(BEST_VALUE)
+    if value is None or not math.isfinite(value):
+        return {}
+    out: dict[str, Any] = {"objective": {"value": float(value)}}
+    ptags = parent.data.tags
+    try:
+        out["trial"] = int(ptags[TAGS["best_trial"]])
+    except (KeyError, ValueError):
+        pass
+    for name in ("readings", "params"):
+        text = ptags.get(TAGS[f"best_{name}"])
+        if text is None:
+            continue
+        try:
+            doc = json.loads(text, parse_constant=_no_constant)
+        except ValueError:
+            logger.info("registry: tag %s of MLflow run %s is not JSON", TAGS[f"best_{name}"],
+                        parent.info.run_id)
+            continue
+        if name == "params" and isinstance(doc, dict):
+            out[name] = doc
+        elif name == "readings" and isinstance(doc, list) and doc and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in doc):
+            out[name] = [float(v) for v in doc]
+    return out
+
+
+def _tracked_hit(client: Any, run: Any, uri: str) -> RegistryHit | None:
+    """A hit from one MLflow trial run tagged best for its shape: its study run's best.json
+    (the declared value: the median of its readings), else what the study run records of it
+    (:func:`_study_record`), else the trial run's own figures (its single reading)."""
     from autotune.engine import serve_command
     from autotune.tracking import TAGS
 
     tags = run.data.tags
     parent_id = tags.get("mlflow.parentRunId")
     parent = client.get_run(parent_id) if parent_id else None
-    if parent is not None and parent.data.tags.get("autotune.best_run_id", run.info.run_id) \
+    if parent is not None and parent.data.tags.get(TAGS["best_run"], run.info.run_id) \
             != run.info.run_id:
         return None  # an earlier best of a resumed study, since superseded
-    best: dict[str, Any] = {}
-    if parent is not None:
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                best = json.loads(Path(client.download_artifacts(parent_id, "best.json", tmp))
-                                  .read_text())
-        except (MlflowException, OSError, ValueError) as exc:  # no artifact folder: run figures
-            logger.info("registry: no best.json for MLflow run %s (%s)", parent_id, exc)
+    best: dict[str, Any] = _best_json(client, parent_id) if parent is not None else {}
+    notes: list[str] = []
+    if not best:
+        best = _study_record(parent) if parent is not None else {}
+        notes.append(f"MLflow run {parent_id}: no best.json artifact; " + (
+            "figures of the study run's record" if best else
+            "figures of the trial run (the value is its single reading)"))
     ptags = parent.data.tags if parent is not None else {}
     params = dict(run.data.params)
     flags = str(params.pop("flags", "")).split()
@@ -461,7 +540,8 @@ def _tracked_hit(client: Any, run: Any, uri: str) -> RegistryHit | None:
         trial=int(best.get("trial", tags.get(TAGS["trial"], -1))), value=float(value),
         readings=[float(v) for v in best.get("readings", [value])], metric=metric,
         objective=objective,
-        params=best.get("params") or {k: v for k, v in params.items() if not k.startswith("env.")},
+        params=best.get("params") or {k: _json_or_str(v) for k, v in params.items()
+                                      if not k.startswith("env.")},
         flags=[str(f) for f in best.get("flags", flags)],
         env={str(k): str(v) for k, v in (best.get("env") or env).items()},
         serve_command=best.get("serve_command") or serve_command(model or "MODEL", flags, env),
@@ -474,8 +554,7 @@ def _tracked_hit(client: Any, run: Any, uri: str) -> RegistryHit | None:
         engine_version=ptags.get(TAGS["engine"]) or tags.get(TAGS["engine"]),
         gpu_type=ptags.get(TAGS["gpu"]) or tags.get(TAGS["gpu"]) or UNKNOWN_GPU,
         is_baseline=bool(best.get("is_baseline", tags.get("autotune.baseline") == "true")),
-        storage=uri, notes=[] if best else [
-            f"MLflow run {parent_id}: no best.json artifact; figures of the trial run"],
+        storage=uri, notes=notes,
     )  # fmt: skip
 
 

@@ -20,7 +20,8 @@ from autotune.errors import TrackingError
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 from autotune.schema import A, State, sqlite_path
 
-__all__ = ["BEST_TAG", "TAGS", "MlflowCallback", "MlflowTracker", "default_tracking_uri"]
+__all__ = ["BEST_TAG", "BEST_VALUE", "TAGS", "MlflowCallback", "MlflowTracker",
+           "default_tracking_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,18 @@ TAGS = {
     "trial": "autotune.trial_number",
     "space": "autotune.space",
     "kind": "autotune.kind",
+    # on the study run: its best trial's run, and what best.json declares, so that a store
+    # copied without its artifact folder still answers with the declared figures
+    "best_run": "autotune.best_run_id",
+    "best_trial": "autotune.best_trial",  # best.json's "trial"
+    "best_readings": "autotune.best_readings",  # best.json's "readings", JSON
+    "best_params": "autotune.best_params",  # best.json's "params", JSON
 }
+#: Study-run metric: best.json's objective value (the median of ``autotune.best_readings``).
+BEST_VALUE = "best_value"
+# MLflow's tag value limit (mlflow.utils.validation.MAX_TAG_VAL_LENGTH) is 8000 characters
+# since MLflow 2, 5000 before; a longer tag is cut, and a cut JSON does not read back.
+_TAG_MAX = 5000
 
 
 def default_tracking_uri(out_root: str | Path = "experiments") -> str:
@@ -213,14 +225,18 @@ class MlflowTracker:
 
     def mark_best(self, *, run_id: str, shape_fingerprint: str, best: Mapping[str, Any],
                   serve_command: str, artifacts: Mapping[str, str] | None = None) -> None:
-        """Tag the best trial's run and record the best config on the study run."""
+        """Tag the best trial's run and record the best config on the study run: best.json
+        and the serve command as artifacts, and what best.json declares (:func:`_declared`)
+        in the run itself, for a store kept without its artifact folder."""
         self._safe("tag the best trial", self.client.set_tag, run_id, BEST_TAG, "true")
         self._safe("tag the best trial", self.client.set_tag, run_id,
                    f"{BEST_TAG}_for_shape", shape_fingerprint)
         if self.parent_run_id:
             pid = self.parent_run_id
-            self._safe("record the best run", self.client.set_tag, pid, "autotune.best_run_id",
-                       run_id)
+            metrics, tags = _declared(best)
+            # one batch: the best run and its declared figures are never half written
+            self._safe("record the best run", self.client.log_batch, pid,
+                       metrics=metrics, tags=[*tags, _tag(TAGS["best_run"], run_id)])
             self._safe("store best.json", self._log_dict, pid, dict(best), "best.json")
             self._safe("store the serve command", self._log_text, pid,
                        "#!/bin/sh\n" + serve_command + "\n", "serve_command.sh")
@@ -369,6 +385,42 @@ def _probe_server(uri: str, timeout_s: float = 5.0) -> None:
         f"the MLflow tracking server {uri} does not answer ({problem}); start it "
         "(mlflow server ...), fix --tracking-uri, or use a local sqlite:///PATH store"
     )
+
+
+def _tag(key: str, value: str) -> Any:
+    from mlflow.entities import RunTag
+
+    return RunTag(key, value)
+
+
+def _declared(best: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    """The study run's record of what best.json declares: the metric :data:`BEST_VALUE` and
+    the tags ``autotune.best_trial``, ``autotune.best_readings``, ``autotune.best_params``.
+    A figure best.json lacks is not recorded; a tag longer than MLflow keeps is left out
+    with a warning (the registry then takes it from the trial run)."""
+    import math
+    import time
+
+    from mlflow.entities import Metric
+
+    metrics: list[Any] = []
+    value = (best.get("objective") or {}).get("value")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        metrics.append(Metric(BEST_VALUE, float(value), int(time.time() * 1000), 0))
+    tags: list[Any] = []
+    if best.get("trial") is not None:
+        tags.append(_tag(TAGS["best_trial"], str(best["trial"])))
+    for name in ("readings", "params"):
+        if best.get(name) is None:
+            continue
+        text = json.dumps(best[name], sort_keys=True, default=str)
+        if len(text) > _TAG_MAX:
+            logger.warning("MLflow: the best config's %s (%d characters) exceed the %d of a "
+                           "tag; not recorded as %s (best.json has them)", name, len(text),
+                           _TAG_MAX, TAGS[f"best_{name}"])
+            continue
+        tags.append(_tag(TAGS[f"best_{name}"], text))
+    return metrics, tags
 
 
 def _param_str(v: Any) -> str:
