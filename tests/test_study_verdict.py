@@ -384,3 +384,20 @@ def test_a_gain_the_starts_cannot_show_says_how_many_starts_would(
     _, out, _ = study(tmp_path / "w", fake_model, fn, trials=2, recheck_starts=1)
     v = json.loads((out / "study.json").read_text())["verdict"]
     assert v["verdict"] == "winner" and v["starts_needed"] is None
+
+
+def test_summary_counts_trials_the_budget_left_unstarted_apart_from_failures():
+    from types import SimpleNamespace
+
+    from autotune.cli._tune import _trial_counts
+
+    # the ninth H200 session's study: the enqueued recipe never started
+    r = SimpleNamespace(n_trials=5, n_ok=4, n_failed=1, failures_by_reason={"budget": 1})
+    assert _trial_counts(r) == ("5 trials, 4 feasible, 0 failed; 1 not run (queued when the "
+                                "--budget ended the search)")
+    r = SimpleNamespace(n_trials=4, n_ok=1, n_failed=2,
+                        failures_by_reason={"start_failed": 1, "slo": 1, "pruned": 1})
+    assert _trial_counts(r) == "4 trials, 1 feasible, 2 failed; why not feasible: pruned 1, " \
+        "slo 1, start_failed 1"
+    r = SimpleNamespace(n_trials=1, n_ok=1, n_failed=0, failures_by_reason={})
+    assert _trial_counts(r) == "1 trials, 1 feasible, 0 failed"  # README's example line

@@ -412,8 +412,7 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
     if as_json:
         print(json.dumps(result.best, indent=2), file=out)
         return 0 if result.best else 1
-    print(f"\nstudy {result.study_name}: {result.n_trials} trials, {result.n_ok} feasible, "
-          f"{result.n_failed} failed {result.failures_by_reason or ''}", file=out)
+    print(f"\nstudy {result.study_name}: {_trial_counts(result)}", file=out)
     report = f"\nreport: {result.report} (opens offline in a browser)" if result.report else ""
     if result.best is None:
         print(f"no trial met the constraints: {result.explanation}", file=out)
@@ -448,3 +447,19 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     return run_study_command(settings_from_args(args), as_json=args.json, out=sys.stdout,
                              quiet=args.quiet)
+
+
+def _trial_counts(result: Any) -> str:
+    """'5 trials, 4 feasible, 0 failed; 1 not run (queued when the --budget ended the
+    search)', '3 trials, 1 feasible, 1 failed; why not feasible: oom 1, slo 1': trials the
+    budget left unstarted are not failures, and each reason is counted (failed, pruned and
+    infeasible trials)."""
+    reasons = dict(result.failures_by_reason or {})
+    not_run = int(reasons.pop("budget", 0))
+    failed = max(0, int(result.n_failed) - not_run)
+    text = f"{result.n_trials} trials, {result.n_ok} feasible, {failed} failed"
+    if reasons:
+        text += "; why not feasible: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
+    if not_run:
+        text += f"; {not_run} not run (queued when the --budget ended the search)"
+    return text
