@@ -280,9 +280,11 @@ def _bench(args: argparse.Namespace) -> int:
     lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
     ci = (f"95 % interval {lo:,.1f}-{hi:,.1f}, +-{(hi - lo) / 2 / m['output_tokens_per_s']:.1%}"
           if lo is not None and hi is not None else "no interval")
+    d = m.get("output_tokens_per_s_drift")  # second half of the segments over the first
+    drift = f"; second half {d:+.1%} over the first" if d is not None else ""
     print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  ({ci}; CV "
           f"{m.get('cv', float('nan')):.1%} across "
-          f"{'repeats' if args.repeats > 1 else 'segments'})")
+          f"{'repeats' if args.repeats > 1 else 'segments'}{drift})")
     if outcome.capacity is not None:  # the rate is the level's offered one, not the window's
         lv = _level_at_capacity(outcome.capacity)
         share = f"{lv['goodput_fraction']:.1%} within the SLOs; " if lv else ""
