@@ -102,7 +102,7 @@ def drift(values: Sequence[float], confidence: float = CONFIDENCE) -> Drift | No
     se = math.sqrt(va + vb)
     if se == 0.0:
         return Drift(rel, bool(b.mean() != a.mean()))
-    df = (va + vb) ** 2 / ((va**2 + vb**2) / (h - 1)) if va + vb > 0 else 2 * h - 2
+    df = (va + vb) ** 2 / ((va**2 + vb**2) / (h - 1))  # Welch-Satterthwaite; se > 0 here
     t = abs(float(b.mean() - a.mean())) / se
     return Drift(rel, bool(t > float(_st.t.ppf(0.5 + confidence / 2, df))))
 
