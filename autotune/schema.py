@@ -392,8 +392,11 @@ def judge_study(study: Any) -> Judgement | None:
 
     When the re-check ran, only its fresh-server readings count (a search reading was
     picked for being high), unless every measured config was re-checked: then nothing was
-    picked and the search readings count too (one more start per config). The candidate
-    is the config with the best mean log reading.
+    picked and the search readings count too (one more start per config). With one fresh
+    start per config (``--recheck-starts 1``) the start-to-start spread is pooled over
+    every config's starts, search readings included, rather than left to the within-run
+    intervals (a capacity bracket is no noise estimate). The candidate is the config with
+    the best mean log reading.
     A winner is declared only if the 95 % interval of its ratio to the defaults lies
     above 1; otherwise the defaults remain best and best.json names them. None: no
     feasible trial."""
@@ -411,11 +414,16 @@ def judge_study(study: Any) -> Judgement | None:
     base = next((ts for ts in groups if ts[0].user_attrs.get(A.BASELINE)), None)
     others = [ts for ts in groups if ts is not base]
     search_counts = all(_fresh(ts) for ts in groups)
+    spread = None  # the groups the between-start variance is pooled over (None: the ones used)
     if search_counts:  # no selection: every reading is unbiased
         pool, base_use = others, (base or [])
     else:
         pool = [_fresh(ts) for ts in others if _fresh(ts)] or others
         base_use = (_fresh(base) or base) if base else []
+        if not any(len(ts) >= 2 for ts in [*pool, base_use]):
+            # one fresh start each measures no start-to-start spread: take it from every
+            # config's starts, search readings included (the estimate stays fresh-only)
+            spread = [[primary(t) for t in ts] for ts in groups if len(ts) >= 2]
     cand = max(pool, key=lambda ts: statistics.fmean(
         math.log(max(primary(t), 1e-300)) for t in ts)) if pool else []
     if not base_use:
@@ -426,7 +434,8 @@ def judge_study(study: Any) -> Judgement | None:
     ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
                               others=[[primary(t) for t in ts] for ts in pool if ts is not cand],
                               within={"config": _within(cand, objective),
-                                      "defaults": _within(base_use, objective)})
+                                      "defaults": _within(base_use, objective)},
+                              spread=spread)
     v = decide_verdict(ratio)
     n = starts_needed(ratio) if v.verdict == "defaults_best" else None
     reason, recheck = v.reason, None

@@ -218,6 +218,7 @@ def ratio_to_defaults(
     *,
     others: Sequence[Sequence[float]] = (),
     within: Mapping[str, Interval | None] | None = None,
+    spread: Sequence[Sequence[float]] | None = None,
     confidence: float = CONFIDENCE,
 ) -> RatioInterval | None:
     """Interval of mean(config) / mean(defaults) from readings on separate server starts.
@@ -231,6 +232,13 @@ def ratio_to_defaults(
     the median of that log-normal. With no repeated start at all (nothing to pool), the
     within-run intervals ``within={"config": iv, "defaults": iv}`` are used instead
     (method ``within_run``): they see only a run's own noise, not a start's.
+
+    ``spread``, when given, replaces (config, defaults, *others) as the groups the
+    between-start variance is pooled over, while the estimate still comes from ``config``
+    and ``defaults``: a study whose estimate uses fresh-server readings only passes every
+    config's readings on all its starts, search readings included (a search reading picked
+    for being high only widens its config's spread), so one fresh start each is not
+    mistaken for "no start-to-start noise measured".
     """
     c, d = _finite(config), _finite(defaults)
     c, d = c[c > 0], d[d > 0]
@@ -238,7 +246,9 @@ def ratio_to_defaults(
         return None
     est = float(np.log(c).mean() - np.log(d).mean())
     ss, df = 0.0, 0
-    for group in (c, d, *(_finite(o) for o in others)):
+    groups: list[Sequence[float]] = (list(spread) if spread is not None
+                                     else [list(c), list(d), *others])
+    for group in (_finite(g) for g in groups):
         group = group[group > 0]
         if group.size >= 2:
             logs = np.log(group)
@@ -249,6 +259,8 @@ def ratio_to_defaults(
         se = math.sqrt(s2 * (1 / c.size + 1 / d.size))
         q = float(_st.t.ppf(0.5 + confidence / 2, df))
         method = f"delta method on log readings, between-start variance pooled (df={df})"
+        if spread is not None:
+            method += " over every config's starts, search readings included"
     else:
         ivs = within or {}
         ci, di = ivs.get("config"), ivs.get("defaults")

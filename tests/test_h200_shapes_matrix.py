@@ -257,24 +257,29 @@ def test_cells_driver_writes_each_cell_when_measured_and_stops_on_sigterm(
     assert "cross:mooncake defaults on gpu1 exit 124" in out
 
 
-def test_run_sh_one_server_per_config_on_two_gpus_then_resume_on_one(tmp_path: Path) -> None:
-    # the CPU dry run (DRY=1: dryrun.py stands in for autotune tune and for the server under
-    # cells.py): a study and two shapes' cross cells on two GPUs, each config's server
-    # measuring both shapes; then a session on one GPU measures only the cell left
+def _dry_session(home: Path, res: Path, committed: Path, *, gpus: str, steps: str) -> str:
+    """run.sh's CPU dry run (DRY=1) with 3,000 s left; its progress.txt."""
     import os
     import subprocess
     import sys
 
-    repo = HERE.parents[1]
+    env = dict(os.environ, DRY="1", GPUS=gpus, STEPS=steps, HOME=str(home),
+               COMMITTED=str(committed), DRY_SLEEP="0.1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run(["bash", str(HERE / "run.sh"), "x", str(res), "3000"],
+                          cwd=HERE.parents[1], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return next(res.glob("session-*/progress.txt")).read_text()
 
+
+def test_run_sh_one_server_per_config_on_two_gpus_then_resume_on_one(tmp_path: Path) -> None:
+    # the CPU dry run (DRY=1: dryrun.py stands in for autotune tune and for the server under
+    # cells.py): a study and two shapes' cross cells on two GPUs, each config's server
+    # measuring both shapes; then a session on one GPU measures only the cell left
     def session(res: Path, gpus: str, committed: Path) -> str:
-        env = dict(os.environ, DRY="1", GPUS=gpus, STEPS="study:azure cross:casestudy cross:azure",
-                   HOME=str(tmp_path), COMMITTED=str(committed), DRY_SLEEP="0.1",
-                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-        done = subprocess.run(["bash", str(HERE / "run.sh"), "x", str(res), "3000"], cwd=repo,
-                              env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return next(res.glob("session-*/progress.txt")).read_text()
+        return _dry_session(tmp_path, res, committed, gpus=gpus,
+                            steps="study:azure cross:casestudy cross:azure")
 
     res = tmp_path / "res"
     progress = session(res, "2", tmp_path / "none")
@@ -326,3 +331,84 @@ def test_plan_puts_the_cells_that_check_a_verdict_first(tmp_path: Path) -> None:
     r2.mkdir()
     lines = steps.plan(tmp_path / "res2", tmp_path / "run2", ["casestudy"], [r2])
     assert [ln.split("\t")[1] for ln in lines] == ["defaults", "recipe"]
+
+
+def test_run_sh_recheck_step_adds_the_starts_a_verdict_asked_for_once(tmp_path: Path) -> None:
+    # recheck:KEY (CPU dry run): a done study whose verdict kept the defaults for want of
+    # starts (starts_needed) is resumed with that --recheck-starts, once; a study whose
+    # verdict asks for nothing, or one re-checked already, is skipped with the reason
+    import shutil
+
+    committed = tmp_path / "committed"
+    for key, need in (("azure", {"per_config": 2, "recheck_starts": 2}), ("casestudy", None)):
+        sd = committed / f"study-{key}"
+        sd.mkdir(parents=True)
+        (sd / "DONE").touch()
+        (sd / "best.json").write_text(json.dumps({
+            "verdict": "defaults_best" if need else "winner",
+            "verdict_detail": {"starts_needed": need,
+                               "readings": {"candidate": [18.6], "defaults": [12.1]}}}))
+
+    def session(res: Path, committed: Path) -> str:
+        return _dry_session(tmp_path, res, committed, gpus="1",
+                            steps="recheck:casestudy recheck:azure")
+
+    progress = session(tmp_path / "res", committed)
+    assert "recheck:casestudy: nothing to run: its verdict (winner) asks for no more" in progress
+    assert "recheck:azure --resume --recheck-starts 2 (2 fresh starts" in progress, progress
+    assert "recheck:azure done" in progress
+    out = tmp_path / "res" / "study-azure"
+    assert (out / "RECHECKED").exists() and (out / "best.json").exists()
+    step = json.loads((out / "recheck-step.json").read_text())
+    assert step["step"] == "recheck:azure" and step["recheck_starts"] == 2
+    # the next session sees it re-checked (its results now the committed ones)
+    shutil.copytree(out, committed / "study-azure", dirs_exist_ok=True)
+    progress = session(tmp_path / "res2", committed)
+    assert "recheck:azure: nothing to run: re-checked already" in progress, progress
+
+
+def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Path) -> None:
+    # rejudge.py judges each committed study again from its Optuna store: "unchanged" means
+    # study.json, best.json and the store hold what this checkout's rule says (a rule
+    # change that moves a committed verdict fails here: run rejudge.py and commit)
+    import shutil
+    import subprocess
+    import sys
+
+    res = tmp_path / "results"
+    shutil.copytree(HERE / "results", res)
+    done = subprocess.run([sys.executable, str(HERE / "rejudge.py"), "--results", str(res),
+                           "casestudy", "azure", "mooncake"], cwd=HERE.parents[1],
+                          capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(HERE.parents[1])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("study:casestudy: unchanged (winner"), lines
+    assert lines[1].startswith("study:azure: unchanged (defaults_best"), lines
+    assert "search readings included" in lines[1]
+    assert lines[2].startswith("study:mooncake: not run yet"), lines
+    best = json.loads((res / "study-azure" / "best.json").read_text())
+    assert best["rejudged"]["verdict_at_run"] == "winner" and best["is_baseline"] is True
+
+
+def test_a_winner_cell_goes_stale_when_its_study_names_another_config(tmp_path: Path) -> None:
+    # study:azure judged again (rejudge.py, or a recheck: step) may name another config:
+    # win-azure's measured cell, or its CFG.same pointing at the defaults' cell, then no
+    # longer counts, and the planner measures the config the study names now
+    res = tmp_path / "res"
+    (res / "study-azure").mkdir(parents=True)
+    (res / "study-azure" / "DONE").touch()
+    x, y = ["--max-num-seqs", "1024"], ["--max-num-seqs", "256"]
+
+    def names(flags: list[str]) -> None:
+        _w(res / "study-azure" / "best.json", {"flags": flags, "env": {}, "trial": 4})
+
+    _w(res / "cross-casestudy" / "defaults.json", {"ok": True, "flags": x, "env": {}})
+    (res / "cross-casestudy" / "win-azure.same").write_text("defaults\n")
+    _w(res / "cross-mooncake" / "win-azure.json", {"ok": True, "flags": x, "env": {}})
+    names(x)
+    assert steps.cell_result("casestudy", "win-azure", [res]) == ("same", "defaults")
+    assert steps.cell_result("mooncake", "win-azure", [res])[0] == "json"
+    names(y)
+    assert steps.cell_result("casestudy", "win-azure", [res]) is None
+    assert steps.cell_result("mooncake", "win-azure", [res]) is None

@@ -185,6 +185,29 @@ def test_verdict_edge_cases() -> None:
     assert r is not None and "within-run" in r.method and r.ci_low > 1.0
 
 
+def test_one_fresh_start_each_takes_the_spread_from_every_start() -> None:
+    from autotune.stats import starts_needed
+
+    # the H200's azure capacity study (experiments/h200-shapes, tenth session): the recipe
+    # read 15.64 req/s in the search, 18.60 on its fresh re-check start; the defaults 13.15
+    # and 12.06. Its capacity brackets as within-run intervals claimed [1.447, 1.644].
+    within = {"config": Interval(18.60, 18.60, 20.28), "defaults": Interval(12.06, 12.06, 13.15)}
+    narrow = ratio_to_defaults([18.60], [12.06], within=within)
+    assert narrow is not None and narrow.ci_low > 1.4
+    # the estimate stays on the fresh readings, the spread comes from both starts of each
+    r = ratio_to_defaults([18.60], [12.06], within=within,
+                          spread=[[15.64, 18.60], [13.15, 12.06]])
+    assert r is not None and r.median == pytest.approx(narrow.median)
+    assert r.df == 2 and "search readings included" in r.method
+    assert r.ci_low < 1.0 < r.median and r.ci_high > 2.5
+    # log SD sqrt(((ln 18.60/15.64)^2 + (ln 13.15/12.06)^2) / 4)
+    assert r.log_sd == pytest.approx(0.0967, abs=1e-3)
+    assert starts_needed(r) == 2
+    # spread groups with one reading each measure nothing: back to within-run intervals
+    lone = ratio_to_defaults([18.60], [12.06], within=within, spread=[[18.60], [12.06]])
+    assert lone is not None and "within-run" in lone.method
+
+
 def test_starts_needed_is_the_least_count_whose_interval_would_clear_1() -> None:
     from autotune.stats import ratio_to_defaults, starts_needed
 

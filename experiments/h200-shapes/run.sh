@@ -6,7 +6,9 @@
 # SECONDS_LEFT: device seconds this session may still spend (status's budget_left_s less
 # the polls that bring results back); no step starts when it cannot finish before then.
 # STEPS (environment; default all): study:KEY (KEY in shapes.json: azure, mooncake,
-# casestudy) and cross:KEY. Consecutive cross steps share one queue of servers: one per
+# casestudy), recheck:KEY (once, a done study's verdict that kept the defaults only for want of
+# starts: `tune --resume --recheck-starts K` with the K its starts_needed gives) and
+# cross:KEY. Consecutive cross steps share one queue of servers: one per
 # config (flags and env), started fresh by cells.py, which measures on it each cell (one
 # config on one shape, as `autotune bench` would: its own warm-up, objective, SLOs, caps) it
 # still lacks, in turn; two servers at a time, one per GPU (CUDA_VISIBLE_DEVICES). A server
@@ -28,7 +30,7 @@
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
 T0=$(date +%s); DEADLINE=$(( T0 + LEFT ))
-STEPS=${STEPS:-study:casestudy study:azure study:mooncake cross:casestudy cross:azure cross:mooncake}
+STEPS=${STEPS:-study:casestudy study:azure study:mooncake recheck:casestudy recheck:azure recheck:mooncake cross:casestudy cross:azure cross:mooncake}
 TRIALS=${TRIALS:-4}; DRY=${DRY:-0}
 # GPUS (environment): how many to use; default: what nvidia-smi lists (2 in a dry run). On
 # one GPU (`nvidia-h200`) a study runs one trial at a time and the cross servers one by one.
@@ -128,6 +130,26 @@ logtails() {  # SRC_GLOB... -> OUT.tgz: head and tail of each server log
   tar czf "$out" -C "$d" . 2>/dev/null; rm -rf "$d"
 }
 
+tune_study() {  # KEY CAP_S NAME TUNE_ARGS...: `autotune tune` of study KEY (its log
+  # RES/study-KEY/NAME.log, server-log tails NAME-server-logs.tgz; exit status in TUNE_RC),
+  # then its result files and both stores copied to RES
+  local key=$1 cap=$2 log=$3 out=$RES/study-$1 targs; shift 3
+  mapfile -t targs < <(S tune-args "$key")
+  timeout --signal=TERM --kill-after=30 "$cap" "${AT[@]}" -v tune \
+    --model "$MODEL" --space "$SPACE" "${targs[@]}" --trials "$TRIALS" "$@" \
+    --enqueue '{"cudagraph_cover_prefill": true}' --enqueue @experiments/h200/recipe.json \
+    --recheck 1 --no-quality-probe \
+    --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
+    --experiment h200-shapes --study-name "shapes-$key" --out "$RUN/study-$key" --cache-dir "$CACHE" \
+    --start-timeout 480 --request-timeout 240 --seed 0 >> "$out/$log.log" 2>&1
+  TUNE_RC=$?; echo "tune exit code $TUNE_RC" >> "$out/$log.log"
+  for f in best.json study.json trials.csv config.yaml serve_command.sh; do
+    [ -f "$RUN/study-$key/$f" ] && cp "$RUN/study-$key/$f" "$out/"; done
+  for db in autotune.db mlflow.db; do [ -f "$RUN/$db" ] && S backup "$RUN/$db" "$RES/stores/$db"; done
+  local tails=server-logs.tgz; [ "$log" = tune ] || tails=$log-server-logs.tgz
+  logtails "$out/$tails" "$RUN/study-$key"/logs/*.log
+}
+
 study() {  # KEY
   local key=$1 name=shapes-$1 out=$RES/study-$1 have budget resume=() t0 rc
   if have=$(S done study "$key" "${DIRS[@]}"); then phase "study:$key done already ($have): skipped"; return; fi
@@ -140,27 +162,32 @@ study() {  # KEY
   if [ "$budget" -lt 420 ]; then phase "study:$key not started: $(left) s left, it needs ~800"; return; fi
   if S has-study "$RUN/autotune.db" "$name"; then resume=(--resume); fi
   mkdir -p "$out"; phase "study:$key budget ${budget}s ${resume[*]}"; t0=$(date +%s)
-  mapfile -t targs < <(S tune-args "$key")
   # on one GPU the trial in flight when the search stops runs alone, then the re-check's
   # trials one after the other: allow more after the budget
   local over=500; [ "$GPUS" = 1 ] && over=700
   local cap=$(( $(left) - 40 )); [ "$cap" -gt $(( budget + over )) ] && cap=$(( budget + over ))
-  timeout --signal=TERM --kill-after=30 "$cap" "${AT[@]}" -v tune \
-    --model "$MODEL" --space "$SPACE" "${targs[@]}" \
-    --trials "$TRIALS" --budget "$budget" \
-    --enqueue '{"cudagraph_cover_prefill": true}' --enqueue @experiments/h200/recipe.json \
-    --recheck 1 --recheck-starts 1 --no-quality-probe "${resume[@]}" \
-    --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
-    --experiment h200-shapes --study-name "$name" --out "$RUN/study-$key" --cache-dir "$CACHE" \
-    --start-timeout 480 --request-timeout 240 --seed 0 >> "$out/tune.log" 2>&1
-  rc=$?; echo "tune exit code $rc" >> "$out/tune.log"
-  for f in best.json study.json trials.csv config.yaml serve_command.sh; do
-    [ -f "$RUN/study-$key/$f" ] && cp "$RUN/study-$key/$f" "$out/"; done
-  for db in autotune.db mlflow.db; do [ -f "$RUN/$db" ] && S backup "$RUN/$db" "$RES/stores/$db"; done
-  logtails "$out/server-logs.tgz" "$RUN/study-$key"/logs/*.log
+  tune_study "$key" "$cap" tune --budget "$budget" --recheck-starts 1 "${resume[@]}"; rc=$TUNE_RC
   stepjson "$out" "study:$key" "$t0" "$rc" "{\"budget_s\": $budget}"
   if [ "$rc" = 0 ]; then touch "$out/DONE"; phase "study:$key done$([ -f "$out/best.json" ] || echo ', no best.json: no feasible config')";
   else phase "study:$key ended with exit $rc, no DONE: a later session resumes it (--resume)"; fi
+  pack_caches
+}
+
+recheck() {  # KEY: the fresh starts a done study's verdict asked for (its starts_needed), once
+  local key=$1 out=$RES/study-$1 got k new need t0 rc
+  if ! got=$(S recheck-starts "$key" "${DIRS[@]}"); then phase "recheck:$key: nothing to run: $got"; return; fi
+  read -r k new <<< "$got"
+  need=$(( 60 + new * $(S start-seconds) + new * 170 ))   # tune's start, then each trial
+  if [ "$(left)" -lt $(( need + 60 )) ]; then
+    phase "recheck:$key not started: $(left) s left, $new fresh starts take ~$need"; return; fi
+  mkdir -p "$out"; phase "recheck:$key --resume --recheck-starts $k ($new fresh starts, ~${need}s)"
+  t0=$(date +%s)
+  tune_study "$key" $(( $(left) - 40 )) recheck --budget 60 --recheck-starts "$k" --resume; rc=$TUNE_RC
+  mkdir -p "$RUN/recheck-$key"   # the study's own step.json stays as it is
+  stepjson "$RUN/recheck-$key" "recheck:$key" "$t0" "$rc" "{\"recheck_starts\": $k, \"fresh_starts\": $new}"
+  mv "$RUN/recheck-$key/step.json" "$out/recheck-step.json"
+  if [ "$rc" = 0 ]; then touch "$out/DONE" "$out/RECHECKED"; phase "recheck:$key done";
+  else phase "recheck:$key ended with exit $rc (a later session may resume it)"; fi
   pack_caches
 }
 
@@ -216,8 +243,9 @@ flush() { [ ${#QUEUE[@]} -gt 0 ] && cross "${QUEUE[@]}"; QUEUE=(); }
 for step in "$@"; do
   case $step in
     study:*) flush; study "${step#study:}" ;;
+    recheck:*) flush; recheck "${step#recheck:}" ;;
     cross:*) QUEUE+=("${step#cross:}") ;;
-    *) phase "unknown step $step (study:KEY or cross:KEY)" ;;
+    *) phase "unknown step $step (study:KEY, recheck:KEY or cross:KEY)" ;;
   esac
 done
 flush

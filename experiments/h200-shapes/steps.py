@@ -4,6 +4,9 @@ from shapes.json and from the results already there, so that run.sh stays plain 
     python3 steps.py get KEY FIELD                  a field of shapes.json's shape KEY
     python3 steps.py tune-args KEY                  the shape's tune arguments, one a line
     python3 steps.py done study KEY DIR...          exit 0 when a DIR holds study-KEY/DONE
+    python3 steps.py start-seconds                  a server start's expected seconds
+    python3 steps.py recheck-starts KEY DIR...      'K NEW': the --recheck-starts a done study's
+                                                    verdict asked for, and the trials it adds
     python3 steps.py plan RES RUN KEY... -- DIR...  the cross-evaluation cells still to
                                                     measure, grouped by server (cells.py)
     python3 steps.py bench-args CELL.json           a planned cell's bench arguments, one a line
@@ -64,18 +67,40 @@ def cell_result(key: str, cfg: str, dirs: list[Path]) -> tuple[str, Any] | None:
     """('json', bench output) or ('same', other config) for a measured cell, else None.
 
     A bench JSON counts when it parses and says ok true or false (a failed start is a
-    result: the config does not serve that shape); a timed-out bench left no JSON."""
+    result: the config does not serve that shape); a timed-out bench left no JSON. A
+    winner's cell counts only while its study still names the flags it was measured with,
+    and CFG.same only while CFG's flags still equal the other config's: a study judged
+    again (a recheck: step, rejudge.py) may name another config, whose cells are then
+    still to measure."""
     for d in dirs:
         c = d / f"cross-{key}"
         j = read_json(c / f"{cfg}.json")
         if isinstance(j, dict) and "ok" in j:
+            if cfg.startswith("win-") and "flags" in j and _ident(config_of(
+                    key, cfg, dirs)) not in (None, _ident(j)):
+                continue
             return ("json", j)
         same = c / f"{cfg}.same"
         if same.exists():
             other = same.read_text().strip()
-            if other != cfg and cell_result(key, other, dirs) is not None:
-                return ("same", other)
+            got = cell_result(key, other, dirs) if other != cfg else None
+            if got is None:
+                continue
+            while got[0] == "same":  # the JSON it rests on
+                got = cell_result(key, got[1], dirs) or ("json", {})
+            if cfg.startswith("win-") and "flags" in got[1] and _ident(config_of(
+                    key, cfg, dirs)) not in (None, _ident(got[1])):
+                continue
+            return ("same", other)
     return None
+
+
+def _ident(conf: dict[str, Any]) -> str | None:
+    """A config's flags and env as one comparable string (None: no config)."""
+    if "flags" not in conf:
+        return None
+    return json.dumps([list(conf["flags"]), dict(conf.get("env") or {})], sort_keys=True)
+
 
 
 # -- configs ------------------------------------------------------------------------------------
@@ -357,6 +382,28 @@ def backup(src: str, dst: str) -> None:
     tmp.replace(dst)
 
 
+def recheck_starts(key: str, dirs: list[Path]) -> tuple[int, int] | str:
+    """For a ``recheck:KEY`` step: the ``--recheck-starts`` a done study's verdict asked for
+    (``starts_needed``: the defaults kept only because its starts could not show a gain)
+    and how many fresh-server trials that adds (its two configs, up to that many fresh
+    starts each); else why there is nothing to run. Once per study: a second look at
+    the same question is one (docs/measurement.md, section 9)."""
+    for d in dirs:
+        if (d / f"study-{key}" / "RECHECKED").exists():
+            return f"re-checked already ({d / f'study-{key}'})"
+    s = study_dir(key, dirs)
+    if s is None:
+        return "the study is not done yet"
+    v = (read_json(s / "best.json") or {}).get("verdict_detail") or {}
+    need = (v.get("starts_needed") or {}).get("recheck_starts")
+    if not need:
+        return (f"its verdict ({(read_json(s / 'best.json') or {}).get('verdict')}) asks for "
+                "no more starts")
+    have = v.get("readings") or {}
+    new = sum(max(0, int(need) - len(have.get(k) or [])) for k in ("candidate", "defaults"))
+    return int(need), new
+
+
 def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "get":
@@ -371,6 +418,14 @@ def main(argv: list[str]) -> int:
         if s is None:
             return 1
         print(s)
+    elif cmd == "start-seconds":
+        print(start_seconds())
+    elif cmd == "recheck-starts":
+        got = recheck_starts(rest[0], [Path(d) for d in rest[1:]])
+        if isinstance(got, str):
+            print(got)
+            return 1
+        print(*got)
     elif cmd == "plan":
         i = rest.index("--")
         res, run, keys = Path(rest[0]), Path(rest[1]), rest[2:i]
