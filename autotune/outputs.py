@@ -229,6 +229,8 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         "flags": list(best_t.user_attrs.get(A.FLAGS, [])),
         "env": dict(best_t.user_attrs.get(A.ENV, {})),
         "trial": best_t.number,
+        # the config's first trial when this reading is a fresh-server re-check of it
+        "recheck_of": best_t.user_attrs.get(A.RECHECK_OF),
         "is_baseline": bool(best_t.user_attrs.get(A.BASELINE)),
         "baseline": (
             {"trial": base_t.number, "value": base_value, "readings": base_vals,

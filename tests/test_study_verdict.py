@@ -412,3 +412,17 @@ def test_summary_counts_trials_the_budget_left_unstarted_apart_from_failures():
         "slo 1, start_failed 1"
     r = SimpleNamespace(n_trials=1, n_ok=1, n_failed=0, failures_by_reason={})
     assert _trial_counts(r) == "1 trials, 1 feasible, 0 failed"  # README's example line
+
+
+def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck():
+    from autotune.cli._tune import _best_line
+
+    # the tenth H200 session's azure study said "WINNER trial 2" and "best: trial 3"
+    b = {"trial": 3, "recheck_of": 2, "objective": {"value": 18.6}, "readings": [18.6],
+         "ratio_to_baseline": 1.54}
+    assert _best_line(b, "capacity") == ("best: trial 3 (re-check of trial 2): 18.6 req/s "
+                                         "capacity = 1.54x vLLM defaults")
+    b = {"trial": 1, "recheck_of": None, "objective": {"value": 7611.1},
+         "readings": [7676.3, 7546.0]}
+    assert _best_line(b, "throughput").startswith("best: trial 1: 7,611.1 ")
+    assert _best_line(b, "throughput").endswith(", the median of 2 readings")

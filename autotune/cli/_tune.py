@@ -339,6 +339,20 @@ def _json_arg(text: str) -> dict[str, Any]:
     return value
 
 
+def _best_line(b: dict[str, Any], objective: str) -> str:
+    """best.json's declared config in one line: its reading (a re-check names the trial
+    that first measured the config, as the verdict line does), the value, the ratio."""
+    from autotune.schema import objective_label
+
+    ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
+    of = (f" (re-check of trial {b['recheck_of']})" if b.get("recheck_of") is not None
+          and b["recheck_of"] != b["trial"] else "")
+    n = len(b.get("readings") or [])
+    median = f", the median of {n} readings" if n > 1 else ""
+    return (f"best: trial {b['trial']}{of}: {b['objective']['value']:,.1f} "
+            f"{objective_label(objective)}{median}{ratio}")
+
+
 def _verdict_line(v: dict[str, Any]) -> str:
     """The verdict for people: who won, by how much, how sure."""
     r = v.get("ratio_to_defaults")
@@ -421,9 +435,7 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
         return 1
     b = result.best
     print(_verdict_line(result.verdict), file=out)
-    ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
-    print(f"best: trial {b['trial']}: {b['objective']['value']:,.1f} "
-          f"{objective_label(settings.objective)}{ratio}", file=out)
+    print(_best_line(b, settings.objective), file=out)
     if b.get("capacity"):
         print(capacity_line(b["capacity"]), file=out)
     print(f"params: {json.dumps(b['params'])}", file=out)
