@@ -423,7 +423,7 @@ def judge_study(study: Any) -> Judgement | None:
         if not any(len(ts) >= 2 for ts in [*pool, base_use]):
             # one fresh start each measures no start-to-start spread: take it from every
             # config's starts, search readings included (the estimate stays fresh-only)
-            spread = [[primary(t) for t in ts] for ts in groups if len(ts) >= 2]
+            spread = [[primary(t) for t in ts] for ts in groups]
     cand = max(pool, key=lambda ts: statistics.fmean(
         math.log(max(primary(t), 1e-300)) for t in ts)) if pool else []
     if not base_use:

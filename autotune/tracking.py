@@ -265,6 +265,18 @@ class MlflowTracker:
         self._safe("log study metrics", self.client.log_batch, self.parent_run_id,
                    metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
 
+    def log_verdict(self, verdict: Mapping[str, Any]) -> None:
+        """The study run's record of a verdict (``autotune.verdict``): metrics
+        ``ratio_to_defaults_*`` and ``starts_needed_per_config``, tag ``autotune.verdict``."""
+        ratio = verdict.get("ratio_to_defaults") or {}
+        self.log_study_metrics({f"ratio_to_defaults_{k}": float(v)
+                                for k, v in ratio.items() if v is not None})
+        need = verdict.get("starts_needed") or {}
+        if need.get("per_config") is not None:  # defaults_best, but not shown either way
+            self.log_study_metrics({"starts_needed_per_config": float(need["per_config"])})
+        if verdict:
+            self.set_study_tags({A.VERDICT: str(verdict.get("verdict"))})
+
     def set_study_tags(self, tags: Mapping[str, str]) -> None:
         if self.parent_run_id:
             for k, v in tags.items():
@@ -351,18 +363,10 @@ class MlflowCallback(StudyCallback):
                                        best=best, serve_command=best["serve_command"])
             self.tracker.log_study_metrics({f"best_{k}": v for k, v in best["metrics"].items()})
         # the verdict with its interval and the GPU-time account (issue 14)
-        ratio = (result.verdict or {}).get("ratio_to_defaults") or {}
-        self.tracker.log_study_metrics({f"ratio_to_defaults_{k}": float(v)
-                                        for k, v in ratio.items() if v is not None})
-        need = (result.verdict or {}).get("starts_needed") or {}
-        if need.get("per_config") is not None:  # defaults_best, but not shown either way
-            self.tracker.log_study_metrics({"starts_needed_per_config":
-                                            float(need["per_config"])})
+        self.tracker.log_verdict(result.verdict or {})
         self.tracker.log_study_metrics({f"gpu_time.{label}.{k}": float(v)
                                         for label, acc in (result.gpu_time or {}).items()
                                         for k, v in acc.items()})
-        if result.verdict:
-            self.tracker.set_study_tags({A.VERDICT: str(result.verdict.get("verdict"))})
         self.tracker.log_study_artifacts({k: str(v) for k, v in result.files.items()})
         self.tracker.set_study_tags({"autotune.n_ok": str(result.n_ok),
                                      "autotune.n_trials": str(result.n_trials)})

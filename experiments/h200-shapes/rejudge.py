@@ -53,33 +53,24 @@ def _ctx(study: Any, best: dict[str, Any], summary: dict[str, Any], out: Path) -
 
 def _mlflow(uri: str, study_name: str, best: dict[str, Any], rec: dict[str, Any]) -> str:
     """Record the new verdict and what best.json now declares on the study's MLflow run."""
-    import time
+    from autotune.tracking import BEST_TAG, TAGS, MlflowTracker, _declared
 
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-
-    from autotune.tracking import BEST_TAG, TAGS, _declared
-
-    client = MlflowClient(tracking_uri=uri)
-    runs = [r for e in client.search_experiments()
-            for r in client.search_runs([e.experiment_id],
-                                        filter_string=f"tags.`{TAGS['study']}` = '{study_name}'")
+    tracker = MlflowTracker(uri, experiment="h200-shapes")
+    client = tracker.client
+    runs = [r for r in client.search_runs(
+                [tracker.experiment_id], filter_string=f"tags.`{TAGS['study']}` = '{study_name}'")
             if r.data.tags.get(TAGS["kind"]) == "study"]
     if not runs:
         return "no MLflow study run"
-    run = runs[0].info.run_id
+    run = tracker.parent_run_id = runs[0].info.run_id
     metrics, tags = _declared(best)
-    now = int(time.time() * 1000)
-    ratio = rec.get("ratio_to_defaults") or {}
-    metrics += [Metric(f"ratio_to_defaults_{k}", float(v), now, 0)
-                for k, v in ratio.items() if v is not None]
-    need = (rec.get("starts_needed") or {}).get("per_config")
-    if need is not None:
-        metrics.append(Metric("starts_needed_per_config", float(need), now, 0))
     client.log_batch(run, metrics=metrics, tags=tags)
-    client.set_tag(run, A.VERDICT, str(rec.get("verdict")))
-    # the trial run tagged best for the shape moves to the declared reading (the study
-    # run's best.json artifact is not touched: its folder is the GPU machine's, not here)
+    tracker.log_verdict(rec)
+    if tracker.failures:
+        sys.exit(f"MLflow {uri}: {'; '.join(tracker.failures)}")
+    # the trial run tagged best for the shape moves to the declared reading (not
+    # tracker.mark_best: it would store best.json in the run's artifact folder, which is
+    # the GPU machine's path, not here)
     new = best.get("mlflow_run_id")
     if new:
         old = runs[0].data.tags.get(TAGS["best_run"])
