@@ -76,23 +76,27 @@ def cell_result(key: str, cfg: str, dirs: list[Path]) -> tuple[str, Any] | None:
         c = d / f"cross-{key}"
         j = read_json(c / f"{cfg}.json")
         if isinstance(j, dict) and "ok" in j:
-            if cfg.startswith("win-") and "flags" in j and _ident(config_of(
-                    key, cfg, dirs)) not in (None, _ident(j)):
-                continue
-            return ("json", j)
-        same = c / f"{cfg}.same"
-        if same.exists():
-            other = same.read_text().strip()
+            found, measured = ("json", j), j
+        elif (c / f"{cfg}.same").exists():
+            other = (c / f"{cfg}.same").read_text().strip()
             got = cell_result(key, other, dirs) if other != cfg else None
             if got is None:
                 continue
-            while got[0] == "same":  # the JSON it rests on
-                got = cell_result(key, got[1], dirs) or ("json", {})
-            if cfg.startswith("win-") and "flags" in got[1] and _ident(config_of(
-                    key, cfg, dirs)) not in (None, _ident(got[1])):
-                continue
-            return ("same", other)
+            found, measured = ("same", other), _measured_json(key, got, dirs)
+        else:
+            continue
+        if cfg.startswith("win-") and "flags" in measured and _ident(
+                config_of(key, cfg, dirs)) not in (None, _ident(measured)):
+            continue  # measured with flags its study no longer names
+        return found
     return None
+
+
+def _measured_json(key: str, got: tuple[str, Any], dirs: list[Path]) -> dict[str, Any]:
+    """The bench JSON a cell_result rests on, following CFG.same to the cell measured."""
+    while got[0] == "same":
+        got = cell_result(key, got[1], dirs) or ("json", {})
+    return got[1]
 
 
 def _ident(conf: dict[str, Any]) -> str | None:
@@ -100,7 +104,6 @@ def _ident(conf: dict[str, Any]) -> str | None:
     if "flags" not in conf:
         return None
     return json.dumps([list(conf["flags"]), dict(conf.get("env") or {})], sort_keys=True)
-
 
 
 # -- configs ------------------------------------------------------------------------------------
@@ -248,7 +251,7 @@ def group_cells(cells: list[dict[str, Any]], start_s: int) -> list[dict[str, Any
     limit), first_s (start + its first cell: what must be left to begin it)."""
     groups: dict[str, dict[str, Any]] = {}
     for c in cells:
-        ident = json.dumps([c["flags"], c["env"]], sort_keys=True)
+        ident = _ident(c)
         g = groups.setdefault(ident, {"configs": [], "cells": []})
         if c["config"] not in g["configs"]:
             g["configs"].append(c["config"])
@@ -305,7 +308,7 @@ def plan(res: Path, run: Path, keys: list[str], dirs: list[Path]) -> list[str]:
             if "missing" in conf:
                 print(f"cross:{key} {cfg}: {conf['missing']}", file=sys.stderr)
                 continue
-            ident = json.dumps([conf["flags"], conf["env"]], sort_keys=True)
+            ident = _ident(conf)
             have = cell_result(key, cfg, dirs)
             if have is not None:
                 seen.setdefault(ident, cfg)
@@ -386,19 +389,20 @@ def recheck_starts(key: str, dirs: list[Path]) -> tuple[int, int] | str:
     """For a ``recheck:KEY`` step: the ``--recheck-starts`` a done study's verdict asked for
     (``starts_needed``: the defaults kept only because its starts could not show a gain)
     and how many fresh-server trials that adds (its two configs, up to that many fresh
-    starts each); else why there is nothing to run. Once per study: a second look at
-    the same question is one (docs/measurement.md, section 9)."""
+    starts each); else why there is nothing to run. Once per study: asking again after
+    that would be looking at the same question until it answers (docs/measurement.md,
+    section 9)."""
     for d in dirs:
         if (d / f"study-{key}" / "RECHECKED").exists():
             return f"re-checked already ({d / f'study-{key}'})"
     s = study_dir(key, dirs)
     if s is None:
         return "the study is not done yet"
-    v = (read_json(s / "best.json") or {}).get("verdict_detail") or {}
+    best = read_json(s / "best.json") or {}
+    v = best.get("verdict_detail") or {}
     need = (v.get("starts_needed") or {}).get("recheck_starts")
     if not need:
-        return (f"its verdict ({(read_json(s / 'best.json') or {}).get('verdict')}) asks for "
-                "no more starts")
+        return f"its verdict ({best.get('verdict')}) asks for no more starts"
     have = v.get("readings") or {}
     new = sum(max(0, int(need) - len(have.get(k) or [])) for k in ("candidate", "defaults"))
     return int(need), new
