@@ -82,6 +82,14 @@ class Level:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def outcome(self) -> str:
+        """"pass (99.3% within SLOs)", or for a level stopped once it could no longer pass,
+        why ("fail, stopped early: 5 of 432 requests missed the SLOs ..."): its goodput share
+        then counts only the requests finished by the stop, which reads as a collapse."""
+        if self.stopped_early and self.note:
+            return f"fail, stopped early: {self.note}"
+        return f"{'pass' if self.passed else 'fail'} ({self.goodput_fraction:.1%} within SLOs)"
+
 
 @dataclass
 class CapacityResult:

@@ -392,11 +392,11 @@ def judge_study(study: Any) -> Judgement | None:
 
     When the re-check ran, only its fresh-server readings count (a search reading was
     picked for being high), unless every measured config was re-checked: then nothing was
-    picked and the search readings count too (one more start per config). With one fresh
-    start per config (``--recheck-starts 1``) the start-to-start spread is pooled over
-    every config's starts, search readings included, rather than left to the within-run
-    intervals (a capacity bracket is no noise estimate). The candidate is the config with
-    the best mean log reading.
+    picked and the search readings count too (one more start per config). Otherwise the
+    start-to-start spread is pooled over every config's starts, search readings included:
+    with one fresh start each (``--recheck-starts 1``) it is the only measure of that
+    spread (a capacity bracket is no noise estimate), with more it adds degrees of freedom.
+    The candidate is the config with the best mean log reading.
     A winner is declared only if the 95 % interval of its ratio to the defaults lies
     above 1; otherwise the defaults remain best and best.json names them. None: no
     feasible trial."""
@@ -420,10 +420,10 @@ def judge_study(study: Any) -> Judgement | None:
     else:
         pool = [_fresh(ts) for ts in others if _fresh(ts)] or others
         base_use = (_fresh(base) or base) if base else []
-        if not any(len(ts) >= 2 for ts in [*pool, base_use]):
-            # one fresh start each measures no start-to-start spread: take it from every
-            # config's starts, search readings included (the estimate stays fresh-only)
-            spread = [[primary(t) for t in ts] for ts in groups]
+        # the estimate stays fresh-only; the start-to-start spread is pooled over every
+        # config's starts, search readings included (more degrees of freedom; a search
+        # reading picked for being high only widens its config's spread)
+        spread = [[primary(t) for t in ts] for ts in groups]
     cand = max(pool, key=lambda ts: statistics.fmean(
         math.log(max(primary(t), 1e-300)) for t in ts)) if pool else []
     if not base_use:

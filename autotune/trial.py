@@ -318,14 +318,12 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
         return _schedule(spec, plan.max_len, **kw)
 
     def on_level(lv: Any, res: Any) -> None:
-        logger.info("trial %d level %d: %.3gx = %.3g req/s %s (goodput %.1f%%, %s)",
-                    spec.number, len(res.levels), lv.scale, lv.offered_rps,
-                    "pass" if lv.passed else "FAIL", 100 * lv.goodput_fraction, lv.note)
+        logger.info("trial %d level %d: %.3gx = %.3g req/s %s", spec.number,
+                    len(res.levels), lv.scale, lv.offered_rps, lv.outcome())
         hi = f"{res.high * res.recorded_rps:.3g}" if res.high is not None else "?"
         lo = f"{res.low * res.recorded_rps:.3g}" if res.low is not None else "?"
         phase("capacity", f"level {len(res.levels)}: {lv.offered_rps:.3g} req/s "
-              f"{'pass' if lv.passed else 'fail'} ({lv.goodput_fraction:.1%} within SLOs); "
-              f"bracket [{lo}, {hi}] req/s")
+              f"{lv.outcome()}; bracket [{lo}, {hi}] req/s")
 
     t_run = time.monotonic()
     phase("capacity", f"level 1 at {spec.capacity.start:g}x {recorded:.3g} req/s")

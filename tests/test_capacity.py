@@ -438,3 +438,20 @@ def test_capacity_without_slo_judges_the_stated_defaults() -> None:
                          objective="capacity", slo={"e2e_p99": 5.0})
     assert given.slo == {"e2e_p99": 5.0}
     assert TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml")).slo == {}
+
+
+def test_a_level_stopped_early_says_why_not_a_collapsed_goodput() -> None:
+    # the H200's azure cross cell: a level stopped after 5 of 432 requests missed the SLOs
+    # had finished only 27 % of them within the SLOs by then, which read as a collapse
+    stopped = Level(scale=3.9, offered_rps=21.6, passed=False, goodput_fraction=0.273,
+                    error_rate=0.0, offered=432, stopped_early=True,
+                    note="5 of 432 requests missed the SLOs or failed (at most 4 may)")
+    assert stopped.outcome() == ("fail, stopped early: 5 of 432 requests missed the SLOs or "
+                                 "failed (at most 4 may)")
+    assert "27" not in stopped.outcome()
+    ran = Level(scale=2.0, offered_rps=11.1, passed=True, goodput_fraction=0.9934,
+                error_rate=0.0, offered=222)
+    assert ran.outcome() == "pass (99.3% within SLOs)"
+    failed = Level(scale=4.0, offered_rps=22.1, passed=False, goodput_fraction=0.95,
+                   error_rate=0.0, offered=442)
+    assert failed.outcome() == "fail (95.0% within SLOs)"

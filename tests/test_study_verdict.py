@@ -344,6 +344,14 @@ def test_when_every_config_is_rechecked_the_search_readings_count_too(
     assert len(d["readings"]["candidate"]) == 1 and len(d["readings"]["defaults"]) == 1
     assert d["method"].startswith("delta method") and "df=2" in d["method"], d["method"]
     assert "search readings included" in d["method"] and d["start_spread"] is not None
+    # two fresh starts each: the estimate stays fresh-only and the spread still pools every
+    # start, search readings included (df 4: three starts of each of the two, not the fresh
+    # starts' 2; the H200's azure study re-checked with --recheck-starts 2: df 2 had given
+    # [0.82, 3.15], df 4 [1.02, 2.55])
+    _, out, _ = study(tmp_path / "5", fake_model, fn, trials=3, recheck_starts=2, pruner="none")
+    d = json.loads((out / "best.json").read_text())["verdict_detail"]
+    assert len(d["readings"]["candidate"]) == 2 and len(d["readings"]["defaults"]) == 2
+    assert "df=4" in d["method"] and "search readings included" in d["method"], d["method"]
     # the same study with a 10 % start-to-start spread: the within-run intervals (1 %)
     # would have declared a winner from one fresh start each; the pooled spread does not
     fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 1100.0}, start_cv=0.10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -109,8 +110,11 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> None:
           f" {hit.value:,.1f} {hit.metric}{reading}", file=out)
     m = hit.metrics
     if hit.objective == "capacity" and m.get("gpus_needed") is not None:
-        print(f"capacity: {hit.value:,.3g} req/s within the SLOs (bracket "
-              f"[{m.get('capacity_rps_ci_low', float('nan')):,.3g}, "
+        lo = m.get("capacity_rps_ci_low", float("nan"))
+        whose = ("bracket" if math.isclose(lo, hit.value) else
+                 f"the median of the readings; trial {hit.trial}'s bracket")
+        print(f"capacity: {hit.value:,.3g} req/s within the SLOs ({whose} "
+              f"[{lo:,.3g}, "
               f"{m.get('capacity_rps_ci_high', float('nan')):,.3g}] req/s), "
               f"{m.get('output_tokens_per_s_at_capacity', float('nan')):,.1f} out tok/s there; "
               f"GPUs needed for the recorded {m.get('capacity_recorded_rps', float('nan')):,.3g} "

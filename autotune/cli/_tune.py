@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import types
@@ -382,8 +383,12 @@ def capacity_line(c: dict[str, Any]) -> str:
     def num(x: Any, fmt: str = ",.3g") -> str:
         return format(x, fmt) if isinstance(x, (int, float)) else "?"
 
+    lo = c.get("capacity_rps_ci_low")
+    # a median over fresh starts is no bracket's lower end: say whose bracket follows
+    whose = ("bracket" if isinstance(lo, (int, float)) and math.isclose(lo, c["capacity_rps"])
+             else "the median over starts; the bracket of the reading it rests on")
     return (f"capacity: {num(c['capacity_rps'])} req/s within the SLOs "
-            f"(bracket [{num(c.get('capacity_rps_ci_low'))}, "
+            f"({whose} [{num(lo)}, "
             f"{num(c.get('capacity_rps_ci_high'))}] req/s, >= {c['goodput_bar']:.0%} of "
             f"requests within {', '.join(f'{k}={v:g}s' for k, v in c['slo'].items())}); "
             f"{num(c.get('output_tokens_per_s_at_capacity'), ',.1f')} out tok/s at that rate; "

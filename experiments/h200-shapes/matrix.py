@@ -257,14 +257,17 @@ def studies_table(rdir: Path) -> list[str]:
             ", ".join(f"{k}={v}" for k, v in params.items() if k in _DEFAULTS and _DEFAULTS[k] != v)
             or "none (vLLM's defaults)"
         )
+        rc = steps.read_json(s / "recheck-step.json") or {}
         gt = st.get("gpu_time") or {}
         acct = "; ".join(_slot_text(slot, g) for slot, g in sorted(gt.items()))
+        wall = f"{sj.get('wall_s', '?')} s" + (
+            f" + re-check {rc['wall_s']} s" if rc.get("wall_s") else "")
         val = (b.get("objective") or {}).get("value")
         verdict = b.get("verdict") or "no winner: " + str(st.get("explanation", ""))[:80]
         out.append(
             f"| {key} | {sc['objective']}, {sc['slo']} | {verdict} | "
             f"{'defaults' if b.get('is_baseline') else 'trial'} {b.get('trial')} | "
-            f"{_n(_f(val))} | {r} | {changed} | {sj.get('wall_s', '?')} s; {acct} |"
+            f"{_n(_f(val))} | {r} | {changed} | {wall}; {acct} |"
         )
     return out
 
@@ -298,7 +301,8 @@ def accounts(rdir: Path, rows: list[dict[str, Any]]) -> list[str]:
     ]
     total = total_dev = 0
     seen_queue: set[tuple[str, str]] = set()
-    recs = [steps.read_json(p) or {} for p in rdir.glob("*/step.json")]
+    recs = [steps.read_json(p) or {} for g in ("*/step.json", "*/recheck-step.json")
+            for p in rdir.glob(g)]
     for sj in sorted(recs, key=lambda r: str(r.get("started"))):
         q = sj.get("shared_queue")
         if q:  # one queue for several cross steps: count it once
@@ -312,6 +316,9 @@ def accounts(rdir: Path, rows: list[dict[str, Any]]) -> list[str]:
         note = (
             f"one queue of cross:{', cross:'.join(q.split())}"
             if q
+            else f"--recheck-starts {sj.get('recheck_starts')} ({sj.get('fresh_starts')} fresh "
+            f"starts), exit {sj.get('rc')}"
+            if "recheck_starts" in sj
             else f"budget {sj.get('budget_s')} s, exit {sj.get('rc')}"
         )
         step = f"cross:{q.replace(' ', '+')}" if q else sj.get("step")

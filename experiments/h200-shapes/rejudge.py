@@ -51,9 +51,13 @@ def _ctx(study: Any, best: dict[str, Any], summary: dict[str, Any], out: Path) -
                            model=Path(best["model"]), engine=engine, out_dir=out)
 
 
-def _mlflow(uri: str, study_name: str, best: dict[str, Any], rec: dict[str, Any]) -> str:
-    """Record the new verdict and what best.json now declares on the study's MLflow run."""
-    from autotune.tracking import BEST_TAG, TAGS, MlflowTracker, _declared
+def _mlflow(uri: str, study_name: str, best: dict[str, Any], rec: dict[str, Any], *,
+            only_missing: bool = False) -> str:
+    """Record the new verdict and what best.json now declares on the study's MLflow run.
+    ``only_missing``: only when the run lacks it or records another value (a study run
+    whose record was never written: `autotune best` would answer with a trial's single
+    reading instead of the declared median)."""
+    from autotune.tracking import BEST_TAG, BEST_VALUE, TAGS, MlflowTracker, _declared
 
     tracker = MlflowTracker(uri, experiment="h200-shapes")
     client = tracker.client
@@ -63,6 +67,8 @@ def _mlflow(uri: str, study_name: str, best: dict[str, Any], rec: dict[str, Any]
     if not runs:
         return "no MLflow study run"
     run = tracker.parent_run_id = runs[0].info.run_id
+    if only_missing and runs[0].data.metrics.get(BEST_VALUE) == best["objective"]["value"]:
+        return ""
     metrics, tags = _declared(best)
     client.log_batch(run, metrics=metrics, tags=tags)
     tracker.log_verdict(rec)
@@ -80,7 +86,7 @@ def _mlflow(uri: str, study_name: str, best: dict[str, Any], rec: dict[str, Any]
         client.set_tag(new, BEST_TAG, "true")
         client.set_tag(new, f"{BEST_TAG}_for_shape", best["shape"]["fingerprint"])
         client.set_tag(run, TAGS["best_run"], new)
-    return f"MLflow study run {run[:8]} updated"
+    return f"MLflow study run {run[:8]} {'record filled in' if only_missing else 'updated'}"
 
 
 def rejudge(results: Path, key: str) -> str:
@@ -93,8 +99,12 @@ def rejudge(results: Path, key: str) -> str:
     study = optuna.load_study(study_name=summary["study"], storage=f"sqlite:///{db}")
     rec = verdict_record(judge_study(study))
     old = summary.get("verdict") or {}
+    ml = results / "stores" / "mlflow.db"
     if _same(old, rec):
-        return f"study:{key}: unchanged ({old.get('verdict')}, {old.get('method')})"
+        note = (_mlflow(f"sqlite:///{ml}", study.study_name, best_old, rec, only_missing=True)
+                if ml.exists() else "")
+        return (f"study:{key}: unchanged ({old.get('verdict')}, {old.get('method')})"
+                + (f"; {note}" if note else ""))
     study.set_user_attr(A.VERDICT, rec)
     best = best_config(_ctx(study, best_old, summary, sd))
     if best is None:
@@ -113,7 +123,6 @@ def rejudge(results: Path, key: str) -> str:
     (sd / "serve_command.sh").write_text(
         f"#!/bin/sh\n# best config of study {study.study_name} (trial {best['trial']}; "
         f"judged again by rejudge.py)\n{best['serve_command']}\n")
-    ml = results / "stores" / "mlflow.db"
     note = _mlflow(f"sqlite:///{ml}", study.study_name, best, rec) if ml.exists() else ""
 
     def say(v: dict[str, Any]) -> str:

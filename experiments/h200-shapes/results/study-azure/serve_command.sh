@@ -1,3 +1,3 @@
 #!/bin/sh
-# best config of study shapes-azure (trial 4; judged again by rejudge.py)
-VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random vllm serve /root/models/nemotron3-nano-30b-a3b-mtp --max-model-len 2048 --load-format dummy
+# best config of study shapes-azure (trial 3; judged again by rejudge.py)
+OMP_NUM_THREADS=1 VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random vllm serve /root/models/nemotron3-nano-30b-a3b-mtp --max-model-len 2048 --load-format dummy --async-scheduling --mamba-backend flashinfer --mamba-ssm-cache-dtype float16 --enable-mamba-cache-stochastic-rounding --max-num-seqs 256 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.92 --kv-cache-dtype auto --enable-chunked-prefill --no-enable-prefix-caching --performance-mode balanced --speculative-config '{"method":"mtp","num_speculative_tokens":1,"rejection_sample_method":"synthetic","synthetic_acceptance_length":1.7}'
