@@ -78,6 +78,7 @@ class Level:
     seconds: float = 0.0
     stopped_early: bool = False  # stopped once it could no longer pass
     note: str = ""
+    jit_compiled: bool = False  # the server log showed a kernel JIT-compiled during it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,9 +87,11 @@ class Level:
         """"pass (99.3% within SLOs)", or for a level stopped once it could no longer pass,
         why ("fail, stopped early: 5 of 432 requests missed the SLOs ..."): its goodput share
         then counts only the requests finished by the stop, which reads as a collapse."""
+        jit = "; a kernel was JIT-compiled during it" if self.jit_compiled else ""
         if self.stopped_early and self.note:
-            return f"fail, stopped early: {self.note}"
-        return f"{'pass' if self.passed else 'fail'} ({self.goodput_fraction:.1%} within SLOs)"
+            return f"fail, stopped early: {self.note}{jit}"
+        return (f"{'pass' if self.passed else 'fail'} ({self.goodput_fraction:.1%} within "
+                f"SLOs){jit}")
 
 
 @dataclass

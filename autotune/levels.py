@@ -118,13 +118,16 @@ def _pct(p: Any) -> float | None:
 
 
 def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dict[str, Any],
-              slo: Slo | None, search: CapacitySearch, plan: LevelPlan
-              ) -> tuple[Level, Measurement | None]:
-    """One load level on the running server at ``client_kw["base_url"]``: pass or fail."""
+              slo: Slo | None, search: CapacitySearch, plan: LevelPlan,
+              token_seed: int | None = None) -> tuple[Level, Measurement | None]:
+    """One load level on the running server at ``client_kw["base_url"]``: pass or fail.
+    Every level draws its arrivals and lengths from ``plan.seed``; ``token_seed`` (the
+    level's number) gives its prompts their own words, so that no level is served from a
+    prefix cache filled by an earlier one (the shape's sharing within the level stays)."""
     rate = scale * recorded_rps
     n = plan.requests(rate)
     schedule = build(seed=plan.seed, mode="open", num_requests=n, rate_rps=rate,
-                     time_scale=1.0)
+                     time_scale=1.0, token_seed=token_seed)
     if schedule.concurrency is not None:
         # no cap on requests in flight: a client-side queue would hide the server's queue
         # from the latencies (they count from the send), and so the capacity
@@ -160,14 +163,21 @@ class _Probe:
     search: CapacitySearch
     plan: LevelPlan
     check: Callable[[], None] | None = None  # raises if the server died
+    jit: Callable[[], bool] | None = None  # was a kernel JIT-compiled since the last call?
     measured: dict[float, Measurement] = field(default_factory=dict)
+    levels_run: int = 0
 
     def __call__(self, scale: float) -> Level:
+        if self.jit is not None:
+            self.jit()  # what the warm-up left in the log is not this level's
+        self.levels_run += 1
         level, m = run_level(scale, recorded_rps=self.recorded_rps, build=self.build,
                              client_kw=self.client_kw, slo=self.slo, search=self.search,
-                             plan=self.plan)
+                             plan=self.plan, token_seed=self.levels_run)
         if self.check is not None:
             self.check()
+        if self.jit is not None and self.jit():
+            level = dataclasses.replace(level, jit_compiled=True)
         if m is not None and level.passed:
             self.measured[scale] = m
         return level
@@ -176,11 +186,15 @@ class _Probe:
 def find_capacity(*, recorded_rps: float, build: Build, client_kw: dict[str, Any],
                   slo: Slo | None, search: CapacitySearch | None = None,
                   plan: LevelPlan | None = None, check: Callable[[], None] | None = None,
-                  on_level: Callable[[Level, CapacityResult], None] | None = None
+                  on_level: Callable[[Level, CapacityResult], None] | None = None,
+                  jit: Callable[[], bool] | None = None,
                   ) -> tuple[CapacityResult, Measurement | None]:
     """The bracketing search on one running server; returns the bracket and the
-    measurement of the level the capacity rests on (None when no level passed)."""
+    measurement of the level the capacity rests on (None when no level passed).
+    ``jit``: whether the server logged a kernel JIT compilation since its last call (each
+    level's ``jit_compiled``: a warm-up that did not cover the traffic)."""
     search = search or CapacitySearch()
-    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan or LevelPlan(), check)
+    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan or LevelPlan(), check,
+                   jit)
     res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level)
     return res, (probe.measured.get(res.low) if res.low is not None else None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 import traceback
@@ -302,6 +303,76 @@ def _warm_up_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
                       "converged": False, "jit_in_last_segment": False}
 
 
+# seconds of arrivals in one segment of a capacity trial's warm-up (at most half a level)
+WARM_SEGMENT_S = 10.0
+
+
+def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
+                      phase: Callable[[str, str], None], client_kw: dict[str, Any],
+                      recorded: float, level_plan: Any) -> Any:
+    """A capacity trial's warm-up, on the traffic its levels send: the shape's own open-loop
+    arrivals at the first level's rate (other words than any level's: ``token_seed`` 0),
+    cut by wall time into segments of ~10 s (at most half a level), each the output tokens
+    of the requests finished in it per second, until two consecutive segments agree within
+    the warm-up tolerance and the server logged no kernel JIT compilation during the last
+    (``SegmentRule.warmup``, as a closed loop's warm-up), or at ``--warmup-max-s``. Then the
+    sends stop and what is in flight is cancelled (no tail to wait out), and the server
+    drains. A fixed handful of requests at a low concurrency left the large batches to the
+    first level, which on the H200 paid for the compiles (experiments/h200-shapes). Returns
+    the log watch the levels go on reading (each level's ``jit_compiled``). An explicit
+    ``--warmup-requests N`` keeps the fixed warm-up instead (N requests, closed loop; 0:
+    none)."""
+    from autotune._segments import LogWatch
+    from autotune.levels import drain
+    from autotune.loadgen import replay
+    from autotune.stats import SegmentRule
+
+    rule = spec.rule or SegmentRule()
+    watch = LogWatch(server.log_path)
+    if spec.warmup_requests is not None:  # asked for: the fixed warm-up (0: none)
+        _warm_up_open(spec, plan, server, outcome, phase, client_kw)
+        return watch
+    rate = spec.capacity.start * recorded
+    seg_s = min(WARM_SEGMENT_S, level_plan.level_s / 2)
+    # arrivals for the whole cap and one segment more: the cap, not the schedule, ends it
+    n = int(min(50_000, max(16, math.ceil(rate * (rule.warmup_max_s + seg_s)))))
+    rates: list[float] = []
+    state = {"jit": False, "start": 0.0, "tokens": 0}
+
+    def segments(rec: Any, done: int, failed: int) -> str | None:
+        now = time.monotonic()
+        if rec.ok:
+            state["tokens"] += rec.output_tokens
+        if now - state["start"] < seg_s:
+            return None
+        rates.append(state["tokens"] / (now - state["start"]))
+        state["jit"] = watch.jit_since_last()
+        state["start"], state["tokens"] = now, 0
+        detail = (f"segment {len(rates)}: {rate:.3g} req/s offered, {rates[-1]:,.1f} tok/s"
+                  + (", a kernel was JIT-compiled" if state["jit"] else ""))
+        logger.info("trial %d warm-up %s at %.1f s", spec.number, detail, now - t0)
+        if rule.warmup(rates, bool(state["jit"]), now - t0) == "warm":
+            return "warm"
+        phase("warming_up", detail)
+        return None
+
+    sched = _schedule(spec, plan.max_len, seed=spec.seed + 10_000, mode="open",
+                      num_requests=n, rate_rps=rate, time_scale=1.0, token_seed=0)
+    if sched.concurrency is not None:  # no client-side cap, as the levels
+        sched = replace(sched, concurrency=None)
+    t0 = state["start"] = time.monotonic()
+    replay(sched, **client_kw, abort=segments)
+    server.check_alive()
+    drain(client_kw["base_url"], level_plan.drain_timeout_s)
+    jit_last = bool(state["jit"])
+    outcome.warmup_s = time.monotonic() - t0
+    outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": len(rates),
+                      "converged": bool(rates) and rule.warmup_converged(rates, jit_last),
+                      "jit_in_last_segment": jit_last, "jit_events": watch.events,
+                      "rates": [round(x, 1) for x in rates], "rate_rps": round(rate, 3)}
+    return watch
+
+
 def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
                       outcome: TrialOutcome, phase: Callable[[str, str], None],
                       client_kw: dict[str, Any]) -> list[Any]:
@@ -310,9 +381,12 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     rests on; the levels and the bracket go to ``outcome.capacity``."""
     from autotune.levels import LevelPlan, find_capacity, recorded_rate
 
-    _warm_up_open(spec, plan, server, outcome, phase, client_kw)
     recorded = recorded_rate(spec.shape)
     level_plan = spec.capacity_plan or LevelPlan(seed=spec.seed)
+    phase("warming_up", f"segments of the shape's arrivals at {spec.capacity.start:g}x "
+          f"{recorded:.3g} req/s")
+    watch = _warm_up_capacity(spec, plan, server, outcome, phase, client_kw, recorded,
+                              level_plan)
 
     def build(**kw: Any) -> Any:
         return _schedule(spec, plan.max_len, **kw)
@@ -329,8 +403,11 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     phase("capacity", f"level 1 at {spec.capacity.start:g}x {recorded:.3g} req/s")
     res, m = find_capacity(recorded_rps=recorded, build=build, client_kw=client_kw,
                            slo=spec.slo, search=spec.capacity, plan=level_plan,
-                           check=server.check_serving, on_level=on_level)
+                           check=server.check_serving, on_level=on_level,
+                           jit=watch.jit_since_last)
     outcome.measure_s = time.monotonic() - t_run
+    if outcome.warmup is not None:  # levels during which a kernel was still compiled
+        outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
     outcome.capacity = res.to_dict()
     outcome.stop = f"capacity_{res.status}"
     outcome.message = res.summary()

@@ -455,3 +455,67 @@ def test_a_level_stopped_early_says_why_not_a_collapsed_goodput() -> None:
     failed = Level(scale=4.0, offered_rps=22.1, passed=False, goodput_fraction=0.95,
                    error_rate=0.0, offered=442)
     assert failed.outcome() == "fail (95.0% within SLOs)"
+
+
+def test_each_level_sends_the_same_traffic_in_its_own_words() -> None:
+    # Every level draws its traffic from one seed; had the levels also the same prompts, a
+    # server with prefix caching (vLLM's default for most models) would serve each level
+    # after the first from its cache and report a capacity it does not have. Each level
+    # draws its own token ids (token_seed); the shape's prefix sharing within a level stays.
+    from autotune.traffic import build_schedule, load_shape
+
+    shape = load_shape(SHAPE)
+    sent: list[Schedule] = []
+
+    def build(**kw: Any) -> Schedule:
+        s = build_schedule(shape, vocab_size=1000, **kw)  # type: ignore[arg-type]
+        sent.append(s)
+        return s
+
+    cfg = StubConfig(max_running=8, chunk_interval_s=0.002)
+    with StubServer(cfg) as stub:
+        res, _ = find_capacity(
+            recorded_rps=recorded_rate(shape), build=build,
+            client_kw={"base_url": stub.base_url, "model": cfg.model}, slo=Slo(ttft_s=1.0),
+            search=CapacitySearch(tolerance=0.5, max_levels=3),
+            plan=LevelPlan(level_s=1.0, min_requests=8))
+    assert len(sent) == len(res.levels) >= 2
+    words = [{r.prompt_token_ids for r in s.requests} for s in sent]
+    for i in range(len(words)):
+        for j in range(i):
+            assert not words[i] & words[j], (i, j)  # no prompt of one level in another
+
+
+def test_token_seed_keeps_lengths_sharing_and_arrivals_and_changes_the_words() -> None:
+    from autotune.traffic import build_schedule, load_shape
+
+    shape = load_shape(REPO / "traffic" / "mooncake-conv-2k.json")  # 37 % shared prefixes
+    a = build_schedule(shape, vocab_size=5000, seed=3, num_requests=200, mode="open")
+    b = build_schedule(shape, vocab_size=5000, seed=3, num_requests=200, mode="open",
+                       token_seed=1)
+    again = build_schedule(shape, vocab_size=5000, seed=3, num_requests=200, mode="open",
+                           token_seed=1)
+    assert b == again  # deterministic
+    assert [r.send_at_s for r in a.requests] == [r.send_at_s for r in b.requests]
+    assert [(len(r.prompt_token_ids), r.max_tokens) for r in a.requests] == \
+        [(len(r.prompt_token_ids), r.max_tokens) for r in b.requests]
+    assert not {r.prompt_token_ids for r in a.requests} & {r.prompt_token_ids for r in b.requests}
+
+    def shared(s: Schedule) -> int:  # tokens each prompt shares with an earlier one's start
+        seen: list[tuple[int, ...]] = []
+        total = 0
+        for r in s.requests:
+            p = r.prompt_token_ids
+            best = 0
+            for q in seen:
+                n = 0
+                while n < min(len(p), len(q)) and p[n] == q[n]:
+                    n += 1
+                best = max(best, n)
+            total += best
+            seen.append(p)
+        return total
+
+    assert shared(b) == pytest.approx(shared(a), rel=0.02) and shared(a) > 0
+    with pytest.raises(Exception, match="token_seed must be >= 0"):
+        build_schedule(shape, vocab_size=5000, token_seed=-1, num_requests=4, mode="open")

@@ -129,3 +129,58 @@ def test_a_server_that_dies_mid_run_ends_the_trial_at_once(fake_model: Path,
     out = trial(fake_model, tmp_path, "die:40", SegmentRule())  # default caps: minutes
     assert (out.ok, out.reason) == (False, FailureReason.DIED), out.message
     assert time.monotonic() - t0 < 30  # every request of a segment failed: stopped
+
+
+def _capacity_trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule) -> TrialOutcome:
+    """A capacity trial on the fake (8 streams of 2-ms chunks at once): the warm-up's
+    segments are 1 s of the shape's arrivals at the first level's rate (4 x 5.53 req/s,
+    about 22 requests each), the levels 2 s."""
+    from autotune.levels import capacity_spec
+    from autotune.measure import Slo
+
+    spec = TrialSpec(
+        number=5, model=str(fake_model), flags=(), shape=load_shape(SHAPE), slo=Slo(ttft_s=1.0),
+        rule=rule, start_timeout_s=30, log_dir=str(tmp),
+        env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": plan,
+             "AUTOTUNE_FAKE_CHUNK_S": "0.002", "AUTOTUNE_FAKE_MAX_RUNNING": "8"},
+        **capacity_spec(goodput=0.9, max_error_rate=0.05, start=4.0, tolerance=0.5,
+                        level_s=2.0, max_levels=2),
+    )  # type: ignore[arg-type]
+    return run_trial(spec)
+
+
+def test_a_capacity_warmup_sends_the_levels_traffic_until_no_kernel_compiles(
+        fake_model: Path, tmp_path: Path) -> None:
+    # The H200's azure cross cell: after a fixed 16-request warm-up at 8 streams, its first
+    # level (near capacity) failed on 2 late requests while later, lower ones passed: the
+    # first level paid for the compiles. Now the warm-up replays the shape's own arrivals
+    # at the first level's rate, segment by segment, while the server logs kernel compiles
+    # (requests 1..100 here: the first four seconds), then stops once two agree; the
+    # requests still in flight are cancelled, not waited out.
+    out = _capacity_trial(fake_model, tmp_path, "jit:100",
+                          SegmentRule(warmup_tolerance=0.3, warmup_max_s=40))
+    assert out.ok, out.message
+    w = out.warmup
+    assert w is not None and w["converged"] is True and w["jit_in_last_segment"] is False
+    assert w["segments"] >= 4 and w["jit_events"] >= 90, w
+    assert w["rate_rps"] == pytest.approx(22.12, rel=0.01) and len(w["rates"]) == w["segments"]
+    assert w["seconds"] < 30  # converged well before the cap
+    assert out.metrics["warmup_segments"] == w["segments"] and out.metrics["warmup_converged"] == 1
+    levels = out.capacity["levels"] if out.capacity else []
+    assert levels and not any(lv["jit_compiled"] for lv in levels)
+    assert w["jit_segments_measuring"] == 0
+
+
+def test_a_capacity_warmup_at_its_cap_says_so_and_levels_record_their_compiles(
+        fake_model: Path, tmp_path: Path) -> None:
+    # compiles that outlast the warm-up's cap: the warm-up ends unconverged with a compile
+    # in its last segment, and each level that still saw one says so (evidence that the
+    # capacity may rest on a level that paid for them)
+    out = _capacity_trial(fake_model, tmp_path, "jit:100000",
+                          SegmentRule(warmup_tolerance=0.3, warmup_max_s=1.5))
+    assert out.ok, out.message
+    w = out.warmup
+    assert w is not None and w["converged"] is False and w["jit_in_last_segment"] is True
+    levels = out.capacity["levels"] if out.capacity else []
+    assert levels and all(lv["jit_compiled"] for lv in levels)
+    assert w["jit_segments_measuring"] == len(levels)

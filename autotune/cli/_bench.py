@@ -56,7 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--no-stagger", dest="stagger", action="store_false",
                    help="start all closed-loop streams with full-length requests (lockstep)")
     p.add_argument("--warmup-requests", type=int, default=None,
-                   help="open-loop shapes: warm-up requests first (default 2 x concurrency)")
+                   help="open-loop shapes: a fixed warm-up of N requests first (default 2 x "
+                        "concurrency); with --capacity the warm-up is segments of the levels' "
+                        "traffic unless N is given (0: no warm-up)")
     p.add_argument("--num-requests", type=int, default=None,
                    help="requests per replay (default: the shape's load.requests)")
     p.add_argument("--concurrency", type=int, default=None,

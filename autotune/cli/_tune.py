@@ -170,8 +170,10 @@ OPTIONS: tuple[Option, ...] = (
            help="completed requests per segment (default max(concurrency, 16): about one "
                 "wave of the closed loop)"),
     Option("--warmup-requests", "warmup_requests", "measure",
-           help="open-loop shapes only: warm-up requests before the measured replay "
-                "(default 2 x concurrency); closed loops warm up in segments"),
+           help="open-loop shapes only: a fixed warm-up of N requests (closed loop) before "
+                "the measured replay (default 2 x concurrency); a capacity trial warms up "
+                "in segments of its levels' traffic unless N is given (0: no warm-up); "
+                "closed loops warm up in segments"),
     Option("--num-requests", "num_requests", "measure",
            help="requests per replay (default: the shape's load.requests)"),
     Option("--concurrency", "concurrency", "measure",

@@ -249,6 +249,7 @@ def build_schedule(
     token_offset: int = 4,
     rate_rps: float | None = None,
     arrival: str | None = None,
+    token_seed: int | None = None,
 ) -> Schedule:
     """A deterministic request schedule for ``shape`` (same arguments, same schedule).
 
@@ -260,7 +261,11 @@ def build_schedule(
     then its prompt so that prompt + output fit (see :func:`context_overflow`). Open loop:
     ``rate_rps`` (default the load's, else the recorded rate) divided by ``time_scale`` is
     the mean rate; ``arrival`` is "recorded" (the recorded rate profile, the default when
-    the shape has one), "gamma" (burstiness-matched) or "poisson".
+    the shape has one), "gamma" (burstiness-matched) or "poisson". ``token_seed`` draws the
+    prompts' token ids (shared prefixes' content included) from its own seed while
+    ``seed`` keeps the lengths, the prefix-sharing structure and the arrivals: the same
+    traffic in other words, so that a prefix cache holds nothing of an earlier replay
+    (a capacity search's load levels, :mod:`autotune.levels`).
     """
     load = shape.load
     mode = mode or load.mode
@@ -295,6 +300,10 @@ def build_schedule(
     rng_len, rng_prefix, rng_tok, rng_arr = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
+    if token_seed is not None:
+        if token_seed < 0:
+            raise TrafficError(f"token_seed must be >= 0 (got {token_seed})")
+        rng_tok = np.random.default_rng([seed, 0x70C5EED, token_seed])
     inp, out = _lengths(shape, n, rng_len, max_input_tokens, max_output_tokens)
     if max_total_tokens is not None:
         if max_total_tokens < 2:
