@@ -434,3 +434,17 @@ def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck(
          "readings": [7676.3, 7546.0]}
     assert _best_line(b, "throughput").startswith("best: trial 1: 7,611.1 ")
     assert _best_line(b, "throughput").endswith(", the median of 2 readings")
+
+
+def test_a_median_capacity_does_not_read_as_its_own_brackets_lower_end():
+    from autotune.cli._tune import capacity_line
+
+    # the eleventh H200 session's azure re-check: "13.2 req/s ... (bracket [14.3, 15.6])"
+    c = {"capacity_rps": 13.2, "capacity_rps_ci_low": 14.34, "capacity_rps_ci_high": 15.64,
+         "goodput_bar": 0.99, "slo": {"ttft_p99": 1.0}, "recorded_rps": 5.53,
+         "gpus_needed": 0.42, "output_tokens_per_s_at_capacity": 1655.1}
+    line = capacity_line(c)
+    assert "13.2 req/s within the SLOs (the median over starts; the bracket of the reading " \
+        "it rests on [14.3, 15.6] req/s" in line, line
+    one = capacity_line({**c, "capacity_rps": 14.34})
+    assert "14.3 req/s within the SLOs (bracket [14.3, 15.6] req/s" in one, one
