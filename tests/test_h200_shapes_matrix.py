@@ -445,3 +445,20 @@ def test_autotune_best_answers_each_done_study_from_the_committed_stores(tmp_pat
             assert hit["value"] == pytest.approx(best["objective"]["value"]), (key, store)
             assert hit["flags"] == best["flags"], (key, store)
     assert done >= 2  # casestudy and azure are committed
+
+
+def test_pooled_md_is_what_pooled_py_makes_of_the_committed_results(tmp_path: Path) -> None:
+    # every start of each config on each shape (studies and cross cells), the README's
+    # pooled figures: regenerated here, so a new session's results cannot leave it stale
+    import subprocess
+    import sys
+
+    out = tmp_path / "pooled.md"
+    r = subprocess.run([sys.executable, str(HERE / "pooled.py"), "--out", str(out)],
+                       cwd=HERE.parents[1], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert out.read_text() == (HERE / "pooled.md").read_text(), \
+        "rerun: .venv/bin/python experiments/h200-shapes/pooled.py"
+    azure = out.read_text().split("## azure", 1)[1].split("## ", 1)[0]
+    recipe = next(ln for ln in azure.splitlines() if ln.startswith("| recipe |"))
+    assert "| 4 |" in recipe and "cross cell" in recipe  # study starts and the cross cell
