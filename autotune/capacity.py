@@ -79,6 +79,7 @@ class Level:
     stopped_early: bool = False  # stopped once it could no longer pass
     note: str = ""
     jit_compiled: bool = False  # the server log showed a kernel JIT-compiled during it
+    reruns: int = 0  # run again: its first run failed while a kernel was JIT-compiled
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +89,8 @@ class Level:
         why ("fail, stopped early: 5 of 432 requests missed the SLOs ..."): its goodput share
         then counts only the requests finished by the stop, which reads as a collapse."""
         jit = "; a kernel was JIT-compiled during it" if self.jit_compiled else ""
+        if self.reruns:
+            jit += "; run again after a first run that failed while a kernel compiled"
         if self.stopped_early and self.note:
             return f"fail, stopped early: {self.note}{jit}"
         return (f"{'pass' if self.passed else 'fail'} ({self.goodput_fraction:.1%} within "

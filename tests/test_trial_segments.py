@@ -131,7 +131,8 @@ def test_a_server_that_dies_mid_run_ends_the_trial_at_once(fake_model: Path,
     assert time.monotonic() - t0 < 30  # every request of a segment failed: stopped
 
 
-def _capacity_trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule) -> TrialOutcome:
+def _capacity_trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule,
+                    ttft_s: float = 1.0) -> TrialOutcome:
     """A capacity trial on the fake (8 streams of 2-ms chunks at once): the warm-up's
     segments are 1 s of the shape's arrivals at the first level's rate (4 x 5.53 req/s,
     about 22 requests each), the levels 2 s."""
@@ -139,7 +140,8 @@ def _capacity_trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule) -
     from autotune.measure import Slo
 
     spec = TrialSpec(
-        number=5, model=str(fake_model), flags=(), shape=load_shape(SHAPE), slo=Slo(ttft_s=1.0),
+        number=5, model=str(fake_model), flags=(), shape=load_shape(SHAPE),
+        slo=Slo(ttft_s=ttft_s),
         rule=rule, start_timeout_s=30, log_dir=str(tmp),
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": plan,
              "AUTOTUNE_FAKE_CHUNK_S": "0.002", "AUTOTUNE_FAKE_MAX_RUNNING": "8"},
@@ -184,3 +186,15 @@ def test_a_capacity_warmup_at_its_cap_says_so_and_levels_record_their_compiles(
     levels = out.capacity["levels"] if out.capacity else []
     assert levels and all(lv["jit_compiled"] for lv in levels)
     assert w["jit_segments_measuring"] == len(levels)
+
+
+def test_a_level_that_fails_while_a_kernel_compiles_is_run_once_more(
+        fake_model: Path, tmp_path: Path) -> None:
+    # a failing level that saw a compile may have failed for the compile, not the load: it
+    # runs once more (its own words again), and says so; here every level fails (an SLO no
+    # request meets) and every run compiles, so each level runs exactly twice
+    out = _capacity_trial(fake_model, tmp_path, "jit:100000",
+                          SegmentRule(warmup_tolerance=0.3, warmup_max_s=1.0), ttft_s=1e-6)
+    levels = out.capacity["levels"] if out.capacity else []
+    assert len(levels) == 2 and all(not lv["passed"] and lv["jit_compiled"] for lv in levels)
+    assert all(lv["reruns"] == 1 for lv in levels), levels
