@@ -233,6 +233,17 @@ def _positive(name: str, value: float | None) -> None:
         raise TrafficError(f"{name} must be > 0 (got {value})")
 
 
+def _rngs(seed: int, token_seed: int | None) -> list[np.random.Generator]:
+    """Lengths, prefix sharing, token ids, arrivals: one generator each from ``seed``; the
+    token ids from ``token_seed`` instead when given (the same traffic in other words)."""
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
+    if token_seed is not None:
+        if token_seed < 0:
+            raise TrafficError(f"token_seed must be >= 0 (got {token_seed})")
+        rngs[2] = np.random.default_rng([seed, 0x70C5EED, token_seed])
+    return rngs
+
+
 def build_schedule(
     shape: TrafficShape,
     *,
@@ -297,13 +308,7 @@ def build_schedule(
         ("concurrency", concurrency),
     ):
         _positive(label, v)
-    rng_len, rng_prefix, rng_tok, rng_arr = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
-    )
-    if token_seed is not None:
-        if token_seed < 0:
-            raise TrafficError(f"token_seed must be >= 0 (got {token_seed})")
-        rng_tok = np.random.default_rng([seed, 0x70C5EED, token_seed])
+    rng_len, rng_prefix, rng_tok, rng_arr = _rngs(seed, token_seed)
     inp, out = _lengths(shape, n, rng_len, max_input_tokens, max_output_tokens)
     if max_total_tokens is not None:
         if max_total_tokens < 2:
