@@ -417,13 +417,14 @@ def test_a_winner_cell_goes_stale_when_its_study_names_another_config(tmp_path: 
     assert steps.cell_result("mooncake", "win-azure", [res]) is None
 
 
-def test_autotune_best_answers_each_done_study_from_the_committed_stores(tmp_path: Path) -> None:
+def test_autotune_best_answers_each_done_study_from_the_committed_stores(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # issue 15's "autotune best --shape traffic/<each>.json returns that shape's winner from
     # the committed store": both stores (Optuna and MLflow, copied: a read may migrate a
     # schema) name what each done study's best.json declares, value and flags
     import shutil
-    import subprocess
-    import sys
+
+    from autotune.cli import main
 
     stores = tmp_path / "stores"
     shutil.copytree(HERE / "results" / "stores", stores)
@@ -436,11 +437,11 @@ def test_autotune_best_answers_each_done_study_from_the_committed_stores(tmp_pat
         best = json.loads(best_p.read_text())
         for store in (["--storage", f"sqlite:///{stores / 'autotune.db'}"],
                       ["--tracking-uri", f"sqlite:///{stores / 'mlflow.db'}"]):
-            r = subprocess.run([sys.executable, "-m", "autotune", "best", "--shape",
-                                str(HERE.parents[1] / sc["shape"]), *store, "--json"],
-                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
-            assert r.returncode == 0, (key, store, r.stderr[-2000:])
-            hit = json.loads(r.stdout)
+            capsys.readouterr()
+            rc = main(["best", "--shape", str(HERE.parents[1] / sc["shape"]), *store, "--json"])
+            got = capsys.readouterr()
+            assert rc == 0, (key, store, got.err[-2000:])
+            hit = json.loads(got.out)
             assert hit["exact"] and hit["study"] == f"shapes-{key}", (key, store, hit)
             assert hit["value"] == pytest.approx(best["objective"]["value"]), (key, store)
             assert hit["flags"] == best["flags"], (key, store)
