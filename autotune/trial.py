@@ -333,38 +333,39 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
         _warm_up_open(spec, plan, server, outcome, phase, client_kw)
         return watch
     rate = spec.capacity.start * recorded
+    phase("warming_up", f"segments of the shape's arrivals at {rate:.3g} req/s")
     seg_s = min(WARM_SEGMENT_S, level_plan.level_s / 2)
     # arrivals for the whole cap and one segment more: the cap, not the schedule, ends it
     n = int(min(50_000, max(16, math.ceil(rate * (rule.warmup_max_s + seg_s)))))
-    rates: list[float] = []
-    state = {"jit": False, "start": 0.0, "tokens": 0}
-
-    def segments(rec: Any, done: int, failed: int) -> str | None:
-        now = time.monotonic()
-        if rec.ok:
-            state["tokens"] += rec.output_tokens
-        if now - state["start"] < seg_s:
-            return None
-        rates.append(state["tokens"] / (now - state["start"]))
-        state["jit"] = watch.jit_since_last()
-        state["start"], state["tokens"] = now, 0
-        detail = (f"segment {len(rates)}: {rate:.3g} req/s offered, {rates[-1]:,.1f} tok/s"
-                  + (", a kernel was JIT-compiled" if state["jit"] else ""))
-        logger.info("trial %d warm-up %s at %.1f s", spec.number, detail, now - t0)
-        if rule.warmup(rates, bool(state["jit"]), now - t0) == "warm":
-            return "warm"
-        phase("warming_up", detail)
-        return None
-
     sched = _schedule(spec, plan.max_len, seed=spec.seed + 10_000, mode="open",
                       num_requests=n, rate_rps=rate, time_scale=1.0, token_seed=0)
     if sched.concurrency is not None:  # no client-side cap, as the levels
         sched = replace(sched, concurrency=None)
-    t0 = state["start"] = time.monotonic()
+    rates: list[float] = []
+    jit_last = False
+    t0 = seg_start = time.monotonic()
+    seg_tokens = 0
+
+    def segments(rec: Any, done: int, failed: int) -> str | None:
+        nonlocal jit_last, seg_start, seg_tokens
+        now = time.monotonic()
+        seg_tokens += rec.output_tokens if rec.ok else 0
+        if now - seg_start < seg_s:
+            return None
+        rates.append(seg_tokens / (now - seg_start))
+        jit_last = watch.jit_since_last()
+        seg_start, seg_tokens = now, 0
+        detail = (f"segment {len(rates)}: {rate:.3g} req/s offered, {rates[-1]:,.1f} tok/s"
+                  + (", a kernel was JIT-compiled" if jit_last else ""))
+        logger.info("trial %d warm-up %s at %.1f s", spec.number, detail, now - t0)
+        if rule.warmup(rates, jit_last, now - t0) == "warm":
+            return "warm"
+        phase("warming_up", detail)
+        return None
+
     replay(sched, **client_kw, abort=segments)
     server.check_alive()
     drain(client_kw["base_url"], level_plan.drain_timeout_s)
-    jit_last = bool(state["jit"])
     outcome.warmup_s = time.monotonic() - t0
     outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": len(rates),
                       "converged": bool(rates) and rule.warmup_converged(rates, jit_last),
@@ -383,8 +384,6 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
 
     recorded = recorded_rate(spec.shape)
     level_plan = spec.capacity_plan or LevelPlan(seed=spec.seed)
-    phase("warming_up", f"segments of the shape's arrivals at {spec.capacity.start:g}x "
-          f"{recorded:.3g} req/s")
     watch = _warm_up_capacity(spec, plan, server, outcome, phase, client_kw, recorded,
                               level_plan)
 
