@@ -55,7 +55,7 @@ def readings(results: Path) -> dict[str, dict[str, list[tuple[str, float]]]]:
     winners: dict[str, dict[str, Any]] = {}
     for key in steps.SHAPES["shapes"]:
         b = steps.read_json(results / f"study-{key}" / "best.json") or {}
-        winners[key] = b.get("params") or {} if b else {}
+        winners[key] = b.get("params") or {}
     out: dict[str, dict[str, list[tuple[str, float]]]] = {}
     for key, sc in steps.SHAPES["shapes"].items():
         per: dict[str, list[tuple[str, float]]] = {c: [] for c in steps.SHAPES["configs"]}
@@ -86,10 +86,8 @@ def readings(results: Path) -> dict[str, dict[str, list[tuple[str, float]]]]:
 
 
 def _mann_whitney(a: list[float], b: list[float]) -> float | None:
-    try:
-        from scipy.stats import mannwhitneyu
-    except ImportError:
-        return None
+    from scipy.stats import mannwhitneyu  # autotune.stats needs scipy anyway
+
     if len(a) < 2 or len(b) < 2:
         return None
     return float(mannwhitneyu(a, b, alternative="two-sided", method="exact").pvalue)
