@@ -593,13 +593,17 @@ def _finished_elsewhere(study: optuna.Study, trial: optuna.Trial) -> str | None:
 def _enqueue_rechecks(study: optuna.Study, k: int, starts: int = 2) -> int:
     """Enqueue ``starts`` fresh-server readings of the top ``k`` configs and of the
     defaults, interleaved (round by round: leaders first, defaults last), less those a
-    resumed study already has. Returns how many were enqueued."""
+    resumed study already has. Returns how many were enqueued: none when no config but the
+    defaults was measured feasible (the verdict is then the defaults' whatever fresh starts
+    of them read, so they would spend GPU time on nothing)."""
     from optuna.trial import TrialState
 
     groups = readings(study)
     base = next((ts for ts in groups.values() if ts[0].user_attrs.get(A.BASELINE)), None)
     ranked = sorted((ts for ts in groups.values() if ts is not base),
                     key=lambda ts: max(primary(t) for t in ts), reverse=True)
+    if not ranked:
+        return 0
     chosen = ranked[:k] + ([base] if base is not None else [])
     have: dict[int, int] = {}
     for t in study.get_trials(deepcopy=False):
@@ -910,6 +914,11 @@ class StudyLoop:
         self.phase = "recheck"
         n = _enqueue_rechecks(self.study, self.settings.recheck, self.settings.recheck_starts)
         if not n:
+            groups = readings(self.study).values()
+            if not any(not ts[0].user_attrs.get(A.BASELINE) for ts in groups):
+                self.callbacks.on_note(self.event("note", message=(
+                    "no re-check: no config but vLLM's defaults was measured feasible, so "
+                    "fresh starts could not change the verdict")))
             return
         self.target = n_finished(self.study) + n
         self.callbacks.on_note(self.event("recheck_started", message=(

@@ -369,6 +369,46 @@ def test_run_sh_recheck_step_adds_the_starts_a_verdict_asked_for_once(tmp_path: 
     assert "recheck:azure: nothing to run: re-checked already" in progress, progress
 
 
+def test_run_sh_more_step_resumes_a_study_the_budget_cut_before_any_search(tmp_path: Path
+                                                                           ) -> None:
+    # more:KEY (CPU dry run): a done study that measured only vLLM's defaults because its
+    # budget ended the search before its queued configs (the mooncake study's cold start,
+    # twelfth session) is resumed once (tune --resume), its step account kept apart; a study
+    # that searched is left alone with the reason
+    import shutil
+
+    committed = tmp_path / "committed"
+    for key, v, skipped in (("mooncake", {"verdict": "defaults_best", "candidate_number": None,
+                                          "reason": "no other config was measured feasible"}, 2),
+                            ("casestudy", {"verdict": "winner", "winner_number": 1}, 1)):
+        sd = committed / f"study-{key}"
+        sd.mkdir(parents=True)
+        (sd / "DONE").touch()
+        (sd / "study.json").write_text(json.dumps({"verdict": v,
+                                                   "failures_by_reason": {"budget": skipped}}))
+    assert steps.more_needed("azure", [committed]) == (False, "the study is not done yet")
+
+    def session(res: Path) -> str:
+        return _dry_session(tmp_path, res, committed, gpus="1",
+                            steps="more:casestudy more:mooncake")
+
+    progress = session(tmp_path / "res")
+    assert ("more:casestudy: nothing to run: it measured configs besides vLLM's defaults"
+            in progress), progress
+    assert ("more:mooncake --resume, budget 1000s: it measured only vLLM's defaults: the budget "
+            "left 2 queued config(s) unstarted") in progress, progress
+    assert "more:mooncake done" in progress
+    out = tmp_path / "res" / "study-mooncake"
+    assert (out / "SEARCHED_MORE").exists() and (out / "more.log").exists()
+    step = json.loads((out / "more-step.json").read_text())
+    assert step["step"] == "more:mooncake" and step["resumed"] is True
+    # the device-time table counts it as its own step
+    shutil.copytree(out, committed / "study-mooncake", dirs_exist_ok=True)
+    assert "| more:mooncake |" in "\n".join(matrix.accounts(committed, []))
+    progress = session(tmp_path / "res2")
+    assert "more:mooncake: nothing to run: searched more already" in progress, progress
+
+
 def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Path) -> None:
     # rejudge.py judges each committed study again from its Optuna store: "unchanged" means
     # study.json, best.json and the store hold what this checkout's rule says (a rule
@@ -388,7 +428,7 @@ def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Pa
     assert lines[0].startswith("study:casestudy: unchanged (winner"), lines
     assert lines[1].startswith("study:azure: unchanged (winner"), lines
     assert "search readings included" in lines[1]
-    assert lines[2].startswith("study:mooncake: not run yet"), lines
+    assert lines[2].startswith("study:mooncake: unchanged (defaults_best"), lines
     best = json.loads((res / "study-azure" / "best.json").read_text())
     # the re-check's run judged with the fresh starts' spread alone (df 2): defaults_best
     assert best["rejudged"]["verdict_at_run"] == "defaults_best" and best["is_baseline"] is False
@@ -445,7 +485,7 @@ def test_autotune_best_answers_each_done_study_from_the_committed_stores(
             assert hit["exact"] and hit["study"] == f"shapes-{key}", (key, store, hit)
             assert hit["value"] == pytest.approx(best["objective"]["value"]), (key, store)
             assert hit["flags"] == best["flags"], (key, store)
-    assert done >= 2  # casestudy and azure are committed
+    assert done == 3  # casestudy, azure and mooncake are committed
 
 
 def test_pooled_md_is_what_pooled_py_makes_of_the_committed_results(tmp_path: Path) -> None:

@@ -258,10 +258,12 @@ def studies_table(rdir: Path) -> list[str]:
             or "none (vLLM's defaults)"
         )
         rc = steps.read_json(s / "recheck-step.json") or {}
+        mo = steps.read_json(s / "more-step.json") or {}
         gt = st.get("gpu_time") or {}
         acct = "; ".join(_slot_text(slot, g) for slot, g in sorted(gt.items()))
         wall = f"{sj.get('wall_s', '?')} s" + (
-            f" + re-check {rc['wall_s']} s" if rc.get("wall_s") else "")
+            f" + re-check {rc['wall_s']} s" if rc.get("wall_s") else "") + (
+            f" + resumed {mo['wall_s']} s" if mo.get("wall_s") else "")
         val = (b.get("objective") or {}).get("value")
         verdict = b.get("verdict") or "no winner: " + str(st.get("explanation", ""))[:80]
         out.append(
@@ -301,7 +303,8 @@ def accounts(rdir: Path, rows: list[dict[str, Any]]) -> list[str]:
     ]
     total = total_dev = 0
     seen_queue: set[tuple[str, str]] = set()
-    recs = [steps.read_json(p) or {} for g in ("*/step.json", "*/recheck-step.json")
+    recs = [steps.read_json(p) or {}
+            for g in ("*/step.json", "*/recheck-step.json", "*/more-step.json")
             for p in rdir.glob(g)]
     for sj in sorted(recs, key=lambda r: str(r.get("started"))):
         q = sj.get("shared_queue")
@@ -319,6 +322,8 @@ def accounts(rdir: Path, rows: list[dict[str, Any]]) -> list[str]:
             else f"--recheck-starts {sj.get('recheck_starts')} ({sj.get('fresh_starts')} fresh "
             f"starts), exit {sj.get('rc')}"
             if "recheck_starts" in sj
+            else f"--resume, budget {sj.get('budget_s')} s, exit {sj.get('rc')}"
+            if sj.get("resumed")
             else f"budget {sj.get('budget_s')} s, exit {sj.get('rc')}"
         )
         step = f"cross:{q.replace(' ', '+')}" if q else sj.get("step")

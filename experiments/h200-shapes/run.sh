@@ -7,7 +7,9 @@
 # the polls that bring results back); no step starts when it cannot finish before then.
 # STEPS (environment; default all): study:KEY (KEY in shapes.json: azure, mooncake,
 # casestudy), recheck:KEY (once, a done study's verdict that kept the defaults only for want of
-# starts: `tune --resume --recheck-starts K` with the K its starts_needed gives) and
+# starts: `tune --resume --recheck-starts K` with the K its starts_needed gives), more:KEY
+# (once, a done study that measured only the defaults because its budget ended the search
+# before its queued configs: `tune --resume`, which runs them, then the re-check) and
 # cross:KEY. Consecutive cross steps share one queue of servers: one per
 # config (flags and env), started fresh by cells.py, which measures on it each cell (one
 # config on one shape, as `autotune bench` would: its own warm-up, objective, SLOs, caps) it
@@ -30,7 +32,7 @@
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
 T0=$(date +%s); DEADLINE=$(( T0 + LEFT ))
-STEPS=${STEPS:-study:casestudy study:azure study:mooncake recheck:casestudy recheck:azure recheck:mooncake cross:casestudy cross:azure cross:mooncake}
+STEPS=${STEPS:-study:casestudy study:azure study:mooncake recheck:casestudy recheck:azure recheck:mooncake more:casestudy more:azure more:mooncake cross:casestudy cross:azure cross:mooncake}
 TRIALS=${TRIALS:-4}; DRY=${DRY:-0}
 # GPUS (environment): how many to use; default: what nvidia-smi lists (2 in a dry run). On
 # one GPU (`nvidia-h200`) a study runs one trial at a time and the cross servers one by one.
@@ -183,12 +185,30 @@ recheck() {  # KEY: the fresh starts a done study's verdict asked for (its start
   mkdir -p "$out"; phase "recheck:$key --resume --recheck-starts $k ($new fresh starts, ~${need}s)"
   t0=$(date +%s)
   tune_study "$key" $(( $(left) - 40 )) recheck --budget 60 --recheck-starts "$k" --resume; rc=$TUNE_RC
-  mkdir -p "$RUN/recheck-$key"   # the study's own step.json stays as it is
-  stepjson "$RUN/recheck-$key" "recheck:$key" "$t0" "$rc" "{\"recheck_starts\": $k, \"fresh_starts\": $new}"
-  mv "$RUN/recheck-$key/step.json" "$out/recheck-step.json"
-  if [ "$rc" = 0 ]; then touch "$out/DONE" "$out/RECHECKED"; phase "recheck:$key done";
-  else phase "recheck:$key ended with exit $rc (a later session may resume it)"; fi
+  resumed_end recheck "$key" "$t0" "$rc" RECHECKED "{\"recheck_starts\": $k, \"fresh_starts\": $new}"
+}
+
+resumed_end() {  # KIND KEY T0 RC MARKER EXTRA_JSON: the end of a step that resumed a done study
+  local kind=$1 key=$2 t0=$3 rc=$4 marker=$5 extra=$6 out=$RES/study-$2
+  mkdir -p "$RUN/$kind-$key"   # the study's own step.json stays as it is
+  stepjson "$RUN/$kind-$key" "$kind:$key" "$t0" "$rc" "$extra"
+  mv "$RUN/$kind-$key/step.json" "$out/$kind-step.json"
+  if [ "$rc" = 0 ]; then touch "$out/DONE" "$out/$marker"; phase "$kind:$key done";
+  else phase "$kind:$key ended with exit $rc (a later session may resume it)"; fi
   pack_caches
+}
+
+more() {  # KEY: a done study that measured only the defaults (its budget cut the search): resume it, once
+  local key=$1 out=$RES/study-$1 why budget t0 rc over=500
+  if ! why=$(S more "$key" "${DIRS[@]}"); then phase "more:$key: nothing to run: $why"; return; fi
+  local bv="BUDGET_${key^^}" field=budget_s; [ "$GPUS" = 1 ] && { field=budget_s_one_gpu; over=700; }
+  budget=${!bv:-$(S get "$key" "$field")}; [ -n "$budget" ] || budget=$(S get "$key" budget_s)
+  local room=$(( $(left) - 60 - 330 )); [ "$budget" -gt "$room" ] && budget=$room
+  if [ "$budget" -lt 420 ]; then phase "more:$key not started: $(left) s left, it needs ~800"; return; fi
+  mkdir -p "$out"; phase "more:$key --resume, budget ${budget}s: $why"; t0=$(date +%s)
+  local cap=$(( $(left) - 40 )); [ "$cap" -gt $(( budget + over )) ] && cap=$(( budget + over ))
+  tune_study "$key" "$cap" more --budget "$budget" --recheck-starts 1 --resume; rc=$TUNE_RC
+  resumed_end more "$key" "$t0" "$rc" SEARCHED_MORE "{\"budget_s\": $budget, \"resumed\": true}"
 }
 
 server() {  # GPU GROUP LABEL N LIMIT_S: one config's server, each of its N cells in turn, this GPU
@@ -244,8 +264,9 @@ for step in "$@"; do
   case $step in
     study:*) flush; study "${step#study:}" ;;
     recheck:*) flush; recheck "${step#recheck:}" ;;
+    more:*) flush; more "${step#more:}" ;;
     cross:*) QUEUE+=("${step#cross:}") ;;
-    *) phase "unknown step $step (study:KEY, recheck:KEY or cross:KEY)" ;;
+    *) phase "unknown step $step (study:KEY, recheck:KEY, more:KEY or cross:KEY)" ;;
   esac
 done
 flush

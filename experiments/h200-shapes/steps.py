@@ -7,6 +7,8 @@ from shapes.json and from the results already there, so that run.sh stays plain 
     python3 steps.py start-seconds                  a server start's expected seconds
     python3 steps.py recheck-starts KEY DIR...      'K NEW': the --recheck-starts a done study's
                                                     verdict asked for, and the trials it adds
+    python3 steps.py more KEY DIR...                why a done study's search goes on (exit 0),
+                                                    else why not (exit 1)
     python3 steps.py plan RES RUN KEY... -- DIR...  the cross-evaluation cells still to
                                                     measure, grouped by server (cells.py)
     python3 steps.py bench-args CELL.json           a planned cell's bench arguments, one a line
@@ -408,6 +410,28 @@ def recheck_starts(key: str, dirs: list[Path]) -> tuple[int, int] | str:
     return int(need), new
 
 
+def more_needed(key: str, dirs: list[Path]) -> tuple[bool, str]:
+    """For a ``more:KEY`` step: (True, why) when a done study measured no config but vLLM's
+    defaults because its time budget ended the search first (queued configs not started:
+    a cold first start can take most of a one-GPU budget), so ``tune --resume`` runs
+    them; else (False, why not). Once per study (``SEARCHED_MORE``), like a re-check."""
+    for d in dirs:
+        if (d / f"study-{key}" / "SEARCHED_MORE").exists():
+            return False, f"searched more already ({d / f'study-{key}'})"
+    s = study_dir(key, dirs)
+    if s is None:
+        return False, "the study is not done yet"
+    st = read_json(s / "study.json") or {}
+    skipped = int((st.get("failures_by_reason") or {}).get("budget") or 0)
+    v = st.get("verdict") or {}
+    if v.get("candidate_number") is not None or v.get("winner_number") is not None:
+        return False, "it measured configs besides vLLM's defaults"
+    if not skipped:
+        return False, "its budget left no queued config unstarted"
+    return True, (f"it measured only vLLM's defaults: the budget left {skipped} queued "
+                  "config(s) unstarted")
+
+
 def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "get":
@@ -430,6 +454,10 @@ def main(argv: list[str]) -> int:
             print(got)
             return 1
         print(*got)
+    elif cmd == "more":
+        ok, why = more_needed(rest[0], [Path(d) for d in rest[1:]])
+        print(why)
+        return 0 if ok else 1
     elif cmd == "plan":
         i = rest.index("--")
         res, run, keys = Path(rest[0]), Path(rest[1]), rest[2:i]
