@@ -24,8 +24,8 @@ from autotune.errors import ConfigError, LoadgenError
 from autotune.loadgen import Abort, RequestRecord, replay
 from autotune.measure import Measurement, Slo, measure, meets_slo, snapshot_metrics
 
-__all__ = ["LevelPlan", "capacity_spec", "drain", "find_capacity", "level_abort",
-           "recorded_rate", "run_level"]
+__all__ = ["LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain", "find_capacity", "fit_level",
+           "level_abort", "recorded_rate", "request_seconds", "run_level"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,54 @@ class LevelPlan:
     def requests(self, rate_rps: float) -> int:
         return int(min(self.max_requests, max(self.min_requests, math.ceil(rate_rps
                                                                              * self.level_s))))
+
+
+#: a level's arrivals last at least this many times the shape's typical request: a level
+#: starts from an idle server, which fills up for about one request's duration; shorter
+#: levels judge mostly requests served before the server was full (a burst, not a rate).
+#: On the H200 the mooncake shape's requests took 10-15 s, and its 20-s levels read
+#: capacities 12.5-25 req/s for one config from start to start (experiments/h200-shapes).
+LEVEL_SPAN = 3.0
+#: ... at most this many times the level length asked for (a shape of minute-long requests
+#: would otherwise make every level cost many minutes)
+LEVEL_STRETCH_MAX = 4.0
+
+
+def request_seconds(records: Any, output_tokens: Any) -> float | None:
+    """A typical request's duration on this server: the median time to first token plus
+    the median output length asked for (``output_tokens``: the schedule's ``max_tokens``)
+    at the median time per output token, from finished requests (``records``, e.g. the
+    warm-up's). Not their median end-to-end time: a warm-up cut off mid-way finishes the
+    short requests first. None when fewer than 5 requests finished with 2+ tokens."""
+    import statistics
+
+    ttft, per_token = [], []
+    for r in records:
+        if (r.ok and r.first_token_s is not None and r.end_s is not None
+                and r.output_tokens >= 2):
+            ttft.append(r.first_token_s - r.send_s)
+            per_token.append((r.end_s - r.first_token_s) / (r.output_tokens - 1))
+    outs = [int(n) for n in output_tokens if n]
+    if len(ttft) < 5 or not outs:
+        return None
+    return statistics.median(ttft) + statistics.median(outs) * statistics.median(per_token)
+
+
+def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]:
+    """The level plan for requests of ``request_s`` seconds: ``plan`` when its levels
+    already last ``LEVEL_SPAN`` requests, else levels stretched to that (at most
+    ``LEVEL_STRETCH_MAX`` x the length asked for); and a line saying so ("" unchanged)."""
+    if request_s is None or not math.isfinite(request_s) or request_s <= 0:
+        return plan, ""
+    want = LEVEL_SPAN * request_s
+    if plan.level_s >= want:
+        return plan, ""
+    level_s = round(min(want, LEVEL_STRETCH_MAX * plan.level_s), 1)
+    capped = " (the stretch cap)" if level_s < want else ""
+    return dataclasses.replace(plan, level_s=level_s), (
+        f"levels of {level_s:g} s of arrivals{capped}, not {plan.level_s:g}: this shape's "
+        f"requests take ~{request_s:.3g} s on this server, and a level must last "
+        f"{LEVEL_SPAN:g} of them to judge a sustained rate, not a burst")
 
 
 def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,

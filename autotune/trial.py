@@ -323,7 +323,7 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
     ``--warmup-requests N`` keeps the fixed warm-up instead (N requests, closed loop; 0:
     none)."""
     from autotune._segments import LogWatch
-    from autotune.levels import drain
+    from autotune.levels import drain, request_seconds
     from autotune.loadgen import replay
     from autotune.stats import SegmentRule
 
@@ -363,14 +363,16 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
         phase("warming_up", detail)
         return None
 
-    replay(sched, **client_kw, abort=segments)
+    run = replay(sched, **client_kw, abort=segments)
     server.check_alive()
     drain(client_kw["base_url"], level_plan.drain_timeout_s)
     outcome.warmup_s = time.monotonic() - t0
+    req_s = request_seconds(run.records, [r.max_tokens for r in sched.requests])
     outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": len(rates),
                       "converged": bool(rates) and rule.warmup_converged(rates, jit_last),
                       "jit_in_last_segment": jit_last, "jit_events": watch.events,
-                      "rates": [round(x, 1) for x in rates], "rate_rps": round(rate, 3)}
+                      "rates": [round(x, 1) for x in rates], "rate_rps": round(rate, 3),
+                      "request_s": None if req_s is None else round(req_s, 2)}
     return watch
 
 
@@ -380,12 +382,17 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     """--objective capacity: warm up, then the bracketing search over the arrival-rate
     scale on this server (autotune.levels). The measurement is the level the capacity
     rests on; the levels and the bracket go to ``outcome.capacity``."""
-    from autotune.levels import LevelPlan, find_capacity, recorded_rate
+    from autotune.levels import LevelPlan, find_capacity, fit_level, recorded_rate
 
     recorded = recorded_rate(spec.shape)
     level_plan = spec.capacity_plan or LevelPlan(seed=spec.seed)
     watch = _warm_up_capacity(spec, plan, server, outcome, phase, client_kw, recorded,
                               level_plan)
+    asked_s = level_plan.level_s
+    level_plan, stretched = fit_level(level_plan, (outcome.warmup or {}).get("request_s"))
+    if stretched:
+        logger.info("trial %d: %s", spec.number, stretched)
+        phase("capacity", stretched)
 
     def build(**kw: Any) -> Any:
         return _schedule(spec, plan.max_len, **kw)
@@ -407,7 +414,8 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
-    outcome.capacity = res.to_dict()
+    outcome.capacity = {**res.to_dict(), "level_s": level_plan.level_s,
+                        "level_s_asked": asked_s}
     outcome.stop = f"capacity_{res.status}"
     outcome.message = res.summary()
     logger.info("trial %d: %s", spec.number, outcome.message)

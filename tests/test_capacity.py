@@ -519,3 +519,30 @@ def test_token_seed_keeps_lengths_sharing_and_arrivals_and_changes_the_words() -
     assert shared(b) == pytest.approx(shared(a), rel=0.02) and shared(a) > 0
     with pytest.raises(Exception, match="token_seed must be >= 0"):
         build_schedule(shape, vocab_size=5000, token_seed=-1, num_requests=4, mode="open")
+
+
+def test_a_level_is_fitted_to_the_requests_it_serves() -> None:
+    # pure: the request time from finished requests (median TTFT + the median output asked
+    # for at the median time per token), then levels stretched to 3 of them, capped at 4x
+    from autotune.levels import LevelPlan, fit_level, request_seconds
+    from autotune.loadgen import RequestRecord
+
+    def rec(i: int, ttft: float, per_tok: float, n: int, ok: bool = True) -> RequestRecord:
+        return RequestRecord(index=i, send_s=10.0, first_token_s=10.0 + ttft,
+                             end_s=10.0 + ttft + per_tok * (n - 1), chunk_times_s=(),
+                             chunk_tokens=(), prompt_tokens=100, output_tokens=n, ok=ok,
+                             error=None, detail=None, status=200)
+
+    # the warm-up finished its short requests (the long ones were cut off): their
+    # per-token time still gives a 350-token request's duration, not theirs
+    recs = [rec(i, 0.2, 0.04, 20 + i) for i in range(9)] + [rec(9, 9.0, 9.0, 50, ok=False)]
+    req = request_seconds(recs, [350] * 30 + [100] * 10)
+    assert req == pytest.approx(0.2 + 350 * 0.04)
+    assert request_seconds(recs[:4], [350]) is None  # too few finished to say
+    plan = LevelPlan(level_s=20.0)
+    fitted, why = fit_level(plan, req)
+    assert fitted.level_s == pytest.approx(3 * req, abs=0.05) and "not 20" in why
+    assert fit_level(plan, 5.0) == (plan, "")  # 20 s outlast 3 requests of 5 s already
+    assert fit_level(plan, None) == (plan, "")
+    long, why = fit_level(plan, 60.0)
+    assert long.level_s == 80.0 and "stretch cap" in why

@@ -395,8 +395,9 @@ def test_run_sh_more_step_resumes_a_study_the_budget_cut_before_any_search(tmp_p
     progress = session(tmp_path / "res")
     assert ("more:casestudy: nothing to run: it measured configs besides vLLM's defaults"
             in progress), progress
-    assert ("more:mooncake --resume, budget 1000s: it measured only vLLM's defaults: the budget "
-            "left 2 queued config(s) unstarted") in progress, progress
+    budget = steps.shape_cfg("mooncake")["budget_s_one_gpu"]
+    assert (f"more:mooncake --resume, budget {budget}s: it measured only vLLM's defaults: the "
+            "budget left 2 queued config(s) unstarted") in progress, progress
     assert "more:mooncake done" in progress
     out = tmp_path / "res" / "study-mooncake"
     assert (out / "SEARCHED_MORE").exists() and (out / "more.log").exists()
@@ -428,7 +429,8 @@ def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Pa
     assert lines[0].startswith("study:casestudy: unchanged (winner"), lines
     assert lines[1].startswith("study:azure: unchanged (winner"), lines
     assert "search readings included" in lines[1]
-    assert lines[2].startswith("study:mooncake: unchanged (defaults_best"), lines
+    # study:mooncake's first run (20-s levels) was set aside: superseded/, README
+    assert lines[2].startswith("study:mooncake: not run yet"), lines
     best = json.loads((res / "study-azure" / "best.json").read_text())
     # the re-check's run judged with the fresh starts' spread alone (df 2): defaults_best
     assert best["rejudged"]["verdict_at_run"] == "defaults_best" and best["is_baseline"] is False
@@ -485,7 +487,7 @@ def test_autotune_best_answers_each_done_study_from_the_committed_stores(
             assert hit["exact"] and hit["study"] == f"shapes-{key}", (key, store, hit)
             assert hit["value"] == pytest.approx(best["objective"]["value"]), (key, store)
             assert hit["flags"] == best["flags"], (key, store)
-    assert done == 3  # casestudy, azure and mooncake are committed
+    assert done >= 2  # casestudy and azure are committed
 
 
 def test_pooled_md_is_what_pooled_py_makes_of_the_committed_results(tmp_path: Path) -> None:

@@ -198,3 +198,34 @@ def test_a_level_that_fails_while_a_kernel_compiles_is_run_once_more(
     levels = out.capacity["levels"] if out.capacity else []
     assert len(levels) == 2 and all(not lv["passed"] and lv["jit_compiled"] for lv in levels)
     assert all(lv["reruns"] == 1 for lv in levels), levels
+
+
+def test_capacity_levels_are_stretched_to_outlast_the_shapes_requests(
+        fake_model: Path, tmp_path: Path) -> None:
+    # A level starts from an idle server, which fills up for about one request's duration;
+    # the H200's mooncake levels (20 s of arrivals, requests of 10-15 s) judged mostly
+    # requests served before the server was full. Here requests take ~1.3 s (43 tokens, the
+    # shape's median, 30 ms apart) and the levels asked for 2 s: the warm-up measures the
+    # request time, and each level then replays 3 of them (~4 s) of arrivals.
+    from autotune.levels import LEVEL_SPAN, LevelPlan, capacity_spec
+    from autotune.measure import Slo
+
+    spec = TrialSpec(
+        number=6, model=str(fake_model), flags=(), shape=load_shape(SHAPE),
+        slo=Slo(ttft_s=5.0), rule=SegmentRule(warmup_tolerance=0.3, warmup_max_s=6.0),
+        start_timeout_s=30, log_dir=str(tmp_path),
+        env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": "ok",
+             "AUTOTUNE_FAKE_CHUNK_S": "0.03", "AUTOTUNE_FAKE_MAX_RUNNING": "64"},
+        **capacity_spec(goodput=0.9, max_error_rate=0.05, start=1.0, tolerance=0.5,
+                        level_s=2.0, max_levels=2),
+    )  # type: ignore[arg-type]
+    out = run_trial(spec)
+    assert out.ok, out.message
+    req_s = (out.warmup or {}).get("request_s")
+    assert req_s is not None and 43 * 0.03 * 0.8 < req_s < 43 * 0.03 * 2, out.warmup
+    cap = out.capacity or {}
+    assert cap["level_s_asked"] == 2.0
+    assert cap["level_s"] == pytest.approx(LEVEL_SPAN * req_s, abs=0.1)
+    lv = cap["levels"][0]  # 5.53 req/s: passes, all its arrivals sent
+    assert lv["passed"] and lv["offered"] == LevelPlan(level_s=cap["level_s"]).requests(
+        lv["offered_rps"]) > LevelPlan(level_s=2.0).requests(lv["offered_rps"])

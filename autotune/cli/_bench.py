@@ -86,7 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cap.add_argument("--capacity-tolerance", type=float, default=0.1, metavar="FRACTION",
                      help="bisect until the bracket is within this fraction (default 0.1)")
     cap.add_argument("--capacity-level-s", type=float, default=30.0, metavar="SECONDS",
-                     help="seconds of arrivals per load level (default 30)")
+                     help="seconds of arrivals per load level, at least (default 30; "
+                          "stretched to 3 of the shape's request durations measured in the "
+                          "warm-up, at most 4x, so that a level judges a sustained rate)")
     cap.add_argument("--capacity-start", type=float, default=1.0, metavar="SCALE",
                      help="first level, as a scale of the recorded rate (default 1.0)")
     cap.add_argument("--capacity-max-levels", type=int, default=10, metavar="N",
@@ -148,6 +150,11 @@ def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool
 
     cap: dict[str, Any] = outcome.capacity or {}
     m: dict[str, float] = outcome.metrics
+    req_s = (outcome.warmup or {}).get("request_s")
+    if cap.get("level_s") and cap.get("level_s") != cap.get("level_s_asked"):
+        print(f"levels of {cap['level_s']:g} s of arrivals (asked {cap['level_s_asked']:g}): "
+              f"the shape's requests took ~{req_s or 0:.3g} s in the warm-up, and a level "
+              "lasts 3 of them")
     for i, lv in enumerate(cap.get("levels", []), 1):
         tok = lv["output_tokens_per_s"]
         print(f"level {i}: {lv['scale']:.3g}x = {lv['offered_rps']:,.3g} req/s "

@@ -136,8 +136,11 @@ OPTIONS: tuple[Option, ...] = (
            help="--objective capacity: bisect until the bracket [highest passing rate, "
                 "lowest failing rate] is within this fraction (default 0.1 = 10 %%)"),
     Option("--capacity-level-s", "capacity_level_s", "measure", metavar="SECONDS",
-           help="--objective capacity: seconds of open-loop arrivals per load level (at "
-                "least 10 requests; a level stops early once it cannot pass; default 30)"),
+           help="--objective capacity: seconds of open-loop arrivals per load level, at "
+                "least (at least 10 requests; default 30); stretched to 3 of the shape's "
+                "request durations as the warm-up measured them (at most 4x), so that a "
+                "level judges a sustained rate, not a burst; a level stops early once it "
+                "cannot pass"),
     Option("--capacity-start", "capacity_start", "measure", metavar="SCALE",
            help="--objective capacity: the first level, as a scale of the recorded rate "
                 "(default 1.0; passes double it, fails halve it until bracketed)"),

@@ -303,9 +303,12 @@ def accounts(rdir: Path, rows: list[dict[str, Any]]) -> list[str]:
     ]
     total = total_dev = 0
     seen_queue: set[tuple[str, str]] = set()
-    recs = [steps.read_json(p) or {}
+    # steps whose results were set aside (superseded/: measured by a rule since replaced)
+    # spent their device time all the same
+    recs = [{**(steps.read_json(p) or {}), "superseded": d != rdir}
+            for d in (rdir, rdir.parent / "superseded")
             for g in ("*/step.json", "*/recheck-step.json", "*/more-step.json")
-            for p in rdir.glob(g)]
+            for p in d.glob(g)]
     for sj in sorted(recs, key=lambda r: str(r.get("started"))):
         q = sj.get("shared_queue")
         if q:  # one queue for several cross steps: count it once
@@ -326,6 +329,8 @@ def accounts(rdir: Path, rows: list[dict[str, Any]]) -> list[str]:
             if sj.get("resumed")
             else f"budget {sj.get('budget_s')} s, exit {sj.get('rc')}"
         )
+        if sj["superseded"]:
+            note += "; results superseded (`superseded/`)"
         step = f"cross:{q.replace(' ', '+')}" if q else sj.get("step")
         out.append(f"| {sj.get('session', '')} | {step} | {sj.get('started')} | {g} | {w} | "
                    f"{w * g} | {note} |")
