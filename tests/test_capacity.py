@@ -546,3 +546,23 @@ def test_a_level_is_fitted_to_the_requests_it_serves() -> None:
     assert fit_level(plan, None) == (plan, "")
     long, why = fit_level(plan, 60.0)
     assert long.level_s == 80.0 and "stretch cap" in why
+
+
+def test_bench_says_when_it_stretched_the_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    # pure: what `autotune bench --capacity` prints from a trial whose levels were fitted
+    from types import SimpleNamespace
+
+    from autotune.cli._bench import _print_capacity
+
+    def printed(level_s: float, asked: float, req_s: float) -> str:
+        out = SimpleNamespace(capacity={"level_s": level_s, "level_s_asked": asked,
+                                        "levels": []},
+                              metrics={}, warmup={"request_s": req_s}, message="none passed")
+        assert _print_capacity(out, {}, 0.99) is False  # no level: no capacity
+        return capsys.readouterr().out
+
+    assert "levels of 36 s of arrivals (asked 20)" in printed(36.0, 20.0, 12.0)
+    assert "requests took ~12 s" in printed(36.0, 20.0, 12.0)
+    assert "at most 4x the length asked" in printed(8.0, 2.0, 4.96)
+    assert "at most" not in printed(36.0, 20.0, 12.0)
+    assert printed(20.0, 20.0, 3.5) == ""  # not stretched: nothing to say
