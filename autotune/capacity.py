@@ -80,6 +80,10 @@ class Level:
     note: str = ""
     jit_compiled: bool = False  # the server log showed a kernel JIT-compiled during it
     reruns: int = 0  # run again: its first run failed while a kernel was JIT-compiled
+    finished: int = 0  # requests that ended (a level stopped early cancels the rest)
+    # of those, how many exceeded each SLO threshold or failed ({"tpot": 4, "ttft": 1}; a
+    # request over two thresholds counts in both): which SLO binds
+    missed_by: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +95,8 @@ class Level:
         jit = "; a kernel was JIT-compiled during it" if self.jit_compiled else ""
         if self.reruns:
             jit += "; run again after a first run that failed while a kernel compiled"
+        if self.missed_by:
+            jit += "; over " + ", ".join(f"{k} {n}" for k, n in self.missed_by.items())
         if self.stopped_early and self.note:
             return f"fail, stopped early: {self.note}{jit}"
         return (f"{'pass' if self.passed else 'fail'} ({self.goodput_fraction:.1%} within "

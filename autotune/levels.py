@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from autotune.capacity import CapacityResult, CapacitySearch, Level, search_capacity
 from autotune.errors import ConfigError, LoadgenError
 from autotune.loadgen import Abort, RequestRecord, replay
-from autotune.measure import Measurement, Slo, measure, meets_slo, snapshot_metrics
+from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, snapshot_metrics
 
 __all__ = ["LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain", "find_capacity", "fit_level",
            "level_abort", "recorded_rate", "request_seconds", "run_level"]
@@ -184,8 +185,12 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dic
     t0 = time.monotonic()
     run = replay(schedule, **client_kw, abort=level_abort(offered, slo, search))
     seconds = time.monotonic() - t0
-    met = sum(1 for r in run.records if meets_slo(r, slo))
-    failed = sum(1 for r in run.records if not r.ok)
+    met, failed, missed_by = 0, 0, Counter[str]()
+    for r in run.records:
+        why = slo_misses(r, slo)
+        met += not why
+        failed += not r.ok
+        missed_by.update(why)
     m = measure(run, slo=slo) if any(r.ok for r in run.records) else None
     good, err = met / offered, failed / offered
     passed = run.aborted is None and good >= search.goodput and err <= search.max_error_rate
@@ -195,6 +200,7 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dic
         ttft_p99_s=_pct(m.ttft_s) if m else None, tpot_p99_s=_pct(m.tpot_s) if m else None,
         e2e_p99_s=_pct(m.e2e_s) if m else None, seconds=round(seconds, 2),
         stopped_early=run.aborted is not None, note=run.aborted or "",
+        finished=len(run.records), missed_by=dict(sorted(missed_by.items())),
     )  # fmt: skip
     drain(client_kw["base_url"], plan.drain_timeout_s)
     return level, m

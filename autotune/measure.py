@@ -165,11 +165,15 @@ class Slo(BaseModel):
 
     def met_by(self, ttft: float | None, tpot: float | None, e2e: float | None) -> bool:
         """True when every set threshold is met (a figure that does not exist is not judged)."""
-        return not (
-            (self.ttft_s is not None and ttft is not None and ttft > self.ttft_s)
-            or (self.tpot_s is not None and tpot is not None and tpot > self.tpot_s)
-            or (self.e2e_s is not None and e2e is not None and e2e > self.e2e_s)
-        )
+        return not self.missed_by(ttft, tpot, e2e)
+
+    def missed_by(self, ttft: float | None, tpot: float | None, e2e: float | None
+                  ) -> tuple[str, ...]:
+        """The thresholds these figures exceed ("ttft", "tpot", "e2e"), in that order."""
+        return tuple(name for name, lim, v in (("ttft", self.ttft_s, ttft),
+                                               ("tpot", self.tpot_s, tpot),
+                                               ("e2e", self.e2e_s, e2e))
+                     if lim is not None and v is not None and v > lim)
 
 
 class Percentiles(BaseModel):
@@ -313,6 +317,17 @@ def _latencies(
         tpot = (times[-1] - first) / (r.output_tokens - 1)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     return ttft, tpot, e2e, gaps
+
+
+def slo_misses(r: RequestRecord, slo: Slo | None) -> tuple[str, ...]:
+    """Why a request does not count toward goodput: ("failed",), or the SLO thresholds it
+    exceeded (``Slo.missed_by``); () when it counts."""
+    if not r.ok:
+        return ("failed",)
+    if slo is None:
+        return ()
+    ttft, tpot, e2e, _ = _latencies(r)
+    return slo.missed_by(ttft, tpot, e2e)
 
 
 def meets_slo(r: RequestRecord, slo: Slo | None) -> bool:

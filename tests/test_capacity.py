@@ -566,3 +566,28 @@ def test_bench_says_when_it_stretched_the_levels(capsys: pytest.CaptureFixture[s
     assert "at most 4x the length asked" in printed(8.0, 2.0, 4.96)
     assert "at most" not in printed(36.0, 20.0, 12.0)
     assert printed(20.0, 20.0, 3.5) == ""  # not stretched: nothing to say
+
+
+def test_a_level_says_which_slo_its_misses_exceeded() -> None:
+    # pure: each request's misses by threshold, and the level's progress text with them
+    from autotune.capacity import Level
+    from autotune.loadgen import RequestRecord
+    from autotune.measure import Slo, meets_slo, slo_misses
+
+    def rec(ttft: float, tpot: float, ok: bool = True) -> RequestRecord:
+        return RequestRecord(index=0, send_s=0.0, first_token_s=ttft,
+                             end_s=ttft + 9 * tpot, chunk_times_s=(ttft, ttft + 9 * tpot),
+                             chunk_tokens=(1, 9), prompt_tokens=10, output_tokens=10, ok=ok,
+                             error=None, detail=None, status=200)
+
+    slo = Slo(ttft_s=1.0, tpot_s=0.05)
+    assert slo_misses(rec(0.5, 0.04), slo) == () and meets_slo(rec(0.5, 0.04), slo)
+    assert slo_misses(rec(0.5, 0.06), slo) == ("tpot",)
+    assert slo_misses(rec(2.0, 0.06), slo) == ("ttft", "tpot")
+    assert slo_misses(rec(0.5, 0.04, ok=False), slo) == ("failed",)
+    assert slo_misses(rec(2.0, 0.06), None) == ()
+    lv = Level(scale=1.0, offered_rps=5.0, passed=False, goodput_fraction=0.2,
+               error_rate=0.0, offered=100, stopped_early=True,
+               note="2 of 100 requests missed the SLOs or failed (at most 1 may)",
+               finished=20, missed_by={"tpot": 2})
+    assert lv.outcome().endswith("(at most 1 may); over tpot 2")

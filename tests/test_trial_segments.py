@@ -198,6 +198,10 @@ def test_a_level_that_fails_while_a_kernel_compiles_is_run_once_more(
     levels = out.capacity["levels"] if out.capacity else []
     assert len(levels) == 2 and all(not lv["passed"] and lv["jit_compiled"] for lv in levels)
     assert all(lv["reruns"] == 1 for lv in levels), levels
+    # each level says which SLO its misses exceeded (all TTFT here), of the requests that
+    # ended before it stopped
+    assert all(0 < lv["missed_by"]["ttft"] <= lv["finished"] < lv["offered"]
+               and set(lv["missed_by"]) == {"ttft"} for lv in levels), levels
 
 
 def test_capacity_levels_are_stretched_to_outlast_the_shapes_requests(
@@ -227,5 +231,6 @@ def test_capacity_levels_are_stretched_to_outlast_the_shapes_requests(
     assert cap["level_s_asked"] == 2.0
     assert cap["level_s"] == pytest.approx(LEVEL_SPAN * req_s, abs=0.1)
     lv = cap["levels"][0]  # 5.53 req/s: passes, all its arrivals sent
+    assert lv["finished"] == lv["offered"] and lv["missed_by"] == {}
     assert lv["passed"] and lv["offered"] == LevelPlan(level_s=cap["level_s"]).requests(
         lv["offered_rps"]) > LevelPlan(level_s=2.0).requests(lv["offered_rps"])
