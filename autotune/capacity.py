@@ -132,6 +132,24 @@ class CapacityResult:
         passed = [lv for lv in self.levels if lv.passed and lv.scale == self.low]
         return passed[-1] if passed else None
 
+    def flat_misses(self, goodput: float) -> tuple[float, float] | None:
+        """The rates (req/s) between which every level that ended enough requests (50)
+        missed the SLOs for about the share the goodput bar allows (half to twice ``1 -
+        goodput``), when they span 1.3x or more: there the miss rate barely grows with the
+        load, so where the capacity lands within that range is chance from start to start
+        (the H200's azure shape: 1.1-1.7 % missed from 14 to 22 req/s, TPOT p99 near its
+        SLO all along, and the defaults' capacity read 9-14 req/s). None otherwise, and for
+        levels recorded before ``finished`` was."""
+        q = 1.0 - goodput
+        if q <= 0:
+            return None
+        band = [lv.offered_rps for lv in self.levels if lv.finished >= 50
+                and q / 2 <= (lv.finished - round(lv.goodput_fraction * lv.offered))
+                / lv.finished <= 2 * q]
+        if len(band) < 2 or max(band) / min(band) < 1.3:
+            return None
+        return min(band), max(band)
+
     def summary(self) -> str:
         """One line for logs and trial messages."""
         r = self.recorded_rps
@@ -143,8 +161,10 @@ class CapacityResult:
                 f"{r:.3g} req/s), interval [{self.low * r:.3g}, {hi}] req/s, {self.status}, "
                 f"{len(self.levels)} levels")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, goodput: float | None = None) -> dict[str, Any]:
+        flat = self.flat_misses(goodput) if goodput is not None else None
         return {"recorded_rps": self.recorded_rps, "low": self.low, "high": self.high,
+                "flat_misses_rps": list(flat) if flat else None,
                 "status": self.status, "capacity_rps": self.capacity_rps,
                 "ci_low_rps": self.ci_low_rps, "ci_high_rps": self.ci_high_rps,
                 "levels": [lv.to_dict() for lv in self.levels]}

@@ -199,6 +199,7 @@ def capacity_record(t: Any, value: float, settings: Any) -> dict[str, Any]:
         "goodput_bar": settings.capacity_goodput,
         "slo": dict(settings.slo),
         "search": cap.get("status"),
+        "flat_misses_rps": cap.get("flat_misses_rps"),
         "levels": cap.get("levels", []),
     }
 

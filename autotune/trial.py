@@ -414,7 +414,7 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
-    outcome.capacity = {**res.to_dict(), "level_s": level_plan.level_s,
+    outcome.capacity = {**res.to_dict(spec.capacity.goodput), "level_s": level_plan.level_s,
                         "level_s_asked": asked_s}
     outcome.stop = f"capacity_{res.status}"
     outcome.message = res.summary()

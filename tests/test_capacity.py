@@ -591,3 +591,38 @@ def test_a_level_says_which_slo_its_misses_exceeded() -> None:
                note="2 of 100 requests missed the SLOs or failed (at most 1 may)",
                finished=20, missed_by={"tpot": 2})
     assert lv.outcome().endswith("(at most 1 may); over tpot 2")
+
+
+def test_a_capacity_whose_misses_barely_grow_with_the_load_says_so() -> None:
+    # pure: the H200's azure defaults (study trial 0, tenth session): TPOT p99 near its SLO
+    # from 14 to 22 req/s, 1.1-1.7 % of the ended requests missing at each level there, so
+    # the capacity lands by chance in that range (four starts read 9-14 req/s)
+    from autotune.capacity import CapacityResult, Level
+    from autotune.cli._tune import capacity_line
+
+    def lv(rps: float, offered: int, finished: int, missed: int) -> Level:
+        return Level(scale=rps / 5.53, offered_rps=rps, passed=missed <= offered // 100,
+                     goodput_fraction=(finished - missed) / offered, error_rate=0.0,
+                     offered=offered, finished=finished, missed_by={"tpot": missed})
+
+    levels = [lv(22.12, 443, 350, 5), lv(11.06, 222, 222, 0), lv(15.64, 313, 250, 4),
+              lv(13.15, 264, 264, 1), lv(14.34, 287, 275, 3)]
+    res = CapacityResult(recorded_rps=5.53, low=13.15 / 5.53, high=14.34 / 5.53,
+                         status="levels", levels=levels)
+    assert res.flat_misses(0.99) == (14.34, 22.12)
+    assert res.to_dict(0.99)["flat_misses_rps"] == [14.34, 22.12]
+    assert res.to_dict()["flat_misses_rps"] is None  # no goodput bar given: not judged
+    # a sharp knee (no misses, then many) is not flat; nor are levels of few requests, or
+    # ones recorded before `finished` was
+    sharp = CapacityResult(recorded_rps=5.53, levels=[lv(11.06, 222, 222, 0),
+                                                      lv(22.12, 443, 60, 5)])
+    assert sharp.flat_misses(0.99) is None
+    few = CapacityResult(recorded_rps=5.53, levels=[lv(14.0, 40, 40, 1), lv(22.0, 40, 40, 1)])
+    assert few.flat_misses(0.99) is None and res.flat_misses(1.0) is None
+    line = capacity_line({"capacity_rps": 13.15, "capacity_rps_ci_low": 13.15,
+                          "capacity_rps_ci_high": 14.34, "recorded_rps": 5.53,
+                          "goodput_bar": 0.99, "slo": {"tpot_p99": 0.05},
+                          "flat_misses_rps": [14.34, 22.12]})
+    assert "note: from 14.3 to 22.1 req/s every level missed" in line
+    assert "note" not in capacity_line({"capacity_rps": 13.15, "recorded_rps": 5.53,
+                                        "goodput_bar": 0.99, "slo": {}})

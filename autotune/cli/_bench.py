@@ -174,7 +174,7 @@ def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool
         "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
         "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
         "recorded_rps": m["capacity_recorded_rps"], "gpus_needed": m.get("gpus_needed"),
-        "goodput_bar": goodput, "slo": slo}))
+        "goodput_bar": goodput, "slo": slo, "flat_misses_rps": cap.get("flat_misses_rps")}))
     print("latencies below: the level at capacity")
     return True
 
