@@ -137,9 +137,10 @@ class CapacityResult:
         missed the SLOs for about the share the goodput bar allows (half to twice ``1 -
         goodput``), when they span 1.3x or more: there the miss rate barely grows with the
         load, so where the capacity lands within that range is chance from start to start
-        (the H200's azure shape: 1.1-1.7 % missed from 14 to 22 req/s, TPOT p99 near its
-        SLO all along, and the defaults' capacity read 9-14 req/s). None otherwise, and for
-        levels recorded before ``finished`` was."""
+        (the H200's azure shape: from 14 to 22 req/s each failing level failed by one miss
+        over the bar, e.g. 5 of 443 requests, TPOT p99 near its SLO all along, and the
+        defaults' capacity read 9-14 req/s). None otherwise, and for levels recorded
+        before ``finished`` was."""
         q = 1.0 - goodput
         if q <= 0:
             return None
