@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from autotune.errors import ConfigError
 
-__all__ = ["CapacityResult", "CapacitySearch", "Level", "search_capacity"]
+__all__ = ["CapacityResult", "CapacitySearch", "Level", "flat_note", "search_capacity"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,15 @@ class CapacityResult:
                 "status": self.status, "capacity_rps": self.capacity_rps,
                 "ci_low_rps": self.ci_low_rps, "ci_high_rps": self.ci_high_rps,
                 "levels": [lv.to_dict() for lv in self.levels]}
+
+
+def flat_note(flat: Any) -> str:
+    """What a ``flat_misses`` range means, for the capacity line and the report."""
+    return (f"from {flat[0]:,.3g} to {flat[1]:,.3g} req/s every level missed the SLOs for "
+            "about the share the goodput bar allows: the misses barely grow with the load "
+            "there, so the capacity can land anywhere in that range from one server start to "
+            "the next; an SLO the traffic meets with more room, or a lower "
+            "--capacity-goodput, makes it sharper")
 
 
 def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,

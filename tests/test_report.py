@@ -241,3 +241,50 @@ def test_report_of_a_real_study_whose_every_server_fails(tiny_llama: Path, tmp_p
         assert bad in page.text("#failures pre")
         assert "invalid_config" in page.hover_a_point("plot-history")
         assert page.errors == [] and page.requests == []
+
+
+def test_a_capacity_study_shows_each_leaders_load_levels(tmp_path: Path) -> None:
+    # --objective capacity: the report shows the levels behind each leader's bracket, with
+    # which SLO the misses exceeded, the level length used and the flat-misses note
+    storage = f"sqlite:///{tmp_path}/c.db"
+    study = optuna.create_study(storage=storage, study_name="cap")
+    study.set_user_attr("autotune.settings", {"objective": "capacity", "trials": 2})
+
+    def lv(rps: float, passed: bool, finished: int | None, over: dict[str, int]
+           ) -> dict[str, Any]:
+        d = {"scale": rps / 3.4, "offered_rps": rps, "passed": passed,
+             "goodput_fraction": 0.99 if passed else 0.4, "error_rate": 0.0, "offered": 400,
+             "ttft_p99_s": 0.4, "tpot_p99_s": 0.09 if passed else 0.12, "seconds": 40.0,
+             "stopped_early": not passed, "note": "", "jit_compiled": False, "reruns": 0}
+        if finished is not None:  # levels recorded before the twelfth session lack these
+            d.update(finished=finished, missed_by=over)
+        return d
+
+    for number, levels, extra in (
+            (0, [lv(13.6, True, 400, {"tpot": 3}), lv(27.2, False, 300, {"tpot": 5}),
+                 lv(19.2, True, 400, {"tpot": 4})],
+             {"level_s": 36.0, "level_s_asked": 20.0, "flat_misses_rps": [13.6, 27.2]}),
+            (1, [lv(13.6, True, None, {}), lv(27.2, False, None, {})], {})):
+        cap = {"recorded_rps": 3.4, "low": 19.2 / 3.4 if number == 0 else 4.0,
+               "high": 8.0, "status": "levels", "levels": levels, **extra}
+        value = 19.2 if number == 0 else 13.6
+        study.add_trial(optuna.trial.create_trial(
+            params={"max_num_seqs": 8 * (number + 1), "prefix": True}, distributions=DISTS,
+            values=[value],
+            user_attrs={"autotune.state": "ok", "autotune.baseline": number == 0,
+                        "autotune.capacity": cap,
+                        "autotune.metrics": {"capacity_rps": value,
+                                             "capacity_rps_ci_low": value,
+                                             "capacity_rps_ci_high": 27.2}},
+            constraints={"failed": 0.0, "slo": 0.0, "errors": 0.0, "quality": 0.0}))
+    html = render_html(load_report_data(storage=storage, study_name="cap"))
+    sec = html.split('<section id="capacity">', 1)[1].split("</section>", 1)[0]
+    assert "vLLM defaults #0: bracket [19.2, 27.2] req/s" in sec
+    assert "levels of 36 s of arrivals (asked 20)" in sec
+    assert "tpot 5" in sec and "300 / 400" in sec and "<b>fail</b>" in sec
+    assert "from 13.6 to 27.2 req/s every level missed the SLOs" in sec
+    assert "trial #1: bracket [13.6, 27.2] req/s" in sec and "not recorded" in sec
+    # a throughput study says it has no levels
+    other = _make_study(tmp_path / "t", recorded=True)
+    html = render_html(load_report_data(storage=other, study_name="s"))
+    assert "not a capacity study" in html.split('<section id="capacity">', 1)[1]

@@ -384,7 +384,10 @@ def _verdict_line(v: dict[str, Any]) -> str:
 
 
 def capacity_line(c: dict[str, Any]) -> str:
-    """best.json's ``capacity`` in one line (what operators size a fleet by)."""
+    """best.json's ``capacity`` in one line (what operators size a fleet by), and a note
+    when the capacity is chance within a range (``CapacityResult.flat_misses``)."""
+    from autotune.capacity import flat_note
+
     def num(x: Any, fmt: str = ",.3g") -> str:
         return format(x, fmt) if isinstance(x, (int, float)) else "?"
 
@@ -398,20 +401,9 @@ def capacity_line(c: dict[str, Any]) -> str:
             f"requests within {', '.join(f'{k}={v:g}s' for k, v in c['slo'].items())}); "
             f"{num(c.get('output_tokens_per_s_at_capacity'), ',.1f')} out tok/s at that rate; "
             f"GPUs needed for the recorded {num(c['recorded_rps'])} req/s: "
-            f"{num(c.get('gpus_needed'), '.2f')}" + flat_note(c))
-
-
-def flat_note(c: dict[str, Any]) -> str:
-    """The capacity line's warning when the miss rate barely grew with the load
-    (``CapacityResult.flat_misses``): a capacity that lands by chance in that range."""
-    flat = c.get("flat_misses_rps")
-    if not flat:
-        return ""
-    return (f"\nnote: from {flat[0]:,.3g} to {flat[1]:,.3g} req/s every level missed the "
-            "SLOs for about the share the goodput bar allows: the misses barely grow with "
-            "the load there, so the capacity can land anywhere in that range from one "
-            "server start to the next; an SLO the traffic meets with more room, or a lower "
-            "--capacity-goodput, makes it sharper")
+            f"{num(c.get('gpus_needed'), '.2f')}"
+            + (f"\nnote: {flat_note(c['flat_misses_rps'])}" if c.get("flat_misses_rps")
+               else ""))
 
 
 def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:

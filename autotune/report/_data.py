@@ -48,6 +48,8 @@ class TrialRow:
     log_path: str | None
     slot: str  # the GPU(s) or node the trial ran on ("local" when not recorded)
     request_errors: dict[str, int] = field(default_factory=dict)  # failed requests by kind
+    # --objective capacity: the bracket and every load level (autotune.capacity)
+    capacity: dict[str, Any] = field(default_factory=dict)
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -142,6 +144,7 @@ def trial_row(t: Any) -> TrialRow:
         wall_s=_num(ua.get(A.WALL_S)), log_path=ua.get(A.LOG), slot=slot,
         request_errors={str(k): int(v) for k, v in dict(ua.get(REQUEST_ERRORS_ATTR) or {}).items()
                         if isinstance(v, int)},
+        capacity=dict(ua.get(A.CAPACITY) or {}),
     )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ SECTIONS = {
     "importance": "Parameter importances",
     "pareto": "Pareto front",
     "latency": "Latency: leaders vs defaults",
+    "capacity": "Capacity: the load levels",
     "failures": "Failures and why",
     "gpu-time": "GPU-time account",
 }
@@ -177,6 +178,50 @@ def _latency_html(d: ReportData) -> str:
     return _table(head, body)
 
 
+def _capacity_html(d: ReportData) -> str:
+    """--objective capacity: each leader's load levels in the order they ran, with which SLO
+    their misses exceeded (the figures behind the bracket, and behind a flat-misses note)."""
+    from autotune.capacity import flat_note
+
+    out = []
+    for t in leaders(d):
+        cap = t.capacity
+        if not cap.get("levels"):
+            continue
+        rec = float(cap.get("recorded_rps") or 0.0)
+        lo, hi = cap.get("low"), cap.get("high")
+        bracket = (f"[{_fmt(lo * rec, ',.3g') if lo is not None else 'none passed'}, "
+                   f"{_fmt(hi * rec, ',.3g') if hi is not None else 'none failed'}] req/s")
+        length = (f"; levels of {cap['level_s']:g} s of arrivals"
+                  + (f" (asked {cap['level_s_asked']:g})"
+                     if cap.get("level_s_asked") not in (None, cap["level_s"]) else "")
+                  if cap.get("level_s") else "")
+        out.append(f"<h3>{_e(t.label)}: bracket {_e(bracket)}, {_e(cap.get('status', '?'))}"
+                   f"{_e(length)}</h3>")
+        if cap.get("flat_misses_rps"):
+            out.append(_note(flat_note(cap["flat_misses_rps"])))
+        rows = []
+        for i, lv in enumerate(cap["levels"], 1):
+            ended = lv.get("finished")
+            over = ", ".join(f"{k} {n}" for k, n in (lv.get("missed_by") or {}).items())
+            notes = "; ".join(x for x in (
+                "stopped early" if lv.get("stopped_early") else "",
+                "a kernel compiled during it" if lv.get("jit_compiled") else "",
+                "run again (failed while a kernel compiled)" if lv.get("reruns") else "") if x)
+            rows.append([str(i), _e(_fmt(lv.get("offered_rps"), ",.3g")),
+                         "pass" if lv.get("passed") else "<b>fail</b>",
+                         _e(_fmt(100 * (lv.get("goodput_fraction") or 0.0), ".1f") + " %"),
+                         _e(f"{ended if ended is not None else '?'} / {lv.get('offered', '?')}"),
+                         _e(over or ("-" if ended is not None else "not recorded")),
+                         _e(_fmt(lv.get("ttft_p99_s"), ".3f")),
+                         _e(_fmt(lv.get("tpot_p99_s"), ".3f")),
+                         _e(_fmt(lv.get("seconds"), ".0f")), _e(notes)])
+        out.append(_table(["level", "req/s offered", "result", "within SLOs", "ended / offered",
+                           "misses over", "TTFT p99 s", "TPOT p99 s", "seconds", "note"],
+                          rows))
+    return "".join(out)
+
+
 def _gpu_html(d: ReportData) -> str:
     if not d.gpu_time:
         return _note("not recorded: no trial recorded its times")
@@ -215,7 +260,7 @@ def _header(d: ReportData) -> str:
 
 _TEXT: dict[str, Callable[[ReportData], str]] = {
     "verdict": _verdict_html, "shape": _shape_html, "failures": _failures_html,
-    "latency": _latency_html, "gpu-time": _gpu_html,
+    "latency": _latency_html, "capacity": _capacity_html, "gpu-time": _gpu_html,
 }
 
 _WHY_NO_FIGURE = {
@@ -225,6 +270,8 @@ _WHY_NO_FIGURE = {
     "pareto": lambda d: ("not a Pareto study (--objective pareto gives one)"
                          if d.n_objectives != 2 else "no feasible trial: no front"),
     "latency": lambda d: "no measured trial: no latencies",
+    "capacity": lambda d: ("" if any(t.capacity.get("levels") for t in d.trials) else
+                           "not a capacity study (--objective capacity measures load levels)"),
     "failures": lambda d: "",
     "gpu-time": lambda d: "",
 }
