@@ -43,6 +43,10 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_pa
             "--shape", str(REPO / "traffic" / "example-chat.json"),
             "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "2",
             "--parallel", "2", "--recheck", "0", "--no-baseline",
+            # no quality reference (a vLLM start of its own, about 2 min here): this test is
+            # about Ray's nodes and the Pareto front; the reference and the probe of lossy
+            # trials under local Ray are tested in tests/test_study_e2e.py
+            "--no-quality-probe",
             "--enqueue", '{"max_num_seqs": 8}', "--enqueue", '{"max_num_seqs": 16}',
             "--num-requests", "8", "--concurrency", "2", "--segment-requests", "4",
             "--precision", "0.1", "--warmup-max-s", "15", "--measure-max-s", "15",

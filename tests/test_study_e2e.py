@@ -27,11 +27,19 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         "--model", str(tiny_hybrid), "--shape", str(REPO / "traffic" / "example-chat.json"),
         "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "3",
         "--storage", storage, "--tracking-uri", tracking, "--study-name", "e2e",
-        "--out", str(out), "--num-requests", "16", "--concurrency", "4", "--seed", "3",
+        "--out", str(out), "--num-requests", "16", "--concurrency", "4",
+        # seed 5: TPE's third trial is lossless (FP32 state, 59 seqs, 1,024 batched tokens;
+        # the sampler's startup draws depend on the seed alone), so a config besides the
+        # defaults is normally feasible and the re-check runs (none runs when only the
+        # defaults were: seed 3 drew FP16 state, which the quality gate may refuse too)
+        "--seed", "5",
         "--cache-dir", str(tmp_path / "cache"), "--recheck", "1", "--recheck-starts", "1",
-        # short adaptive measurements: segments of 8 requests, 10 % precision, 15 s caps
-        "--segment-requests", "8", "--precision", "0.1", "--warmup-max-s", "15",
-        "--measure-max-s", "15",
+        # short adaptive measurements: segments of 4 requests, 10 % precision, 8 s caps
+        # (CI time: a segment of 4 at 4 streams takes about 2 s here, so a cap holds about
+        # 4 segments, the margin the asserts below (>= 3 measured, >= 2 warm-up) had with
+        # segments of 8 and 15 s caps)
+        "--segment-requests", "4", "--precision", "0.1", "--warmup-max-s", "8",
+        "--measure-max-s", "8",
         # a lossy config first: the quality gate must mark it infeasible (issue 8)
         "--quality", "min_agreement=0.99",
         "--enqueue", '{"mamba_ssm_cache_dtype": "bfloat16", "max_num_seqs": 8}',
@@ -40,7 +48,7 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     assert "serve command:" in proc.stdout and "vllm serve" in proc.stdout
-    assert "done," in proc.stderr and "re-measuring" in proc.stderr  # the progress display
+    assert "done," in proc.stderr  # the progress display
 
     # Optuna storage: 3 finished trials (samples the space's rules reject cost no server
     # and do not count), trial 0 is vLLM's defaults.
@@ -92,10 +100,15 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
             assert lossy.user_attrs.get("autotune.reason") != "quality"
     assert (out / "logs" / "quality-reference.log").exists()
 
-    # Re-check: the leader and the baseline were measured once more before the verdict.
-    assert 1 <= len(rechecks) <= 2
-    leader = max(ok, key=lambda t: t.value)
-    assert leader.number in {t.user_attrs["autotune.recheck_of"] for t in rechecks}
+    # Re-check: the leader and the baseline were measured once more before the verdict;
+    # none when no config but the defaults was feasible (fresh starts could not change it).
+    if any(not t.user_attrs.get("autotune.baseline") for t in ok):
+        assert "re-measuring" in proc.stderr  # the progress display
+        assert 1 <= len(rechecks) <= 2
+        leader = max(ok, key=lambda t: t.value)
+        assert leader.number in {t.user_attrs["autotune.recheck_of"] for t in rechecks}
+    else:
+        assert rechecks == [] and "no re-check: no config but vLLM's defaults" in log
 
     # best.json: the verdict with its ratio to the defaults (fresh-server readings); no
     # claim on which way it goes (CPU starts vary up to 2x)
@@ -201,8 +214,11 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
                   "--tracking-uri", tracking, "--study-name", "e2e-retune",
                   "--out", str(tmp_path / "out2"), "--trials", "1", "--top-k", "1",
                   "--recheck", "0", "--no-baseline", "--no-quality-probe",
-                  "--segment-requests", "8", "--precision", "0.1", "--warmup-max-s", "15",
-                  "--measure-max-s", "15", "--cache-dir", str(tmp_path / "cache"))
+                  # nothing below reads this trial's figures, and Ray was tested above:
+                  # the shortest measurement, in the tuner's process (CI time)
+                  "--no-ray", "--segment-requests", "4", "--precision", "0.2",
+                  "--warmup-max-s", "4", "--measure-max-s", "4",
+                  "--cache-dir", str(tmp_path / "cache"))
     assert drifted.returncode == 0, (drifted.stdout + drifted.stderr)[-5000:]
     assert "DRIFTED" in drifted.stdout and "warm-started from study e2e" in drifted.stdout
     new = optuna.load_study(study_name="e2e-retune", storage=storage)
