@@ -136,8 +136,10 @@ def tune(argv: list[str]) -> int:
         _metrics(cand["flags"], cand["env"], cap, rate),
     )
     metric = "capacity_rps" if cap else "output_tokens_per_s"
+    rechecks = [int(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "--recheck"]
     best = {
         "verdict": "winner",
+        "verdict_detail": {"winner_number": 1, "baseline_number": 0, "candidate_number": 1},
         "ratio_to_defaults": {
             "median": cm[metric] / bm[metric],
             "ci_low": 0.9 * cm[metric] / bm[metric],
@@ -180,6 +182,8 @@ def tune(argv: list[str]) -> int:
                     },
                 },
                 "dry_run": True,
+                # the last --recheck given wins, as in autotune's parser
+                "settings": {"recheck": rechecks[-1] if rechecks else 1},
             }
         )
     )

@@ -27,13 +27,15 @@
 # earlier session) are unpacked first, so first starts are warm; after each step the caches
 # are packed again in 15-MB parts under ~/res-cache for poll.sh to bring back.
 # Knobs: STEPS, RESUME_FROM, BUDGET_<KEY> (a study's --budget, default shapes.json's
-# budget_s, or budget_s_one_gpu on one GPU), TRIALS (4: defaults, cover_prefill, recipe, one TPE sample), DRY=1 (CPU dry
+# budget_s, or budget_s_one_gpu on one GPU), TRIALS (default `steps.py study-args`: 4, defaults,
+# cover_prefill, recipe, one TPE sample; a shape's one_gpu in shapes.json may ask for fewer
+# and leave its re-check to the next session's recheck:KEY), DRY=1 (CPU dry
 # run: autotune replaced by dryrun.py, nothing installed, no GPU).
 set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
 T0=$(date +%s); DEADLINE=$(( T0 + LEFT ))
 STEPS=${STEPS:-study:casestudy study:azure study:mooncake recheck:casestudy recheck:azure recheck:mooncake more:casestudy more:azure more:mooncake cross:casestudy cross:azure cross:mooncake}
-TRIALS=${TRIALS:-4}; DRY=${DRY:-0}
+DRY=${DRY:-0}; export TRIALS=${TRIALS:-}  # TRIALS: steps.py study-args' default when empty
 # GPUS (environment): how many to use; default: what nvidia-smi lists (2 in a dry run). On
 # one GPU (`nvidia-h200`) a study runs one trial at a time and the cross servers one by one.
 GPUS=${GPUS:-$( [ "$DRY" = 1 ] && echo 2 || nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
@@ -136,14 +138,13 @@ tune_study() {  # KEY CAP_S NAME TUNE_ARGS...: `autotune tune` of study KEY (its
   # RES/study-KEY/NAME.log, server-log tails NAME-server-logs.tgz; exit status in TUNE_RC),
   # then its result files and both stores copied to RES
   local key=$1 cap=$2 log=$3 out=$RES/study-$1 targs; shift 3
-  mapfile -t targs < <(S tune-args "$key")
+  mapfile -t targs < <(S tune-args "$key"; S study-args "$key" "$GPUS")
+  # the step's own arguments last: they win (a deferred re-check's --recheck 1)
   timeout --signal=TERM --kill-after=30 "$cap" "${AT[@]}" -v tune \
-    --model "$MODEL" --space "$SPACE" "${targs[@]}" --trials "$TRIALS" "$@" \
-    --enqueue '{"cudagraph_cover_prefill": true}' --enqueue @experiments/h200/recipe.json \
-    --recheck 1 --no-quality-probe \
+    --model "$MODEL" --space "$SPACE" "${targs[@]}" --no-quality-probe \
     --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
     --experiment h200-shapes --study-name "shapes-$key" --out "$RUN/study-$key" --cache-dir "$CACHE" \
-    --start-timeout 480 --request-timeout 240 --seed 0 >> "$out/$log.log" 2>&1
+    --start-timeout 480 --request-timeout 240 --seed 0 "$@" >> "$out/$log.log" 2>&1
   TUNE_RC=$?; echo "tune exit code $TUNE_RC" >> "$out/$log.log"
   for f in best.json study.json trials.csv config.yaml serve_command.sh; do
     [ -f "$RUN/study-$key/$f" ] && cp "$RUN/study-$key/$f" "$out/"; done
@@ -179,12 +180,12 @@ recheck() {  # KEY: the fresh starts a done study's verdict asked for (its start
   local key=$1 out=$RES/study-$1 got k new need t0 rc
   if ! got=$(S recheck-starts "$key" "${DIRS[@]}"); then phase "recheck:$key: nothing to run: $got"; return; fi
   read -r k new <<< "$got"
-  need=$(( 60 + new * $(S start-seconds) + new * 170 ))   # tune's start, then each trial
+  need=$(( 60 + new * ($(S start-seconds) + $(S cell-seconds "$key")) ))  # tune's start, each trial
   if [ "$(left)" -lt $(( need + 60 )) ]; then
     phase "recheck:$key not started: $(left) s left, $new fresh starts take ~$need"; return; fi
   mkdir -p "$out"; phase "recheck:$key --resume --recheck-starts $k ($new fresh starts, ~${need}s)"
   t0=$(date +%s)
-  tune_study "$key" $(( $(left) - 40 )) recheck --budget 60 --recheck-starts "$k" --resume; rc=$TUNE_RC
+  tune_study "$key" $(( $(left) - 40 )) recheck --budget 60 --recheck 1 --recheck-starts "$k" --resume; rc=$TUNE_RC
   resumed_end recheck "$key" "$t0" "$rc" RECHECKED "{\"recheck_starts\": $k, \"fresh_starts\": $new}"
 }
 

@@ -3,8 +3,11 @@ from shapes.json and from the results already there, so that run.sh stays plain 
 
     python3 steps.py get KEY FIELD                  a field of shapes.json's shape KEY
     python3 steps.py tune-args KEY                  the shape's tune arguments, one a line
+    python3 steps.py study-args KEY GPUS            the study's --trials, --enqueue and
+                                                    --recheck (shapes.json's one_gpu), one a line
     python3 steps.py done study KEY DIR...          exit 0 when a DIR holds study-KEY/DONE
     python3 steps.py start-seconds                  a server start's expected seconds
+    python3 steps.py cell-seconds KEY               a measurement's expected seconds (shape KEY)
     python3 steps.py recheck-starts KEY DIR...      'K NEW': the --recheck-starts a done study's
                                                     verdict asked for, and the trials it adds
     python3 steps.py more KEY DIR...                why a done study's search goes on (exit 0),
@@ -204,6 +207,27 @@ def tune_args(key: str) -> list[str]:
     return ["--objective", c["objective"], *_measure_args(c, c.get("capacity_start", 1.0))]
 
 
+COVER_PREFILL = '{"cudagraph_cover_prefill": true}'
+ENQUEUE = {"cover_prefill": COVER_PREFILL, "recipe": "@" + RECIPE}
+
+
+def study_args(key: str, gpus: int, trials: str = "") -> list[str]:
+    """A study's trials, queued configs and re-check: by default 4 trials (vLLM's defaults,
+    then ``cudagraph_cover_prefill``, the case study's recipe, one TPE sample) and a re-check
+    of the leader and the defaults on one fresh start each. On one GPU a shape's ``one_gpu``
+    (shapes.json) may ask for fewer trials, another queue order and ``"recheck": "later"``:
+    the study then runs without its re-check (``--recheck 0``) and the next session's
+    ``recheck:KEY`` step adds it (``tune --resume --recheck 1``): a session holds the search
+    or the re-check of a shape whose cold trials take ~700 s, not both. ``trials``: the
+    TRIALS environment, which wins when set."""
+    one = (shape_cfg(key).get("one_gpu") or {}) if gpus == 1 else {}
+    n = trials or str(one.get("trials", 4))
+    out = ["--trials", n]
+    for name in one.get("enqueue", ["cover_prefill", "recipe"]):
+        out += ["--enqueue", ENQUEUE[name]]
+    return [*out, "--recheck", "0" if one.get("recheck") == "later" else "1"]
+
+
 def bench_args(key: str, cap_start: float) -> list[str]:
     c = shape_cfg(key)
     a = _measure_args(c, cap_start)
@@ -230,8 +254,10 @@ def cell_seconds(key: str) -> tuple[int, int]:
     c = shape_cfg(key)
     warm = int(c.get("warmup_max_s", 60))
     if c["objective"] == "capacity":
-        body_max = c["capacity_max_levels"] * (c["capacity_level_s"] + 20)
-        body = 5 * (c["capacity_level_s"] + 15)
+        # levels last 3 of the shape's requests (autotune.levels.fit_level): mooncake's ~45 s
+        level = int(c.get("capacity_level_s_expected", c["capacity_level_s"]))
+        body_max = c["capacity_max_levels"] * (level + 20)
+        body = 5 * (level + 15)
     else:
         body_max = body = int(c.get("measure_max_s", 90))
     return int(warm + body + 20), int(warm + body_max + 40)
@@ -403,6 +429,13 @@ def recheck_starts(key: str, dirs: list[Path]) -> tuple[int, int] | str:
     best = read_json(s / "best.json") or {}
     v = best.get("verdict_detail") or {}
     need = (v.get("starts_needed") or {}).get("recheck_starts")
+    st = read_json(s / "study.json") or {}
+    if not need and (st.get("settings") or {}).get("recheck") == 0:
+        # searched without its re-check (shapes.json one_gpu "recheck": "later"): one fresh
+        # start of the leader and of the defaults; none when only the defaults were feasible
+        if v.get("candidate_number") is None and v.get("winner_number") is None:
+            return "its re-check was left for later, but no config but the defaults was feasible"
+        return 1, 2
     if not need:
         return f"its verdict ({best.get('verdict')}) asks for no more starts"
     have = v.get("readings") or {}
@@ -439,6 +472,10 @@ def main(argv: list[str]) -> int:
         print(v)
     elif cmd == "tune-args":
         print("\n".join(tune_args(rest[0])))
+    elif cmd == "study-args":
+        import os
+
+        print("\n".join(study_args(rest[0], int(rest[1]), os.environ.get("TRIALS", ""))))
     elif cmd == "done":
         what, key, dirs = rest[0], rest[1], [Path(d) for d in rest[2:]]
         assert what == "study"
@@ -448,6 +485,8 @@ def main(argv: list[str]) -> int:
         print(s)
     elif cmd == "start-seconds":
         print(start_seconds())
+    elif cmd == "cell-seconds":
+        print(cell_seconds(rest[0])[0])
     elif cmd == "recheck-starts":
         got = recheck_starts(rest[0], [Path(d) for d in rest[1:]])
         if isinstance(got, str):
