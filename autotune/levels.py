@@ -107,8 +107,9 @@ def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]
     want = LEVEL_SPAN * request_s
     if plan.level_s >= want:
         return plan, ""
-    level_s = round(min(want, LEVEL_STRETCH_MAX * plan.level_s), 1)
-    capped = " (the stretch cap)" if level_s < want else ""
+    cap = LEVEL_STRETCH_MAX * plan.level_s
+    level_s = round(min(want, cap), 1)
+    capped = " (the stretch cap)" if want > cap else ""  # not the rounding of want
     return dataclasses.replace(plan, level_s=level_s), (
         f"levels of {level_s:g} s of arrivals{capped}, not {plan.level_s:g}: this shape's "
         f"requests take ~{request_s:.3g} s on this server, and a level must last "

@@ -410,6 +410,50 @@ def test_run_sh_more_step_resumes_a_study_the_budget_cut_before_any_search(tmp_p
     assert "more:mooncake: nothing to run: searched more already" in progress, progress
 
 
+def test_one_gpu_study_leaves_its_recheck_to_the_next_session(tmp_path: Path) -> None:
+    # shapes.json one_gpu (mooncake): 2 trials, the recipe queued alone, --recheck 0; the next
+    # session's recheck:KEY runs `tune --resume --recheck 1` with one fresh start each, and
+    # until then the study's winner is provisional: no win-KEY cell is planned
+    import shutil
+
+    a1 = steps.study_args("mooncake", 1)
+    assert a1 == ["--trials", "2", "--enqueue", "@" + steps.RECIPE, "--recheck", "0"]
+    a2 = steps.study_args("mooncake", 2)
+    assert a2[-2:] == ["--recheck", "1"] and a2.count("--enqueue") == 2 and a2[1] == "4"
+    assert steps.study_args("azure", 1)[:2] == ["--trials", "4"]
+    assert steps.study_args("mooncake", 1, trials="3")[:2] == ["--trials", "3"]
+
+    committed = tmp_path / "committed"
+    progress = _dry_session(tmp_path, tmp_path / "res", committed, gpus="1",
+                            steps="study:mooncake recheck:mooncake")
+    assert "recheck:mooncake not started" not in progress
+    out = tmp_path / "res" / "study-mooncake"
+    # the dry tune records the --recheck it was given last: 0 for the study, 1 for the re-check
+    assert "recheck:mooncake --resume --recheck-starts 1 (2 fresh starts" in progress, progress
+    assert json.loads((out / "study.json").read_text())["settings"]["recheck"] == 1
+    assert (out / "RECHECKED").exists()
+
+    # a study searched without its re-check, not yet re-checked: pending
+    sd = committed / "study-mooncake"
+    sd.mkdir(parents=True)
+    (sd / "DONE").touch()
+    _w(sd / "best.json", {"verdict": "defaults_best", "flags": [], "env": {}, "trial": 0,
+                          "verdict_detail": {"candidate_number": 1}})
+    _w(sd / "study.json", {"settings": {"recheck": 0}})
+    assert steps.recheck_starts("mooncake", [committed]) == (1, 2)
+    assert "re-check is pending" in steps.config_of("azure", "win-mooncake", [committed])["missing"]
+    assert matrix.cell("azure", "win-mooncake", committed)["note"] == (
+        "study:mooncake's re-check pending")
+    # only the defaults feasible: nothing a re-check could change
+    _w(sd / "best.json", {"verdict": "defaults_best", "verdict_detail": {}})
+    assert "no config but the defaults" in steps.recheck_starts("mooncake", [committed])
+    # re-checked: its winner counts
+    _w(sd / "best.json", {"verdict": "defaults_best", "flags": ["--x"], "env": {}, "trial": 0})
+    _w(sd / "study.json", {"settings": {"recheck": 1}})
+    assert steps.config_of("azure", "win-mooncake", [committed])["flags"] == ["--x"]
+    shutil.rmtree(committed)
+
+
 def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Path) -> None:
     # rejudge.py judges each committed study again from its Optuna store: "unchanged" means
     # study.json, best.json and the store hold what this checkout's rule says (a rule
@@ -429,8 +473,8 @@ def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Pa
     assert lines[0].startswith("study:casestudy: unchanged (winner"), lines
     assert lines[1].startswith("study:azure: unchanged (winner"), lines
     assert "search readings included" in lines[1]
-    # study:mooncake's first run (20-s levels) was set aside: superseded/, README
-    assert lines[2].startswith("study:mooncake: not run yet"), lines
+    # study:mooncake (thirteenth session): searched, its re-check left for the next session
+    assert lines[2].startswith("study:mooncake: unchanged (defaults_best"), lines
     best = json.loads((res / "study-azure" / "best.json").read_text())
     # the re-check's run judged with the fresh starts' spread alone (df 2): defaults_best
     assert best["rejudged"]["verdict_at_run"] == "defaults_best" and best["is_baseline"] is False
@@ -487,7 +531,7 @@ def test_autotune_best_answers_each_done_study_from_the_committed_stores(
             assert hit["exact"] and hit["study"] == f"shapes-{key}", (key, store, hit)
             assert hit["value"] == pytest.approx(best["objective"]["value"]), (key, store)
             assert hit["flags"] == best["flags"], (key, store)
-    assert done >= 2  # casestudy and azure are committed
+    assert done >= 3  # casestudy, azure and mooncake are committed
 
 
 def test_pooled_md_is_what_pooled_py_makes_of_the_committed_results(tmp_path: Path) -> None:

@@ -98,6 +98,9 @@ def cell(key: str, cfg: str, rdir: Path) -> dict[str, Any]:
             row.update(status="not measured", note=f"study:{cfg[4:]} not run yet")
         elif cfg.startswith("win-") and steps.read_json(sd / "best.json") is None:
             row.update(status="not measured", note=f"study:{cfg[4:]} named no winner")
+        elif cfg.startswith("win-") and steps.recheck_pending(
+                steps.read_json(sd / "study.json") or {}):
+            row.update(status="not measured", note=f"study:{cfg[4:]}'s re-check pending")
         else:
             row.update(status="not measured", note="pending: a later session's cross step")
         return row
@@ -266,6 +269,8 @@ def studies_table(rdir: Path) -> list[str]:
             f" + resumed {mo['wall_s']} s" if mo.get("wall_s") else "")
         val = (b.get("objective") or {}).get("value")
         verdict = b.get("verdict") or "no winner: " + str(st.get("explanation", ""))[:80]
+        if steps.recheck_pending(st):
+            verdict += " (provisional: searched without its re-check, `recheck:" + key + "` next)"
         out.append(
             f"| {key} | {sc['objective']}, {sc['slo']} | {verdict} | "
             f"{'defaults' if b.get('is_baseline') else 'trial'} {b.get('trial')} | "

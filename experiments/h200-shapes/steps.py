@@ -104,6 +104,12 @@ def _measured_json(key: str, got: tuple[str, Any], dirs: list[Path]) -> dict[str
     return got[1]
 
 
+def recheck_pending(study_json: dict[str, Any]) -> bool:
+    """A study searched without its re-check (shapes.json one_gpu ``"recheck": "later"``)
+    that the recheck:KEY step has not re-checked yet: its verdict is provisional."""
+    return (study_json.get("settings") or {}).get("recheck") == 0
+
+
 def _ident(conf: dict[str, Any]) -> str | None:
     """A config's flags and env as one comparable string (None: no config)."""
     if "flags" not in conf:
@@ -141,9 +147,13 @@ def config_of(key: str, cfg: str, dirs: list[Path], gpu_arch: str = "") -> dict[
                 "missing": f"study:{k} not run yet: its winner's cell is left for a later session"
             }
         b = read_json(s / "best.json")
+        st = read_json(s / "study.json") or {}
         if not isinstance(b, dict):
-            why = (read_json(s / "study.json") or {}).get("explanation") or "no best.json"
+            why = st.get("explanation") or "no best.json"
             return {"missing": f"study:{k} named no winner: {why}"}
+        if recheck_pending(st):
+            return {"missing": f"study:{k}'s re-check is pending (recheck:{k}, a later "
+                               "session): its winner may change"}
         return {
             "flags": list(b.get("flags") or []),
             "env": dict(b.get("env") or {}),
@@ -430,7 +440,7 @@ def recheck_starts(key: str, dirs: list[Path]) -> tuple[int, int] | str:
     v = best.get("verdict_detail") or {}
     need = (v.get("starts_needed") or {}).get("recheck_starts")
     st = read_json(s / "study.json") or {}
-    if not need and (st.get("settings") or {}).get("recheck") == 0:
+    if not need and recheck_pending(st):
         # searched without its re-check (shapes.json one_gpu "recheck": "later"): one fresh
         # start of the leader and of the defaults; none when only the defaults were feasible
         if v.get("candidate_number") is None and v.get("winner_number") is None:
