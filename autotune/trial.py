@@ -415,7 +415,7 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
     outcome.capacity = {**res.to_dict(spec.capacity.goodput), "level_s": level_plan.level_s,
-                        "level_s_asked": asked_s}
+                        "level_s_asked": asked_s, "level_note": stretched}
     outcome.stop = f"capacity_{res.status}"
     outcome.message = res.summary()
     logger.info("trial %d: %s", spec.number, outcome.message)

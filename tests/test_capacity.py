@@ -558,18 +558,21 @@ def test_bench_says_when_it_stretched_the_levels(capsys: pytest.CaptureFixture[s
 
     from autotune.cli._bench import _print_capacity
 
-    def printed(level_s: float, asked: float, req_s: float) -> str:
-        out = SimpleNamespace(capacity={"level_s": level_s, "level_s_asked": asked,
-                                        "levels": []},
+    from autotune.levels import LevelPlan, fit_level
+
+    def printed(asked: float, req_s: float) -> str:
+        plan, note = fit_level(LevelPlan(level_s=asked), req_s)
+        out = SimpleNamespace(capacity={"level_s": plan.level_s, "level_s_asked": asked,
+                                        "level_note": note, "levels": []},
                               metrics={}, warmup={"request_s": req_s}, message="none passed")
         assert _print_capacity(out, {}, 0.99) is False  # no level: no capacity
         return capsys.readouterr().out
 
-    assert "levels of 36 s of arrivals (asked 20)" in printed(36.0, 20.0, 12.0)
-    assert "requests took ~12 s" in printed(36.0, 20.0, 12.0)
-    assert "at most 4x the length asked" in printed(8.0, 2.0, 4.96)
-    assert "at most" not in printed(36.0, 20.0, 12.0)
-    assert printed(20.0, 20.0, 3.5) == ""  # not stretched: nothing to say
+    assert "levels of 36 s of arrivals, not 20" in printed(20.0, 12.0)
+    assert "requests take ~12 s" in printed(20.0, 12.0)
+    assert "(the stretch cap)" in printed(2.0, 4.96)
+    assert "stretch cap" not in printed(20.0, 12.0)
+    assert printed(20.0, 3.5) == ""  # not stretched: nothing to say
 
 
 def test_a_level_says_which_slo_its_misses_exceeded() -> None:

@@ -230,6 +230,7 @@ def test_capacity_levels_are_stretched_to_outlast_the_shapes_requests(
     cap = out.capacity or {}
     assert cap["level_s_asked"] == 2.0
     assert cap["level_s"] == pytest.approx(LEVEL_SPAN * req_s, abs=0.1)
+    assert cap["level_note"].startswith(f"levels of {cap['level_s']:g} s of arrivals")
     lv = cap["levels"][0]  # 5.53 req/s: passes, all its arrivals sent
     assert lv["finished"] == lv["offered"] and lv["missed_by"] == {}
     assert lv["passed"] and lv["offered"] == LevelPlan(level_s=cap["level_s"]).requests(

@@ -150,15 +150,8 @@ def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool
 
     cap: dict[str, Any] = outcome.capacity or {}
     m: dict[str, float] = outcome.metrics
-    req_s = (outcome.warmup or {}).get("request_s")
-    if cap.get("level_s") and cap.get("level_s") != cap.get("level_s_asked"):
-        from autotune.levels import LEVEL_SPAN, LEVEL_STRETCH_MAX
-
-        capped = cap["level_s"] < LEVEL_SPAN * (req_s or 0) - 0.05
-        cap_note = f", at most {LEVEL_STRETCH_MAX:g}x the length asked" if capped else ""
-        print(f"levels of {cap['level_s']:g} s of arrivals (asked {cap['level_s_asked']:g}): "
-              f"the shape's requests took ~{req_s or 0:.3g} s in the warm-up, and a level "
-              f"lasts {LEVEL_SPAN:g} of them{cap_note}")
+    if cap.get("level_note"):  # the levels were stretched to the shape's request length
+        print(cap["level_note"])
     for i, lv in enumerate(cap.get("levels", []), 1):
         tok = lv["output_tokens_per_s"]
         print(f"level {i}: {lv['scale']:.3g}x = {lv['offered_rps']:,.3g} req/s "
