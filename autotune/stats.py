@@ -271,13 +271,16 @@ def ratio_to_defaults(
         se = math.hypot((ci.high - ci.low) / 2 / z / ci.value,
                         (di.high - di.low) / 2 / z / di.value)
         q = z
-        method = "within-run intervals only (no repeated server start)"
+        method = WITHIN_RUN_ONLY
     lo, hi = est - q * se, est + q * se
     return RatioInterval(median=math.exp(est), ci_low=math.exp(lo), ci_high=math.exp(hi),
                          method=method, n_config=int(c.size), n_defaults=int(d.size),
                          log_sd=math.sqrt(ss / df) if df > 0 else None,
                          df=df if df > 0 else None)
 
+
+# the ratio's method when no config was started twice (a study without its re-check)
+WITHIN_RUN_ONLY = "within-run intervals only (no repeated server start)"
 
 # beyond this many starts of each config the answer is "not worth it", not a number
 MAX_STARTS_NEEDED = 50

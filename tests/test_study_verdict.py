@@ -302,6 +302,13 @@ def test_verdict_line_says_why_when_no_other_config_was_measured():
                           "ratio_to_defaults": {"median": 0.97, "ci_low": 0.9,
                                                 "ci_high": 1.04}})
     assert "trial 3" in line and "0.970x" in line and "0.900-1.040" in line
+    assert "re-check" not in line
+    # a study without its re-check (--recheck 0) says how to add it
+    from autotune.stats import WITHIN_RUN_ONLY
+
+    line = _verdict_line({"verdict": "winner", "winner_number": 1, "method": WITHIN_RUN_ONLY,
+                          "ratio_to_defaults": {"median": 1.2, "ci_low": 1.1, "ci_high": 1.3}})
+    assert line.endswith("no fresh-server re-check: add it with --resume --recheck 1"), line
 
 
 def test_when_every_other_config_is_pruned_the_verdict_still_gives_the_best_ratio_found(

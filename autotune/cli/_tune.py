@@ -361,9 +361,15 @@ def _best_line(b: dict[str, Any], objective: str) -> str:
 
 def _verdict_line(v: dict[str, Any]) -> str:
     """The verdict for people: who won, by how much, how sure."""
+    from autotune.stats import WITHIN_RUN_ONLY
+
     r = v.get("ratio_to_defaults")
     ci = (f"{r['median']:.3f}x the defaults (95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})"
           if r else "no ratio to the defaults")
+    if v.get("method") == WITHIN_RUN_ONLY and not v.get("candidate_pruned"):
+        # one start of each (--recheck 0): the interval holds no start-to-start spread
+        ci += ("; one server start of each, no fresh-server re-check: add it with --resume "
+               "--recheck 1")
     if v.get("verdict") == "winner":
         return f"verdict: WINNER trial {v.get('winner_number')}: {ci}"
     if v.get("verdict") == "defaults_best":
