@@ -76,9 +76,9 @@ def study(tmp_path: Path, model: Path, fn: Callable[[TrialSpec], TrialOutcome], 
         model=model, shape=REPO / "traffic" / "example-chat.json",
         space=REPO / "search_spaces" / "cpu.yaml",
         storage=f"sqlite:///{tmp_path}/optuna.db", tracking_uri=tracking, study_name="sim",
-        out=tmp_path / "out", use_ray=False, recheck=1, quality_probe=False,
+        out=tmp_path / "out", use_ray=False, quality_probe=False,
         enqueue=[{"max_num_seqs": 8}], seed=1,
-        **{"trials": 6, "recheck_starts": 2, **kw},  # type: ignore[arg-type]
+        **{"trials": 6, "recheck": 1, "recheck_starts": 2, **kw},  # type: ignore[arg-type]
     )  # fmt: skip
     return tune(settings, executor=InlineExecutor(fn)), tmp_path / "out", tracking
 
@@ -461,3 +461,29 @@ def test_a_median_capacity_does_not_read_as_its_own_brackets_lower_end():
         "it rests on [14.3, 15.6] req/s" in line, line
     one = capacity_line({**c, "capacity_rps": 14.34})
     assert "14.3 req/s within the SLOs (bracket [14.3, 15.6] req/s" in one, one
+
+
+def test_a_study_searched_without_its_recheck_gets_it_on_resume(tmp_path: Path,
+                                                                 fake_model: Path) -> None:
+    # a session that holds the search or the re-check, not both (experiments/h200-shapes,
+    # mooncake on one GPU): --recheck 0 first (one start each, within-run interval), then
+    # `--resume --recheck 1 --recheck-starts 1` with the same trials adds one fresh start
+    # of the leader and of the defaults, runs no new search trial, and judges again
+    import optuna
+
+    from autotune.stats import WITHIN_RUN_ONLY
+
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1300.0, "other": 800.0}, start_cv=0.02)
+    first, out, _ = study(tmp_path, fake_model, fn, trials=2, recheck=0)
+    v = first.verdict  # type: ignore[attr-defined]
+    assert v["method"] == WITHIN_RUN_ONLY and v["candidate_number"] == 1
+    st = json.loads((out / "study.json").read_text())
+    assert st["settings"]["recheck"] == 0
+    again, out, _ = study(tmp_path, fake_model, fn, trials=2, recheck=1, recheck_starts=1,
+                          resume=True)
+    trials = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db").trials
+    assert len(trials) == 4, [t.params for t in trials]  # no new search trial
+    assert sorted(t.user_attrs.get("autotune.recheck_of") for t in trials[2:]) == [0, 1]
+    v = again.verdict  # type: ignore[attr-defined]
+    assert v["method"] != WITHIN_RUN_ONLY and "pooled" in v["method"]
+    assert json.loads((out / "study.json").read_text())["settings"]["recheck"] == 1
