@@ -131,6 +131,9 @@ class RegistryHit(BaseModel):
     is_baseline: bool
     storage: str
     notes: list[str] = []
+    # the study's verdict (study.json's "verdict": verdict, ratio_to_defaults, method, ...);
+    # None where the store does not record it
+    study_verdict: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (what ``autotune best --json`` prints)."""
@@ -219,6 +222,7 @@ class _Best:
 
     trial: Any
     readings: list[float]
+    verdict: dict[str, Any] | None = None  # the study's (autotune.verdict), as study.json's
 
     @property
     def value(self) -> float:
@@ -232,7 +236,8 @@ def _winner(study: Any) -> _Best | None:
     rep, readings, _, _ = verdict(study)
     if rep is None or not readings or not all(math.isfinite(v) for v in readings):
         return None
-    return _Best(rep, [float(v) for v in readings])
+    rec = study.user_attrs.get(A.VERDICT)
+    return _Best(rep, [float(v) for v in readings], rec if isinstance(rec, dict) else None)
 
 
 def _scan(storage: str, st: Any | None = None, model: str | None = None,
@@ -350,6 +355,7 @@ def _hit(storage: str, info: TunedStudy, win: _Best, *, exact: bool, diff: Shape
         drifted_dimensions=[] if diff is None else list(diff.drifted_dimensions),
         model=info.model, engine_version=info.engine_version, gpu_type=info.gpu_type,
         is_baseline=bool(best.user_attrs.get(A.BASELINE)), storage=storage, notes=notes,
+        study_verdict=win.verdict,
     )  # fmt: skip
 
 
@@ -554,8 +560,23 @@ def _tracked_hit(client: Any, run: Any, uri: str) -> RegistryHit | None:
         engine_version=ptags.get(TAGS["engine"]) or tags.get(TAGS["engine"]),
         gpu_type=ptags.get(TAGS["gpu"]) or tags.get(TAGS["gpu"]) or UNKNOWN_GPU,
         is_baseline=bool(best.get("is_baseline", tags.get("autotune.baseline") == "true")),
-        storage=uri, notes=notes,
+        storage=uri, notes=notes, study_verdict=_tracked_verdict(best, parent),
     )  # fmt: skip
+
+
+def _tracked_verdict(best: dict[str, Any], parent: Any) -> dict[str, Any] | None:
+    """The study's verdict from its best.json, else from the study run's tag and
+    ``ratio_to_defaults_*`` metrics (:meth:`autotune.tracking.Tracker.log_verdict`)."""
+    if best.get("verdict"):
+        return {**(best.get("verdict_detail") or {}), "verdict": best["verdict"],
+                "ratio_to_defaults": best.get("ratio_to_defaults")}
+    if parent is None or not parent.data.tags.get(A.VERDICT):
+        return None
+    m = parent.data.metrics
+    keys = ("median", "ci_low", "ci_high")
+    ratio = ({k: float(m[f"ratio_to_defaults_{k}"]) for k in keys}
+             if all(f"ratio_to_defaults_{k}" in m for k in keys) else None)
+    return {"verdict": parent.data.tags[A.VERDICT], "ratio_to_defaults": ratio}
 
 
 def find_best_tracked(*, tracking_uri: str, shape: TrafficShape, model: str | None = None,

@@ -531,7 +531,20 @@ def test_autotune_best_answers_each_done_study_from_the_committed_stores(
             assert hit["exact"] and hit["study"] == f"shapes-{key}", (key, store, hit)
             assert hit["value"] == pytest.approx(best["objective"]["value"]), (key, store)
             assert hit["flags"] == best["flags"], (key, store)
+            # and the study's verdict with its interval (Optuna: the study's record;
+            # MLflow: the study run's tag and ratio metrics)
+            sv = hit["study_verdict"]
+            assert sv["verdict"] == best["verdict"], (key, store, sv)
+            assert sv["ratio_to_defaults"]["median"] == pytest.approx(
+                best["ratio_to_defaults"]["median"]), (key, store)
     assert done >= 3  # casestudy, azure and mooncake are committed
+    # the text says the verdict; mooncake's rests on one start of each until its re-check
+    capsys.readouterr()
+    assert main(["best", "--shape", str(HERE.parents[1] / "traffic/mooncake-conv-2k.json"),
+                 "--storage", f"sqlite:///{stores / 'autotune.db'}"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict: vLLM's defaults remain best for this shape" in text, text
+    assert "add it with --resume --recheck 1" in text, text
 
 
 def test_pooled_md_is_what_pooled_py_makes_of_the_committed_results(tmp_path: Path) -> None:

@@ -108,6 +108,10 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> None:
                if len(hit.readings) > 1 else "")
     print(f"study {hit.study}, trial {hit.trial}{' (vLLM defaults)' if hit.is_baseline else ''}:"
           f" {hit.value:,.1f} {hit.metric}{reading}", file=out)
+    if hit.study_verdict:
+        from autotune.cli._tune import _verdict_line
+
+        print(_verdict_line(hit.study_verdict), file=out)
     m = hit.metrics
     if hit.objective == "capacity" and m.get("gpus_needed") is not None:
         lo = m.get("capacity_rps_ci_low", float("nan"))

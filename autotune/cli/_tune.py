@@ -370,10 +370,11 @@ def _verdict_line(v: dict[str, Any]) -> str:
         # one start of each (--recheck 0): the interval holds no start-to-start spread
         ci += ("; one server start of each, no fresh-server re-check: add it with --resume "
                "--recheck 1")
-    if v.get("verdict") == "winner":
-        return f"verdict: WINNER trial {v.get('winner_number')}: {ci}"
+    if v.get("verdict") == "winner":  # the number: not in an MLflow-only record
+        who = f" trial {v['winner_number']}" if v.get("winner_number") is not None else ""
+        return f"verdict: WINNER{who}: {ci}"
     if v.get("verdict") == "defaults_best":
-        if v.get("candidate_number") is None:  # nothing else measured feasible
+        if v.get("candidate_number") is None and not r:  # nothing else measured feasible
             return (f"verdict: vLLM's defaults remain best for this shape "
                     f"({v.get('reason') or 'no other config was measured'})")
         how = (" (pruned as a clear loser; within-run figures)" if v.get("candidate_pruned")
@@ -384,8 +385,10 @@ def _verdict_line(v: dict[str, Any]) -> str:
                 f"about {need['per_config']} starts of each (rerun with --resume "
                 f"--recheck-starts {need['recheck_starts']})"
                 if need and v.get("start_spread") is not None else "")
-        return (f"verdict: vLLM's defaults remain best for this shape; best other config "
-                f"(trial {v.get('candidate_number')}{how}): {ci}{more}")
+        who = (f" (trial {v['candidate_number']}{how})" if v.get("candidate_number") is not None
+               else how)
+        return (f"verdict: vLLM's defaults remain best for this shape; best other config"
+                f"{who}: {ci}{more}")
     return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"
 
 
