@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Look up the best feasible config tuned for a traffic shape in the Optuna "
             "storage: the studies tuned for the exact shape fingerprint, else the nearest "
             "tuned shape (its distance and drift verdict are printed), with that study's "
-            "verdict: the winner's ratio to vLLM's defaults and its 95 %% interval, or that "
+            "verdict: the winner's ratio to vLLM's defaults and its 95 % interval, or that "
             "the defaults remain best. Exits 1 when nothing was tuned. See docs/registry.md."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
