@@ -46,6 +46,7 @@ import os
 import signal
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +86,9 @@ class Cells:
         self.notes, self.extra = notes, extra
         self.i, self.begun, self.offset = 0, time.time(), 0
         self.handler: logging.Handler | None = None
+        # a stop waits while a cell's files are written (held by done, or by the stop)
+        self._writing = threading.Lock()
+        self.stop_rc: int | None = None
         self._begin()
 
     def name(self, i: int) -> str:
@@ -155,12 +159,9 @@ class Cells:
         """``on_outcome``: cell ``self.i`` is measured (ok or not): its files, then the next."""
         from autotune.cli._bench import bench_json
 
-        # a stop waits until this cell's files are whole (then stops the next one's turn)
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
-        try:
+        with self._writing:
             self._done(outcome, bench_json)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+        self.try_stop()  # a stop that came while the files were written
 
     def _done(self, outcome: Any, bench_json: Callable[..., dict[str, Any]]) -> None:
         self._end()
@@ -178,6 +179,24 @@ class Cells:
         self.i += 1
         if self.i < len(self.cells):
             self._begin()
+
+    def request_stop(self, rc: int) -> None:
+        """From the signal handler: stop now, or (a cell's files being written) once they
+        are whole. Not signal masks: a process-directed signal reaches a thread that does
+        not block it, and Python runs the handler in the main thread mid-write anyway."""
+        self.stop_rc = rc
+        self.try_stop()
+
+    def try_stop(self) -> None:
+        """If a stop was asked and no cell's files are being written: mark the cell in
+        progress and end the process (the lock stays held: nothing writes after this)."""
+        rc = self.stop_rc
+        if rc is None or not self._writing.acquire(blocking=False):
+            return
+        self.stopped(rc, "stopped at the time limit (SIGTERM)" if rc == 124 else "interrupted")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
 
     def stopped(self, rc: int, why: str) -> None:
         """Stopped mid-way: the cell in progress gets its run.json (no result), the rest
@@ -269,11 +288,7 @@ def main(argv: list[str] | None = None, *, runner: Callable[..., Any] | None = N
         # callback, which logs it and goes on (uvloop does). The cell in progress is
         # marked, then the process ends; the library's reaper stops the server's process
         # group (SIGTERM, then SIGKILL after 15 s), as for any tuner that dies.
-        rc = 124 if signum == signal.SIGTERM else 130
-        out.stopped(rc, "stopped at the time limit (SIGTERM)" if rc == 124 else "interrupted")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+        out.request_stop(124 if signum == signal.SIGTERM else 130)
 
     for sig in _STOPS:
         signal.signal(sig, stop)
