@@ -9,13 +9,15 @@
 #    every config is re-checked, so each has two starts (search + fresh) in the verdict;
 # 3. the independent re-measure (`autotune bench`, fresh servers) of both configs of the
 #    256 study, each on the GPU its re-check did not use, both at once; 4. the same for the
-#    32 study while SECONDS_LEFT allows.
+#    32 study while SECONDS_LEFT allows. Step prune256 (not in the default STEPS): the
+#    pruner's saving, the case study's recipe enqueued after the defaults at 256 streams.
 # Results per phase under RES_DIR/<phase>/ (study files, bench JSON, server-log tails) and
 # GPU clocks/power of both GPUs every second (gpu.csv). Knobs (environment): M32/W32,
-# M256/W256 (measure/warm-up caps, s), B32/B256 (study budgets, s), SPACE (search space;
+# M256/W256 (measure/warm-up caps, s), B32/B256/BPRUNE (study budgets, s), SPACE (search space;
 # experiments/h200-trust/space-no-moe.yaml leaves out moe_config, whose kernel tuning before
 # trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
-# c32bench"), SUFFIX (appended to the study names and result folders, e.g. -warm).
+# c32bench"), SUFFIX (appended to the study names and result folders, e.g. -warm), RUN_DIR
+# (the stores and server logs; default ~/run: give a second job on the machine its own).
 # One GPU (`nvidia-h200`): the study runs one trial at a time and the two re-measure benches
 # run one after the other on that GPU (fresh servers, no "other GPU" to use); BENCH_ROLES
 # (default "candidate defaults") picks which of the two.
@@ -27,7 +29,7 @@ set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
 DEADLINE=$(( $(date +%s) + LEFT ))
 SUFFIX=${SUFFIX:-}; SPACE=${SPACE:-search_spaces/hybrid-mtp.yaml}; STEPS=${STEPS:-c32 c256 c256bench c32bench}
-M32=${M32:-60}; W32=${W32:-30}; M256=${M256:-150}; W256=${W256:-60}; B32=${B32:-480}; B256=${B256:-540}
+M32=${M32:-60}; W32=${W32:-30}; M256=${M256:-150}; W256=${W256:-60}; B32=${B32:-480}; B256=${B256:-540}; BPRUNE=${BPRUNE:-600}
 mkdir -p "$RES"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
@@ -60,7 +62,7 @@ from pathlib import Path; from autotune.modelgen import write_tokenizer
 write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$RES/env.txt" 2>&1 || { phase model-failed; touch "$RES/DONE"; exit 4; }
 fi
 phase installed
-RUN=$HOME/run; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN" "$HOME/res-cache"
+RUN=${RUN_DIR:-$HOME/run}; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN" "$HOME/res-cache"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
   phase "$(bash experiments/gpu-caches.sh restore "$STAGE" "$CACHE" "$SITE")"
@@ -72,12 +74,12 @@ SMI=$!
 SHAPE=traffic/casestudy-512x512.json
 COVER='{"cudagraph_cover_prefill": true}'
 
-study() {  # NAME CONC BUDGET MEASURE WARMUP
-  local name=$1 conc=$2 budget=$3 meas=$4 warm=$5 out=$RES/$1
+study() {  # NAME CONC BUDGET MEASURE WARMUP [ENQUEUE [RECHECK]]
+  local name=$1 conc=$2 budget=$3 meas=$4 warm=$5 enq=${6:-$COVER} rc=${7:-1} out=$RES/$1
   mkdir -p "$out"; phase "study $name"
   timeout --signal=TERM --kill-after=20 "$(within $((budget + 420)) 40)" python3 -m autotune -v tune \
     --model "$MODEL" --shape "$SHAPE" --concurrency "$conc" --space "$SPACE" \
-    --trials 2 --budget "$budget" --enqueue "$COVER" --recheck 1 --recheck-starts 1 \
+    --trials 2 --budget "$budget" --enqueue "$enq" --recheck "$rc" --recheck-starts 1 \
     --precision 0.02 --measure-max-s "$meas" --warmup-max-s "$warm" --no-quality-probe \
     --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
     --study-name "$name" --out "$RUN/$name" --cache-dir "$CACHE" \
@@ -131,6 +133,16 @@ for step in $STEPS; do
   case $step in
     c32) study "c32$SUFFIX" 32 "$B32" "$M32" "$W32"; logtails "c32$SUFFIX" ;;
     c256) study "c256$SUFFIX" 256 "$B256" "$M256" "$W256" ;;
+    prune256)  # the pruner's saving: the case study's recipe (0.83x vLLM's defaults at 256
+      # streams, experiments/h200-shapes) after the defaults, the pruner on (the default),
+      # no re-check (the saving is the point, not the verdict); the study's trials.csv and
+      # study.json give each trial's measuring seconds, the pruned one's against a full one
+      if [ "$(left)" -le $(( 2 * (80 + W256) + M256 + 30 )) ]; then  # two warm starts
+        phase "prune256 skipped: not enough device time left"
+      else
+        study "prune256$SUFFIX" 256 "$BPRUNE" "$M256" "$W256" "@experiments/h200/recipe.json" 0
+        logtails "prune256$SUFFIX"
+      fi ;;
     c256bench|c32bench)
       ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$conc" = 32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
       need=$(( 100 + m + w + 40 ))
