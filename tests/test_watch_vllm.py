@@ -74,8 +74,9 @@ def test_shape_from_metrics_agrees_with_the_replayed_shape(tiny_server: Any) -> 
     chat = load_shape(REPO / "traffic" / "example-chat.json")
     # 30 s of arrivals and outputs of at most 64 tokens: vLLM counts requests as they
     # finish, so the drain after the last send lowers the live rate; over 15 s with
-    # 128-token outputs that bias alone reached 1.25-1.4x on this CPU (failed in CI)
-    sched = _paced(chat, n=120, rate=4.0, seed=7)
+    # 128-token outputs that bias alone reached 1.25-1.4x on this CPU (failed in CI), and
+    # at 4 requests/s a slow CI machine's server fell behind (live rate 0.37 off): 2/s
+    sched = _paced(chat, n=60, rate=2.0, seed=7)
     samples = [_sample(url)]
     done = threading.Event()
 
@@ -98,7 +99,7 @@ def test_shape_from_metrics_agrees_with_the_replayed_shape(tiny_server: Any) -> 
     print(f"live vs replayed: {d.verdict}, distance {d.distance:.3g}; "
           + ", ".join(f"{k} {v.distance} (thr {v.threshold:.3g})"
                       for k, v in d.dimensions.items()))
-    assert live.requests == 120
+    assert live.requests == 60
     assert live.input_tokens.mean == pytest.approx(replayed.input_tokens.mean, rel=1e-4)
     assert live.output_tokens.mean == pytest.approx(replayed.output_tokens.mean, rel=1e-4)
     assert live.precision is not None
@@ -214,7 +215,11 @@ class _Outage(_Driver):
         if len(self.events) == 1:
             try:
                 self.before = _sample(self.url)
-                assert self.server.stop() == []
+                # the driver's requests go on: vLLM's API server may wait for a stream it
+                # aborted to close and ignore the SIGTERM; stop() then kills the group and
+                # says so (seen once in CI), which is a stop all the same
+                errors = self.server.stop(grace_s=5.0)
+                assert all("ignored SIGTERM" in e for e in errors), errors
                 assert self.server.poll() is not None  # really gone, not just unresponsive
                 self.server.start()  # same port; /health answers about 30-60 s later
             except BaseException as exc:  # re-raised by the test
