@@ -295,7 +295,7 @@ class VllmServer:
         """``AUTOTUNE_CPU_INPROC_WORKER=1`` on the CPU build: the model runs in the engine
         process, not in a third process of its own (the build forces its multiprocess
         executor unless ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): ~20 s less a start on 2
-        cores, for CI and demos; the build's OpenMP thread binding is then not applied, so
+        cores, for CI; the build's OpenMP thread binding is then not applied, so
         it is off by default (docs/cpu-vllm.md). Not when the flags choose an executor."""
         return (os.environ.get(CPU_INPROC_ENV, "") == "1" and detect_engine().device == "cpu"
                 and not any(f.split("=", 1)[0] == "--distributed-executor-backend"

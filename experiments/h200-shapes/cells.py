@@ -200,7 +200,7 @@ class Cells:
 
     def stopped(self, rc: int, why: str) -> None:
         """Stopped mid-way: the cell in progress gets its run.json (no result), the rest
-        nothing (pending). Called from the signal handler: no logging here (its .err
+        nothing (pending). Called as the process ends (try_stop): no logging here (its .err
         handler stays open: the process ends next)."""
         if self.i >= len(self.cells):
             return
