@@ -13,7 +13,8 @@
 #    pruner's saving, the case study's recipe enqueued after the defaults at 256 streams.
 # Results per phase under RES_DIR/<phase>/ (study files, bench JSON, server-log tails) and
 # GPU clocks/power of both GPUs every second (gpu.csv). Knobs (environment): M32/W32,
-# M256/W256 (measure/warm-up caps, s), B32/B256/BPRUNE (study budgets, s), SPACE (search space;
+# M256/W256 (measure/warm-up caps, s), B32/B256/BPRUNE (study budgets, s), ENQ32 (the 32-stream
+# study's second config, `--enqueue` syntax; default cudagraph_cover_prefill), SPACE (search space;
 # experiments/h200-trust/space-no-moe.yaml leaves out moe_config, whose kernel tuning before
 # trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
 # c32bench"), SUFFIX (appended to the study names and result folders, e.g. -warm), RUN_DIR
@@ -30,7 +31,7 @@ STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time
 DEADLINE=$(( $(date +%s) + LEFT ))
 SUFFIX=${SUFFIX:-}; SPACE=${SPACE:-search_spaces/hybrid-mtp.yaml}; STEPS=${STEPS:-c32 c256 c256bench c32bench}
 M32=${M32:-60}; W32=${W32:-30}; M256=${M256:-150}; W256=${W256:-60}; B32=${B32:-480}; B256=${B256:-540}; BPRUNE=${BPRUNE:-600}
-mkdir -p "$RES"
+mkdir -p "$RES"; RES=$(cd "$RES" && pwd); echo $$ > "$RES/pid"  # poll.sh waits only while this runs
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
 SITE=$HOME/site
@@ -131,7 +132,7 @@ logtails() {  # PHASE: head and tail of each server log of that phase
 
 for step in $STEPS; do
   case $step in
-    c32) study "c32$SUFFIX" 32 "$B32" "$M32" "$W32"; logtails "c32$SUFFIX" ;;
+    c32) study "c32$SUFFIX" 32 "$B32" "$M32" "$W32" "${ENQ32:-$COVER}"; logtails "c32$SUFFIX" ;;
     c256) study "c256$SUFFIX" 256 "$B256" "$M256" "$W256" ;;
     prune256)  # the pruner's saving: the case study's recipe (0.83x vLLM's defaults at 256
       # streams, experiments/h200-shapes) after the defaults, the pruner on (the default),
