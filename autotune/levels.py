@@ -109,6 +109,8 @@ def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]
         return plan, ""
     cap = LEVEL_STRETCH_MAX * plan.level_s
     level_s = round(min(want, cap), 1)
+    if level_s <= plan.level_s:  # a stretch the rounding undoes (3 x 6.68 s = 20.0)
+        return plan, ""
     capped = " (the stretch cap)" if want > cap else ""  # not the rounding of want
     return dataclasses.replace(plan, level_s=level_s), (
         f"levels of {level_s:g} s of arrivals{capped}, not {plan.level_s:g}: this shape's "

@@ -550,6 +550,9 @@ def test_a_level_is_fitted_to_the_requests_it_serves() -> None:
     # "(the stretch cap)" here)
     mid, why = fit_level(plan, 13.31)
     assert mid.level_s == 39.9 and "stretch cap" not in why
+    # 3 x 6.68 s = 20.04 s rounds to the 20 asked: no stretch to report (the H200 recipe's
+    # mooncake cell said "levels of 20 s of arrivals, not 20")
+    assert fit_level(plan, 6.68) == (plan, "")
 
 
 def test_bench_says_when_it_stretched_the_levels(capsys: pytest.CaptureFixture[str]) -> None:
