@@ -39,6 +39,7 @@ def test_poll_lib_returns_at_once_without_a_job(tmp_path: Path) -> None:
     res.mkdir()
     poll = subprocess.run(
         ["bash", "-c", f'. experiments/poll-lib.sh; wait_for "{res}" 600 test -f "{res}/DONE"'],
-        cwd=ROOT, capture_output=True, text=True, timeout=60)
+        cwd=ROOT, env={**os.environ, "POLL_PID_GRACE": "2"}, capture_output=True, text=True,
+        timeout=60)
     assert poll.returncode == 3
     assert "NO JOB RUNNING" in poll.stdout and "no pid file" in poll.stdout
