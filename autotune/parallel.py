@@ -152,7 +152,10 @@ class RayExecutor:
             if address:
                 kwargs["address"] = address
             else:
-                # A local Ray sized to this machine; workers inherit our environment.
+                # A local Ray of our own, sized to this machine ("local": not a cluster that
+                # `ray start` or RAY_ADDRESS left on this host, which Ray would otherwise
+                # join and then refuse num_cpus); workers inherit our environment.
+                kwargs["address"] = "local"
                 kwargs["num_cpus"] = max(2, cpu_count())
                 kwargs["runtime_env"] = {"env_vars": {"RAY_DEDUP_LOGS": "0"}}
             import signal

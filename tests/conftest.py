@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,9 +65,22 @@ def tiny_hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generate_tiny_model(tmp_path_factory.mktemp("models") / "tiny-hybrid", arch="nemotron_h")
 
 
+@pytest.fixture
+def tiny_server(_tiny_server_session: Any) -> Any:
+    """A real CPU vLLM serving the tiny llama (``.base_url``, ``.served_model_name``), one
+    for the session; started again when a test killed it (``kills_shared_server`` runs
+    last, but with pytest-xdist "last" is the end of its file on its worker)."""
+    s = _tiny_server_session
+    if s.poll() is not None:
+        s.stop()
+        s.start()
+        s.wait_healthy()
+    return s
+
+
 @pytest.fixture(scope="session")
-def tiny_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A real CPU vLLM serving the tiny llama (``.base_url``, ``.served_model_name``)."""
+def _tiny_server_session(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory
+                         ) -> Iterator[object]:
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed")
     from autotune.engine import VllmServer

@@ -22,12 +22,20 @@ RAY = shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which(
 @pytest.mark.slow
 @pytest.mark.skipif(RAY is None, reason="the ray command is not installed")
 def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_path: Path) -> None:
+    import uuid
+
     import optuna
     from mlflow.tracking import MlflowClient
 
+    from tests.faults._lab import TAG_VAR, kill_tagged, wait_gone
+
     port = free_port()
+    # every process of this cluster carries the tag (Ray's daemons and workers inherit it):
+    # stopped by it at the end, not by `ray stop --force`, which stops every Ray of the
+    # machine (a study of another test running beside this one)
+    tag = f"atf-two-node-{uuid.uuid4().hex[:8]}"
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"},
-           "RAY_USAGE_STATS_ENABLED": "0"}
+           "RAY_USAGE_STATS_ENABLED": "0", TAG_VAR: tag}
     head = [RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
             "--include-dashboard=false"]
     try:
@@ -86,8 +94,21 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_pa
                       if r.data.tags.get("autotune.kind") == "study")
         plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
         assert "plots/pareto_front.png" in plots, plots
+
+        # Without --ray-address a study starts a Ray of its own, though this cluster runs
+        # here (Ray alone would join it, the latest `ray start`, and refuse num_cpus)
+        import ray
+
+        from autotune.parallel import RayExecutor
+
+        ex = RayExecutor()
+        try:
+            assert ray.get_runtime_context().gcs_address != f"127.0.0.1:{port}"
+        finally:
+            ex.shutdown()
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        kill_tagged(tag)
+        assert wait_gone(tag, 30) == []
 
 
 @pytest.mark.slow  # a local Ray start: about 10 s

@@ -188,7 +188,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--request-timeout", "request_timeout_s", "measure",
            help="seconds one request may take"),
     Option("--ray-address", "ray_address", "resources",
-           help="join a Ray cluster (host:port of 'ray start --head'); default: a local Ray"),
+           help="join a Ray cluster (host:port of 'ray start --head'); default: a local Ray of "
+                "this study's own, even when a cluster runs here or RAY_ADDRESS is set"),
     Option("--no-ray", "use_ray", "resources", action="store_false",
            help="run trials in this process (debugging)"),
     Option("--gpus-per-trial", "gpus_per_trial", "resources",
