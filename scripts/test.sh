@@ -7,7 +7,7 @@ bash scripts/setup.sh
 VENV=${AUTOTUNE_VENV:-.venv}
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # Two test processes (pytest-xdist), a file per process at a time: most tests wait on a
-# vLLM server, so two at once take ~18 min where one took ~42 (2 cores). Files share their
+# vLLM server, so two at once took 26.5 min where one took 42 (2 cores). Files share their
 # module and session fixtures (the tiny server starts once per process).
 # AUTOTUNE_TEST_WORKERS=0 runs everything in this process.
 exec "$VENV/bin/python" -m pytest -m "slow or not slow" -n "${AUTOTUNE_TEST_WORKERS:-2}" \
