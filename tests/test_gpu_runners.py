@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO as ROOT
+
 RUNNERS = ["experiments/h200-trust/proof-x2.sh", "experiments/h200-trust/run.sh",
            "experiments/h200-kernels/run.sh", "experiments/h200-shapes/run.sh"]
 
