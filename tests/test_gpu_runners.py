@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,41 @@ def test_poll_lib_returns_at_once_without_a_job(tmp_path: Path) -> None:
         timeout=60)
     assert poll.returncode == 3
     assert "NO JOB RUNNING" in poll.stdout and "no pid file" in poll.stdout
+
+
+def test_proof_runner_packs_the_caches_before_done(tmp_path: Path) -> None:
+    """The `caches` step packs the compile caches in the background while the next step
+    runs; DONE (what the last poll waits for before it copies the parts back) must come
+    after the parts are complete. The sixteenth session's job marked DONE first and its poll
+    brought back a truncated archive."""
+    home = tmp_path / "home"
+    (home / "site" / "vllm").mkdir(parents=True)  # installed: the runner skips install.sh
+    model = home / "models" / "nemotron3-nano-30b-a3b-mtp"
+    model.mkdir(parents=True)
+    (model / "tokenizer.json").write_text("{}")
+    cache = home / ".cache" / "autotune" / "triton"
+    cache.mkdir(parents=True)
+    for i in range(6):  # incompressible, so that packing takes a while
+        (cache / f"kernel-{i}.bin").write_bytes(os.urandom(8 << 20))
+    res = tmp_path / "res"
+    env = {**os.environ, "HOME": str(home), "STEPS": "caches"}
+    with open(tmp_path / "runner.log", "wb") as log:  # not a pipe: nothing waits on it
+        proc = subprocess.Popen(["bash", "experiments/h200-trust/proof-x2.sh",
+                                 str(tmp_path / "stage"), str(res), "300"], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not (res / "DONE").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the runner did not finish"
+            time.sleep(0.05)
+        # what a poll would copy back the moment it sees DONE
+        parts = sorted((home / "res-cache").glob("cache-part-*"))
+        whole = subprocess.run(f"cat {' '.join(map(str, parts))} | tar tzf -", shell=True,
+                               capture_output=True, text=True, timeout=120)
+    finally:
+        proc.wait(timeout=240)
+    assert proc.returncode == 0, (tmp_path / "runner.log").read_text()[-2000:]
+    assert len(parts) >= 3  # 48 MiB in 15 MB parts
+    assert whole.returncode == 0, whole.stderr[-500:]
+    assert sum(".bin" in line for line in whole.stdout.splitlines()) == 6
+    assert "caches packed" in (res / "progress.txt").read_text()

@@ -17,11 +17,18 @@
 # study's second config, `--enqueue` syntax; default cudagraph_cover_prefill), SPACE (search space;
 # experiments/h200-trust/space-no-moe.yaml leaves out moe_config, whose kernel tuning before
 # trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
-# c32bench"), SUFFIX (appended to the study names and result folders, e.g. -warm), RUN_DIR
-# (the stores and server logs; default ~/run: give a second job on the machine its own).
+# c32bench"), PREC (the studies' --precision, default 0.02), SUFFIX (appended to the study
+# names and result folders, e.g. -warm), RUN_DIR (the stores and server logs; default ~/run: give a second job on the machine its own).
 # One GPU (`nvidia-h200`): the study runs one trial at a time and the two re-measure benches
 # run one after the other on that GPU (fresh servers, no "other GPU" to use); BENCH_ROLES
 # (default "candidate defaults") picks which of the two.
+# M32=auto: the 32-stream study's measuring cap from the time left when it starts, so that
+# its four trials (two configs, two starts each) end before the deadline (at most MCAP s).
+# Step warm (a fresh machine without carried caches): starts each config of PRE_CONFIGS (a
+# configs.json of the same space, e.g. results-prune256/configs.json: the defaults and the
+# case study's recipe) once, with `autotune bench` (a short warm-up and one measured
+# segment at 32 streams), so that the study after it starts warm, as a user's second study
+# does; its device time is the warm step's, apart from the study's account.
 # Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, staged like
 # the bundle) are unpacked into the cache before the first step; the step `caches` packs the
 # cache into 15 MB parts under ~/res-cache for poll.sh to bring back (e.g. STEPS="c256 caches
@@ -30,6 +37,7 @@ set -uo pipefail
 STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time left}
 DEADLINE=$(( $(date +%s) + LEFT ))
 SUFFIX=${SUFFIX:-}; SPACE=${SPACE:-search_spaces/hybrid-mtp.yaml}; STEPS=${STEPS:-c32 c256 c256bench c32bench}
+PREC=${PREC:-0.02}; MCAP=${MCAP:-135}
 M32=${M32:-60}; W32=${W32:-30}; M256=${M256:-150}; W256=${W256:-60}; B32=${B32:-480}; B256=${B256:-540}; BPRUNE=${BPRUNE:-600}
 mkdir -p "$RES"; RES=$(cd "$RES" && pwd); echo $$ > "$RES/pid"  # poll.sh waits only while this runs
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -81,7 +89,7 @@ study() {  # NAME CONC BUDGET MEASURE WARMUP [ENQUEUE [RECHECK]]
   timeout --signal=TERM --kill-after=20 "$(within $((budget + 420)) 40)" python3 -m autotune -v tune \
     --model "$MODEL" --shape "$SHAPE" --concurrency "$conc" --space "$SPACE" \
     --trials 2 --budget "$budget" --enqueue "$enq" --recheck "$rc" --recheck-starts 1 \
-    --precision 0.02 --measure-max-s "$meas" --warmup-max-s "$warm" --no-quality-probe \
+    --precision "$PREC" --measure-max-s "$meas" --warmup-max-s "$warm" --no-quality-probe \
     --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
     --study-name "$name" --out "$RUN/$name" --cache-dir "$CACHE" \
     --start-timeout 480 --request-timeout 240 --seed 0 > "$out/tune.log" 2>&1
@@ -132,7 +140,19 @@ logtails() {  # PHASE: head and tail of each server log of that phase
 
 for step in $STEPS; do
   case $step in
-    c32) study "c32$SUFFIX" 32 "$B32" "$M32" "$W32" "${ENQ32:-$COVER}"; logtails "c32$SUFFIX" ;;
+    warm)
+      mkdir -p "$RES/warm"; cp "${PRE_CONFIGS:?PRE_CONFIGS: the configs.json to warm}" "$RES/warm/configs.json"
+      for role in defaults candidate; do
+        if [ "$(left)" -gt 400 ]; then bench warm "$role" 32 10 15; else phase "warm $role skipped: not enough device time left"; fi
+      done
+      logtails warm ;;
+    c32)
+      m=$M32
+      if [ "$m" = auto ]; then  # four trials of ~(85 s start + W32 + m + 8), Ray's start, the deadline's margin
+        m=$(( ($(left) - 75) / 4 - 93 - W32 )); [ "$m" -gt "$MCAP" ] && m=$MCAP; [ "$m" -lt 45 ] && m=45
+        M32=$m; phase "c32 measuring cap ${m} s"
+      fi
+      study "c32$SUFFIX" 32 "$B32" "$m" "$W32" "${ENQ32:-$COVER}"; logtails "c32$SUFFIX" ;;
     c256) study "c256$SUFFIX" 256 "$B256" "$M256" "$W256" ;;
     prune256)  # the pruner's saving: the case study's recipe (0.83x vLLM's defaults at 256
       # streams, experiments/h200-shapes) after the defaults, the pruner on (the default),
@@ -145,7 +165,7 @@ for step in $STEPS; do
         logtails "prune256$SUFFIX"
       fi ;;
     c256bench|c32bench)
-      ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$conc" = 32 ] && { m=$M32; w=$W32; } || { m=$M256; w=$W256; }
+      ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$conc" = 32 ] && { m=${M32/auto/60}; w=$W32; } || { m=$M256; w=$W256; }
       need=$(( 100 + m + w + 40 ))
       if [ ! -f "$RES/$ph/configs.json" ] || [ "$(left)" -le "$need" ]; then
         phase "$ph re-measure skipped: no study or not enough device time left"
@@ -159,12 +179,14 @@ for step in $STEPS; do
         done
         logtails "$ph"
       fi ;;
-    caches)
-      ( phase "$(bash experiments/gpu-caches.sh pack "$CACHE" "$HOME/res-cache")" ) & ;;
+    caches)  # packed while the next step runs; the job waits for it before DONE (the
+      # sixteenth session's job ended first and its poll brought back a truncated archive)
+      ( phase "$(bash experiments/gpu-caches.sh pack "$CACHE" "$HOME/res-cache")" ) & PACK=$! ;;
   esac
 done
 cp "$RUN/autotune.db" "$RES/" 2>/dev/null
 kill $SMI 2>/dev/null
+[ -n "${PACK:-}" ] && wait "$PACK"  # the caches' parts complete before DONE
 bash experiments/gpu-newfiles.sh "$HOME/.job-t0" "$RES/new-files.txt" "$HOME/res" "$HOME/run" \
     "$HOME/site" "$HOME/gpub" "$HOME/models" 2>/dev/null
 phase done; touch "$RES/DONE"
