@@ -125,3 +125,27 @@ def test_quiet_prints_only_finished_trials() -> None:
     out = ANSI.sub("", buf.getvalue())
     assert "started" not in out and "measuring" not in out
     assert "trial 0: 1,000.0 tok/s" in out
+
+
+def test_plain_lines_tick_elapsed_and_left_between_events() -> None:
+    """A trial runs for minutes between the study's events: a phase line says the study's
+    elapsed time and time left as of now, not as of the last event (the H200 log read
+    "elapsed 0m37s" for four minutes), and never more trials running than are not done
+    (the study launches the next trial before it reports the finished one)."""
+    clock = Clock()
+    buf = io.StringIO()
+    d = ProgressDisplay("tok/s", console=Console(file=buf, force_terminal=False, width=80),
+                        clock=clock)
+    base: dict[str, Any] = {"study_name": "s1", "total": 2, "running": 1}
+    d(StudyEvent(kind="trial_started", done=0, trial_number=0, trial_params={},
+                 elapsed_s=37.0, eta_s=400.0, **base))
+    clock.t += 100
+    d.on_trial_phase(0, "measuring", 0.0)
+    assert "elapsed 2m17s, left ~5m00s" in buf.getvalue().splitlines()[-1]
+    clock.t += 500  # past the estimate: "left" stops at zero
+    d.on_trial_phase(0, "measuring", 0.0)
+    assert "left ~0m00s" in buf.getvalue().splitlines()[-1]
+    # trial 1 starts before trial 0's end is reported: one of two not done, one running
+    d(StudyEvent(kind="trial_started", done=1, trial_number=1, trial_params={},
+                 elapsed_s=640.0, eta_s=240.0, **base))
+    assert "[1/2 done, 1 running" in buf.getvalue().splitlines()[-1]

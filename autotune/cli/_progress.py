@@ -55,6 +55,7 @@ class ProgressState:
     baseline_value: float | None = None
     eta_s: float | None = None
     elapsed_s: float = 0.0
+    at: float | None = None  # clock() when elapsed_s and eta_s were taken (the last event)
     in_recheck: bool = False
     running: dict[int, _Running] = field(default_factory=dict)
 
@@ -67,6 +68,7 @@ class ProgressState:
         self.best_ci = (lo, hi) if lo is not None and hi is not None else None
         self.baseline_value, self.eta_s, self.elapsed_s = e.baseline_value, e.eta_s, e.elapsed_s
         now = self.clock()
+        self.at = now
         if e.kind == "recheck_started":
             self.in_recheck = True
         elif e.kind == "trial_started" and e.trial_number is not None:
@@ -94,10 +96,25 @@ class ProgressState:
                  if self.baseline_value else "")
         return f"best {self.best_value:,.1f}{ci} {label} (trial {self.best_number}{ratio})"
 
+    def since_event(self) -> float:
+        return 0.0 if self.at is None else max(0.0, self.clock() - self.at)
+
+    def elapsed_now(self) -> float:
+        """The study's elapsed time now, not at the last event (a trial runs for minutes)."""
+        return self.elapsed_s + self.since_event()
+
+    def eta_now(self) -> float | None:
+        return None if self.eta_s is None else max(0.0, self.eta_s - self.since_event())
+
+    def n_running(self) -> int:
+        # a finished trial leaves ``running`` at its own event, which the study sends after
+        # it has launched the next one: never count more than the trials not done
+        return min(len(self.running), max(0, self.total - self.done))
+
     def head(self, label: str) -> str:
-        return (f"[{self.done}/{self.total} done, {len(self.running)} running | "
-                f"{self.best_text(label)} | elapsed {fmt_duration(self.elapsed_s)}, left "
-                f"~{fmt_duration(self.eta_s)}]")
+        return (f"[{self.done}/{self.total} done, {self.n_running()} running | "
+                f"{self.best_text(label)} | elapsed {fmt_duration(self.elapsed_now())}, left "
+                f"~{fmt_duration(self.eta_now())}]")
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -224,8 +241,8 @@ class ProgressDisplay(StudyCallback):
             r = s.running[n]
             table.add_row(str(n), s.phase_label(n), fmt_duration(now - r.since),
                           _params(r.params))
-        info = (f"{s.best_text(self.label)}   elapsed {fmt_duration(s.elapsed_s)}, "
-                f"left ~{fmt_duration(s.eta_s)}")
+        info = (f"{s.best_text(self.label)}   elapsed {fmt_duration(s.elapsed_now())}, "
+                f"left ~{fmt_duration(s.eta_now())}")
         parts = [self._bar, info] if self._bar is not None else [info]
         return Group(*parts, table)
 
