@@ -145,7 +145,12 @@ def test_plain_lines_tick_elapsed_and_left_between_events() -> None:
     clock.t += 500  # past the estimate: "left" stops at zero
     d.on_trial_phase(0, "measuring", 0.0)
     assert "left ~0m00s" in buf.getvalue().splitlines()[-1]
-    # trial 1 starts before trial 0's end is reported: one of two not done, one running
+    # trial 1 starts before trial 0's end is reported (the study's own count says 1)
     d(StudyEvent(kind="trial_started", done=1, trial_number=1, trial_params={},
-                 elapsed_s=640.0, eta_s=240.0, **base))
-    assert "[1/2 done, 1 running" in buf.getvalue().splitlines()[-1]
+                 elapsed_s=640.0, eta_s=240.0, **{**base, "total": 3}))
+    assert "[1/3 done, 1 running" in buf.getvalue().splitlines()[-1]
+    d(StudyEvent(kind="trial_finished", done=1, trial_number=0, trial_value=1.0,
+                 elapsed_s=640.0, **{**base, "total": 3, "running": 0}))  # made before
+    assert "[1/3 done, 1 running" in buf.getvalue().splitlines()[-1]
+    d.on_trial_phase(1, "measuring", 0.0)
+    assert "[1/3 done, 1 running" in buf.getvalue().splitlines()[-1]

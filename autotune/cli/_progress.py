@@ -56,6 +56,7 @@ class ProgressState:
     eta_s: float | None = None
     elapsed_s: float = 0.0
     at: float | None = None  # clock() when elapsed_s and eta_s were taken (the last event)
+    started_running: int | None = None  # the study's own count at a trial_started event
     in_recheck: bool = False
     running: dict[int, _Running] = field(default_factory=dict)
 
@@ -69,6 +70,7 @@ class ProgressState:
         self.baseline_value, self.eta_s, self.elapsed_s = e.baseline_value, e.eta_s, e.elapsed_s
         now = self.clock()
         self.at = now
+        self.started_running = e.running if e.kind == "trial_started" else None
         if e.kind == "recheck_started":
             self.in_recheck = True
         elif e.kind == "trial_started" and e.trial_number is not None:
@@ -108,8 +110,10 @@ class ProgressState:
 
     def n_running(self) -> int:
         # a finished trial leaves ``running`` at its own event, which the study sends after
-        # it has launched the next one: never count more than the trials not done
-        return min(len(self.running), max(0, self.total - self.done))
+        # it has launched the next one (whose start event carries the study's own count):
+        # until then, count no more than that, nor more than the trials not done
+        n = min(len(self.running), max(0, self.total - self.done))
+        return n if self.started_running is None else min(n, self.started_running)
 
     def head(self, label: str) -> str:
         return (f"[{self.done}/{self.total} done, {self.n_running()} running | "
