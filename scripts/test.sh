@@ -11,7 +11,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # module and session fixtures (the tiny server starts once per process). The slowest files
 # go first (tests/conftest.py SLOW_FILES; --no-loadscope-reorder keeps that order: xdist
 # would order the files by their number of tests and start the 8-min study end to end late;
-# pytest took 18.4 min so, 26.7 min the run before without it: one run each).
+# pytest took 18.4 and 22.3 min so, 26.7 min the run before without it).
 # AUTOTUNE_TEST_WORKERS=0 runs everything in this process.
 exec "$VENV/bin/python" -m pytest -m "slow or not slow" -n "${AUTOTUNE_TEST_WORKERS:-2}" \
   --dist loadfile --no-loadscope-reorder "$@"
