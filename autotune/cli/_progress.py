@@ -110,9 +110,8 @@ class ProgressState:
 
     def n_running(self) -> int:
         # a finished trial leaves ``running`` at its own event, which the study sends after
-        # it has launched the next one (whose start event carries the study's own count):
-        # until then, count no more than that, nor more than the trials not done
-        n = min(len(self.running), max(0, self.total - self.done))
+        # it has launched the next one: at that start, the start event's own count is right
+        n = len(self.running)
         return n if self.started_running is None else min(n, self.started_running)
 
     def head(self, label: str) -> str:
