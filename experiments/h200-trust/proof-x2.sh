@@ -18,7 +18,8 @@
 # experiments/h200-trust/space-no-moe.yaml leaves out moe_config, whose kernel tuning before
 # trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
 # c32bench"), PREC (the studies' --precision, default 0.02), SUFFIX (appended to the study
-# names and result folders, e.g. -warm), RUN_DIR (the stores and server logs; default ~/run: give a second job on the machine its own).
+# names and result folders, e.g. -warm), RUN_DIR (the stores and server logs; default ~/run:
+# give a second job on the machine its own).
 # One GPU (`nvidia-h200`): the study runs one trial at a time and the two re-measure benches
 # run one after the other on that GPU (fresh servers, no "other GPU" to use); BENCH_ROLES
 # (default "candidate defaults") picks which of the two.
