@@ -30,6 +30,8 @@
 # case study's recipe) once, with `autotune bench` (a short warm-up and one measured
 # segment at 32 streams), so that the study after it starts warm, as a user's second study
 # does; its device time is the warm step's, apart from the study's account.
+# Step imports: times `import vllm.entrypoints.openai.api_server` twice (what each server
+# start spends before vLLM's first log line) and keeps the 40 slowest imports (importtime.txt).
 # Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, staged like
 # the bundle) are unpacked into the cache before the first step; the step `caches` packs the
 # cache into 15 MB parts under ~/res-cache for poll.sh to bring back (e.g. STEPS="c256 caches
@@ -72,6 +74,16 @@ from pathlib import Path; from autotune.modelgen import write_tokenizer
 write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$RES/env.txt" 2>&1 || { phase model-failed; touch "$RES/DONE"; exit 4; }
 fi
 phase installed
+# Bytecode: install.sh installs with --no-compile, so the .pyc files are written by the first
+# import, unless the image sets PYTHONDONTWRITEBYTECODE: then every server start (two
+# processes, each importing vLLM) compiles the modules from source again. Compiled once here.
+BC=$(python3 -c 'import sys; print(int(sys.flags.dont_write_bytecode))' 2>/dev/null)
+if [ "$BC" = 1 ] && [ ! -f "$SITE/.compiled" ]; then
+  t0=$(date +%s); timeout 150 python3 -m compileall -q -j 0 "$SITE" > /dev/null 2>&1; touch "$SITE/.compiled"
+  phase "bytecode: the image writes no .pyc; $SITE compiled in $(( $(date +%s) - t0 )) s"
+else
+  phase "bytecode: dont_write_bytecode=$BC, .pyc under $SITE/vllm: $(find "$SITE/vllm" -name '*.pyc' 2>/dev/null | wc -l)"
+fi
 RUN=${RUN_DIR:-$HOME/run}; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN" "$HOME/res-cache"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
@@ -180,6 +192,15 @@ for step in $STEPS; do
         done
         logtails "$ph"
       fi ;;
+    imports)  # what a server start spends importing (gVisor makes every stat a system call):
+      # the API server's imports, twice (cold and warm), the 40 slowest by cumulative time
+      if [ "$(left)" -gt 90 ]; then
+        for i in 1 2; do
+          t0=$(date +%s%N); timeout 60 python3 -X importtime -c 'import vllm.entrypoints.openai.api_server' 2> "$RUN/importtime-$i.txt" > /dev/null
+          phase "imports $i: $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+        done
+        sort -t'|' -k2 -n "$RUN/importtime-2.txt" | tail -40 > "$RES/importtime.txt"
+      else phase "imports skipped: not enough device time left"; fi ;;
     caches)  # packed while the next step runs; the job waits for it before DONE (the
       # sixteenth session's job ended first and its poll brought back a truncated archive)
       ( phase "$(bash experiments/gpu-caches.sh pack "$CACHE" "$HOME/res-cache")" ) & PACK=$! ;;
