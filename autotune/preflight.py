@@ -7,21 +7,27 @@
 * the installed vLLM is inside the tested range (a warning when it is not);
 * the shape's prompt + output lengths fit the context vLLM gets (the space's
   ``--max-model-len``, else the model's ``max_position_embeddings``), and the space does
-  not ask for more context than the model has.
+  not ask for more context than the model has;
+* the installed vLLM's modules have compiled bytecode, or Python may write it (a warning
+  when neither: every server start would compile vLLM's modules again).
 
 Each problem is one :class:`~autotune.errors.AutotuneError` line with the fix.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import ShapeError, SpaceError
 
-__all__ = ["MAX_CLIPPED_FRACTION", "check_before_trial_0", "check_context", "check_flags"]
+__all__ = ["MAX_CLIPPED_FRACTION", "check_before_trial_0", "check_bytecode", "check_context",
+           "check_flags"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +42,7 @@ def check_before_trial_0(*, space: Any, shape: Any, model: Path, settings: Any,
     warnings = check_flags(space, surface=surface)
     warnings += check_context(space, shape, model, seed=getattr(settings, "seed", 0),
                               num_requests=getattr(settings, "num_requests", None))
+    warnings += check_bytecode()
     for w in warnings:
         logger.warning("%s", w)
     return warnings
@@ -123,3 +130,48 @@ def check_context(space: Any, shape: Any, model: Path, *, seed: int = 0,
             f"{shape.name} --max-total-tokens {context} -o clipped.json"
         )
     return [f"{line}: they are clipped to fit"]
+
+
+#: Modules of vLLM that every server start imports (the API server and its configuration).
+BYTECODE_PROBES = ("__init__.py", "entrypoints/openai/api_server.py", "engine/arg_utils.py",
+                   "config/model.py")
+
+
+def check_bytecode(package: str = "vllm", *, package_dir: Path | None = None,
+                   dont_write: bool | None = None) -> list[str]:
+    """A warning when the installed ``package`` (vLLM) has no compiled bytecode and this
+    Python will not write any: each server start (the API server and its engine process,
+    both importing vLLM) then compiles vLLM's modules from source again. On the H200 host,
+    whose image sets ``PYTHONDONTWRITEBYTECODE`` and whose vLLM was installed with
+    ``pip --no-compile``, that was ~25 s of every start (69-87 s; 49-57 s once compiled,
+    experiments/h200-trust, note 12). Nothing is imported; ``package_dir`` and
+    ``dont_write`` (default: ``sys.flags.dont_write_bytecode``) are for tests."""
+    if package_dir is None:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            return []
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if not locations:
+            return []
+        package_dir = Path(locations[0])
+    probes = [package_dir / p for p in BYTECODE_PROBES if (package_dir / p).is_file()]
+    if not probes:
+        return []
+    missing = [p for p in probes if not Path(importlib.util.cache_from_source(str(p))).exists()]
+    if not missing:
+        return []
+    if dont_write is None:
+        dont_write = bool(sys.flags.dont_write_bytecode)
+    cache_dir = Path(importlib.util.cache_from_source(str(missing[0]))).parent
+    writable_at = cache_dir if cache_dir.exists() else cache_dir.parent
+    if not dont_write and os.access(writable_at, os.W_OK):
+        return []  # the first start writes them
+    why = ("PYTHONDONTWRITEBYTECODE is set" if dont_write
+           else f"{writable_at} is not writable")
+    return [(
+        f"{package} at {package_dir} has no compiled bytecode and Python will not write it "
+        f"({why}): every server start compiles its modules again (~25 s a start on the "
+        f"H200 host); compile them once: {sys.executable} -m compileall -q -j 0 "
+        f"{package_dir.parent}"
+    )]

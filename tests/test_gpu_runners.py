@@ -83,3 +83,26 @@ def test_proof_runner_packs_the_caches_before_done(tmp_path: Path) -> None:
     assert whole.returncode == 0, whole.stderr[-500:]
     assert sum(".bin" in line for line in whole.stdout.splitlines()) == 6
     assert "caches packed" in (res / "progress.txt").read_text()
+
+
+def test_bytecode_step_compiles_once_where_python_writes_none(tmp_path: Path) -> None:
+    """The GPU image sets PYTHONDONTWRITEBYTECODE and the bundle is installed without
+    bytecode: every server start compiled vLLM again (~25 s a start). The runners compile
+    the staged site once; where Python writes bytecode itself they leave it alone."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "mod.py").write_text("X = 1\n")
+
+    def step(write: bool) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        if not write:
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+        return subprocess.run(["bash", "experiments/gpu-bytecode.sh", str(site)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=120,
+                              check=True).stdout
+
+    assert "writes .pyc" not in step(write=True) and "compiled" not in step(write=True)
+    assert not list(site.rglob("*.pyc"))
+    assert "the image writes no .pyc" in step(write=False)
+    assert list(site.rglob("mod.*.pyc")) and (site / ".compiled").exists()
+    assert "dont_write_bytecode=1, .pyc under" in step(write=False)  # once: not again

@@ -117,3 +117,46 @@ def test_committed_2k_shapes_regenerate_from_their_documented_commands(
     assert f"autotune shape clip {' '.join(argv)} --name {name}" in (
         REPO / "traffic" / "README.md").read_text()
     assert context_overflow(load_shape(out), context=2048)[0] == 0
+
+
+def _package(root: Path) -> Path:
+    """A package laid out like vLLM's start-up modules, not compiled."""
+    from autotune.preflight import BYTECODE_PROBES
+
+    pkg = root / "fakevllm"
+    for rel in BYTECODE_PROBES:
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text("X = 1\n")
+    return pkg
+
+
+def test_bytecode_warns_when_no_pyc_and_python_writes_none(tmp_path: Path) -> None:
+    import compileall
+
+    from autotune.preflight import check_bytecode
+
+    pkg = _package(tmp_path)
+    [w] = check_bytecode(package_dir=pkg, dont_write=True)
+    assert "\n" not in w and "PYTHONDONTWRITEBYTECODE" in w
+    assert f"-m compileall -q -j 0 {tmp_path}" in w  # the fix, for the folder holding it
+    assert check_bytecode(package_dir=pkg, dont_write=False) == []  # the first start writes
+    assert compileall.compile_dir(str(pkg), quiet=1)  # the fix the warning gives
+    assert check_bytecode(package_dir=pkg, dont_write=True) == []
+
+
+def test_bytecode_check_reads_the_interpreters_flag(tmp_path: Path) -> None:
+    """The real flag, in a fresh Python started as the servers are (environment inherited)."""
+    import os
+    import subprocess
+    import sys
+
+    _package(tmp_path)
+    code = "from autotune.preflight import check_bytecode; print(len(check_bytecode('fakevllm')))"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    for flag, expect in (("1", "1"), ("", "0")):
+        env["PYTHONDONTWRITEBYTECODE"] = flag
+        if not flag:
+            del env["PYTHONDONTWRITEBYTECODE"]
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out == [expect]

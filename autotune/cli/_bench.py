@@ -188,6 +188,7 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     here (a taken name gets a -N suffix)."""
     from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
     from autotune.errors import ConfigError
+    from autotune.preflight import check_bytecode
     from autotune.space import dummy_routing_warning
     from autotune.stats import SegmentRule
     from autotune.study import goodput_slo
@@ -216,9 +217,9 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
     if not (args.model / "config.json").exists():
         raise ConfigError(f"--model {args.model}: no config.json there")
-    warning = dummy_routing_warning(args.model, flags, env)
-    if warning:
-        print(warning, file=sys.stderr)
+    for warning in [dummy_routing_warning(args.model, flags, env), *check_bytecode()]:
+        if warning:
+            print(warning, file=sys.stderr)
     shape = load_shape(args.shape)
     capacity = _capacity_fields(args, shape)
     if log_path is None and args.log is not None:

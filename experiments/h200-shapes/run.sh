@@ -69,6 +69,7 @@ print("gpus", torch.cuda.device_count(), [torch.cuda.get_device_name(i) for i in
 PY
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv >> "$SESSION/env.txt" 2>&1
   nvidia-smi topo -m >> "$SESSION/env.txt" 2>&1
+  phase "$(bash experiments/gpu-bytecode.sh "$SITE")"  # once, where the image writes no .pyc
 fi
 git log -1 --format='code %H %s' >> "$SESSION/env.txt" 2>/dev/null
 MODEL=$HOME/models/nemotron3-nano-30b-a3b-mtp

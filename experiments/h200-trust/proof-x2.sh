@@ -74,16 +74,7 @@ from pathlib import Path; from autotune.modelgen import write_tokenizer
 write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$RES/env.txt" 2>&1 || { phase model-failed; touch "$RES/DONE"; exit 4; }
 fi
 phase installed
-# Bytecode: install.sh installs with --no-compile, so the .pyc files are written by the first
-# import, unless the image sets PYTHONDONTWRITEBYTECODE: then every server start (two
-# processes, each importing vLLM) compiles the modules from source again. Compiled once here.
-BC=$(python3 -c 'import sys; print(int(sys.flags.dont_write_bytecode))' 2>/dev/null)
-if [ "$BC" = 1 ] && [ ! -f "$SITE/.compiled" ]; then
-  t0=$(date +%s); timeout 150 python3 -m compileall -q -j 0 "$SITE" > /dev/null 2>&1; touch "$SITE/.compiled"
-  phase "bytecode: the image writes no .pyc; $SITE compiled in $(( $(date +%s) - t0 )) s"
-else
-  phase "bytecode: dont_write_bytecode=$BC, .pyc under $SITE/vllm: $(find "$SITE/vllm" -name '*.pyc' 2>/dev/null | wc -l)"
-fi
+phase "$(bash experiments/gpu-bytecode.sh "$SITE")"  # once, where the image writes no .pyc
 RUN=${RUN_DIR:-$HOME/run}; CACHE=$HOME/.cache/autotune; mkdir -p "$RUN" "$HOME/res-cache"
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if ls "$STAGE"/cache-part-* >/dev/null 2>&1; then  # compile caches an earlier session brought back
