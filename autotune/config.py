@@ -101,6 +101,7 @@ class TuneSettings(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0)
     # measurement (docs/measurement.md): adaptive stop, warm-up, pruner, re-check starts
     precision: float = Field(default=0.02, gt=0, lt=1)  # 95 % interval half-width / value
+    min_segments: int = Field(default=5, ge=2, le=40)  # measured segments before a precise stop
     warmup_tolerance: float = Field(default=0.05, gt=0, lt=1)
     warmup_max_s: float = Field(default=120.0, gt=0)
     measure_max_s: float = Field(default=180.0, gt=0)

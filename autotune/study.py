@@ -760,6 +760,7 @@ class TrialTemplate:
         from autotune.stats import SegmentRule
 
         rule = SegmentRule(precision=settings.precision,
+                           min_segments=settings.min_segments,
                            warmup_tolerance=settings.warmup_tolerance,
                            warmup_max_s=settings.warmup_max_s,
                            measure_max_s=settings.measure_max_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from autotune.stats import (
     ratio_to_defaults,
     relative_half_width,
 )
+from tests.conftest import REPO
 
 
 def test_mean_interval_is_the_student_t_interval() -> None:
@@ -99,6 +101,8 @@ def test_warmup_is_capped_and_then_not_converged() -> None:
 
 
 def test_measurement_stops_when_the_interval_is_within_the_precision() -> None:
+    # a few agreeing segments do not stop a run by default (the H200's drifting runs)
+    assert SegmentRule().measure([1000.0, 1001.0, 999.0, 1000.0], 40) == "continue"
     rule = SegmentRule(precision=0.02, min_segments=3)
     assert rule.measure([1000.0, 1000.0], 10) == "continue"  # fewer than min_segments
     steady = [1000.0, 1004.0, 998.0, 1002.0]
@@ -129,7 +133,7 @@ def test_more_noise_needs_more_segments() -> None:
 
     quiet = np.median([segments_needed(0.01) for _ in range(30)])
     loud = np.median([segments_needed(0.05) for _ in range(30)])
-    assert quiet <= 4 < loud
+    assert quiet == rule.min_segments < loud  # quiet runs stop at the minimum
 
 
 def test_pruner_stops_a_clear_loser_only() -> None:
@@ -266,3 +270,27 @@ def test_drift_compares_the_halves_of_a_measurement() -> None:
     assert d is not None and d.significant and d.relative < 0
     assert drift([1.0, 2.0, 3.0]) is None
     assert drift([5.0, 5.0, 5.0, 5.0]) == drift([5.0, 5.0, math.nan, 5.0, 5.0])
+
+
+def test_min_segments_reaches_the_rule_of_tune_and_bench(tmp_path: Path) -> None:
+    """`--min-segments` is the stop's minimum in `autotune bench` and in a study's trials;
+    out of range it is one clear error before any server starts."""
+    import json
+
+    from autotune.cli._bench import bench_spec, parse_bench
+    from autotune.config import TuneSettings
+    from autotune.errors import ConfigError
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    shape = REPO / "traffic" / "example-chat.json"
+    base = ["--model", str(model), "--shape", str(shape)]
+    assert bench_spec(parse_bench(base)).rule.min_segments == 5  # type: ignore[union-attr]
+    spec = bench_spec(parse_bench([*base, "--min-segments", "8"]))
+    assert spec.rule is not None and spec.rule.min_segments == 8
+    with pytest.raises(ConfigError, match="--min-segments 1: give 2 to 40"):
+        bench_spec(parse_bench([*base, "--min-segments", "1"]))
+    assert TuneSettings(model=model, shape=shape, space=shape, min_segments=7).min_segments == 7
+    with pytest.raises(ValueError, match="min_segments"):
+        TuneSettings(model=model, shape=shape, space=shape, min_segments=1)

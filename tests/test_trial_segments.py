@@ -68,7 +68,7 @@ def test_warmup_goes_on_while_the_server_compiles_kernels(fake_model: Path, tmp_
 def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path: Path) -> None:
     loose = trial(fake_model, tmp_path / "a", "slow", SegmentRule(precision=0.2, measure_max_s=30))
     assert loose.ok, loose.message
-    assert loose.stop == "precise" and 3 <= len(loose.segments) < 10  # 3: the minimum
+    assert loose.stop == "precise" and 5 <= len(loose.segments) < 12  # 5: the minimum
     m = loose.metrics
     assert (m["output_tokens_per_s_ci_low"] < m["output_tokens_per_s"]
             < m["output_tokens_per_s_ci_high"])

@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "(default 1: the interval over segments replaces repeats)")
     p.add_argument("--precision", type=float, default=0.02,
                    help="stop when the 95 %% interval is within this fraction (default 0.02)")
+    p.add_argument("--min-segments", type=int, default=5, metavar="N",
+                   help="measured segments before --precision may stop (default 5)")
     p.add_argument("--measure-max-s", type=float, default=180.0,
                    help="measure at most this long (default 180 s)")
     p.add_argument("--warmup-max-s", type=float, default=120.0,
@@ -212,6 +214,8 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
         raise ConfigError("--repeats must be >= 1")
     if not 0 < args.precision < 1:
         raise ConfigError(f"--precision {args.precision}: give a fraction in (0, 1), e.g. 0.02")
+    if not 2 <= args.min_segments <= 40:
+        raise ConfigError(f"--min-segments {args.min_segments}: give 2 to 40 (default 5)")
     for name in ("measure_max_s", "warmup_max_s"):
         if not getattr(args, name) > 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
@@ -233,8 +237,8 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
         num_requests=args.num_requests, concurrency=args.concurrency,
         start_timeout_s=args.start_timeout, log_path=str(log_path) if log_path else None,
         cpu_kv_cache_gib=args.cpu_kv_cache_gib, segment_requests=args.segment_requests,
-        rule=SegmentRule(precision=args.precision, measure_max_s=args.measure_max_s,
-                         warmup_max_s=args.warmup_max_s),
+        rule=SegmentRule(precision=args.precision, min_segments=args.min_segments,
+                         measure_max_s=args.measure_max_s, warmup_max_s=args.warmup_max_s),
         stagger=args.stagger, **capacity,
         cache_dir=str((args.cache_dir or Path.home() / ".cache" / "autotune").expanduser()),
     )  # fmt: skip
