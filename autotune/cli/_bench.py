@@ -190,7 +190,6 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     here (a taken name gets a -N suffix)."""
     from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
     from autotune.errors import ConfigError
-    from autotune.preflight import check_bytecode
     from autotune.space import dummy_routing_warning
     from autotune.stats import SegmentRule
     from autotune.study import goodput_slo
@@ -221,9 +220,9 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
     if not (args.model / "config.json").exists():
         raise ConfigError(f"--model {args.model}: no config.json there")
-    for warning in [dummy_routing_warning(args.model, flags, env), *check_bytecode()]:
-        if warning:
-            print(warning, file=sys.stderr)
+    warning = dummy_routing_warning(args.model, flags, env)
+    if warning:
+        print(warning, file=sys.stderr)
     shape = load_shape(args.shape)
     capacity = _capacity_fields(args, shape)
     if log_path is None and args.log is not None:
@@ -258,9 +257,12 @@ def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, Any]:
 
 def _bench(args: argparse.Namespace) -> int:
     from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
+    from autotune.preflight import check_bytecode
     from autotune.trial import run_trial
 
     spec = bench_spec(args)
+    for warning in check_bytecode():  # the environment's, not the config's: once a command
+        print(warning, file=sys.stderr)
     print(f"benchmarking: {' '.join(spec.flags) or '(vLLM defaults)'}"
           + (f" x {args.repeats} repeats" if args.repeats > 1 else "")
           + (f"; server log: {spec.log_path}" if spec.log_path else ""), file=sys.stderr)
