@@ -155,15 +155,14 @@ def check_bytecode(package: str = "vllm", *, package_dir: Path | None = None,
         if not locations:
             return []
         package_dir = Path(locations[0])
-    probes = [package_dir / p for p in BYTECODE_PROBES if (package_dir / p).is_file()]
-    if not probes:
-        return []
-    missing = [p for p in probes if not Path(importlib.util.cache_from_source(str(p))).exists()]
+    compiled = [Path(importlib.util.cache_from_source(str(package_dir / p)))
+                for p in BYTECODE_PROBES if (package_dir / p).is_file()]
+    missing = [pyc for pyc in compiled if not pyc.exists()]
     if not missing:
-        return []
+        return []  # compiled, or not a package laid out like vLLM's
     if dont_write is None:
         dont_write = bool(sys.flags.dont_write_bytecode)
-    cache_dir = Path(importlib.util.cache_from_source(str(missing[0]))).parent
+    cache_dir = missing[0].parent
     writable_at = cache_dir if cache_dir.exists() else cache_dir.parent
     if not dont_write and os.access(writable_at, os.W_OK):
         return []  # the first start writes them
