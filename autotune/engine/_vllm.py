@@ -44,6 +44,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 CPU_INPROC_ENV = "AUTOTUNE_CPU_INPROC_WORKER"
+#: how vLLM starts its engine (and worker) processes; autotune sets ``fork`` unless given
+START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
 @dataclass(frozen=True)
@@ -320,6 +322,12 @@ class VllmServer:
             env["VLLM_HOST_IP"] = "127.0.0.1"
         if self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        # vLLM's CLI starts its engine process with `spawn` unless this is set, and the
+        # child then imports vLLM and torch again (15 s of a 59-s start on the H200); `fork`
+        # gives it the API server's imports. vLLM itself still switches to spawn where fork
+        # is unsafe (CUDA already initialised, inside a Ray actor; the CPU build always
+        # does), and a user's own setting wins (docs/measurement.md, section 10).
+        env.setdefault(START_METHOD_ENV, "fork")
         if self.cache_dir is not None:
             # Share compile and JIT caches across trials: warm starts are 20 s, cold 2-3 min.
             for k, v in cache_env(Path(self.cache_dir)).items():

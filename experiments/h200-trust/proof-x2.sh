@@ -30,6 +30,9 @@
 # case study's recipe) once, with `autotune bench` (a short warm-up and one measured
 # segment at 32 streams), so that the study after it starts warm, as a user's second study
 # does; its device time is the warm step's, apart from the study's account.
+# Step startmethod: PRE_CONFIGS' candidate started with vLLM's `spawn` and with autotune's
+# `fork` for the engine process (start seconds and throughput of each), after timing vLLM's
+# flag surface read into the cache and read back (results under RES_DIR/start/).
 # Step imports: times `import vllm.entrypoints.openai.api_server` twice (what each server
 # start spends before vLLM's first log line) and keeps the 40 slowest imports (importtime.txt).
 # Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, staged like
@@ -120,8 +123,10 @@ PY
   phase "study $name done"
 }
 
-bench() {  # PHASE ROLE CONC MEASURE WARMUP: on the GPU the role's re-check did not use
-  local ph=$1 role=$2 conc=$3 meas=$4 warm=$5 flags=() envs=() gpu
+bench() {  # PHASE ROLE CONC MEASURE WARMUP [TAG [KEY=VALUE]]: on the GPU the role's re-check
+  # did not use; TAG names the output files (default the role), KEY=VALUE adds to the env
+  local ph=$1 role=$2 conc=$3 meas=$4 warm=$5 tag=${6:-$2} flags=() envs=() gpu
+  [ -n "${7:-}" ] && envs+=(--env "$7")
   local cfg=$RES/$ph/configs.json
   mapfile -t flags < <(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};[print(f) for f in d.get('flags', [])]")
   while IFS= read -r kv; do envs+=(--env "$kv"); done < <(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};[print(f'{k}={v}') for k,v in d.get('env', {}).items()]")
@@ -130,9 +135,9 @@ bench() {  # PHASE ROLE CONC MEASURE WARMUP: on the GPU the role's re-check did 
   [ ${#flags[@]} -gt 0 ] || { phase "bench $ph $role: no config"; return; }
   CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 "$(within 560 25)" python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
     --concurrency "$conc" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$meas" \
-    --warmup-max-s "$warm" --start-timeout 420 --log "$RUN/bench-$ph-$role.log" --json \
-    "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$role-gpu$gpu.json" 2> "$RES/$ph/bench-$role.err"
-  phase "bench $ph $role on gpu$gpu exit $?"
+    --warmup-max-s "$warm" --start-timeout 420 --log "$RUN/bench-$ph-$tag.log" --json \
+    "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$tag-gpu$gpu.json" 2> "$RES/$ph/bench-$tag.err"
+  phase "bench $ph $tag on gpu$gpu exit $?"
 }
 
 logtails() {  # PHASE: head and tail of each server log of that phase
@@ -183,6 +188,28 @@ for step in $STEPS; do
         done
         logtails "$ph"
       fi ;;
+    startmethod)  # PRE_CONFIGS' candidate started twice, 32 streams: with vLLM's own `spawn`
+      # for its engine process, then with the `fork` autotune's servers use; and vLLM's flag
+      # surface read into the cache (its key: the wheel's RECORD), timed, then read back
+      mkdir -p "$RES/start"; cp "${PRE_CONFIGS:?PRE_CONFIGS: the configs.json to start}" "$RES/start/configs.json"
+      python3 - "$CACHE" > "$RES/start/surface.txt" 2>&1 <<'PY'
+import sys, time
+from pathlib import Path
+from autotune.engine._flags import _cache_file, _locate, engine_surface
+import os
+version, build = _locate(sys.executable, os.environ)
+print("build", version, build, _cache_file(Path(sys.argv[1]), sys.executable, build, version))
+for i in (1, 2):
+    t = time.monotonic(); engine_surface(cache_dir=Path(sys.argv[1]))
+    print(f"surface {i}: {time.monotonic() - t:.1f} s")
+PY
+      phase "surface: $(tr '\n' ' ' < "$RES/start/surface.txt" | tail -c 200)"
+      cp -r "$CACHE/vllm-surface" "$RES/start/" 2>/dev/null
+      for m in spawn fork; do
+        if [ "$(left)" -gt 150 ]; then bench start candidate 32 "${MSTART:-30}" "${WSTART:-20}" "$m" "VLLM_WORKER_MULTIPROC_METHOD=$m"
+        else phase "start $m skipped: not enough device time left"; fi
+      done
+      logtails start ;;
     imports)  # what a server start spends importing (gVisor makes every stat a system call):
       # the API server's imports, twice (cold and warm), the 40 slowest by cumulative time
       if [ "$(left)" -gt 90 ]; then
