@@ -93,6 +93,8 @@ class TuneSettings(BaseModel):
     parallel: int | None = Field(default=None, ge=1)  # None: one trial per GPU slot
     cache_dir: Path | None = None  # None: ~/.cache/autotune (shared compile/JIT caches)
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0)
+    # servers fork from an interpreter that imported vLLM once (autotune/engine/_launcher.py)
+    preload: bool = True
     resume: bool = False
     enqueue: list[dict[str, Any]] = Field(default_factory=list)  # configs to try first
     quality: str | None = None  # thresholds, e.g. "min_agreement=0.95" (a constraint)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from autotune.engine._launcher import DIR_ENV as PRELOAD_DIR_ENV
 from autotune.errors import AutotuneError
 from autotune.events import PhaseReporter
 from autotune.hardware import cpu_count
@@ -192,10 +193,15 @@ class RayExecutor:
         self.gpus_per_trial = gpus_per_trial
         self._fn = fn
         self._queue: Any = None  # a ray.util.queue.Queue for the trials' phases, made on use
+        options: dict[str, Any] = {}
+        preload = os.environ.get(PRELOAD_DIR_ENV)
+        if preload:  # the tuner's preloaded interpreters (a Ray started earlier lacks it)
+            options["runtime_env"] = {"env_vars": {PRELOAD_DIR_ENV: preload}}
         self._remote = ray.remote(_remote_trial).options(  # type: ignore[call-overload]
             num_gpus=gpus_per_trial,
             num_cpus=0 if gpus_per_trial else cpus_per_trial,
             max_retries=0,
+            **options,
         )
         self._flights: list[_Flight] = []
         logger.info("Ray: %s, %d trial slot(s)", resources, slots)

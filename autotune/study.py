@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import DEFAULT_OUT_ROOT, SLO_KEYS, TuneSettings
-from autotune.engine import EngineInfo, detect_engine
+from autotune.engine import EngineInfo, detect_engine, preload_scope
 from autotune.errors import AutotuneError, ConfigError, SpaceError, StudyError
 from autotune.events import (
     EventListener,
@@ -1223,20 +1223,22 @@ def tune(
     ctx = StudyContext(study=study, settings=settings, space=inputs.space, shape=inputs.shape,
                        model=inputs.model, engine=inputs.engine, gpu_type=inputs.gpu_type,
                        out_dir=inputs.out_dir, tracking_uri=inputs.tracking_uri)
-    runner = executor or _default_executor(inputs)
-    loop = StudyLoop(study=study, settings=settings, space=inputs.space, executor=runner,
-                     template=TrialTemplate(model=str(inputs.model), shape=inputs.shape,
-                                            log_dir=str(inputs.log_dir),
-                                            cache_dir=str(inputs.cache_dir)),
-                     callbacks=subs, thresholds=inputs.thresholds, started=t_start,
-                     owner=inputs.owner, heartbeat=inputs.heartbeat)
-    try:
-        subs.on_study_start(loop.event(
-            "study_started", message=f"{n_finished(study)} finished trial(s) already"), ctx)
-        _run(loop, inputs, subs)
-    finally:
-        if executor is None:
-            runner.shutdown()
+    # servers fork from one import of vLLM (the scope opens before Ray: workers inherit it)
+    with preload_scope(settings.preload):
+        runner = executor or _default_executor(inputs)
+        loop = StudyLoop(study=study, settings=settings, space=inputs.space, executor=runner,
+                         template=TrialTemplate(model=str(inputs.model), shape=inputs.shape,
+                                                log_dir=str(inputs.log_dir),
+                                                cache_dir=str(inputs.cache_dir)),
+                         callbacks=subs, thresholds=inputs.thresholds, started=t_start,
+                         owner=inputs.owner, heartbeat=inputs.heartbeat)
+        try:
+            subs.on_study_start(loop.event(
+                "study_started", message=f"{n_finished(study)} finished trial(s) already"), ctx)
+            _run(loop, inputs, subs)
+        finally:
+            if executor is None:
+                runner.shutdown()
     result = write_results(ctx)
     subs.on_study_end(loop.event("study_finished"), result)
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,22 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         else:  # identical outputs: the gate lets it through
             assert lossy.user_attrs.get("autotune.reason") != "quality"
     assert (out / "logs" / "quality-reference.log").exists()
+
+    # Every server forked from a preloaded interpreter (vLLM imported once per study and
+    # environment; autotune/engine/_launcher.py), and no launcher outlived the study.
+    launcher = {}
+    for log_file in (out / "logs").glob("*.log"):
+        m = re.search(r"# autotune: forked from a preloaded interpreter .*launcher (\w+)",
+                      log_file.read_text())
+        assert m, f"{log_file.name} was not started from a preloaded interpreter"
+        launcher[log_file.name] = m.group(1)
+    for t in rechecks:  # a fresh start of a config: the same environment, the same launcher
+        of = t.user_attrs["autotune.recheck_of"]
+        assert (launcher[f"trial-{t.number:04d}-server.log"]
+                == launcher[f"trial-{of:04d}-server.log"])
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+            and any(k.encode() in _cmdline(p) for k in set(launcher.values()))]
+    assert not left, "launchers outlived the study"
 
     # Re-check: the leader and the baseline were measured once more before the verdict;
     # none when no config but the defaults was feasible (fresh starts could not change it).
@@ -237,3 +254,10 @@ def test_tune_end_to_end(tiny_hybrid: Path, tmp_path: Path) -> None:
         "autotune.state") != "ok"
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tiny_hybrid) not in ps
+
+
+def _cmdline(proc_dir: Path) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""

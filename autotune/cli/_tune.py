@@ -203,6 +203,10 @@ OPTIONS: tuple[Option, ...] = (
            help="compile/JIT cache shared by all trials (default ~/.cache/autotune)"),
     Option("--cpu-kv-cache-gib", "cpu_kv_cache_gib", "resources",
            help="KV cache GiB for the CPU build (VLLM_CPU_KVCACHE_SPACE)"),
+    Option("--no-preload", "preload", "resources", action="store_false",
+           help="start every server as a fresh 'python -m vllm...' instead of forking it "
+                "from an interpreter that imported vLLM once per study and environment "
+                "(18-21 s of each start on the H200 machine; docs/measurement.md, section 10)"),
 )
 
 

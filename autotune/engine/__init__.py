@@ -7,6 +7,7 @@ which vLLM build is installed. The failure classes of a server are
 
 from __future__ import annotations
 
+from autotune.engine._launcher import preload_scope
 from autotune.engine._vllm import (
     EngineInfo,
     FailureReason,
@@ -29,6 +30,7 @@ __all__ = [
     "classifying_lines",
     "detect_engine",
     "free_port",
+    "preload_scope",
     "serve_command",
     "translate_flags",
 ]

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Self
 
 from autotune import _http
+from autotune.engine._launcher import DIR_ENV as PRELOAD_DIR_ENV
+from autotune.engine._launcher import LaunchedProcess, launch, scope_dir
 from autotune.errors import EngineCrashedError, EngineError, EngineStartError
 from autotune.schema import FailureReason
 
@@ -262,7 +264,8 @@ class VllmServer:
     cpu_kv_cache_gib: float = 1.0
     python: str = sys.executable
 
-    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _proc: subprocess.Popen[bytes] | LaunchedProcess | None = field(default=None, init=False,
+                                                                    repr=False)
     _log_file: object | None = field(default=None, init=False, repr=False)
     _tmpdir: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     started_s: float | None = field(default=None, init=False)
@@ -315,6 +318,7 @@ class VllmServer:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        env.pop(PRELOAD_DIR_ENV, None)  # the tuner's, not the server's
         assert self._tmpdir is not None
         env["TMPDIR"] = self._tmpdir.name  # vLLM leaves socket files there
         if info.device == "cpu":
@@ -356,13 +360,15 @@ class VllmServer:
             self._log_file = open(self.log_path, "ab", buffering=0)
             self._log_offset = self._log_file.tell()  # type: ignore[attr-defined]
             cmd = self.command()
+            env = self._environment()
             self._log_file.write(f"$ {shlex.join(cmd)}\n".encode())  # type: ignore[attr-defined]
-            self._proc = subprocess.Popen(
+            self.started_s = time.monotonic()  # a launcher's first import counts as start
+            self._proc = self._from_launcher(cmd, env) or subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_file,  # type: ignore[arg-type]
                 stderr=subprocess.STDOUT,
-                env=self._environment(),
+                env=env,
                 cwd=self._tmpdir.name,
                 start_new_session=True,
                 preexec_fn=_set_pdeathsig,
@@ -375,8 +381,22 @@ class VllmServer:
                 reason=FailureReason.CRASH,
             ) from exc
         self._reaper = _start_reaper(self._proc.pid)
-        self.started_s = time.monotonic()
         logger.info("started vLLM pid %s on port %s: %s", self._proc.pid, self.port, self.flags)
+
+    def _from_launcher(self, cmd: list[str], env: dict[str, str]) -> LaunchedProcess | None:
+        """The server forked from the scope's preloaded interpreter for this environment
+        (``autotune/engine/_launcher.py``), or None: no scope open, or none to be had."""
+        folder = scope_dir()
+        if folder is None or len(cmd) < 3 or cmd[1] != "-m":
+            return None
+        assert self._tmpdir is not None and self.log_path is not None
+        proc = launch(folder, cmd[0], cmd[2], cmd[3:], env, self._tmpdir.name, self.log_path)
+        if proc is not None:
+            self._log_file.write(  # type: ignore[attr-defined]
+                f"# autotune: forked from a preloaded interpreter (vLLM imported once per "
+                f"study; launcher {proc.key}; autotune tune --no-preload starts each server "
+                f"plainly)\n".encode())
+        return proc
 
     def log_tail(self, max_chars: int = 4000) -> str:
         """The end of this server's part of the log (for error messages and artifacts)."""

@@ -17,7 +17,9 @@
 # study's second config, `--enqueue` syntax; default cudagraph_cover_prefill), SPACE (search space;
 # experiments/h200-trust/space-no-moe.yaml leaves out moe_config, whose kernel tuning before
 # trial 0 took 212 s of device time on this machine), STEPS (default "c32 c256 c256bench
-# c32bench"), PREC (the studies' --precision, default 0.02), SUFFIX (appended to the study
+# c32bench"), PREC (the studies' --precision, default 0.02), SEG (--segment-requests of
+# the studies and benches; default max(streams, 16)), ENQ256 (the 256-stream study's second
+# config, default cudagraph_cover_prefill), SUFFIX (appended to the study
 # names and result folders, e.g. -warm), RUN_DIR (the stores and server logs; default ~/run:
 # give a second job on the machine its own).
 # One GPU (`nvidia-h200`): the study runs one trial at a time and the two re-measure benches
@@ -33,6 +35,8 @@
 # Step startmethod: PRE_CONFIGS' candidate started with vLLM's `spawn` and with autotune's
 # `fork` for the engine process (start seconds and throughput of each), after timing vLLM's
 # flag surface read into the cache and read back (results under RES_DIR/start/).
+# Step preload: PRE_CONFIGS' defaults started plainly, then three times forked from a
+# preloaded interpreter (seconds to healthy, vLLM's start phases; RES/preload/starts.json).
 # Step imports: times `import vllm.entrypoints.openai.api_server` twice (what each server
 # start spends before vLLM's first log line) and keeps the 40 slowest imports (importtime.txt).
 # Compile caches: parts named cache-part-* in STAGING_DIR (an earlier session's, staged like
@@ -44,6 +48,7 @@ STAGE=${1:?staging dir}; RES=${2:?results dir}; LEFT=${3:?seconds of device time
 DEADLINE=$(( $(date +%s) + LEFT ))
 SUFFIX=${SUFFIX:-}; SPACE=${SPACE:-search_spaces/hybrid-mtp.yaml}; STEPS=${STEPS:-c32 c256 c256bench c32bench}
 PREC=${PREC:-0.02}; MCAP=${MCAP:-135}
+SEGARG=(); [ -n "${SEG:-}" ] && SEGARG=(--segment-requests "$SEG")  # studies' and benches' segments
 M32=${M32:-60}; W32=${W32:-30}; M256=${M256:-150}; W256=${W256:-60}; B32=${B32:-480}; B256=${B256:-540}; BPRUNE=${BPRUNE:-600}
 mkdir -p "$RES"; RES=$(cd "$RES" && pwd); echo $$ > "$RES/pid"  # poll.sh waits only while this runs
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -99,7 +104,7 @@ study() {  # NAME CONC BUDGET MEASURE WARMUP [ENQUEUE [RECHECK]]
     --precision "$PREC" --measure-max-s "$meas" --warmup-max-s "$warm" --no-quality-probe \
     --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db" \
     --study-name "$name" --out "$RUN/$name" --cache-dir "$CACHE" \
-    --start-timeout 480 --request-timeout 240 --seed 0 > "$out/tune.log" 2>&1
+    --start-timeout 480 --request-timeout 240 --seed 0 ${SEGARG[@]+"${SEGARG[@]}"} > "$out/tune.log" 2>&1
   echo "tune exit code $?" >> "$out/tune.log"
   cp "$RUN/$name"/best.json "$RUN/$name"/trials.csv "$RUN/$name"/study.json "$out"/ 2>/dev/null
   # both configs' flags and env, and the GPU each one's re-check used
@@ -136,7 +141,7 @@ bench() {  # PHASE ROLE CONC MEASURE WARMUP [TAG [KEY=VALUE]]: on the GPU the ro
   CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 "$(within 560 25)" python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
     --concurrency "$conc" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$meas" \
     --warmup-max-s "$warm" --start-timeout 420 --log "$RUN/bench-$ph-$tag.log" --json \
-    "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$tag-gpu$gpu.json" 2> "$RES/$ph/bench-$tag.err"
+    ${SEGARG[@]+"${SEGARG[@]}"} "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$tag-gpu$gpu.json" 2> "$RES/$ph/bench-$tag.err"
   phase "bench $ph $tag on gpu$gpu exit $?"
 }
 
@@ -162,7 +167,7 @@ for step in $STEPS; do
         M32=$m; phase "c32 measuring cap ${m} s"
       fi
       study "c32$SUFFIX" 32 "$B32" "$m" "$W32" "${ENQ32:-$COVER}"; logtails "c32$SUFFIX" ;;
-    c256) study "c256$SUFFIX" 256 "$B256" "$M256" "$W256" ;;
+    c256) study "c256$SUFFIX" 256 "$B256" "$M256" "$W256" "${ENQ256:-$COVER}" ;;
     prune256)  # the pruner's saving: the case study's recipe (0.83x vLLM's defaults at 256
       # streams, experiments/h200-shapes) after the defaults, the pruner on (the default),
       # no re-check (the saving is the point, not the verdict); the study's trials.csv and
@@ -188,6 +193,13 @@ for step in $STEPS; do
         done
         logtails "$ph"
       fi ;;
+    preload)  # PRE_CONFIGS' defaults started plainly, then three times forked from a
+      # preloaded interpreter (experiments/h200-trust/preload-starts.py; RES/preload/)
+      mkdir -p "$RES/preload"
+      timeout --kill-after=10 "$(within 480 20)" python3 experiments/h200-trust/preload-starts.py \
+        "${PRE_CONFIGS:?PRE_CONFIGS: the configs.json to start}" "$CACHE" "$RES/preload" > "$RES/preload/run.log" 2>&1
+      phase "preload exit $?"
+      tar czf "$RES/preload/server-logs.tgz" -C "$RES/preload" logs 2>/dev/null && rm -rf "$RES/preload/logs" ;;
     startmethod)  # PRE_CONFIGS' candidate started twice, 32 streams: with vLLM's own `spawn`
       # for its engine process, then with the `fork` autotune's servers use; and vLLM's flag
       # surface read into the cache (its key: the wheel's RECORD), timed, then read back
