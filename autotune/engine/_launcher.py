@@ -143,9 +143,15 @@ class LaunchedProcess:
         conn.setblocking(False)
 
     def _read(self) -> None:
-        if self._conn is None:
-            return
-        while True:
+        while self._conn is not None:
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                with contextlib.suppress(ValueError):
+                    msg = json.loads(line)
+                    if "exit" in msg:
+                        self.returncode = int(msg["exit"])
+            if self.returncode is not None:
+                return
             try:
                 chunk = self._conn.recv(4096)
             except (BlockingIOError, InterruptedError):
@@ -156,12 +162,6 @@ class LaunchedProcess:
                 self._close()
                 return
             self._buf += chunk
-            while b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
-                with contextlib.suppress(ValueError):
-                    msg = json.loads(line)
-                    if "exit" in msg:
-                        self.returncode = int(msg["exit"])
 
     def _close(self) -> None:
         if self._conn is not None:
@@ -219,13 +219,15 @@ def launch(folder: Path, python: str, module: str, args: Sequence[str],
                                  "log": str(log_path)}).encode() + b"\n")
         conn.settimeout(30.0)
         reply = b""
-        while not reply.endswith(b"\n"):
+        while b"\n" not in reply:
             chunk = conn.recv(4096)
             if not chunk:
                 raise OSError("the launcher closed the connection")
             reply += chunk
-        pid = int(json.loads(reply)["pid"])
-        return LaunchedProcess(pid, conn, key)
+        line, rest = reply.split(b"\n", 1)  # a quick exit's message may follow at once
+        proc = LaunchedProcess(int(json.loads(line)["pid"]), conn, key)
+        proc._buf = rest
+        return proc
     except (OSError, ValueError, KeyError) as exc:
         logger.warning("preloaded interpreter not used (%s); starting vLLM plainly", exc)
         return None
@@ -320,12 +322,12 @@ last_use = time.monotonic()
 def child(req, conn, ready_w):
     code = 1
     try:
-        os.setsid()
-        os.write(ready_w, b"1")  # the process group exists: the client may be told the pid
-        os.close(ready_w)
         for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE, signal.SIGQUIT):
             signal.signal(s, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.setsid()
+        os.write(ready_w, b"1")  # the process group exists: the client may be told the pid
+        os.close(ready_w)
         srv.close()
         conn.close()
         for c in children.values():
@@ -427,6 +429,7 @@ while not stop:
                         except OSError:
                             pass
                         children[pid] = None
+                r.close()
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
