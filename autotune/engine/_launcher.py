@@ -135,11 +135,11 @@ class LaunchedProcess:
     ``returncode``. The exit code comes over the launcher's connection; if the launcher
     is gone, the process is watched in /proc (code -1 once it is gone)."""
 
-    def __init__(self, pid: int, conn: socket.socket, key: str) -> None:
+    def __init__(self, pid: int, conn: socket.socket, key: str, received: bytes = b"") -> None:
         self.pid, self.key = pid, key
         self.returncode: int | None = None
         self._conn: socket.socket | None = conn
-        self._buf = b""
+        self._buf = received  # what came after the pid's line (a quick exit's message)
         conn.setblocking(False)
 
     def _read(self) -> None:
@@ -224,10 +224,8 @@ def launch(folder: Path, python: str, module: str, args: Sequence[str],
             if not chunk:
                 raise OSError("the launcher closed the connection")
             reply += chunk
-        line, rest = reply.split(b"\n", 1)  # a quick exit's message may follow at once
-        proc = LaunchedProcess(int(json.loads(line)["pid"]), conn, key)
-        proc._buf = rest
-        return proc
+        line, rest = reply.split(b"\n", 1)
+        return LaunchedProcess(int(json.loads(line)["pid"]), conn, key, received=rest)
     except (OSError, ValueError, KeyError) as exc:
         logger.warning("preloaded interpreter not used (%s); starting vLLM plainly", exc)
         return None
