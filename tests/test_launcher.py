@@ -344,6 +344,23 @@ def test_scope_lifecycle(lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         for pid in launchers:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+    # a killed tuner's folder (its owner gone) is swept when the next scope opens; one of
+    # a live owner, of another host or without an owner in its name is left alone
+    root = folder.parent
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = root / f"{_host()}-{dead.pid}-dead"
+    live = root / f"{_host()}-{os.getpid()}-live"
+    foreign = root / f"otherhost-{dead.pid}-away"
+    for d in (stale, live, foreign):
+        d.mkdir()
+        (d / "x.log").write_text("")
+    try:
+        with preload_scope():
+            assert not stale.exists() and live.is_dir() and foreign.is_dir()
+    finally:
+        for d in (live, foreign):
+            shutil.rmtree(d, ignore_errors=True)
     # a folder of another host (or a name without an owner) is not this process's to use
     other = tmp_path / "otherhost-1-abcd"
     other.mkdir()

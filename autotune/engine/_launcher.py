@@ -93,6 +93,7 @@ def preload_scope(enabled: bool = True) -> Iterator[Path | None]:
     # Unix socket paths are short (108 bytes): a short folder under the system's tmp
     root = Path(tempfile.gettempdir()) / f"autotune-pre-{os.getuid()}"
     root.mkdir(mode=0o700, exist_ok=True)
+    _sweep(root)
     # a token of its own: a scope after another in this process never meets the first's
     # launchers (they may still be exiting)
     folder = root / f"{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -103,6 +104,17 @@ def preload_scope(enabled: bool = True) -> Iterator[Path | None]:
     finally:
         os.environ.pop(DIR_ENV, None)
         stop_launchers(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep(root: Path) -> None:
+    """Remove the scope folders of this host whose owner is gone (a tuner killed with
+    SIGKILL never closes its scope), after stopping any launcher still in them."""
+    for folder in root.iterdir():
+        owner = _owner_of(folder)
+        if owner is None or owner[0] != _host() or _alive(owner[1]) or not folder.is_dir():
+            continue
+        stop_launchers(folder, timeout_s=1.0)
         shutil.rmtree(folder, ignore_errors=True)
 
 
