@@ -45,7 +45,7 @@ os.environ["ATL_SET_AT_IMPORT"] = "set by the import"  # as vLLM's env_override 
 os.environ.pop("ATL_DROPPED_AT_IMPORT", None)
 """
 _MAIN = """
-import json, os, sys, tempfile, time
+import json, os, signal, sys, tempfile, time
 import atl_pkg
 
 if __name__ == "__main__":
@@ -58,6 +58,10 @@ if __name__ == "__main__":
         "preload_dir": os.environ.get("AUTOTUNE_PRELOAD_DIR"),
         "set_at_import": os.environ.get("ATL_SET_AT_IMPORT"),
         "dropped_at_import": os.environ.get("ATL_DROPPED_AT_IMPORT"),
+        "signals": {s.name: getattr(signal.getsignal(s), "name", None)
+                    or getattr(signal.getsignal(s), "__name__", "?") for s in (
+            signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+            signal.SIGCHLD, signal.SIGQUIT)},
     }), flush=True)
     if "sleep" in sys.argv[2:]:
         print("ready", flush=True)
@@ -406,3 +410,18 @@ def test_import_edits_to_the_environment_stay(lib: Path, tmp_path: Path) -> None
         assert out["set_at_import"] == "set by the import"
         assert out["dropped_at_import"] is None
         assert out["var"] == "one" and out["tmpdir"] == str(tmp_path / "tmp")
+
+
+def test_signals_are_a_fresh_interpreters(lib: Path, tmp_path: Path) -> None:
+    """The child's signal dispositions are those of a plain ``python -m``: SIGPIPE ignored
+    above all (a server whose client hung up then gets EPIPE, not death: with SIGPIPE at
+    its default a cancelled request killed the server mid-measurement)."""
+    env = _env(lib, tmp_path / "tmp")
+    plain = subprocess.run([PY, "-m", MODULE, "0"], env=env, cwd=tmp_path, check=True,
+                           capture_output=True, text=True, timeout=60)
+    expected = json.loads(plain.stdout.splitlines()[0])["signals"]
+    assert expected["SIGPIPE"] == "SIG_IGN"
+    with _scope() as (folder, procs, _):
+        proc = _start(folder, env, tmp_path / "cwd", tmp_path / "o.log", ["0"], procs)
+        assert proc.wait(timeout=20) == 0
+        assert _report(tmp_path / "o.log")["signals"] == expected

@@ -332,8 +332,13 @@ last_use = time.monotonic()
 def child(req, conn, ready_w):
     code = 1
     try:
-        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE, signal.SIGQUIT):
+        # the dispositions of a fresh interpreter: SIGPIPE and SIGXFSZ ignored (a write to
+        # a client that hung up is an EPIPE, not the server's death), SIGINT a
+        # KeyboardInterrupt, the rest at their defaults
+        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
             signal.signal(s, signal.SIG_DFL)
+        for s in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(s, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()
         os.write(ready_w, b"1")  # the process group exists: the client may be told the pid
