@@ -222,6 +222,9 @@ class Measurement(BaseModel):
     cv_kind: Literal["subwindows", "repeats"] | None = None
     repeats: int = 1
     repeat_tokens_per_s: tuple[float, ...] = ()
+    # each repeat's own server figures (step_ms, ...): the median in ``server`` hides
+    # whether repeats on one server ran at different engine speeds
+    repeat_server: tuple[dict[str, float], ...] = ()
     total_output_tokens: int = 0
     server: dict[str, float] = Field(default_factory=dict)
     # 95 % interval of output_tokens_per_s: t-interval over the segment rates (batch
@@ -581,6 +584,7 @@ def combine(measurements: Sequence[Measurement]) -> Measurement:
         cv_kind="repeats" if cv is not None else None,
         repeats=sum(m.repeats for m in ms),
         repeat_tokens_per_s=tuple(per_repeat),
+        repeat_server=tuple(r for m in ms for r in (m.repeat_server or (m.server,))),
         total_output_tokens=sum(m.total_output_tokens for m in ms),
         server={
             k: v

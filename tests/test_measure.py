@@ -276,6 +276,13 @@ def test_combine_takes_medians_and_the_cv_across_repeats() -> None:
     assert c.ttft_s.p50 == pytest.approx(0.1)
     assert c.window_s == pytest.approx(sum(m.window_s for m in (ms[1], errs, ms[2])))  # type: ignore[misc]
     assert combine([ms[0]]) is ms[0]
+    # each repeat keeps its own server figures; the combined ``server`` is their median
+    steps = [Measurement.model_validate({**m.model_dump(), "server": {"step_ms": v}})
+             for m, v in zip(ms, (30.0, 40.0, 33.0), strict=True)]
+    c = combine(steps)
+    assert [r["step_ms"] for r in c.repeat_server] == [30.0, 40.0, 33.0]
+    assert c.server["step_ms"] == 33.0
+    assert [r["step_ms"] for r in combine([c, steps[0]]).repeat_server] == [30.0, 40.0, 33.0, 30.0]
     with pytest.raises(LoadgenError, match="at least one"):
         combine([])
 

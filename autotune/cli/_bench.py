@@ -298,6 +298,13 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  ({ci}; CV "
           f"{m.get('cv', float('nan')):.1%} across "
           f"{'repeats' if args.repeats > 1 else 'segments'}{drift})")
+    rm = outcome.measurement or {}
+    if args.repeats > 1 and rm.get("repeat_tokens_per_s"):  # each repeat's own figures
+        rates, srvs = rm["repeat_tokens_per_s"], rm.get("repeat_server") or []
+        print("repeats          " + " / ".join(
+            f"{v:,.1f}" + (f" (engine step {srvs[i]['step_ms']:.1f} ms)"
+                           if i < len(srvs) and "step_ms" in srvs[i] else "")
+            for i, v in enumerate(rates)))
     if outcome.capacity is not None:  # the rate is the level's offered one, not the window's
         lv = _level_at_capacity(outcome.capacity)
         share = f"{lv['goodput_fraction']:.1%} within the SLOs; " if lv else ""

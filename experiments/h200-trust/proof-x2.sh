@@ -24,7 +24,9 @@
 # give a second job on the machine its own).
 # One GPU (`nvidia-h200`): the study runs one trial at a time and the two re-measure benches
 # run one after the other on that GPU (fresh servers, no "other GPU" to use); BENCH_ROLES
-# (default "candidate defaults") picks which of the two.
+# (default "candidate defaults") picks which of the two; a role named twice gets a second
+# fresh server (its files tagged ROLE-2, ...). BREPEATS: each bench's --repeats (default 1):
+# more than one measures on the same server again, the streams staggered anew each time.
 # M32=auto: the 32-stream study's measuring cap from the time left when it starts, so that
 # its four trials (two configs, two starts each) end before the deadline (at most MCAP s).
 # Step warm (a fresh machine without carried caches): starts each config of PRE_CONFIGS (a
@@ -140,7 +142,7 @@ bench() {  # PHASE ROLE CONC MEASURE WARMUP [TAG [KEY=VALUE]]: on the GPU the ro
   [ ${#flags[@]} -gt 0 ] || { phase "bench $ph $role: no config"; return; }
   CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 "$(within 560 25)" python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
     --concurrency "$conc" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$meas" \
-    --warmup-max-s "$warm" --start-timeout 420 --log "$RUN/bench-$ph-$tag.log" --json \
+    --warmup-max-s "$warm" --repeats "${BREPEATS:-1}" --start-timeout 420 --log "$RUN/bench-$ph-$tag.log" --json \
     ${SEGARG[@]+"${SEGARG[@]}"} "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$tag-gpu$gpu.json" 2> "$RES/$ph/bench-$tag.err"
   phase "bench $ph $tag on gpu$gpu exit $?"
 }
@@ -180,16 +182,18 @@ for step in $STEPS; do
       fi ;;
     c256bench|c32bench)
       ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$conc" = 32 ] && { m=${M32/auto/60}; w=$W32; } || { m=$M256; w=$W256; }
-      need=$(( 100 + m + w + 40 ))
+      need=$(( 100 + m + w + 40 + (${BREPEATS:-1} - 1) * (m + 20) ))
       if [ ! -f "$RES/$ph/configs.json" ] || [ "$(left)" -le "$need" ]; then
         phase "$ph re-measure skipped: no study or not enough device time left"
       elif [ "$NGPU" -ge 2 ]; then
         bench "$ph" candidate "$conc" "$m" "$w" & b1=$!; bench "$ph" defaults "$conc" "$m" "$w" & b2=$!; wait $b1 $b2  # not the nvidia-smi sampler
         logtails "$ph"
       else  # one GPU: one after the other (BENCH_ROLES picks, e.g. the one a lost machine left)
+        declare -A seen=()
         for role in ${BENCH_ROLES:-candidate defaults}; do
-          if [ "$(left)" -gt "$need" ]; then bench "$ph" "$role" "$conc" "$m" "$w"
-          else phase "$ph re-measure of the $role skipped: not enough device time left"; fi
+          seen[$role]=$(( ${seen[$role]:-0} + 1 )); tag=$role; [ "${seen[$role]}" -gt 1 ] && tag=$role-${seen[$role]}
+          if [ "$(left)" -gt "$need" ]; then bench "$ph" "$role" "$conc" "$m" "$w" "$tag"
+          else phase "$ph re-measure of $tag skipped: not enough device time left"; fi
         done
         logtails "$ph"
       fi ;;
