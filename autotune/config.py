@@ -108,6 +108,8 @@ class TuneSettings(BaseModel):
     warmup_max_s: float = Field(default=120.0, gt=0)
     measure_max_s: float = Field(default=180.0, gt=0)
     segment_requests: int | None = Field(default=None, ge=1)  # None: max(concurrency, 16)
+    # closed loop: output lengths times U(1 - j, 1 + j) (streams out of lockstep for good)
+    output_jitter: float = Field(default=0.1, ge=0, lt=1)
     pruner: Literal["interval", "none"] = "interval"
     # kernels tuned before trial 0 for a knob with `tuned:` (docs/kernels.md): device time
     # for the whole tuning (split over token counts) and configs timed per token count

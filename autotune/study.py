@@ -775,6 +775,7 @@ class TrialTemplate:
             quality_probe=self.quality_probe if probe else None,
             quality_reference=self.quality_reference,
             rule=rule, segment_requests=settings.segment_requests, incumbent_low=incumbent_low,
+            output_jitter=settings.output_jitter,
             **_capacity_spec(settings),
         )  # fmt: skip
 

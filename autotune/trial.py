@@ -72,6 +72,9 @@ class TrialSpec:
     # interval lies wholly below it is stopped as a clear loser (reason "pruned").
     incumbent_low: float | None = None
     stagger: bool = True  # closed loop: desynchronise the streams' first requests
+    # closed loop: each request's output length times U(1 - j, 1 + j), so that streams of
+    # equal lengths do not lock into step again after the stagger (docs/measurement.md, 4)
+    output_jitter: float = 0.1
     # stop a measured replay once more than this share of >= 20 finished requests failed
     # (the outcome then says why in one line); None: always run to the end
     abort_failed_fraction: float | None = 0.5
@@ -224,7 +227,7 @@ def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Any:
     """The shape's replay with prompts exact for this model's tokenizer and the API
     (:mod:`autotune.prompts`); a request that does not fit ``max_len`` is clipped to fit."""
     return build_prompts(spec.shape, model=spec.model, api=spec.api,
-                         max_total_tokens=max_len, **kwargs)
+                         max_total_tokens=max_len, output_jitter=spec.output_jitter, **kwargs)
 
 
 def _plan(spec: TrialSpec) -> _Plan:

@@ -294,3 +294,35 @@ def test_min_segments_reaches_the_rule_of_tune_and_bench(tmp_path: Path) -> None
     assert TuneSettings(model=model, shape=shape, space=shape, min_segments=7).min_segments == 7
     with pytest.raises(ValueError, match="min_segments"):
         TuneSettings(model=model, shape=shape, space=shape, min_segments=1)
+
+
+def test_output_jitter_reaches_the_trials_of_tune_and_bench(tmp_path: Path) -> None:
+    """`--output-jitter` (default 0.1; bench's 0 with --no-stagger) is what each trial's
+    closed-loop schedule is built with; out of range it is one clear error up front."""
+    import json
+
+    from autotune.cli._bench import bench_spec, parse_bench
+    from autotune.config import TuneSettings
+    from autotune.errors import ConfigError
+    from autotune.space import LaunchSpec
+    from autotune.study import TrialTemplate
+    from autotune.traffic import load_shape
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    shape = REPO / "traffic" / "casestudy-512x512.json"
+    base = ["--model", str(model), "--shape", str(shape)]
+    assert bench_spec(parse_bench(base)).output_jitter == 0.1
+    assert bench_spec(parse_bench([*base, "--no-stagger"])).output_jitter == 0.0
+    assert bench_spec(parse_bench([*base, "--no-stagger", "--output-jitter", "0.2"])
+                      ).output_jitter == 0.2
+    with pytest.raises(ConfigError, match=r"--output-jitter 1.0: give a fraction in \[0, 1\)"):
+        bench_spec(parse_bench([*base, "--output-jitter", "1"]))
+    template = TrialTemplate(model=str(model), shape=load_shape(shape))
+    for given, want in (({}, 0.1), ({"output_jitter": 0.0}, 0.0), ({"output_jitter": 0.3}, 0.3)):
+        settings = TuneSettings(model=model, shape=shape, space=shape, **given)
+        spec = template.spec(0, LaunchSpec(), settings, probe=False)
+        assert spec.output_jitter == want
+    with pytest.raises(ValueError, match="output_jitter"):
+        TuneSettings(model=model, shape=shape, space=shape, output_jitter=1.0)

@@ -112,6 +112,7 @@ def test_two_benches_log_into_one_folder_without_losing_a_measurement(fake_model
     results = [json.loads(stdout) for stdout, _ in outs]
     assert all(r["ok"] and r["metrics"]["output_tokens_per_s"] > 0 for r in results)
     assert "output_tokens_per_s_ci_low" in results[0]["metrics"]
+    assert (results[0]["stagger"], results[0]["output_jitter"]) == (True, 0.1)  # the defaults
     paths = sorted(r["log_path"] for r in results)
     assert paths == sorted([str(log), str(log.with_name("bench-1.log"))])
     for path in paths:  # each server wrote its own log, whole
@@ -235,3 +236,19 @@ def test_capacity_levels_are_stretched_to_outlast_the_shapes_requests(
     assert lv["finished"] == lv["offered"] and lv["missed_by"] == {}
     assert lv["passed"] and lv["offered"] == LevelPlan(level_s=cap["level_s"]).requests(
         lv["offered_rps"]) > LevelPlan(level_s=2.0).requests(lv["offered_rps"])
+
+
+def test_a_trials_closed_loop_lengths_carry_its_output_jitter(fake_model: Path) -> None:
+    """The schedule a trial replays (its refills are built the same way, with their own
+    seeds): the case study's fixed 512 output tokens spread by --output-jitter, or exact."""
+    from autotune.trial import _plan
+
+    def outs(**kw: object) -> list[int]:
+        spec = TrialSpec(number=0, model=str(fake_model), flags=(), env={}, concurrency=8,
+                         shape=load_shape(REPO / "traffic" / "casestudy-512x512.json"),
+                         num_requests=300, **kw)  # type: ignore[arg-type]
+        return [r.max_tokens for r in _plan(spec).schedule.requests]
+
+    jittered = outs()  # the default: 0.1
+    assert min(jittered) >= 461 and max(jittered) <= 563 and len(set(jittered)) > 50
+    assert set(outs(output_jitter=0.0)) == {512}

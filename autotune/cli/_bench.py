@@ -56,7 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--segment-requests", type=int, default=None,
                    help="completed requests per segment (default max(concurrency, 16))")
     p.add_argument("--no-stagger", dest="stagger", action="store_false",
-                   help="start all closed-loop streams with full-length requests (lockstep)")
+                   help="start all closed-loop streams with full-length requests (lockstep; "
+                        "--output-jitter then defaults to 0)")
+    p.add_argument("--output-jitter", type=float, default=None, metavar="FRACTION",
+                   help="closed loop: each request's output length times a factor drawn "
+                        "from [1 - FRACTION, 1 + FRACTION] (default 0.1; 0 replays the "
+                        "shape's lengths exactly): streams of equal lengths otherwise lock "
+                        "into step again and the throughput climbs for minutes")
     p.add_argument("--warmup-requests", type=int, default=None,
                    help="open-loop shapes: a fixed warm-up of N requests first (default 2 x "
                         "concurrency); with --capacity the warm-up is segments of the levels' "
@@ -213,6 +219,9 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
         raise ConfigError("--repeats must be >= 1")
     if not 0 < args.precision < 1:
         raise ConfigError(f"--precision {args.precision}: give a fraction in (0, 1), e.g. 0.02")
+    if args.output_jitter is not None and not 0 <= args.output_jitter < 1:
+        raise ConfigError(f"--output-jitter {args.output_jitter}: give a fraction in [0, 1), "
+                          "e.g. 0.1 (0: the shape's lengths exactly)")
     if not 2 <= args.min_segments <= 40:
         raise ConfigError(f"--min-segments {args.min_segments}: give 2 to 40 (default 5)")
     for name in ("measure_max_s", "warmup_max_s"):
@@ -239,6 +248,8 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
         rule=SegmentRule(precision=args.precision, min_segments=args.min_segments,
                          measure_max_s=args.measure_max_s, warmup_max_s=args.warmup_max_s),
         stagger=args.stagger, **capacity,
+        output_jitter=(args.output_jitter if args.output_jitter is not None
+                       else 0.1 if args.stagger else 0.0),
         cache_dir=str((args.cache_dir or Path.home() / ".cache" / "autotune").expanduser()),
     )  # fmt: skip
 
@@ -246,7 +257,8 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
 def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, Any]:
     """What ``autotune bench --json`` prints for this trial's outcome."""
     return {"ok": outcome.ok, "reason": outcome.reason, "flags": list(spec.flags),
-            "env": dict(spec.env), "start_s": outcome.start_s, "compile_s": outcome.compile_s,
+            "env": dict(spec.env), "stagger": spec.stagger, "output_jitter": spec.output_jitter,
+            "start_s": outcome.start_s, "compile_s": outcome.compile_s,
             "start_phases": outcome.start_phases, "warmup": outcome.warmup,
             "measure_s": outcome.measure_s, "stop": outcome.stop,
             "segments": outcome.segments,

@@ -175,6 +175,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--segment-requests", "segment_requests", "measure", metavar="N",
            help="completed requests per segment (default max(concurrency, 16): about one "
                 "wave of the closed loop)"),
+    Option("--output-jitter", "output_jitter", "measure", metavar="FRACTION",
+           help="closed loop: each request's output length times a factor drawn from "
+                "[1 - FRACTION, 1 + FRACTION] (default 0.1; 0 replays the shape's lengths "
+                "exactly): streams of equal lengths otherwise lock into step again and the "
+                "throughput climbs for minutes (docs/measurement.md, section 4)"),
     Option("--warmup-requests", "warmup_requests", "measure",
            help="open-loop shapes only: a fixed warm-up of N requests (closed loop) before "
                 "the measured replay (default 2 x concurrency); a capacity trial warms up "

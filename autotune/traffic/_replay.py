@@ -244,6 +244,14 @@ def _rngs(seed: int, token_seed: int | None) -> list[np.random.Generator]:
     return rngs
 
 
+def jitter_lengths(lengths: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """``lengths`` each times a factor uniform in ``[1 - fraction, 1 + fraction]``, rounded,
+    at least 1: the mean stays (up to rounding), the order of the draws is the seed's own."""
+    rng = np.random.default_rng([seed, 0x0717E7])
+    factor = rng.uniform(1.0 - fraction, 1.0 + fraction, size=lengths.shape[0])
+    return np.maximum(1, np.rint(lengths * factor)).astype(lengths.dtype)
+
+
 def build_schedule(
     shape: TrafficShape,
     *,
@@ -261,6 +269,7 @@ def build_schedule(
     rate_rps: float | None = None,
     arrival: str | None = None,
     token_seed: int | None = None,
+    output_jitter: float = 0.0,
 ) -> Schedule:
     """A deterministic request schedule for ``shape`` (same arguments, same schedule).
 
@@ -276,7 +285,11 @@ def build_schedule(
     prompts' token ids (shared prefixes' content included) from its own seed while
     ``seed`` keeps the lengths, the prefix-sharing structure and the arrivals: the same
     traffic in other words, so that a prefix cache holds nothing of an earlier replay
-    (a capacity search's load levels, :mod:`autotune.levels`).
+    (a capacity search's load levels, :mod:`autotune.levels`). ``output_jitter`` (closed
+    loop only): each request's output length times a factor drawn uniformly from
+    ``[1 - j, 1 + j]`` (its own generator: every other draw stays the same), so that
+    streams of equal lengths cannot lock into step with one another
+    (docs/measurement.md, section 4).
     """
     load = shape.load
     mode = mode or load.mode
@@ -308,8 +321,14 @@ def build_schedule(
         ("concurrency", concurrency),
     ):
         _positive(label, v)
+    if not 0.0 <= output_jitter < 1.0:
+        raise TrafficError(f"output_jitter must be in [0, 1) (got {output_jitter})")
     rng_len, rng_prefix, rng_tok, rng_arr = _rngs(seed, token_seed)
     inp, out = _lengths(shape, n, rng_len, max_input_tokens, max_output_tokens)
+    if mode == "closed" and output_jitter > 0:
+        out = jitter_lengths(out, output_jitter, seed)
+        if max_output_tokens is not None:
+            out = np.minimum(out, max_output_tokens)
     if max_total_tokens is not None:
         if max_total_tokens < 2:
             raise TrafficError(f"max_total_tokens must be >= 2 (got {max_total_tokens})")

@@ -27,6 +27,7 @@
 # (default "candidate defaults") picks which of the two; a role named twice gets a second
 # fresh server (its files tagged ROLE-2, ...). BREPEATS: each bench's --repeats (default 1):
 # more than one measures on the same server again, the streams staggered anew each time.
+# BJITTER: the benches' --output-jitter (default autotune's, 0.1; 0: the exact lengths).
 # M32=auto: the 32-stream study's measuring cap from the time left when it starts, so that
 # its four trials (two configs, two starts each) end before the deadline (at most MCAP s).
 # Step warm (a fresh machine without carried caches): starts each config of PRE_CONFIGS (a
@@ -142,7 +143,7 @@ bench() {  # PHASE ROLE CONC MEASURE WARMUP [TAG [KEY=VALUE]]: on the GPU the ro
   [ ${#flags[@]} -gt 0 ] || { phase "bench $ph $role: no config"; return; }
   CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 "$(within 560 25)" python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
     --concurrency "$conc" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$meas" \
-    --warmup-max-s "$warm" --repeats "${BREPEATS:-1}" --start-timeout 420 --log "$RUN/bench-$ph-$tag.log" --json \
+    --warmup-max-s "$warm" --repeats "${BREPEATS:-1}" ${BJITTER:+--output-jitter "$BJITTER"} --start-timeout 420 --log "$RUN/bench-$ph-$tag.log" --json \
     ${SEGARG[@]+"${SEGARG[@]}"} "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$tag-gpu$gpu.json" 2> "$RES/$ph/bench-$tag.err"
   phase "bench $ph $tag on gpu$gpu exit $?"
 }

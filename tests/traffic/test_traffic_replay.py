@@ -38,6 +38,33 @@ def test_fixed_lengths_are_exact() -> None:
     assert [r.index for r in s.requests] == list(range(40))
 
 
+def test_output_jitter_spreads_closed_loop_lengths_around_the_shapes() -> None:
+    exact = build_schedule(CASE, vocab_size=4096, num_requests=2000)
+    s = build_schedule(CASE, vocab_size=4096, num_requests=2000, output_jitter=0.1)
+    inp, out = _lengths(s)
+    assert set(inp) == {512} and out.min() >= 461 and out.max() <= 563
+    assert len(set(out.tolist())) > 90 and abs(out.mean() / 512 - 1) < 0.01
+    # its own generator: the prompts (and every other draw) are the unjittered schedule's
+    assert [r.prompt_token_ids for r in s.requests] == [r.prompt_token_ids for r in exact.requests]
+    assert s == build_schedule(CASE, vocab_size=4096, num_requests=2000, output_jitter=0.1)
+    assert s != build_schedule(CASE, vocab_size=4096, num_requests=2000, output_jitter=0.1,
+                               seed=1)
+    # the caps hold after the jitter: the server's context and max_output_tokens
+    _, out = _lengths(build_schedule(CASE, vocab_size=4096, num_requests=200,
+                                     output_jitter=0.5, max_total_tokens=900))
+    assert out.max() <= 899
+    _, out = _lengths(build_schedule(CASE, vocab_size=4096, num_requests=200,
+                                     output_jitter=0.5, max_output_tokens=520))
+    assert out.max() <= 520 and out.min() < 300
+    # open loop: arrival times keep streams apart; its lengths stay the shape's
+    opened = build_schedule(CASE, vocab_size=4096, num_requests=50, mode="open", rate_rps=2.0,
+                            output_jitter=0.1)
+    assert {r.max_tokens for r in opened.requests} == {512}
+    for bad in (-0.1, 1.0):
+        with pytest.raises(TrafficError, match=r"output_jitter must be in \[0, 1\)"):
+            build_schedule(CASE, vocab_size=4096, output_jitter=bad)
+
+
 def test_token_ids_in_range() -> None:
     s = build_schedule(CASE, vocab_size=10, token_offset=4, num_requests=5)
     ids = np.concatenate([r.prompt_token_ids for r in s.requests])
