@@ -252,6 +252,25 @@ def jitter_lengths(lengths: np.ndarray, fraction: float, seed: int) -> np.ndarra
     return np.maximum(1, np.rint(lengths * factor)).astype(lengths.dtype)
 
 
+def _fitted(inp: np.ndarray, out: np.ndarray, *, seed: int, jitter: float, closed: bool,
+            max_output_tokens: int | None,
+            max_total_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The drawn lengths with the output jitter (closed loop only), then the caps:
+    ``max_output_tokens`` again (a jittered length may pass it) and the server's context."""
+    if not 0.0 <= jitter < 1.0:
+        raise TrafficError(f"output_jitter must be in [0, 1) (got {jitter})")
+    if closed and jitter > 0:
+        out = jitter_lengths(out, jitter, seed)
+        if max_output_tokens is not None:
+            out = np.minimum(out, max_output_tokens)
+    if max_total_tokens is not None:
+        if max_total_tokens < 2:
+            raise TrafficError(f"max_total_tokens must be >= 2 (got {max_total_tokens})")
+        out = np.minimum(out, max_total_tokens - 1)
+        inp = np.minimum(inp, max_total_tokens - out)
+    return inp, out
+
+
 def build_schedule(
     shape: TrafficShape,
     *,
@@ -321,19 +340,10 @@ def build_schedule(
         ("concurrency", concurrency),
     ):
         _positive(label, v)
-    if not 0.0 <= output_jitter < 1.0:
-        raise TrafficError(f"output_jitter must be in [0, 1) (got {output_jitter})")
     rng_len, rng_prefix, rng_tok, rng_arr = _rngs(seed, token_seed)
     inp, out = _lengths(shape, n, rng_len, max_input_tokens, max_output_tokens)
-    if mode == "closed" and output_jitter > 0:
-        out = jitter_lengths(out, output_jitter, seed)
-        if max_output_tokens is not None:
-            out = np.minimum(out, max_output_tokens)
-    if max_total_tokens is not None:
-        if max_total_tokens < 2:
-            raise TrafficError(f"max_total_tokens must be >= 2 (got {max_total_tokens})")
-        out = np.minimum(out, max_total_tokens - 1)
-        inp = np.minimum(inp, max_total_tokens - out)
+    inp, out = _fitted(inp, out, seed=seed, jitter=output_jitter, closed=mode == "closed",
+                       max_output_tokens=max_output_tokens, max_total_tokens=max_total_tokens)
     prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size, table)
 
     if mode == "closed":

@@ -60,9 +60,9 @@ def test_output_jitter_spreads_closed_loop_lengths_around_the_shapes() -> None:
     opened = build_schedule(CASE, vocab_size=4096, num_requests=50, mode="open", rate_rps=2.0,
                             output_jitter=0.1)
     assert {r.max_tokens for r in opened.requests} == {512}
-    for bad in (-0.1, 1.0):
+    for bad, mode in ((-0.1, "closed"), (1.0, "open")):
         with pytest.raises(TrafficError, match=r"output_jitter must be in \[0, 1\)"):
-            build_schedule(CASE, vocab_size=4096, output_jitter=bad)
+            build_schedule(CASE, vocab_size=4096, output_jitter=bad, mode=mode, rate_rps=2.0)
 
 
 def test_token_ids_in_range() -> None:
