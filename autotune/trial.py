@@ -560,9 +560,12 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
                 logger.warning(
                     "trial %d: its measured segments moved %+.1f %% from the first half to the "
                     "second (significant at 95 %%): the server was not steady when its warm-up "
-                    "ended (%s); a longer --warmup-max-s covers it", spec.number,
+                    "ended (%s); a longer --warmup-max-s covers it%s", spec.number,
                     100 * d.relative, "converged" if (outcome.warmup or {}).get("converged")
-                    else "at its cap")
+                    else "at its cap",
+                    "" if spec.output_jitter > 0 else
+                    " (with --output-jitter 0, streams of equal lengths may also be falling "
+                    "back into step: docs/measurement.md, section 4)")
             if ctl.stop == "pruned":
                 outcome.pruned = True
                 break
