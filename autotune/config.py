@@ -27,6 +27,10 @@ SLO_KEYS = {
 #: interactive chat endpoint's usual bar (first token within 2 s, 10 tokens/s per stream)
 CAPACITY_DEFAULT_SLO = {"ttft_p99": 2.0, "tpot_p99": 0.1}
 
+#: closed loop: each request's output length times U(1 - j, 1 + j) unless told otherwise
+#: (``--output-jitter``, docs/measurement.md section 4)
+OUTPUT_JITTER = 0.1
+
 
 def parse_slo(text: str | None) -> dict[str, float]:
     """Parse ``"ttft_p99=2.0,tpot_p99=0.05"`` (seconds) into ``{"ttft_p99": 2.0, ...}``."""
@@ -109,7 +113,7 @@ class TuneSettings(BaseModel):
     measure_max_s: float = Field(default=180.0, gt=0)
     segment_requests: int | None = Field(default=None, ge=1)  # None: max(concurrency, 16)
     # closed loop: output lengths times U(1 - j, 1 + j) (streams out of lockstep for good)
-    output_jitter: float = Field(default=0.1, ge=0, lt=1)
+    output_jitter: float = Field(default=OUTPUT_JITTER, ge=0, lt=1)
     pruner: Literal["interval", "none"] = "interval"
     # kernels tuned before trial 0 for a knob with `tuned:` (docs/kernels.md): device time
     # for the whole tuning (split over token counts) and configs timed per token count

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.config import OUTPUT_JITTER
 from autotune.engine import VllmServer, detect_engine
 from autotune.errors import AutotuneError, ConfigError, EngineCrashedError, EngineStartError
 from autotune.events import PhaseReporter
@@ -74,7 +75,7 @@ class TrialSpec:
     stagger: bool = True  # closed loop: desynchronise the streams' first requests
     # closed loop: each request's output length times U(1 - j, 1 + j), so that streams of
     # equal lengths do not lock into step again after the stagger (docs/measurement.md, 4)
-    output_jitter: float = 0.1
+    output_jitter: float = OUTPUT_JITTER
     # stop a measured replay once more than this share of >= 20 finished requests failed
     # (the outcome then says why in one line); None: always run to the end
     abort_failed_fraction: float | None = 0.5

@@ -194,7 +194,7 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     :class:`ConfigError` before any server starts). ``log_path``: a server log claimed
     already (benches that share one server share its log); default: ``--log``, claimed
     here (a taken name gets a -N suffix)."""
-    from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
+    from autotune.config import CAPACITY_DEFAULT_SLO, OUTPUT_JITTER, parse_slo
     from autotune.errors import ConfigError
     from autotune.space import dummy_routing_warning
     from autotune.stats import SegmentRule
@@ -249,7 +249,7 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
                          measure_max_s=args.measure_max_s, warmup_max_s=args.warmup_max_s),
         stagger=args.stagger, **capacity,
         output_jitter=(args.output_jitter if args.output_jitter is not None
-                       else 0.1 if args.stagger else 0.0),
+                       else OUTPUT_JITTER if args.stagger else 0.0),
         cache_dir=str((args.cache_dir or Path.home() / ".cache" / "autotune").expanduser()),
     )  # fmt: skip
 
