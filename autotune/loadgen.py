@@ -32,6 +32,8 @@ from autotune.errors import LoadgenError
 from autotune.server_metrics import ServerSnapshot, fetch_metrics_text, parse_metrics
 
 if TYPE_CHECKING:
+    import threading
+
     from autotune.traffic import RequestSpec, Schedule
 
 __all__ = [
@@ -105,6 +107,11 @@ class RunResult:
     snapshots: tuple[ServerSnapshot, ...] = ()  # /metrics samples taken during the run
     stopped_at_s: float | None = None  # a SegmentControl stopped the sends at this time
     aborted: str | None = None  # why the run was stopped early (the abort hook's line)
+    # ``interrupt`` was set at this time: the sends stopped and the requests in flight were
+    # cancelled (their records are missing); every token that arrived before
+    # ``complete_before_s`` (the earliest send among them) belongs to a recorded request
+    interrupted_at_s: float | None = None
+    complete_before_s: float | None = None
 
 
 class SegmentControl(Protocol):
@@ -342,7 +349,7 @@ class _Runner:
         self.total = total
         self.progress = progress
         self.done = 0
-        self.live: set[_SseParser] = set()  # parsers of requests in flight
+        self.live: dict[_SseParser, float] = {}  # parsers of requests in flight: send time
         self.tokens_done = 0  # output tokens of finished successful requests
         self.failed = 0
         self.control: SegmentControl | None = None
@@ -351,6 +358,22 @@ class _Runner:
         self.abort = abort
         self.aborted: str | None = None
         self.stop = asyncio.Event()
+        self.interrupted_at: float | None = None
+        self.complete_before: float | None = None
+
+    async def watch(self, interrupt: threading.Event, every_s: float = 0.1) -> None:
+        """Stop the run as soon as ``interrupt`` is set: no more sends, the requests in
+        flight cancelled (waiting for them could take a whole request's duration)."""
+        while not self.stop.is_set():
+            if interrupt.is_set():
+                now = time.monotonic() - self.t0
+                self.interrupted_at = now
+                self.complete_before = min(self.live.values(), default=now)
+                if self.stopped_at is None:
+                    self.stopped_at = now
+                self.stop.set()
+                return
+            await asyncio.sleep(every_s)
 
     def _finished(self, rec: RequestRecord) -> None:
         self.done += 1
@@ -381,7 +404,7 @@ class _Runner:
         sse = _SseParser(chat=self.api == "chat")
         status: int | None = None
         send = clock() - t0
-        self.live.add(sse)
+        self.live[sse] = send
         try:
             status = await self.pool.request(
                 head + body,
@@ -408,7 +431,7 @@ class _Runner:
         error: str | None,
         detail: str | None,
     ) -> RequestRecord:
-        self.live.discard(sse)
+        self.live.pop(sse, None)
         if error is None:
             self.tokens_done += sse.cum
         times = sse.times
@@ -549,6 +572,23 @@ def _parse_samples(samples: list[tuple[float, str]]) -> tuple[ServerSnapshot, ..
     return tuple(snaps)
 
 
+def _target(base_url: str, request_timeout_s: float, stall_timeout_s: float
+            ) -> tuple[str, Target]:
+    """The server's base URL and connection target; a LoadgenError for unusable ones."""
+    if not (request_timeout_s > 0 and stall_timeout_s > 0):
+        raise LoadgenError(
+            f"timeouts must be > 0 s (request_timeout_s={request_timeout_s}, "
+            f"stall_timeout_s={stall_timeout_s})"
+        )
+    base = base_url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise LoadgenError(f"base_url {base_url!r} must start with http:// or https://")
+    try:
+        return base, Target(base)
+    except ValueError as exc:
+        raise LoadgenError(f"base_url {base_url!r}: {exc}") from None
+
+
 async def run_schedule(
     schedule: Schedule,
     *,
@@ -563,6 +603,7 @@ async def run_schedule(
     refill: Callable[[int], Iterable[RequestSpec]] | None = None,
     stagger: bool = False,
     abort: Abort | None = None,
+    interrupt: threading.Event | None = None,
 ) -> RunResult:
     """Drive ``schedule`` against an OpenAI-compatible server and record every request.
 
@@ -579,24 +620,18 @@ async def run_schedule(
     stop the sends; ``refill(next_index)`` gives more requests when the schedule runs out
     before the control stopped (an empty result ends the run); ``stagger`` shortens each
     stream's first request (:func:`staggered`) so streams do not run in lockstep.
+
+    ``interrupt`` (a :class:`threading.Event`, e.g. set by a signal handler) ends the run
+    within 0.1 s of being set: the requests in flight are cancelled, and
+    ``RunResult.interrupted_at_s``/``complete_before_s`` say when and up to when the
+    records hold every token that arrived.
     """
     mode, conc, specs = _check(schedule)
     if mode != "closed" and (control is not None or refill is not None or stagger):
         raise LoadgenError("control, refill and stagger apply to closed-loop schedules only")
     if api not in _PATHS:
         raise LoadgenError(f"api is {api!r}; use 'completions' or 'chat'")
-    if not (request_timeout_s > 0 and stall_timeout_s > 0):
-        raise LoadgenError(
-            f"timeouts must be > 0 s (request_timeout_s={request_timeout_s}, "
-            f"stall_timeout_s={stall_timeout_s})"
-        )
-    base = base_url.rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise LoadgenError(f"base_url {base_url!r} must start with http:// or https://")
-    try:
-        target = Target(base)
-    except ValueError as exc:
-        raise LoadgenError(f"base_url {base_url!r}: {exc}") from None
+    base, target = _target(base_url, request_timeout_s, stall_timeout_s)
     n = len(specs)
     _raise_nofile((conc if conc is not None else n) + 64)
     records: dict[int, RequestRecord] = {}
@@ -637,11 +672,15 @@ async def run_schedule(
             else:
                 drive = asyncio.ensure_future(_open(runner, specs, records, conc))
             stopper = asyncio.ensure_future(runner.stop.wait())
+            watcher = (asyncio.ensure_future(runner.watch(interrupt))
+                       if interrupt is not None else None)
             try:
                 await asyncio.wait((drive, stopper), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopper.cancel()
-                if not drive.done():  # aborted: cancel what is still in flight
+                if watcher is not None:
+                    watcher.cancel()
+                if not drive.done():  # aborted or interrupted: cancel what is in flight
                     drive.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await drive
@@ -663,6 +702,8 @@ async def run_schedule(
         snapshots=_parse_samples(samples),
         stopped_at_s=runner.stopped_at,
         aborted=runner.aborted,
+        interrupted_at_s=runner.interrupted_at,
+        complete_before_s=runner.complete_before,
     )
 
 

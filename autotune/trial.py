@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import re
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -30,10 +31,28 @@ from autotune.events import PhaseReporter
 from autotune.prompts import build_prompts, model_vocab_size
 from autotune.schema import FailureReason
 
-__all__ = ["TrialOutcome", "TrialSpec", "model_max_len", "model_vocab_size", "run_trial",
-           "run_trials_on_one_server"]
+__all__ = ["INTERRUPT", "TrialOutcome", "TrialSpec", "interrupt", "model_max_len",
+           "model_vocab_size", "run_trial", "run_trials_on_one_server"]
 
 logger = logging.getLogger(__name__)
+
+#: Set by :func:`interrupt`: ends the running closed-loop measurement and keeps what it
+#: measured. Clear it before the next trial.
+INTERRUPT = threading.Event()
+_ARMED = threading.Event()  # a closed-loop measurement that INTERRUPT ends is running
+
+
+def interrupt() -> bool:
+    """End the running closed-loop measurement now and keep what it measured
+    (``autotune bench`` calls it on SIGTERM or Ctrl-C): the requests in flight are
+    cancelled, the segments they left incomplete dropped, no further repeat starts; the
+    trial's ``stop`` is ``interrupted`` (its ``reason`` ``interrupted`` when no segment was
+    measured yet). False when no such measurement is running (a server start, an open-loop
+    or capacity run): stop those another way (KeyboardInterrupt)."""
+    if not _ARMED.is_set():
+        return False
+    INTERRUPT.set()
+    return True
 
 
 @dataclass(frozen=True)
@@ -118,7 +137,7 @@ class TrialOutcome:
     # {"seconds", "segments", "converged", "jit_in_last_segment", ...} (autotune.warmup)
     warmup: dict[str, Any] | None = None
     segments: list[float] = field(default_factory=list)  # measured segment rates (tok/s)
-    # why measuring stopped: precise | cap | pruned | failing | schedule_end
+    # why measuring stopped: precise | cap | pruned | failing | schedule_end | interrupted
     stop: str | None = None
     pruned: bool = False  # a clear loser: stopped early against the incumbent
     # prompt tokens of the measured runs (warm-up segments included): what the schedule
@@ -259,6 +278,10 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
     else:
         results = _measure_open(spec, plan, server, outcome, phase, client_kw)
     if outcome.reason == FailureReason.ABORTED:  # most requests failed (issue 18)
+        return
+    if not results:  # INTERRUPT before a segment was measured
+        outcome.reason = FailureReason.INTERRUPTED
+        outcome.message = "interrupted before a segment was measured"
         return
     m = combine(results) if len(results) > 1 else results[0]
     outcome.measurement = m.model_dump(mode="json")
@@ -523,8 +546,12 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
         return got
 
     results = []
+    _ARMED.set()
     try:
         for r in range(max(1, spec.repeats)):
+            if INTERRUPT.is_set():
+                outcome.stop = "interrupted"
+                break
             phase("warming_up", f"segments of {seg_n} requests" if r == 0
                   else f"repeat {r + 1}: one segment")
             ctl = SegmentWatch(rule if r == 0 else replace(rule, warmup_max_segments=1),
@@ -534,7 +561,7 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
             before = snapshot_metrics(server.base_url)
             run = replay(schedule if r == 0 else chunk(100 + r), **client_kw, control=ctl,
                          refill=refill, stagger=spec.stagger, metrics_interval_s=5.0,
-                         abort=_abort(spec, min(20, seg_n)))
+                         abort=_abort(spec, min(20, seg_n)), interrupt=INTERRUPT)
             server.check_alive()
             if _aborted(spec, run, outcome, server):
                 break
@@ -549,10 +576,15 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
                                   "jit_segments_measuring": ctl.jit_measuring,
                                   "rates": [round(x, 1) for x in ctl.warm_rates]}
             outcome.measure_s += max(0.0, wall - warm_s)
-            m = measure(run, slo=spec.slo, segments=ctl.bounds)
+            bounds = _complete(spec, run, ctl.bounds, r)
+            if len(bounds) < 2:  # interrupted before this repeat measured a whole segment
+                outcome.stop = "interrupted"
+                break
+            m = measure(run, slo=spec.slo, segments=bounds)
             results.append(m)
             outcome.segments += list(m.segment_tokens_per_s)
-            outcome.stop = ctl.stop or "schedule_end"
+            outcome.stop = ("interrupted" if run.interrupted_at_s is not None
+                            else ctl.stop or "schedule_end")
             logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
                         spec.number, r, m.output_tokens_per_s, outcome.stop,
                         len(m.segment_tokens_per_s), outcome.warmup)
@@ -570,9 +602,26 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
             if ctl.stop == "pruned":
                 outcome.pruned = True
                 break
+            if run.interrupted_at_s is not None:
+                break
     finally:
+        _ARMED.clear()
         prefetch.shutdown(wait=False, cancel_futures=True)
     return results
+
+
+def _complete(spec: TrialSpec, run: Any, bounds: list[float], repeat: int) -> list[float]:
+    """The segment bounds whose segments hold every token that arrived in them: all of
+    them, unless INTERRUPT cancelled requests in flight (their tokens are not recorded, so
+    a segment after the earliest one's send would read low)."""
+    if run.interrupted_at_s is None:
+        return bounds
+    cut = run.complete_before_s if run.complete_before_s is not None else run.interrupted_at_s
+    kept = [b for b in bounds if b <= cut]
+    logger.warning("trial %d: interrupted in repeat %d at %.1f s; %d of its %d measured "
+                   "segments are complete and kept", spec.number, repeat + 1,
+                   run.interrupted_at_s, max(0, len(kept) - 1), max(0, len(bounds) - 1))
+    return kept
 
 
 def _count_prompt_tokens(outcome: TrialOutcome, run: Any, before: Any, after: Any) -> None:

@@ -385,3 +385,38 @@ def test_stagger_shortens_only_each_streams_first_request(stub: StubServer) -> N
     with pytest.raises(LoadgenError, match="closed-loop"):
         replay(Schedule(mode="open", requests=(RequestSpec(0, PROMPT, 4, 0.0),)),
                base_url=stub.base_url, model="tiny", stagger=True)
+
+
+def test_an_interrupt_ends_the_run_at_once_and_says_what_is_complete(stub: StubServer) -> None:
+    """``interrupt`` (bench's SIGTERM) cancels the requests in flight instead of waiting a
+    whole request's duration for them; the run says up to when its records hold every
+    token that arrived (the earliest send among the cancelled)."""
+    from dataclasses import replace
+
+    event = threading.Event()
+    sched = closed(4, conc=4, max_tokens=400)  # 0.8 s a request
+
+    def refill(next_index: int) -> list[RequestSpec]:
+        return [replace(r, index=next_index + i) for i, r in enumerate(sched.requests)]
+
+    timer = threading.Timer(1.3, event.set)
+    timer.start()
+    try:
+        run = replay(sched, base_url=stub.base_url, model="tiny", refill=refill,
+                     interrupt=event)
+    finally:
+        timer.cancel()
+    assert run.interrupted_at_s is not None and 1.25 <= run.interrupted_at_s < 1.8
+    assert run.wall_s < run.interrupted_at_s + 0.5  # no wait for the 0.8-s requests
+    assert run.stopped_at_s == run.interrupted_at_s
+    # the four requests that finished first were recorded whole; those in flight were not
+    done = list(run.records)
+    assert len(done) >= 4 and all(r.ok and r.output_tokens == 400 for r in done)
+    assert all(r.end_s is not None and r.end_s <= run.interrupted_at_s for r in done)
+    cut = run.complete_before_s
+    assert cut is not None and 0.7 <= cut <= run.interrupted_at_s  # the second wave's send
+    # a run nobody interrupted says so
+    calm = replay(closed(2, conc=2), base_url=stub.base_url, model="tiny",
+                  interrupt=threading.Event())
+    assert calm.interrupted_at_s is None and calm.complete_before_s is None
+    assert len(calm.records) == 2

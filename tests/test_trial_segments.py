@@ -120,6 +120,56 @@ def test_two_benches_log_into_one_folder_without_losing_a_measurement(fake_model
         assert text.count("fake-vllm: launch") == 1 and "fake-vllm: serving" in text
 
 
+def test_sigterm_ends_a_bench_keeping_what_it_measured(fake_model: Path, tmp_path: Path) -> None:
+    """A bench stopped by SIGTERM (``timeout`` in a GPU runner, a scheduler) in its second
+    repeat prints the first repeat and the whole segments of the second, not nothing."""
+    import signal
+    import threading
+    import time
+
+    log = tmp_path / "bench.log"
+    cmd = [sys.executable, "-m", "autotune", "-v", "bench", "--model", str(fake_model),
+           "--shape", str(SHAPE), "--num-requests", "16", "--concurrency", "4",
+           "--precision", "1e-9", "--measure-max-s", "4", "--warmup-max-s", "3",
+           "--segment-requests", "8", "--repeats", "3",
+           "--env", f"PYTHONPATH={FAKE_VLLM}", "--env", "AUTOTUNE_FAKE_PLAN=slow",
+           "--env", "AUTOTUNE_FAKE_CHUNK_S=0.004", "--log", str(log), "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    err: list[str] = []
+    first = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err.append(line)
+            if " repeat 0: " in line:  # the first repeat is measured: the second runs
+                first.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert first.wait(120), "".join(err)[-3000:]
+        time.sleep(2.0)  # the second repeat's warm-up segment and a few measured ones
+        t_sig = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout = proc.communicate(timeout=60)[0]
+        took = time.monotonic() - t_sig
+    finally:
+        proc.kill()
+    reader.join(10)
+    text = "".join(err)
+    assert proc.returncode == 130, text[-3000:]
+    assert "SIGTERM: ending the measurement" in text
+    out = json.loads(stdout)
+    assert out["ok"] and out["interrupted"] and out["stop"] == "interrupted", out["message"]
+    m = out["measurement"]
+    assert m["repeats"] == 2 and len(m["repeat_tokens_per_s"]) == 2  # the third never began
+    assert all(v > 0 for v in m["repeat_tokens_per_s"]) and out["metrics"]["measure_s"] > 0
+    assert "interrupted in repeat 2" in text and took < 30
+    assert "fake-vllm: serving" in log.read_text()
+
+
 def test_a_server_that_dies_mid_run_ends_the_trial_at_once(fake_model: Path,
                                                            tmp_path: Path) -> None:
     import time

@@ -12,10 +12,13 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from autotune.schema import FailureReason
 
 if TYPE_CHECKING:
     from autotune.trial import TrialOutcome, TrialSpec
@@ -33,7 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "until the 95 %% interval of output tokens/s is within --precision (or "
             "--measure-max-s), and report it with latency percentiles and the server's own "
             "figures. Engine flags go after '--' or in --flag (repeatable): "
-            "autotune bench --model M --shape S -- --max-num-seqs 64"
+            "autotune bench --model M --shape S -- --max-num-seqs 64. "
+            "SIGTERM or Ctrl-C while it measures a closed loop ends the measurement and "
+            "reports what it measured (the repeats done, the whole segments of the one "
+            "running; exit status 130); a second one, or one during the start, stops at once"
         ),
     )
     p.add_argument("--model", required=True, type=Path, help="local model directory")
@@ -264,27 +270,48 @@ def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, Any]:
             "segments": outcome.segments,
             "log_path": outcome.log_path,
             "measurement": outcome.measurement, "metrics": outcome.metrics,
+            "interrupted": outcome.stop == "interrupted"
+                           or outcome.reason == FailureReason.INTERRUPTED,
             "message": outcome.message if not outcome.ok else ""}
 
 
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    """SIGTERM/SIGINT: the first ends a running closed-loop measurement, keeping what it
+    measured (:func:`autotune.trial.interrupt`); otherwise, or the second, stops at once."""
+    from autotune.trial import INTERRUPT, interrupt
+
+    if INTERRUPT.is_set() or not interrupt():
+        raise KeyboardInterrupt
+    print(f"autotune bench: {signal.Signals(signum).name}: ending the measurement and "
+          "reporting what it measured (send it again to stop at once)", file=sys.stderr)
+
+
 def _bench(args: argparse.Namespace) -> int:
+    from autotune.cli import EXIT_INTERRUPTED
     from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
     from autotune.preflight import check_bytecode
-    from autotune.trial import run_trial
+    from autotune.trial import INTERRUPT, run_trial
 
     spec = bench_spec(args)
+    INTERRUPT.clear()
     for warning in check_bytecode():  # the environment's, not the config's: once a command
         print(warning, file=sys.stderr)
     print(f"benchmarking: {' '.join(spec.flags) or '(vLLM defaults)'}"
           + (f" x {args.repeats} repeats" if args.repeats > 1 else "")
           + (f"; server log: {spec.log_path}" if spec.log_path else ""), file=sys.stderr)
-    outcome = run_trial(spec)
+    old = {s: signal.signal(s, _on_stop_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        outcome = run_trial(spec)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    interrupted = outcome.stop == "interrupted" or outcome.reason == FailureReason.INTERRUPTED
     if args.json:
         print(json.dumps(bench_json(spec, outcome), indent=2))
-        return 0 if outcome.ok else 1
+        return EXIT_INTERRUPTED if interrupted else 0 if outcome.ok else 1
     if not outcome.ok:
         print(f"failed ({outcome.reason}): {outcome.message}", file=sys.stderr)
-        return 1
+        return EXIT_INTERRUPTED if interrupted else 1
     slo = parse_slo(args.slo) or (dict(CAPACITY_DEFAULT_SLO) if args.capacity else {})
     if outcome.capacity is not None and not _print_capacity(outcome, slo,
                                                             args.capacity_goodput):
@@ -333,4 +360,10 @@ def _bench(args: argparse.Namespace) -> int:
         p50, p99 = m.get(f"{name}_p50_s"), m.get(f"{name}_p99_s")
         if p50 is not None and p99 is not None:
             print(f"{name.upper():<5} p50 {p50 * 1000:9.1f} ms   p99 {p99 * 1000:9.1f} ms")
+    if interrupted:
+        done = len((outcome.measurement or {}).get("repeat_tokens_per_s") or []) or 1
+        print(f"interrupted: the figures above are what was measured ({done} of "
+              f"{args.repeats} repeat{'s' if args.repeats > 1 else ''}, whole segments only)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0

@@ -141,7 +141,10 @@ bench() {  # PHASE ROLE CONC MEASURE WARMUP [TAG [KEY=VALUE]]: on the GPU the ro
   gpu=$(python3 -c "import json;d=json.load(open('$cfg')).get('$role') or {};s=[x for x in d.get('slots',[]) if x];print(1 if s and s[-1]=='gpu0' else 0)")
   [ "$NGPU" -ge 2 ] || gpu=0
   [ ${#flags[@]} -gt 0 ] || { phase "bench $ph $role: no config"; return; }
-  CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 "$(within 560 25)" python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
+  # its limit fits a cold start (420 s) and every repeat; SIGTERM at the limit keeps what
+  # it measured (the twenty-third session lost two cold benches to a fixed 560 s limit)
+  local cap=$(( 420 + warm + ${BREPEATS:-1} * (meas + 30) + 60 ))
+  CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=30 "$(within "$cap" 25)" python3 -m autotune bench --model "$MODEL" --shape "$SHAPE" \
     --concurrency "$conc" --cache-dir "$CACHE" --precision 0.02 --measure-max-s "$meas" \
     --warmup-max-s "$warm" --repeats "${BREPEATS:-1}" ${BJITTER:+--output-jitter "$BJITTER"} --start-timeout 420 --log "$RUN/bench-$ph-$tag.log" --json \
     ${SEGARG[@]+"${SEGARG[@]}"} "${envs[@]}" -- "${flags[@]}" > "$RES/$ph/bench-$tag-gpu$gpu.json" 2> "$RES/$ph/bench-$tag.err"
