@@ -618,9 +618,11 @@ def _complete(spec: TrialSpec, run: Any, bounds: list[float], repeat: int) -> li
         return bounds
     cut = run.complete_before_s if run.complete_before_s is not None else run.interrupted_at_s
     kept = [b for b in bounds if b <= cut]
-    logger.warning("trial %d: interrupted in repeat %d at %.1f s; %d of its %d measured "
-                   "segments are complete and kept", spec.number, repeat + 1,
-                   run.interrupted_at_s, max(0, len(kept) - 1), max(0, len(bounds) - 1))
+    whole = max(0, len(kept) - 1)
+    logger.warning("trial %d: interrupted in repeat %d at %.1f s; %s", spec.number, repeat + 1,
+                   run.interrupted_at_s,
+                   f"{whole} of its {len(bounds) - 1} measured segments are whole and kept"
+                   if whole else "it had measured no whole segment: nothing of it is kept")
     return kept
 
 

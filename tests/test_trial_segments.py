@@ -137,23 +137,29 @@ def test_sigterm_ends_a_bench_keeping_what_it_measured(fake_model: Path, tmp_pat
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     err: list[str] = []
-    first = threading.Event()
+    first, second = threading.Event(), threading.Event()
 
     def read() -> None:
         assert proc.stderr is not None
+        seen = 0
         for line in proc.stderr:
             err.append(line)
             if " repeat 0: " in line:  # the first repeat is measured: the second runs
                 first.set()
+            elif first.is_set() and " measured segment " in line:
+                seen += 1
+                if seen == 2:  # the second repeat measured two segments
+                    second.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        assert first.wait(120), "".join(err)[-3000:]
-        time.sleep(2.0)  # the second repeat's warm-up segment and a few measured ones
+        assert second.wait(120), "".join(err)[-3000:]
         t_sig = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        stdout = proc.communicate(timeout=60)[0]
+        assert proc.stdout is not None  # stderr is the reader's alone (communicate would race it)
+        stdout = proc.stdout.read()  # until the process exits (its JSON fits a pipe)
+        proc.wait(60)
         took = time.monotonic() - t_sig
     finally:
         proc.kill()

@@ -28,6 +28,8 @@
 # fresh server (its files tagged ROLE-2, ...). BREPEATS: each bench's --repeats (default 1):
 # more than one measures on the same server again, the streams staggered anew each time.
 # BJITTER: the benches' --output-jitter (default autotune's, 0.1; 0: the exact lengths).
+# A bench starts when a start, its warm-up and one repeat fit in the time left; it is sent
+# SIGTERM 25 s before the deadline and reports what it measured by then (exit 130).
 # M32=auto: the 32-stream study's measuring cap from the time left when it starts, so that
 # its four trials (two configs, two starts each) end before the deadline (at most MCAP s).
 # Step warm (a fresh machine without carried caches): starts each config of PRE_CONFIGS (a
@@ -186,7 +188,9 @@ for step in $STEPS; do
       fi ;;
     c256bench|c32bench)
       ph=${step%bench}; conc=${ph#c}; ph=$ph$SUFFIX; [ "$conc" = 32 ] && { m=${M32/auto/60}; w=$W32; } || { m=$M256; w=$W256; }
-      need=$(( 100 + m + w + 40 + (${BREPEATS:-1} - 1) * (m + 20) ))
+      # a bench starts when its start, warm-up and first repeat fit: stopped at its limit it
+      # still reports the repeats it measured (and the whole segments of the last)
+      need=$(( 100 + m + w + 40 ))
       if [ ! -f "$RES/$ph/configs.json" ] || [ "$(left)" -le "$need" ]; then
         phase "$ph re-measure skipped: no study or not enough device time left"
       elif [ "$NGPU" -ge 2 ]; then
