@@ -225,6 +225,9 @@ class Measurement(BaseModel):
     # each repeat's own server figures (step_ms, ...): the median in ``server`` hides
     # whether repeats on one server ran at different engine speeds
     repeat_server: tuple[dict[str, float], ...] = ()
+    # how many of ``segment_tokens_per_s`` each repeat measured, in order (a repeat's own
+    # segments: did it climb, how noisy was it?)
+    repeat_segments: tuple[int, ...] = ()
     total_output_tokens: int = 0
     server: dict[str, float] = Field(default_factory=dict)
     # 95 % interval of output_tokens_per_s: t-interval over the segment rates (batch
@@ -521,6 +524,7 @@ def measure(
         segment_tokens_per_s=tuple(seg_rates),
         segment_kind=("segments" if bounds and rule == "steady" else "subwindows")
         if seg_rates else None,
+        repeat_segments=(len(seg_rates),),
     )
 
 
@@ -585,6 +589,8 @@ def combine(measurements: Sequence[Measurement]) -> Measurement:
         repeats=sum(m.repeats for m in ms),
         repeat_tokens_per_s=tuple(per_repeat),
         repeat_server=tuple(r for m in ms for r in (m.repeat_server or (m.server,))),
+        repeat_segments=tuple(k for m in ms
+                              for k in (m.repeat_segments or (len(m.segment_tokens_per_s),))),
         total_output_tokens=sum(m.total_output_tokens for m in ms),
         server={
             k: v

@@ -283,6 +283,15 @@ def test_combine_takes_medians_and_the_cv_across_repeats() -> None:
     assert [r["step_ms"] for r in c.repeat_server] == [30.0, 40.0, 33.0]
     assert c.server["step_ms"] == 33.0
     assert [r["step_ms"] for r in combine([c, steps[0]]).repeat_server] == [30.0, 40.0, 33.0, 30.0]
+    # and how many of the pooled segments each repeat measured, in order
+    segs = [Measurement.model_validate({**m.model_dump(), "segment_tokens_per_s": (1.0,) * k,
+                                        "repeat_segments": (k,)})
+            for m, k in zip(ms, (3, 5, 4), strict=True)]
+    c = combine(segs)
+    assert c.repeat_segments == (3, 5, 4) and len(c.segment_tokens_per_s) == 12
+    assert combine([c, segs[0]]).repeat_segments == (3, 5, 4, 3)
+    assert measure(closed_run(gap=0.01)).repeat_segments == (
+        len(measure(closed_run(gap=0.01)).segment_tokens_per_s),)
     with pytest.raises(LoadgenError, match="at least one"):
         combine([])
 
