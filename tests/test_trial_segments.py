@@ -176,6 +176,46 @@ def test_sigterm_ends_a_bench_keeping_what_it_measured(fake_model: Path, tmp_pat
     assert "fake-vllm: serving" in log.read_text()
 
 
+def test_sigterm_during_a_benchs_start_stops_it_at_once(fake_model: Path, tmp_path: Path) -> None:
+    """Nothing measured yet: SIGTERM stops the bench at once (no wait for the start's
+    timeout), exit 130, and the server's whole process group is gone."""
+    import re
+    import signal
+    import time
+
+    log = tmp_path / "bench.log"
+    cmd = [sys.executable, "-m", "autotune", "bench", "--model", str(fake_model),
+           "--shape", str(SHAPE), "--num-requests", "16", "--concurrency", "4",
+           "--start-timeout", "300", "--env", f"PYTHONPATH={FAKE_VLLM}",
+           "--env", "AUTOTUNE_FAKE_PLAN=hang", "--log", str(log), "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "loading forever" not in (
+                log.read_text() if log.exists() else ""):
+            time.sleep(0.2)
+        found = re.search(r"engine core pid (\d+)", log.read_text())
+        assert found, log.read_text()[-2000:]
+        t_sig = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - t_sig
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "autotune: interrupted" in stderr, stderr[-2000:]
+    assert stdout == "" and took < 30
+    core = int(found.group(1))
+    for _ in range(50):  # the engine core (the server's process group) is stopped with it
+        try:
+            os.kill(core, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"the fake engine core {core} outlived the interrupted bench")
+
+
 def test_a_server_that_dies_mid_run_ends_the_trial_at_once(fake_model: Path,
                                                            tmp_path: Path) -> None:
     import time
