@@ -577,8 +577,8 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
                                   "rates": [round(x, 1) for x in ctl.warm_rates]}
             outcome.measure_s += max(0.0, wall - warm_s)
             bounds = _complete(spec, run, ctl.bounds, r)
-            if len(bounds) < 2:  # interrupted before this repeat measured a whole segment
-                outcome.stop = "interrupted"
+            if run.interrupted_at_s is not None and len(bounds) < 2:
+                outcome.stop = "interrupted"  # before this repeat measured a whole segment
                 break
             m = measure(run, slo=spec.slo, segments=bounds)
             results.append(m)

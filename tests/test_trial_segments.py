@@ -95,6 +95,15 @@ def test_a_clear_loser_is_pruned_after_two_segments(fake_model: Path, tmp_path: 
     assert len(out.segments) == 2 and out.measure_s < 10
 
 
+def test_every_request_failing_in_the_warm_up_is_no_output_not_an_interrupt(
+        fake_model: Path, tmp_path: Path) -> None:
+    """No segment measured without an interrupt (the abort hook off, every request
+    failing): the trial fails for the config (no_output), it is not taken for a stop."""
+    out = trial(fake_model, tmp_path, "fail:1", SegmentRule(precision=0.2, measure_max_s=5),
+                abort_failed_fraction=None)
+    assert not out.ok and out.reason == "no_output" and out.stop != "interrupted", out.message
+
+
 def test_two_benches_log_into_one_folder_without_losing_a_measurement(fake_model: Path,
                                                                       tmp_path: Path) -> None:
     log = tmp_path / "logs" / "bench.log"
