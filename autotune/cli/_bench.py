@@ -270,9 +270,13 @@ def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, Any]:
             "segments": outcome.segments,
             "log_path": outcome.log_path,
             "measurement": outcome.measurement, "metrics": outcome.metrics,
-            "interrupted": outcome.stop == "interrupted"
-                           or outcome.reason == FailureReason.INTERRUPTED,
+            "interrupted": _interrupted(outcome),
             "message": outcome.message if not outcome.ok else ""}
+
+
+def _interrupted(outcome: TrialOutcome) -> bool:
+    """Stopped by SIGTERM/Ctrl-C: after some segments (``stop``) or before any (``reason``)."""
+    return outcome.stop == "interrupted" or outcome.reason == FailureReason.INTERRUPTED
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
@@ -305,7 +309,7 @@ def _bench(args: argparse.Namespace) -> int:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    interrupted = outcome.stop == "interrupted" or outcome.reason == FailureReason.INTERRUPTED
+    interrupted = _interrupted(outcome)
     if args.json:
         print(json.dumps(bench_json(spec, outcome), indent=2))
         return EXIT_INTERRUPTED if interrupted else 0 if outcome.ok else 1
