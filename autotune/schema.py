@@ -42,6 +42,7 @@ import os
 import socket
 import statistics
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -789,15 +790,37 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
             path.parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
     try:
-        with warnings.catch_warnings():  # the heartbeat arguments are "experimental"
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, **kwargs)
+        for attempt in range(_SCHEMA_ATTEMPTS):
+            try:
+                with warnings.catch_warnings():  # the heartbeat arguments are "experimental"
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    return optuna.storages.RDBStorage(url, **kwargs)
+            except Exception as exc:
+                # Two processes opening a fresh storage at once (two tuners joining one
+                # study, a status next to a starting tune) both create its schema and one
+                # fails ("table studies already exists", alembic's version row); the
+                # schema is there now, so opening it again succeeds.
+                if attempt + 1 == _SCHEMA_ATTEMPTS or not _schema_race(exc):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
     except Exception as exc:
         raise StudyError(
             f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}; use sqlite:///PATH or a "
             "reachable database URL"
         ) from exc
+
+
+_SCHEMA_ATTEMPTS = 5
+
+
+def _schema_race(exc: BaseException) -> bool:
+    """Whether opening a storage failed because another process created its schema at the
+    same moment (SQLite and server databases word it alike)."""
+    text = str(exc).lower()
+    return "already exist" in text or (
+        "alembic_version" in text and ("unique" in text or "duplicate" in text))
 
 
 def latest_study(storage: Any) -> str | None:
