@@ -8,11 +8,12 @@ keeps the study going and says what it could not write.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,24 @@ def _artifact_root(tracking_uri: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _store_lock(db: Path | None) -> Iterator[None]:
+    """One process at a time sets up a SQLite MLflow store (a lock file beside it). MLflow
+    creates and migrates a store's tables on first use; two tuners doing so at once fail
+    (``table ... already exists``, alembic's migration rows). A server store needs none."""
+    if db is None:
+        yield
+        return
+    import fcntl
+
+    with open(db.parent / f".{db.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class MlflowTracker:
     """Logs a study and its trials to an MLflow store.
 
@@ -93,20 +112,30 @@ class MlflowTracker:
             from mlflow.tracking import MlflowClient
 
             self._mlflow = mlflow
-            self.client = MlflowClient(tracking_uri=tracking_uri)
-            exp = self.client.get_experiment_by_name(experiment)
-            if exp is None:
-                self.experiment_id = self.client.create_experiment(
-                    experiment, artifact_location=_artifact_root(tracking_uri)
-                )
-            else:
-                self.experiment_id = exp.experiment_id
+            with _store_lock(db):  # the first use creates and migrates a SQLite store
+                self.client = MlflowClient(tracking_uri=tracking_uri)
+                self.experiment_id = self._experiment(experiment)
         except Exception as exc:
             raise TrackingError(
                 f"cannot use the MLflow store {tracking_uri!r}: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}; start the tracking server, "
                 "fix --tracking-uri, or use a local sqlite:///PATH store"
             ) from exc
+
+    def _experiment(self, name: str) -> str:
+        """The experiment's id, created when missing; a tuner that creates it at the same
+        moment as another (a shared tracking server) takes the other's."""
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return str(exp.experiment_id)
+        try:
+            return str(self.client.create_experiment(
+                name, artifact_location=_artifact_root(self.tracking_uri)))
+        except Exception:
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return str(exp.experiment_id)
 
     # -- helpers ----------------------------------------------------------------------------
     def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
