@@ -8,8 +8,9 @@ llama and stops its whole process group at the end.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,25 @@ def shared_traces() -> Path:
     if not p.exists():
         pytest.skip("../shared/traces is not present")
     return p
+
+
+def _at_once_child(fn: Callable[[str], Any], arg: str, barrier: Any, results: Any) -> None:
+    barrier.wait()
+    try:
+        results.put(fn(arg))
+    except Exception as exc:  # the test prints what failed
+        results.put(f"{type(exc).__name__}: {exc}"[:300])
+
+
+def at_once(fn: Callable[[str], Any], arg: str, n: int, timeout_s: float = 120) -> list[Any]:
+    """``fn(arg)`` in ``n`` forked processes released at the same moment: what each
+    returned, or its exception as ``"Type: message"``. For races between processes."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_at_once_child, args=(fn, arg, barrier, results))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    return [results.get(timeout=5) for _ in procs]

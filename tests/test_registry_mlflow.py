@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -23,7 +22,7 @@ from autotune.cli import main
 from autotune.registry import find_best, find_best_tracked
 from autotune.tracking import BEST_VALUE, TAGS, MlflowTracker
 from autotune.traffic import TrafficShape, load_shape
-from tests.conftest import REPO
+from tests.conftest import REPO, at_once
 
 SHAPES = ("azure-conv-2k", "mooncake-conv-2k", "casestudy-512x512")
 
@@ -257,12 +256,9 @@ def test_a_missing_store_is_not_created(tmp_path: Path) -> None:
     assert not (tmp_path / "none").exists()
 
 
-def _track(url: str, barrier: Any, results: Any) -> None:
-    barrier.wait()
-    try:
-        results.put(MlflowTracker(url).experiment_id)
-    except Exception as exc:  # the test prints what failed
-        results.put(f"{type(exc).__name__}: {exc}"[:300])
+
+def _track(url: str) -> str:
+    return MlflowTracker(url).experiment_id
 
 
 def test_tuners_opening_a_fresh_mlflow_store_at_once_share_one_experiment(
@@ -270,15 +266,8 @@ def test_tuners_opening_a_fresh_mlflow_store_at_once_share_one_experiment(
     # MLflow creates and migrates a SQLite store on first use; before the lock, 3 tuners
     # at once failed in 6 rounds of 6 ("table registered_models already exists", alembic's
     # migration rows)
-    ctx = multiprocessing.get_context("fork")
     for round_ in range(2):
         url = f"sqlite:///{tmp_path}/r{round_}/mlflow.db"
-        barrier, results = ctx.Barrier(3), ctx.Queue()
-        procs = [ctx.Process(target=_track, args=(url, barrier, results)) for _ in range(3)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-        got = [results.get(timeout=5) for _ in procs]
+        got = at_once(_track, url, 3)
         assert len(set(got)) == 1 and got[0].isdigit(), got  # one experiment, its id
         assert MlflowTracker(url).experiment_id == got[0]

@@ -8,7 +8,6 @@ SIGSTOPped. Short heartbeats (1 s) and grace periods keep it to seconds.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import signal
 import sqlite3
@@ -40,7 +39,7 @@ from autotune.schema import (
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor
 from tests._sim_tuner import value
-from tests.conftest import REPO
+from tests.conftest import REPO, at_once
 
 
 def _settings(model: Path, tmp_path: Path, out: str, **kw: Any) -> dict[str, Any]:
@@ -287,28 +286,18 @@ def test_fail_stale_trials_by_owner_and_heartbeat(tmp_path: Path) -> None:
         ids["me"]: FailureReason.STALE}
 
 
-def _open(url: str, barrier: Any, results: Any) -> None:
-    barrier.wait()
-    try:
-        open_storage(url)
-        results.put("ok")
-    except Exception as exc:  # the test prints what failed
-        results.put(f"{type(exc).__name__}: {exc}"[:300])
+
+def _open(url: str) -> str:
+    open_storage(url)
+    return "ok"
 
 
 def test_tuners_opening_a_fresh_storage_at_once_all_open_it(tmp_path: Path) -> None:
     # Every process that opens a fresh SQLite storage creates its schema; before the
     # retry, 4 at once failed 12 rounds of 20 ("table studies already exists", alembic's
     # version row), so 8 rounds all passing cannot be luck.
-    ctx = multiprocessing.get_context("fork")
     for round_ in range(8):
         url = f"sqlite:///{tmp_path}/r{round_}/optuna.db"
-        barrier, results = ctx.Barrier(4), ctx.Queue()
-        procs = [ctx.Process(target=_open, args=(url, barrier, results)) for _ in range(4)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(60)
-        got = [results.get(timeout=5) for _ in procs]
+        got = at_once(_open, url, 4)
         assert got == ["ok"] * 4, got
     optuna.create_study(study_name="after", storage=url)  # and the schema is whole
