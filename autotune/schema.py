@@ -775,10 +775,6 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
     ``create=False``: a SQLite file that does not exist is not created and None is returned
     (looking something up must not leave files behind). ``heartbeat``: the storage a tuner
     runs trials on records Optuna heartbeats (:class:`Heartbeats`, :func:`fail_stale_trials`)."""
-    import warnings
-
-    import optuna
-
     kwargs: dict[str, Any] = {}
     if heartbeat is not None:
         kwargs.update(heartbeat_interval=heartbeat.interval_s, grace_period=heartbeat.grace_s)
@@ -790,20 +786,7 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
             path.parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
     try:
-        for attempt in range(_SCHEMA_ATTEMPTS):
-            try:
-                with warnings.catch_warnings():  # the heartbeat arguments are "experimental"
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    return optuna.storages.RDBStorage(url, **kwargs)
-            except Exception as exc:
-                # Two processes opening a fresh storage at once (two tuners joining one
-                # study, a status next to a starting tune) both create its schema and one
-                # fails ("table studies already exists", alembic's version row); the
-                # schema is there now, so opening it again succeeds.
-                if attempt + 1 == _SCHEMA_ATTEMPTS or not _schema_race(exc):
-                    raise
-                time.sleep(0.2 * (attempt + 1))
-        raise AssertionError("unreachable")
+        return _rdb_storage(url, kwargs)
     except Exception as exc:
         raise StudyError(
             f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: "
@@ -812,7 +795,25 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
         ) from exc
 
 
-_SCHEMA_ATTEMPTS = 5
+def _rdb_storage(url: str, kwargs: dict[str, Any], attempts: int = 5) -> Any:
+    """Optuna's RDB storage, opened again when another process created its schema at the
+    same moment. Two processes opening a fresh storage at once (two tuners joining one
+    study, a status next to a starting tune) both create the tables and one fails ("table
+    studies already exists", alembic's version row); the schema is whole by then."""
+    import warnings
+
+    import optuna
+
+    for attempt in range(1, attempts + 1):
+        try:
+            with warnings.catch_warnings():  # the heartbeat arguments are "experimental"
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, **kwargs)
+        except Exception as exc:
+            if attempt == attempts or not _schema_race(exc):
+                raise
+            time.sleep(0.2 * attempt)
+    return None  # not reached: the last attempt returns or raises
 
 
 def _schema_race(exc: BaseException) -> bool:
