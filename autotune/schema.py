@@ -804,16 +804,19 @@ def _rdb_storage(url: str, kwargs: dict[str, Any], attempts: int = 5) -> Any:
 
     import optuna
 
-    for attempt in range(1, attempts + 1):
+    def open_it() -> Any:
+        with warnings.catch_warnings():  # the heartbeat arguments are "experimental"
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, **kwargs)
+
+    for attempt in range(1, attempts):
         try:
-            with warnings.catch_warnings():  # the heartbeat arguments are "experimental"
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, **kwargs)
+            return open_it()
         except Exception as exc:
-            if attempt == attempts or not _schema_race(exc):
+            if not _schema_race(exc):
                 raise
             time.sleep(0.2 * attempt)
-    return None  # not reached: the last attempt returns or raises
+    return open_it()
 
 
 def _schema_race(exc: BaseException) -> bool:

@@ -78,11 +78,8 @@ def _store_lock(db: Path | None) -> Iterator[None]:
     import fcntl
 
     with open(db.parent / f".{db.name}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 class MlflowTracker:
