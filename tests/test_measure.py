@@ -290,8 +290,8 @@ def test_combine_takes_medians_and_the_cv_across_repeats() -> None:
     c = combine(segs)
     assert c.repeat_segments == (3, 5, 4) and len(c.segment_tokens_per_s) == 12
     assert combine([c, segs[0]]).repeat_segments == (3, 5, 4, 3)
-    assert measure(closed_run(gap=0.01)).repeat_segments == (
-        len(measure(closed_run(gap=0.01)).segment_tokens_per_s),)
+    one = measure(closed_run(gap=0.01))
+    assert one.repeat_segments == (len(one.segment_tokens_per_s),)
     with pytest.raises(LoadgenError, match="at least one"):
         combine([])
 

@@ -256,7 +256,6 @@ def test_a_missing_store_is_not_created(tmp_path: Path) -> None:
     assert not (tmp_path / "none").exists()
 
 
-
 def _track(url: str) -> str:
     return MlflowTracker(url).experiment_id
 

@@ -286,7 +286,6 @@ def test_fail_stale_trials_by_owner_and_heartbeat(tmp_path: Path) -> None:
         ids["me"]: FailureReason.STALE}
 
 
-
 def _open(url: str) -> str:
     open_storage(url)
     return "ok"
