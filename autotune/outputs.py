@@ -219,6 +219,8 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         "verdict_detail": {k: v for k, v in record.items()
                            if k not in ("verdict", "ratio_to_defaults")},
         "params": dict(best_t.params),
+        # a lossy winner's accuracy: judged, or plainly not (autotune.quality.quality_caveat)
+        "quality": record.get("quality"),
         "serve_command": _serve_command(ctx.model, best_t),
         "metrics": dict(best_t.user_attrs.get(A.METRICS, {})),
         "objective": {"name": settings.objective, "metric": objective_metric(settings.objective),

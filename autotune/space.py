@@ -8,7 +8,9 @@ sample never costs a server start. See ``docs/search-spaces.md`` and ``search_sp
 Expressions in ``when``/``rules``/``derive`` are a small, safe subset of Python:
 comparisons, ``and``/``or``/``not``, ``in``, arithmetic, ``min``/``max``, knob names and
 the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp``, ``moe`` (model facts),
-``gpu_arch`` (e.g. "sm90"), ``avx512`` (the CPU has AVX-512 or AMX), and the traffic's
+``gpu_arch`` (e.g. "sm90"), ``avx512`` (the CPU has AVX-512 or AMX), ``weights_dtype`` (the
+checkpoint's dtype from config.json, e.g. "bfloat16"; "" when it names none),
+``prequantized`` (config.json carries a ``quantization_config``), and the traffic's
 ``streams`` (concurrent streams of the replay, counted as ``autotune.kernels.streams_of``
 does) and ``prompt_p90`` (tokens; both 0 when the space is loaded without a traffic
 shape). A knob that is inactive (its condition is false) has the value ``None`` in expressions.
@@ -43,7 +45,7 @@ __all__ = [
 ]
 
 _FACTS = ("device", "hybrid", "mtp", "moe", "gpu_arch", "avx512", "real_weights", "streams",
-          "prompt_p90")
+          "prompt_p90", "weights_dtype", "prequantized")
 # routed experts in config.json (as autotune/kernels/_moe_shape.py reads them)
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 
@@ -71,6 +73,12 @@ class ModelFacts(BaseModel):
     # a real checkpoint: weight files, and not one of autotune's generated tiny models.
     # Without it the space's `stand_in` part applies (dummy weights, synthetic acceptance).
     real_weights: bool = False
+    # config.json's dtype ("torch_dtype", or "dtype" in newer checkpoints), and whether the
+    # checkpoint is already quantized (a "quantization_config"): vLLM quantizes a 16-bit
+    # checkpoint online (--quantization fp8), and rejects a --quantization that differs from
+    # the method a quantized checkpoint names.
+    weights_dtype: str = ""
+    prequantized: bool = False
     # the traffic the study replays (0 when unknown, e.g. a space loaded without a shape):
     # concurrent streams (--concurrency, the closed loop's, or an open loop's estimate) and
     # the 90th-percentile prompt.
@@ -101,12 +109,16 @@ class ModelFacts(BaseModel):
                                                   "falcon_h1", "granitemoehybrid", "qwen3_next"}
         mtp = int(cfg.get("num_nextn_predict_layers", 0) or 0) > 0
         moe = _has_routed_experts(cfg)
+        text = {**cfg, **(cfg.get("text_config") or {})}
+        dtype = str(text.get("torch_dtype") or text.get("dtype") or "")
+        prequantized = bool(text.get("quantization_config"))
         d = Path(model)
         real = not (d / "autotune-model.json").exists() and any(
             next(d.glob(g), None) is not None for g in _WEIGHTS
         )
         return cls(device=device, hybrid=hybrid, mtp=mtp, moe=moe,  # type: ignore[arg-type]
-                   gpu_arch=gpu_arch, avx512=cpu_has_avx512(), real_weights=real)
+                   gpu_arch=gpu_arch, avx512=cpu_has_avx512(), real_weights=real,
+                   weights_dtype=dtype, prequantized=prequantized)
 
 
 # ---------------------------------------------------------------------------------------------

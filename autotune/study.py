@@ -882,7 +882,22 @@ class StudyLoop:
         ``autotune.verdict``) for the result files, MLflow and the report."""
         self.gpu_time.close(time.monotonic() - self.t_loop)
         self.gpu_time.save(self.study)
-        self.study.set_user_attr(A.VERDICT, verdict_record(judge_study(self.study)))
+        record = verdict_record(judge_study(self.study))
+        record["quality"] = self._winner_quality(record)
+        self.study.set_user_attr(A.VERDICT, record)
+
+    def _winner_quality(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The verdict's word on a winner that sets lossy knobs: judged, or why not."""
+        from autotune.quality import quality_caveat
+
+        number, params = record.get("winner_number"), record.get("candidate_params") or {}
+        if record.get("verdict") != "winner" or number is None:
+            return None
+        attrs = self.study.trials[number].user_attrs
+        return quality_caveat(
+            self.space.lossy_knobs(params), params, probe=self.settings.quality_probe,
+            gated=self.thresholds is not None, real_weights=self.space.facts.real_weights,
+            figures=attrs.get(A.QUALITY), note=str(attrs.get(A.QUALITY_NOTE) or ""))
 
     def _more(self) -> bool:
         if self.phase == "search" and self.settings.timeout_s is not None:

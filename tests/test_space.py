@@ -162,3 +162,38 @@ def test_cover_prefill_captures_the_traffics_mixed_step() -> None:
         assert flags[flags.index("--max-cudagraph-capture-size") + 1] == str(want)
         assert "--max-cudagraph-capture-size" not in space.launch_spec(
             space.baseline_params()).flags  # the defaults stay vLLM's
+
+
+@pytest.mark.parametrize("name", ["hybrid-mtp.yaml", "dense.yaml"])
+def test_fp8_weights_knob_follows_vllms_rules(tmp_path: Path, name: str) -> None:
+    """`quantization`: online FP8 of a 16-bit checkpoint on a GPU; lossy; absent on the CPU
+    build and for a checkpoint that is already quantized (vLLM uses the checkpoint's own
+    method and rejects another --quantization)."""
+    cfg = tmp_path / "config.json"
+    path = REPO / "search_spaces" / name
+    for dtype, quant, device, active in (
+        ("bfloat16", None, "cuda", True), ("float16", None, "cuda", True),
+        ("bfloat16", None, "cpu", False), ("float32", None, "cuda", False),
+        ("bfloat16", {"quant_method": "fp8"}, "cuda", False),
+    ):
+        body: dict[str, object] = {"model_type": "llama", "torch_dtype": dtype}
+        if quant:
+            body["quantization_config"] = quant
+        cfg.write_text(__import__("json").dumps(body))
+        facts = ModelFacts.from_model_dir(tmp_path, device=device, gpu_arch="sm90")
+        assert (facts.weights_dtype, facts.prequantized) == (dtype, bool(quant))
+        space = load_space(path, facts=facts)
+        wanted = {**space.baseline_params(), "quantization": "fp8"}
+        assert space.is_active("quantization", wanted) is active, (dtype, quant, device)
+        # what the sampler gives for that point (an inactive knob is None)
+        fixed = {k: (wanted.get(k) if wanted.get(k) is not None else
+                     kn.choices[0] if kn.choices else kn.low if kn.low is not None else False)
+                 for k, kn in space.knobs.items()}
+        params = space.suggest(optuna.trial.FixedTrial(fixed))
+        flags = list(space.launch_spec(params).flags)
+        assert (flags[flags.index("--quantization") + 1] == "fp8") if active else (
+            "--quantization" not in flags and params.get("quantization") is None)
+        assert space.lossy_knobs(params) == (["quantization"] if active else [])
+        # the defaults never quantize
+        assert "--quantization" not in space.launch_spec(space.baseline_params(),
+                                                         baseline=True).flags

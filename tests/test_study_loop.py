@@ -150,3 +150,35 @@ def test_an_interrupt_fails_the_running_trial_and_resume_retries_it(
     retry = [t for t in study.get_trials() if A.RETRY_OF in t.user_attrs]
     assert [t.user_attrs[A.RETRY_OF] for t in retry] == [stopped[0].number]
     assert retry[0].params == stopped[0].params
+
+
+def test_a_lossy_winner_on_random_weights_is_declared_unjudged(model: Path,
+                                                               tmp_path: Path) -> None:
+    """A winner that sets a lossy knob, on a model without real weights and with the probe
+    off: best.json, the summary line and the report say its quality was not judged."""
+    from autotune.cli._tune import _verdict_line
+    from autotune.quality import caveat_line
+
+    space = tmp_path / "lossy.yaml"
+    space.write_text("name: lossy\nknobs:\n  quantization:\n    type: categorical\n"
+                     "    choices: [none, fp8]\n    flag: --quantization\n"
+                     "    omit_when: none\n    default: none\n    lossy: true\n")
+
+    def value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | str:
+        tput = 200.0 if params.get("quantization") == "fp8" else 100.0
+        return {"output_tokens_per_s": tput, "ttft_p99_s": 0.5, "error_rate": 0.0}
+
+    sim = SimulatedExecutor(value)
+    result = tune(_settings(model, tmp_path, space=space, trials=2, recheck=1,
+                            recheck_starts=2,
+                            enqueue=[{"quantization": "fp8"}]),
+                  executor=sim, tracker=False, callbacks=[sim])
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert best["verdict"] == "winner" and best["params"] == {"quantization": "fp8"}
+    q = best["quality"]
+    assert q["judged"] is False and q["lossy_knobs"] == {"quantization": "fp8"}
+    assert "random weights" in q["reason"]
+    assert result.verdict["quality"] == q
+    assert "NOT JUDGED" in caveat_line(result.verdict["quality"])
+    assert _verdict_line(result.verdict).startswith("verdict: WINNER")
+    assert result.report is not None and "quality NOT judged" in result.report.read_text()

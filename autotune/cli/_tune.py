@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from autotune.config import TuneSettings, parse_slo
 from autotune.errors import ConfigError
+from autotune.quality._caveat import caveat_line
 
 __all__ = ["OPTIONS", "Option", "add_tune_options", "register", "resolve_config",
            "run_study_command", "settings_from_args", "tune_actions", "tune_parser"]
@@ -472,6 +473,8 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
         return 1
     b = result.best
     print(_verdict_line(result.verdict), file=out)
+    if caveat := caveat_line(result.verdict.get("quality")):
+        print(caveat, file=out)
     print(_best_line(b, settings.objective), file=out)
     if b.get("capacity"):
         print(capacity_line(b["capacity"]), file=out)

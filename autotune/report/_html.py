@@ -98,6 +98,14 @@ def _verdict_html(d: ReportData) -> str:
         params = ", ".join(f"{k}={v}" for k, v in row.params.items()) or "vLLM defaults"
         parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} "
                      f"{_fmt(v.get('winner_value', row.value))}</p>")
+    q = v.get("quality") or {}
+    if q:
+        knobs = ", ".join(f"{k}={x}" for k, x in (q.get("lossy_knobs") or {}).items())
+        parts.append(_note(f"lossy knobs ({knobs}): quality judged: {q.get('reason')}"
+                           if q.get("judged") else
+                           f"quality NOT judged: the winner sets lossy knobs ({knobs}) and "
+                           f"{q.get('reason')}. Its figure is a throughput result, not a "
+                           f"recommendation: {q.get('check')}"))
     if d.verdict_source == "computed":
         parts.append(_note("computed by this report from the stored readings (median of each "
                            "config's readings; interval: bootstrap of both medians): the "

@@ -1,0 +1,54 @@
+"""What a verdict says of a lossy winner's accuracy: judged, or plainly not."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["caveat_line", "quality_caveat"]
+
+_CHECK = ("check accuracy with real weights on real tasks before serving it "
+          "(docs/quality.md: an lm-evaluation-harness run against its server)")
+
+
+def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, Any], *,
+                   probe: bool, gated: bool, real_weights: bool,
+                   figures: Mapping[str, Any] | None = None,
+                   note: str = "") -> dict[str, Any] | None:
+    """The ``quality`` part of a verdict for a config that sets lossy knobs (None when it
+    sets none): which knobs, whether its accuracy cost was judged, and why not.
+
+    ``probe``: the study probed lossy trials; ``gated``: ``--quality`` thresholds bounded
+    them; ``real_weights``: the model is a real checkpoint (random weights make any probe
+    figure say nothing of a real model's accuracy); ``figures``: the trial's probe figures;
+    ``note``: why the trial has none."""
+    if not lossy_knobs:
+        return None
+    knobs = {k: params.get(k) for k in lossy_knobs}
+    if not real_weights:
+        judged, reason = False, (
+            "the model has random weights (a stand-in): no probe can tell what a lossy "
+            "setting costs a real checkpoint's accuracy")
+    elif figures is None:
+        judged, reason = False, (note or "no quality figures") if probe else (
+            "the quality probe was off (--no-quality-probe)")
+    elif not gated:
+        judged, reason = False, (
+            "probed (its drift from the full-precision reference is in the trial's "
+            "figures) but not gated: no --quality thresholds bounded it")
+    else:
+        judged, reason = True, "probed and within the --quality thresholds"
+    return {"lossy_knobs": knobs, "judged": judged, "reason": reason,
+            "figures": dict(figures) if figures is not None else None,
+            "check": None if judged else _CHECK}
+
+
+def caveat_line(q: Mapping[str, Any] | None) -> str:
+    """The caveat in one line for the summary ('' when there is nothing to say)."""
+    if not q:
+        return ""
+    knobs = ", ".join(f"{k}={v}" for k, v in (q.get("lossy_knobs") or {}).items())
+    if q.get("judged"):
+        return f"quality: lossy knobs ({knobs}) judged: {q.get('reason')}"
+    return (f"quality: NOT JUDGED: the winner sets lossy knobs ({knobs}) and {q.get('reason')}; "
+            f"its figure is a throughput result, not a recommendation: {q.get('check')}")
