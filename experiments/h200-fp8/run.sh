@@ -44,19 +44,20 @@ RUN=${RUN:-$HOME/run-h200-fp8}; CACHE=${CACHE:-$HOME/.cache/autotune}; mkdir -p 
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
   --format=csv,nounits -l 1 > "$RES/gpu.csv" 2>/dev/null &
 SMI=$!
-# the search's budget: the whole cap less the re-check's two warm starts and a margin
-BUDGET=$(( $(left) - 420 )); [ "$BUDGET" -lt 600 ] && BUDGET=600
-phase "tune (budget ${BUDGET}s)"
+# No search budget: the two configs and their re-checks are the study; SECONDS caps the
+# whole run (a study stopped by the cap keeps every finished trial in autotune.db).
+phase tune
 args=(--model "$MODEL" --shape traffic/casestudy-512x512.json --space search_spaces/hybrid-mtp.yaml
       --trials 2 --enqueue '{"quantization": "fp8"}' --recheck 1 --recheck-starts 1
-      --pruner none --precision 0.02 --measure-max-s 90 --warmup-max-s 90 --no-quality-probe
+      --pruner none --precision 0.02 --measure-max-s 60 --warmup-max-s 75 --no-quality-probe
       --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db"
-      --study-name h200-fp8 --out "$RUN/study" --cache-dir "$CACHE" --budget "$BUDGET"
+      --study-name h200-fp8 --out "$RUN/study" --cache-dir "$CACHE"
       --start-timeout 480 --request-timeout 240 --seed 0)
 timeout --signal=TERM --kill-after=20 $(( $(left) - 30 )) \
   python3 -m autotune -v tune "${args[@]}" > "$RES/tune.log" 2>&1
 echo "tune exit code $?" >> "$RES/tune.log"
-cp "$RUN"/study/best.json "$RUN"/study/trials.csv "$RUN"/study/study.json "$RES"/ 2>/dev/null
+cp "$RUN"/study/best.json "$RUN"/study/trials.csv "$RUN"/study/study.json "$RUN/autotune.db" \
+  "$RES"/ 2>/dev/null
 phase "tune done"
 # the flags and environment of the verdict's candidate and of the defaults, as the study ran them
 python3 - "$RUN/autotune.db" > "$RES/verdict-configs.json" 2>>"$RES/env.txt" <<'PY'
@@ -80,7 +81,7 @@ bench() {  # ROLE: a fresh server, the same warm-up and stop rule as the study, 
   if [ "$(left)" -lt 260 ]; then phase "bench $role: not run ($(left)s left)"; return; fi
   timeout $(( $(left) - 20 )) python3 -m autotune bench --model "$MODEL" \
     --shape traffic/casestudy-512x512.json --cache-dir "$CACHE" --precision 0.02 \
-    --measure-max-s 90 --warmup-max-s 90 --start-timeout 300 \
+    --measure-max-s 60 --warmup-max-s 75 --start-timeout 300 \
     --log "$RUN/bench-$role.log" --json "${envs[@]}" -- "${flags[@]}" \
     > "$RES/bench-$role.json" 2> "$RES/bench-$role.err"
   phase "bench $role exit $?"
