@@ -17,7 +17,7 @@ BURSTGPT = TRACES / "burstgpt1_head54.csv"
 
 def _need(path: Path) -> Path:
     if not path.is_file():
-        raise FileNotFoundError(f"trace sample {path} is missing: it is committed in tests/data/traces")
+        raise FileNotFoundError(f"trace sample {path} is missing (committed in tests/data/traces)")
     return path
 
 

@@ -32,10 +32,14 @@ def test_azure_trace_matches_sources(azure_records: TraceRecords) -> None:
     assert r.timestamps_s[0] == 0.0 and np.all(np.diff(r.timestamps_s) >= 0)
     assert r.timestamps_s[-1] == pytest.approx(599.97, abs=0.005)
     assert r.input_tokens.mean() == pytest.approx(1146.63, abs=0.01)
-    assert np.percentile(r.input_tokens, [50, 99]).tolist() == pytest.approx([1041, 4106.34], abs=0.01)
+    assert np.percentile(r.input_tokens, [50, 99]).tolist() == pytest.approx(
+        [1041, 4106.34], abs=0.01
+    )
     assert r.input_tokens.max() == 7930
     assert r.output_tokens.mean() == pytest.approx(260.27, abs=0.01)
-    assert np.percentile(r.output_tokens, [50, 99]).tolist() == pytest.approx([217, 620.02], abs=0.01)
+    assert np.percentile(r.output_tokens, [50, 99]).tolist() == pytest.approx(
+        [217, 620.02], abs=0.01
+    )
     assert r.output_tokens.max() == 1000
     assert r.prefix is None and r.start_epoch_s is not None
 
@@ -45,10 +49,14 @@ def test_mooncake_trace_matches_sources(mooncake_records: TraceRecords) -> None:
     assert r.format == "mooncake" and len(r) == 918  # the first 300 s
     assert r.timestamps_s[-1] == pytest.approx(297.0, abs=0.05)
     assert r.input_tokens.mean() == pytest.approx(13_557.79, abs=0.01)
-    assert np.percentile(r.input_tokens, [50, 99]).tolist() == pytest.approx([8353, 88073.38], abs=0.01)
+    assert np.percentile(r.input_tokens, [50, 99]).tolist() == pytest.approx(
+        [8353, 88073.38], abs=0.01
+    )
     assert r.input_tokens.max() == 121_924
     assert r.output_tokens.mean() == pytest.approx(352.79, abs=0.01)
-    assert np.percentile(r.output_tokens, [50, 99]).tolist() == pytest.approx([367.5, 998.2], abs=0.01)
+    assert np.percentile(r.output_tokens, [50, 99]).tolist() == pytest.approx(
+        [367.5, 998.2], abs=0.01
+    )
     assert r.output_tokens.max() == 2000
     assert r.prefix is not None and r.prefix.source == "hash_ids"
     assert r.prefix.block_tokens == 512
