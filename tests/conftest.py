@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Subprocesses (autotune tune, Ray workers) inherit it. AUTOTUNE_CPU_INPROC_WORKER=0 turns
 # it off.
 os.environ.setdefault("AUTOTUNE_CPU_INPROC_WORKER", "1")
-SHARED = REPO.parent / "shared"
+TRACES = REPO / "tests" / "data" / "traces"
 
 
 def _have_vllm() -> bool:
@@ -142,10 +142,9 @@ def fake_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def shared_traces() -> Path:
-    p = SHARED / "traces"
-    if not p.exists():
-        pytest.skip("../shared/traces is not present")
-    return p
+    """The folder of the public trace excerpts, committed with their sources and licences:
+    azure2023_conv.csv, mooncake_fast25_conversation.jsonl, burstgpt1_head54.csv."""
+    return TRACES
 
 
 def _at_once_child(fn: Callable[[str], Any], arg: str, barrier: Any, results: Any) -> None:

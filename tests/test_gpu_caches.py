@@ -1,4 +1,4 @@
-"""experiments/gpu-caches.sh: compile caches carried to a fresh GPU machine stay valid for
+"""scripts/gpu/caches.sh: compile caches carried to a fresh GPU machine stay valid for
 ninja (FlashInfer builds its JIT ops with it). Real ninja and gcc on a one-file build: the
 build is packed, the sources are "installed again" (dated now, as on a fresh machine), the
 cache restored; ninja must find nothing to do. The old restore (`tar -m`) rebuilt it."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "gpu-caches.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "caches.sh"
 
 pytestmark = pytest.mark.skipif(not (shutil.which("ninja") and shutil.which("gcc")),
                                 reason="needs ninja and gcc")

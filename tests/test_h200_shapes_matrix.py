@@ -1,4 +1,4 @@
-"""experiments/h200-shapes/: the cross-evaluation matrix and run.sh's result lookups, on a
+"""experiments/h200-shapes/: the cross-evaluation matrix and its result lookups, on a
 small fake result tree (pure logic, standard library; no server, no GPU)."""
 
 from __future__ import annotations
@@ -259,56 +259,6 @@ def test_cells_driver_writes_each_cell_when_measured_and_stops_on_sigterm(
     assert "cross:mooncake defaults on gpu1 exit 124" in out
 
 
-def _dry_session(home: Path, res: Path, committed: Path, *, gpus: str, steps: str) -> str:
-    """run.sh's CPU dry run (DRY=1) with 3,000 s left; its progress.txt."""
-    import os
-    import subprocess
-    import sys
-
-    env = dict(os.environ, DRY="1", GPUS=gpus, STEPS=steps, HOME=str(home),
-               COMMITTED=str(committed), DRY_SLEEP="0.1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    done = subprocess.run(["bash", str(HERE / "run.sh"), "x", str(res), "3000"],
-                          cwd=HERE.parents[1], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return next(res.glob("session-*/progress.txt")).read_text()
-
-
-def test_run_sh_one_server_per_config_on_two_gpus_then_resume_on_one(tmp_path: Path) -> None:
-    # the CPU dry run (DRY=1: dryrun.py stands in for autotune tune and for the server under
-    # cells.py): a study and two shapes' cross cells on two GPUs, each config's server
-    # measuring both shapes; then a session on one GPU measures only the cell left
-    def session(res: Path, gpus: str, committed: Path) -> str:
-        return _dry_session(tmp_path, res, committed, gpus=gpus,
-                            steps="study:azure cross:casestudy cross:azure")
-
-    res = tmp_path / "res"
-    progress = session(res, "2", tmp_path / "none")
-    assert "GPUS=2" in progress and "6 cells to measure on 3 servers" in progress
-    lines = progress.splitlines()
-    assert sum("(starts the server" in x for x in lines) == 3, progress
-    assert sum("(same server" in x for x in lines) == 3, progress
-    assert {"gpu0", "gpu1"} <= {w for x in lines if "exit 0" in x for w in x.split()}
-    cs = json.loads((res / "cross-casestudy" / "defaults.json").read_text())
-    az = json.loads((res / "cross-azure" / "defaults.json").read_text())
-    # study:azure is done: the defaults' azure cell checks its verdict, so it comes first
-    assert (az["server_reused"], az["start_s"], cs["server_reused"], cs["start_s"]) == (
-        False, 80.0, True, 0.0)
-    rows = [r for r in matrix.build(res) if r["status"] == "measured"]
-    assert len(rows) == 6 and sum(not r["server_reused"] for r in rows) == 3
-    assert "6 on 3 server starts" in matrix.render(res)[0]
-    # next session, one GPU: the results above as the committed ones, one cell missing
-    (res / "cross-azure" / "recipe.json").unlink()
-    res2 = tmp_path / "res2"
-    progress = session(res2, "1", res)
-    measured = [x for x in progress.splitlines() if " exit " in x and "cross:" in x]
-    assert measured and all("on gpu0 exit 0" in x for x in measured), progress
-    assert len(measured) == 1 and "cross:azure recipe on gpu0 exit 0" in measured[0]
-    assert "gpu1" not in progress and "study:azure done already" in progress
-    assert json.loads((res2 / "cross-azure" / "step.json").read_text())["gpus"] == 1
-
-
 def test_plan_puts_the_cells_that_check_a_verdict_first(tmp_path: Path) -> None:
     # study:casestudy is done and its defaults cell measured: its winner's casestudy cell
     # (the other half of the verdict's re-measure) comes before every other server
@@ -333,125 +283,6 @@ def test_plan_puts_the_cells_that_check_a_verdict_first(tmp_path: Path) -> None:
     r2.mkdir()
     lines = steps.plan(tmp_path / "res2", tmp_path / "run2", ["casestudy"], [r2])
     assert [ln.split("\t")[1] for ln in lines] == ["defaults", "recipe"]
-
-
-def test_run_sh_recheck_step_adds_the_starts_a_verdict_asked_for_once(tmp_path: Path) -> None:
-    # recheck:KEY (CPU dry run): a done study whose verdict kept the defaults for want of
-    # starts (starts_needed) is resumed with that --recheck-starts, once; a study whose
-    # verdict asks for nothing, or one re-checked already, is skipped with the reason
-    import shutil
-
-    committed = tmp_path / "committed"
-    for key, need in (("azure", {"per_config": 2, "recheck_starts": 2}), ("casestudy", None)):
-        sd = committed / f"study-{key}"
-        sd.mkdir(parents=True)
-        (sd / "DONE").touch()
-        (sd / "best.json").write_text(json.dumps({
-            "verdict": "defaults_best" if need else "winner",
-            "verdict_detail": {"starts_needed": need,
-                               "readings": {"candidate": [18.6], "defaults": [12.1]}}}))
-
-    def session(res: Path, committed: Path) -> str:
-        return _dry_session(tmp_path, res, committed, gpus="1",
-                            steps="recheck:casestudy recheck:azure")
-
-    progress = session(tmp_path / "res", committed)
-    assert "recheck:casestudy: nothing to run: its verdict (winner) asks for no more" in progress
-    assert "recheck:azure --resume --recheck-starts 2 (2 fresh starts" in progress, progress
-    assert "recheck:azure done" in progress
-    out = tmp_path / "res" / "study-azure"
-    assert (out / "RECHECKED").exists() and (out / "best.json").exists()
-    step = json.loads((out / "recheck-step.json").read_text())
-    assert step["step"] == "recheck:azure" and step["recheck_starts"] == 2
-    # the next session sees it re-checked (its results now the committed ones)
-    shutil.copytree(out, committed / "study-azure", dirs_exist_ok=True)
-    progress = session(tmp_path / "res2", committed)
-    assert "recheck:azure: nothing to run: re-checked already" in progress, progress
-
-
-def test_run_sh_more_step_resumes_a_study_the_budget_cut_before_any_search(tmp_path: Path
-                                                                           ) -> None:
-    # more:KEY (CPU dry run): a done study that measured only vLLM's defaults because its
-    # budget ended the search before its queued configs (the mooncake study's cold start,
-    # twelfth session) is resumed once (tune --resume), its step account kept apart; a study
-    # that searched is left alone with the reason
-    import shutil
-
-    committed = tmp_path / "committed"
-    for key, v, skipped in (("mooncake", {"verdict": "defaults_best", "candidate_number": None,
-                                          "reason": "no other config was measured feasible"}, 2),
-                            ("casestudy", {"verdict": "winner", "winner_number": 1}, 1)):
-        sd = committed / f"study-{key}"
-        sd.mkdir(parents=True)
-        (sd / "DONE").touch()
-        (sd / "study.json").write_text(json.dumps({"verdict": v,
-                                                   "failures_by_reason": {"budget": skipped}}))
-    assert steps.more_needed("azure", [committed]) == (False, "the study is not done yet")
-
-    def session(res: Path) -> str:
-        return _dry_session(tmp_path, res, committed, gpus="1",
-                            steps="more:casestudy more:mooncake")
-
-    progress = session(tmp_path / "res")
-    assert ("more:casestudy: nothing to run: it measured configs besides vLLM's defaults"
-            in progress), progress
-    budget = steps.shape_cfg("mooncake")["budget_s_one_gpu"]
-    assert (f"more:mooncake --resume, budget {budget}s: it measured only vLLM's defaults: the "
-            "budget left 2 queued config(s) unstarted") in progress, progress
-    assert "more:mooncake done" in progress
-    out = tmp_path / "res" / "study-mooncake"
-    assert (out / "SEARCHED_MORE").exists() and (out / "more.log").exists()
-    step = json.loads((out / "more-step.json").read_text())
-    assert step["step"] == "more:mooncake" and step["resumed"] is True
-    # the device-time table counts it as its own step
-    shutil.copytree(out, committed / "study-mooncake", dirs_exist_ok=True)
-    assert "| more:mooncake |" in "\n".join(matrix.accounts(committed, []))
-    progress = session(tmp_path / "res2")
-    assert "more:mooncake: nothing to run: searched more already" in progress, progress
-
-
-def test_one_gpu_study_leaves_its_recheck_to_the_next_session(tmp_path: Path) -> None:
-    # shapes.json one_gpu (mooncake): 2 trials, the recipe queued alone, --recheck 0; the next
-    # session's recheck:KEY runs `tune --resume --recheck 1` with one fresh start each, and
-    # until then the study's winner is provisional: no win-KEY cell is planned
-    import shutil
-
-    a1 = steps.study_args("mooncake", 1)
-    assert a1 == ["--trials", "2", "--enqueue", "@" + steps.RECIPE, "--recheck", "0"]
-    a2 = steps.study_args("mooncake", 2)
-    assert a2[-2:] == ["--recheck", "1"] and a2.count("--enqueue") == 2 and a2[1] == "4"
-    assert steps.study_args("azure", 1)[:2] == ["--trials", "4"]
-    assert steps.study_args("mooncake", 1, trials="3")[:2] == ["--trials", "3"]
-
-    committed = tmp_path / "committed"
-    progress = _dry_session(tmp_path, tmp_path / "res", committed, gpus="1",
-                            steps="study:mooncake recheck:mooncake")
-    assert "recheck:mooncake not started" not in progress
-    out = tmp_path / "res" / "study-mooncake"
-    # the dry tune records the --recheck it was given last: 0 for the study, 1 for the re-check
-    assert "recheck:mooncake --resume --recheck-starts 1 (2 fresh starts" in progress, progress
-    assert json.loads((out / "study.json").read_text())["settings"]["recheck"] == 1
-    assert (out / "RECHECKED").exists()
-
-    # a study searched without its re-check, not yet re-checked: pending
-    sd = committed / "study-mooncake"
-    sd.mkdir(parents=True)
-    (sd / "DONE").touch()
-    _w(sd / "best.json", {"verdict": "defaults_best", "flags": [], "env": {}, "trial": 0,
-                          "verdict_detail": {"candidate_number": 1}})
-    _w(sd / "study.json", {"settings": {"recheck": 0}})
-    assert steps.recheck_starts("mooncake", [committed]) == (1, 2)
-    assert "re-check is pending" in steps.config_of("azure", "win-mooncake", [committed])["missing"]
-    assert matrix.cell("azure", "win-mooncake", committed)["note"] == (
-        "study:mooncake's re-check pending")
-    # only the defaults feasible: nothing a re-check could change
-    _w(sd / "best.json", {"verdict": "defaults_best", "verdict_detail": {}})
-    assert "no config but the defaults" in steps.recheck_starts("mooncake", [committed])
-    # re-checked: its winner counts
-    _w(sd / "best.json", {"verdict": "defaults_best", "flags": ["--x"], "env": {}, "trial": 0})
-    _w(sd / "study.json", {"settings": {"recheck": 1}})
-    assert steps.config_of("azure", "win-mooncake", [committed])["flags"] == ["--x"]
-    shutil.rmtree(committed)
 
 
 def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Path) -> None:
@@ -522,8 +353,7 @@ def test_autotune_best_answers_each_done_study_from_the_committed_stores(
             continue
         done += 1
         best = json.loads(best_p.read_text())
-        for store in (["--storage", f"sqlite:///{stores / 'autotune.db'}"],
-                      ["--tracking-uri", f"sqlite:///{stores / 'mlflow.db'}"]):
+        for store in (["--storage", f"sqlite:///{stores / 'autotune.db'}"],):
             capsys.readouterr()
             rc = main(["best", "--shape", str(HERE.parents[1] / sc["shape"]), *store, "--json"])
             got = capsys.readouterr()

@@ -233,7 +233,7 @@ def cache_env(root: Path) -> dict[str, str]:
     machine: vLLM's torch.compile cache, FlashInfer's JIT ops and autotune cache, Triton's
     kernels, Inductor's, and humming's (a kernel library vLLM 0.26 loads; ~/.humming/cache
     by default, outside every other cache: 2.7 MB of launchers built there on an H200 while
-    vLLM 0.26 served the 30B stand-in, experiments/h200-kernels/results-e2e/new-files.txt)."""
+    vLLM 0.26 served the 30B stand-in)."""
     return {"VLLM_CACHE_ROOT": str(root / "vllm"),
             "FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"),
             "TRITON_CACHE_DIR": str(root / "triton"),

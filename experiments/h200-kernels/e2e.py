@@ -1,5 +1,5 @@
-"""Issue 16's end-to-end table: what tuned fused-MoE configs buy a whole server, with
-intervals. Helper of run.sh's `e2e` step (plain bash calls it), and the table maker.
+"""The end-to-end table: what tuned fused-MoE configs buy a whole server, with intervals.
+The benches' plan and arguments (experiments/h200-kernels/README.md), and the table maker.
 
     python3 e2e.py args BASE STREAMS            a config's `autotune bench` arguments, one a
                                                 line (--env K=V lines, then '--', then flags)

@@ -1,4 +1,4 @@
-"""run.sh's cross-evaluation driver: one config, one server start, each shape it still lacks
+"""The cross-evaluation driver: one config, one server start, each shape it still lacks
 measured in turn on that server (autotune.trial.run_trials_on_one_server).
 
     python3 experiments/h200-shapes/cells.py GROUP.json --gpu N --log LOG \\

@@ -1,14 +1,11 @@
-"""Stand-in for `python3 -m autotune tune` and `cells.py` in run.sh's CPU dry run (DRY=1): no
-server, no GPU; writes files of the same names and layout with made-up numbers
-(deterministic per config), so run.sh's steps, skips, resume, server queue, cells.py and
-matrix.py can be checked here. `dryrun.py cells ...` is cells.py itself with a stand-in for
-the server (autotune's bench parser checks every cell's arguments, as on the GPU).
+"""A stand-in for the GPU in the cross-evaluation's tests: `dryrun.py cells ...` is cells.py
+itself with a stand-in for the server (no server, no GPU; autotune's bench parser checks
+every cell's arguments, as on the GPU), writing files of the same names and layout with
+made-up numbers (deterministic per config), so cells.py and matrix.py can be checked here.
 
-    DRY=1 STEPS="study:azure cross:azure" HOME=/tmp/h \
-      bash experiments/h200-shapes/run.sh x /tmp/h/res 900
+    python3 experiments/h200-shapes/dryrun.py cells GROUP.json --gpu 0 --log LOG
 
-Numbers it writes are NOT measurements. The Optuna store gets the study's name only (so that
-run.sh's --resume logic sees it); the MLflow store is not written.
+Numbers it writes are NOT measurements.
 """
 
 from __future__ import annotations

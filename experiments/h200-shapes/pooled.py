@@ -26,7 +26,7 @@ import optuna
 
 H = Path(__file__).resolve().parent
 sys.path.insert(0, str(H))
-import steps  # noqa: E402  (run.sh's helpers: shapes, configs, result folders)
+import steps  # noqa: E402  (shapes, configs, result folders)
 
 from autotune.schema import A  # noqa: E402
 from autotune.stats import ratio_to_defaults  # noqa: E402

@@ -2,7 +2,7 @@
 wherever the study's own run wrote it: the Optuna study attribute, study.json, best.json
 (which names the defaults when the verdict turns to them) and the MLflow study run.
 
-Why: the tenth session's study:azure was judged on the GPU by the rule of the day (one
+Why: study:azure was judged on the GPU by the rule of the day (one
 fresh start per config -> the capacity brackets as within-run intervals: 1.54x [1.45,
 1.64], a winner). Its own readings show a 10 % start-to-start spread (the recipe 15.6 then
 18.6 req/s), which the rule now pools (docs/measurement.md, section 9). The figures

@@ -1,5 +1,5 @@
-"""Helper of run.sh (issue 15's shape studies on an nvidia-h200-x2): what a step needs to know
-from shapes.json and from the results already there, so that run.sh stays plain bash.
+"""The shape studies' planner (experiments/h200-shapes, one or two GPUs): what a step needs to know
+from shapes.json and from the results already there (the commands: README.md).
 
     python3 steps.py get KEY FIELD                  a field of shapes.json's shape KEY
     python3 steps.py tune-args KEY                  the shape's tune arguments, one a line
@@ -249,8 +249,8 @@ START_LIMIT = 330  # a start of flags new to this machine's caches (two cold sta
 
 def start_seconds() -> int:
     """Expected seconds of one server start: flags the caches know (START_EST, default
-    100; 73-85 s measured in experiments/h200-trust session 3; in the ninth session, caches
-    restored by gpu-caches.sh, 57-75 s in a study and 89 s a fresh machine's first start)."""
+    100; measured on the H200 with the compile caches restored (scripts/gpu/caches.sh):
+    57-75 s in a study, 89 s a fresh machine's first start)."""
     import os
 
     return int(os.environ.get("START_EST", "100"))

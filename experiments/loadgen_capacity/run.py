@@ -34,13 +34,11 @@ Usage (from the repository root, in the project venv)::
     python experiments/loadgen_capacity/run.py            # one session, 3 repeats, ~15 min
     python experiments/loadgen_capacity/run.py --quick    # smoke run
     python experiments/loadgen_capacity/run.py --report-only sessions/*.json   # merge
-    bash experiments/loadgen_capacity/gpu_host.sh STAGE OUT MODE   # the 16-core GPU host
+    python3 experiments/loadgen_capacity/run.py --client-core 1 --stub-cores 2 3 4 5 6 7 8 9  # 16 cores
 
 Writes ``results.json`` (every run, environment) and ``results.md`` to ``--out-dir``
 (default: beside this file). ``NOTES.md`` says how to read them; ``h200-host/`` holds the
-runs on the lent GPU host's CPUs. Until 2026-11-30 14:30 the stub was an aiohttp web
-application and our client ran on aiohttp; those sessions are kept in
-``sessions/aiohttp-stub/`` as history.
+runs on a 16-core host's CPUs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared fixtures: the public trace samples (skipped cleanly where ../shared is absent)."""
+"""Shared fixtures: excerpts of the public traces, committed in tests/data/traces (SOURCES.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from autotune.traffic import TraceRecords, TrafficShape, fit_shape, read_trace
 
 REPO = Path(__file__).resolve().parents[2]
-TRACES = REPO / ".." / "shared" / "traces"
+TRACES = REPO / "tests" / "data" / "traces"
 AZURE = TRACES / "azure2023_conv.csv"
 MOONCAKE = TRACES / "mooncake_fast25_conversation.jsonl"
 BURSTGPT = TRACES / "burstgpt1_head54.csv"
@@ -17,7 +17,7 @@ BURSTGPT = TRACES / "burstgpt1_head54.csv"
 
 def _need(path: Path) -> Path:
     if not path.is_file():
-        pytest.skip(f"public trace sample {path.name} not present (expected in ../shared/traces)")
+        raise FileNotFoundError(f"trace sample {path} is missing (committed in tests/data/traces)")
     return path
 
 
