@@ -49,7 +49,7 @@ SMI=$!
 phase tune
 args=(--model "$MODEL" --shape traffic/casestudy-512x512.json --space search_spaces/hybrid-mtp.yaml
       --trials 2 --enqueue '{"quantization": "fp8"}' --recheck 1 --recheck-starts 1
-      --pruner none --precision 0.02 --measure-max-s 60 --warmup-max-s 75 --no-quality-probe
+      --pruner none --precision 0.02 --measure-max-s 45 --warmup-max-s 60 --no-quality-probe
       --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db"
       --study-name h200-fp8 --out "$RUN/study" --cache-dir "$CACHE"
       --start-timeout 480 --request-timeout 240 --seed 0)
@@ -81,7 +81,7 @@ bench() {  # ROLE: a fresh server, the same warm-up and stop rule as the study, 
   if [ "$(left)" -lt 260 ]; then phase "bench $role: not run ($(left)s left)"; return; fi
   timeout $(( $(left) - 20 )) python3 -m autotune bench --model "$MODEL" \
     --shape traffic/casestudy-512x512.json --cache-dir "$CACHE" --precision 0.02 \
-    --measure-max-s 60 --warmup-max-s 75 --start-timeout 300 \
+    --measure-max-s 45 --warmup-max-s 60 --start-timeout 300 \
     --log "$RUN/bench-$role.log" --json "${envs[@]}" -- "${flags[@]}" \
     > "$RES/bench-$role.json" 2> "$RES/bench-$role.err"
   phase "bench $role exit $?"
