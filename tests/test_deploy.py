@@ -194,10 +194,17 @@ def stand_in_study(tmp_path: Path) -> dict[str, Any]:
 
 def test_best_refuses_a_shape_longer_than_the_context(
         stand_in_study: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cost import Prices, Rate, TrafficLoad, study_cost
+
     tmp, storage = stand_in_study["tmp"], stand_in_study["storage"]
+    cost = study_cost(best=Rate("throughput", 900.0, 850.0, 950.0), defaults=None,
+                      prices=Prices(gpu_hour_usd=2.5), traffic=TrafficLoad(1.0, 2.0, 512, 512))
+    optuna.load_study(study_name="s-512", storage=storage).set_user_attr("autotune.cost",
+                                                                         cost.to_dict())
     assert main(["best", "--shape", str(stand_in_study["shape_path"]),
                  "--storage", storage]) == 0
     out = capsys.readouterr().out
+    assert "cost at $2.5/GPU-hour" in out  # what the study recorded, with its price
     line = next(x for x in out.splitlines() if x.strip().startswith("vllm serve"))
     assert "--load-format" not in line and "VLLM_MOE_ROUTING" not in line
     assert "--max-model-len 2048" in line and "the figures came from a stand-in" in out
@@ -212,6 +219,7 @@ def test_best_refuses_a_shape_longer_than_the_context(
     assert main(["best", "--shape", str(long), "--storage", storage, "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["fits_shape"]["ok"] is False and doc["deploy"]["serve_command"] is None
+    assert doc["cost"]["prices"]["gpu_hour_usd"] == 2.5
 
 
 def test_export_from_the_storage(stand_in_study: dict[str, Any],
