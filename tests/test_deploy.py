@@ -25,7 +25,7 @@ from autotune.deploy import (
 )
 from autotune.space import load_space
 from autotune.traffic import LoadSpec, constant_shape, save_shape
-from tests.test_registry import _p, _study
+from tests.test_registry import SPACE_YAML, _p, _study
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE = ROOT / "experiments/h200-shapes/results/study-azure"
@@ -160,21 +160,13 @@ def test_export_refuses_what_cannot_serve(tmp_path: Path,
     assert "cannot read" in capsys.readouterr().err
 
 
-STAND_IN_SPACE = """
-name: stand-in
+# the registry tests' space, with a stand-in part (as search_spaces/hybrid-mtp.yaml has)
+STAND_IN_SPACE = SPACE_YAML.replace('fixed_flags: ["--max-model-len", "2048"]\n', """\
 fixed_flags: ["--max-model-len", "2048"]
 stand_in:
   fixed_flags: ["--load-format", "dummy"]
   fixed_env: {VLLM_MOE_ROUTING_SIMULATION_STRATEGY: uniform_random}
-knobs:
-  max_num_seqs: {type: int, low: 4, high: 64, log: true, flag: --max-num-seqs}
-  max_num_batched_tokens:
-    {type: categorical, choices: [256, 512, 1024, 2048, 4096], flag: --max-num-batched-tokens}
-  enable_chunked_prefill: {type: bool, flag: --enable-chunked-prefill, default: true}
-  enable_prefix_caching: {type: bool, flag: --enable-prefix-caching}
-  kv_cache_dtype: {type: categorical, choices: [auto, fp8_e4m3], flag: --kv-cache-dtype,
-                   default: auto}
-"""
+""")
 
 
 @pytest.fixture
