@@ -199,3 +199,23 @@ def test_report_shows_cost_with_intervals(tmp_path: Path) -> None:
     section = render_html(load_report_data(storage=bare, study_name="s")).split(
         '<section id="cost">', 1)[1].split("</section>", 1)[0]
     assert "--gpu-hour-price" in section and "plot-cost" not in section
+
+
+def test_tune_options_and_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+    from autotune.cli._tune import settings_from_args, tune_parser
+
+    base = ["--model", "m", "--shape", "s", "--space", "x"]
+    args = tune_parser().parse_args([*base, "--gpu-hour-price", "2.5", "--api-price", "0.3,1.2",
+                                     "--growth", "2"])
+    s = settings_from_args(args)
+    assert (s.gpu_hour_price, s.api_price, s.growth) == (2.5, [0.3, 1.2], 2.0)
+    cfg = tmp_path / "study.yaml"
+    cfg.write_text("gpu_hour_price: 3\napi_price: [0.1, 0.4]\n")
+    s = settings_from_args(tune_parser().parse_args([*base, "--config", str(cfg)]))
+    assert (s.gpu_hour_price, s.api_price, s.growth) == (3.0, [0.1, 0.4], 1.0)
+    assert settings_from_args(tune_parser().parse_args(base)).gpu_hour_price is None
+    assert main(["tune", *base, "--api-price", "0.3"]) == 2
+    assert "--api-price '0.3' is not IN,OUT" in capsys.readouterr().err
+    assert main(["tune", *base, "--gpu-hour-price", "-1"]) == 2
+    assert "--gpu-hour-price" in capsys.readouterr().err
