@@ -483,6 +483,12 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
         print(line, file=out)
     print(f"params: {json.dumps(b['params'])}", file=out)
     print(f"serve command:\n  {b['serve_command']}", file=out)
+    from autotune.deploy import STAND_IN_NOTE, deployable
+
+    dep = deployable(b.get("flags") or [], b.get("env") or {})
+    if dep.stand_in:  # the command above is as the trials ran it; a deployment drops these
+        print(f"note: {STAND_IN_NOTE}; 'autotune export {result.out_dir} --format serve' "
+              f"prints it without {', '.join(dep.dropped)}", file=out)
     for line in _gpu_time_lines(result.gpu_time):
         print(line, file=out)
     print(f"written: {result.out_dir / 'best.json'}", file=out)

@@ -64,6 +64,9 @@ def export(src: ExportSource, *, fmt: Format, options: ExportOptions | None = No
         from autotune.traffic import load_shape
 
         shape = load_shape(Path(src.shape_path))
+    elif shape is None:
+        notes.append(f"the study's shape file {src.shape_path or '(none recorded)'} is not "
+                     "here: the context was not checked against the traffic (give --shape)")
     fit = None
     if shape is not None:
         ctx, where = context_of(dep.flags, src.model)
