@@ -150,18 +150,25 @@ def _header(src: ExportSource, dep: Deployable, fmt: str) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def k8s_yaml(src: ExportSource, dep: Deployable, opts: ExportOptions) -> str:
-    """The Deployment and the Service as one multi-document YAML file."""
+def _dump_all(docs: list[dict[str, Any]]) -> str:
+    """YAML documents without anchors and aliases (a shared dict is written out each time)."""
     import yaml
 
-    docs = yaml.safe_dump_all(k8s_objects(src, dep, opts), sort_keys=False)
+    class _Plain(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump_all(docs, Dumper=_Plain, sort_keys=False)
+
+
+def k8s_yaml(src: ExportSource, dep: Deployable, opts: ExportOptions) -> str:
+    """The Deployment and the Service as one multi-document YAML file."""
+    docs = _dump_all(k8s_objects(src, dep, opts))
     return _header(src, dep, "k8s") + docs
 
 
 def compose_file(src: ExportSource, dep: Deployable, opts: ExportOptions) -> str:
     """A compose file with one service running the config."""
-    import yaml
-
     svc: dict[str, Any] = {
         "image": opts.image or default_image(src), "entrypoint": ["vllm", "serve"],
         "command": server_args(src, dep, opts), "environment": server_env(src, dep),
@@ -176,8 +183,7 @@ def compose_file(src: ExportSource, dep: Deployable, opts: ExportOptions) -> str
     if src.device != "cpu":
         svc["deploy"] = {"resources": {"reservations": {"devices": [
             {"driver": "nvidia", "count": src.gpus_per_server, "capabilities": ["gpu"]}]}}}
-    return _header(src, dep, "compose") + yaml.safe_dump(
-        {"services": {_name(opts.name): svc}}, sort_keys=False)
+    return _header(src, dep, "compose") + _dump_all([{"services": {_name(opts.name): svc}}])
 
 
 def serve_script(src: ExportSource, dep: Deployable) -> str:
