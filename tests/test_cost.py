@@ -219,3 +219,23 @@ def test_tune_options_and_config_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "--api-price '0.3' is not IN,OUT" in capsys.readouterr().err
     assert main(["tune", *base, "--gpu-hour-price", "-1"]) == 2
     assert "--gpu-hour-price" in capsys.readouterr().err
+
+
+def test_cli_cost_prices_a_committed_study(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.cli import main
+
+    study = str(ROOT / "experiments/h200-shapes/results/study-azure")
+    assert main(["cost", study, "--gpu-hour-price", "2.5", "--api-price", "0.3,1.2",
+                 "--growth", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "best $0.273/M out tok ($0.242-$0.314)" in out
+    assert "vLLM defaults $0.444/M out tok" in out and "1 with growth" in out
+    assert "breaks even at 11% utilisation" in out
+    assert main(["cost", study, "--gpu-hour-price", "2.5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["api"] is None and doc["best"]["api_discount"] is None
+    assert main(["cost", study]) == 2
+    assert "--gpu-hour-price is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["cost", study, "--gpu-hour-price", "1", "--api-price", "1"])
+    assert exc.value.code == 2 and "is not IN,OUT" in capsys.readouterr().err
