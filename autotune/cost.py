@@ -84,6 +84,9 @@ class Rate:
     low: float
     high: float
     output_tokens_per_request: float | None = None  # capacity: out tok/s = req/s x this
+    # the measured interval reached 0 (a noisy reading): the low end shown is the lowest
+    # reading, and the high end of every cost is unbounded
+    open_low: bool = False
 
     def tokens_per_s(self, x: float) -> float | None:
         """Output tokens/s at a value of this rate (None when that cannot be known)."""
@@ -280,6 +283,11 @@ def study_cost(*, best: Rate, defaults: Rate | None, prices: Prices, traffic: Tr
     d = (config_cost(rate=defaults, prices=prices, traffic=traffic,
                      gpus_per_server=gpus_per_server) if defaults is not None else None)
     notes: list[str] = []
+    for who, r in (("the declared config", best), ("vLLM's defaults", defaults)):
+        if r is not None and r.open_low:
+            notes.append(f"the 95 % interval of {who}'s reading reaches 0 (too noisy a "
+                         "measurement): the high ends of its costs are unbounded; those shown "
+                         "rest on its lowest reading")
     if not traffic.has_rate:
         notes.append("the traffic shape records no arrival rate: GPUs for the traffic and "
                      "the monthly bill need a shape fitted from a timestamped trace")
@@ -314,7 +322,8 @@ def rate_of(metrics: Mapping[str, Any], readings: Sequence[float], value: float,
     reading (the capacity bracket, or the throughput's 95 % interval)."""
     vals = [float(r) for r in readings if (_num(r) or 0) > 0] or [value]
     key = "capacity_rps" if capacity else "output_tokens_per_s"
-    lo = [x for x in (_num(metrics.get(f"{key}_ci_low")),) if x is not None and x > 0]
+    ci_low = _num(metrics.get(f"{key}_ci_low"))
+    lo = [x for x in (ci_low,) if x is not None and x > 0]
     hi = [x for x in (_num(metrics.get(f"{key}_ci_high")),) if x is not None and x > 0]
     low, high = min([*vals, *lo, value]), max([*vals, *hi, value])
     per_req = None
@@ -322,7 +331,8 @@ def rate_of(metrics: Mapping[str, Any], readings: Sequence[float], value: float,
         tok, rps = _num(metrics.get("output_tokens_per_s_at_capacity")), _num(metrics.get(key))
         per_req = tok / rps if tok and rps else None
     return Rate(basis="capacity" if capacity else "throughput", value=value, low=low,
-                high=high, output_tokens_per_request=per_req)
+                high=high, output_tokens_per_request=per_req,
+                open_low=ci_low is not None and ci_low <= 0)
 
 
 def cost_from_best(best: Mapping[str, Any], *, prices: Prices, traffic: TrafficLoad,
@@ -370,15 +380,27 @@ def _whole_iv(n: GpuNeed) -> str:
     return "" if n.whole_low == n.whole_high == n.whole else f" ({n.whole_low}-{n.whole_high})"
 
 
-def _config_part(c: ConfigCost) -> str:
+def _config_part(c: ConfigCost, unit: str) -> str:
     s = (f"{_usd(c.usd_per_m_output_tokens)}/M out tok ({_usd(c.usd_per_m_output_tokens_low)}-"
          f"{_usd(c.usd_per_m_output_tokens_high)})")
     if c.gpus:
         p = c.gpus["peak"]
         now, grown = p["now"], p["growth"]
-        s += (f", {now.whole} GPU(s) at peak{_whole_iv(now)}, {grown.whole} with growth"
+        s += (f", {now.whole} {unit}(s) at peak{_whole_iv(now)}, {grown.whole} with growth"
               f"{_whole_iv(grown)}, {_usd(c.usd_per_month)}/month")
     return s
+
+
+def _api_part(b: ConfigCost) -> str:
+    """Discount or premium at full use (with its interval) and the break-even utilisation."""
+    d, lo, hi = b.api_discount or 0.0, b.api_discount_low or 0.0, b.api_discount_high or 0.0
+    even = b.break_even_utilisation or 0.0
+    if d >= 0:
+        text = f"discount {d:.0%} at full use ({lo:.0%} to {hi:.0%})"
+    else:  # a premium: its interval as premiums, smallest first
+        text = f"premium {-d:.0%} at full use ({-hi:.0%} to {-lo:.0%})"
+    return text + (f"; breaks even at {even:.0%} utilisation" if even <= 1 else
+                   f"; never breaks even (it would need {even:.0%} utilisation)")
 
 
 def cost_line(cost: Mapping[str, Any] | StudyCost) -> str:
@@ -387,25 +409,23 @@ def cost_line(cost: Mapping[str, Any] | StudyCost) -> str:
     p = c.prices
     lines = [f"cost at {_usd(p.gpu_hour_usd)}/{c.unit}-hour x {c.gpus_per_server} per server "
              f"({'at capacity' if c.basis == 'capacity' else 'at the measured throughput'}, "
-             f"growth x{p.growth:g}): best {_config_part(c.best)}"]
+             f"growth x{p.growth:g}): best {_config_part(c.best, c.unit)}"]
     if c.defaults is not None:
-        lines.append(f"  vLLM defaults {_config_part(c.defaults)}")
+        lines.append(f"  vLLM defaults {_config_part(c.defaults, c.unit)}")
     s = c.saving or {}
     if "gpus_peak_now" in s:
-        lines.append(f"  saving of the best over the defaults: {s['gpus_peak_now']:g} GPU(s) now, "
-                     f"{s['gpus_peak_growth']:g} with growth; {_usd(s['usd_per_month'])}/month "
+        lines.append(f"  saving of the best over the defaults: {s['gpus_peak_now']:g} "
+                     f"{c.unit}(s) now, {s['gpus_peak_growth']:g} with growth; "
+                     f"{_usd(s['usd_per_month'])}/month "
                      f"({_usd(s['usd_per_month_growth'])} with growth)")
     elif "fraction" in s:
         lines.append(f"  saving of the best over the defaults: {s['fraction']:.0%} per token")
     b = c.best
     if c.api and b.api_discount is not None:
-        word = "discount" if b.api_discount >= 0 else "premium"
         lines.append(
             f"  vs the API ({_usd(p.api_input_usd_per_m)}/{_usd(p.api_output_usd_per_m)} per M "
             f"in/out = {_usd(c.api['usd_per_m_output_tokens'])}/M out tok for this traffic): "
-            f"{word} {abs(b.api_discount):.0%} at full use "
-            f"({(b.api_discount_low or 0):.0%} to {(b.api_discount_high or 0):.0%}); "
-            f"breaks even at {b.break_even_utilisation:.0%} utilisation"
+            + _api_part(b)
             + (f"; the API would bill {_usd(c.api['usd_per_month'])}/month"
                if "usd_per_month" in c.api else ""))
     lines.extend(f"  note: {n}" for n in c.notes)

@@ -239,3 +239,15 @@ def test_cli_cost_prices_a_committed_study(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit) as exc:
         main(["cost", study, "--gpu-hour-price", "1", "--api-price", "1"])
     assert exc.value.code == 2 and "is not IN,OUT" in capsys.readouterr().err
+
+
+def test_a_noisy_reading_says_its_cost_is_unbounded_and_a_premium_reads_as_one() -> None:
+    r = rate_of({"output_tokens_per_s_ci_low": -55.4, "output_tokens_per_s_ci_high": 171.8},
+                [58.2], 58.2, capacity=False)
+    assert r.open_low and (r.low, r.high) == (58.2, 171.8)
+    s = study_cost(best=r, defaults=None, prices=PRICES, traffic=TRAFFIC, unit="server")
+    text = cost_line(s.to_dict())
+    assert "unbounded" in text and "server(s) at peak" in text
+    # 2.5 / 58.2 tok/s = $11.9/M against the API's $1.8: a premium, never breaking even
+    assert "premium 563% at full use (125% to 563%)" in text
+    assert "never breaks even (it would need 663% utilisation)" in text
