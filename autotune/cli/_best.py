@@ -166,6 +166,10 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
         from autotune.cost import cost_line
 
         print(cost_line(hit.cost), file=out)
+        if not hit.exact:
+            print(f"note: that cost is for the traffic study {hit.study} was tuned for; "
+                  "'autotune cost OUT --shape THIS_SHAPE --gpu-hour-price ...' prices its "
+                  "best.json for this one", file=out)
     served = _print_command(hit, shape, out)
     for note in hit.notes:
         print(f"note: {note}", file=out)
