@@ -251,3 +251,20 @@ def test_a_noisy_reading_says_its_cost_is_unbounded_and_a_premium_reads_as_one()
     # 2.5 / 58.2 tok/s = $11.9/M against the API's $1.8: a premium, never breaking even
     assert "premium 563% at full use (125% to 563%)" in text
     assert "never breaks even (it would need 663% utilisation)" in text
+
+
+def test_bench_cost_of_its_one_config() -> None:
+    from autotune.cli._bench import parse_bench
+    from autotune.cli._cost import bench_cost
+
+    args = parse_bench(["--model", "m", "--shape", str(ROOT / "traffic/example-chat.json"),
+                        "--gpu-hour-price", "2.5", "--api-price", "0.3,1.2"])
+    m = {"output_tokens_per_s": 1000.0, "output_tokens_per_s_ci_low": 900.0,
+         "output_tokens_per_s_ci_high": 1100.0}
+    cost = bench_cost(args, m, capacity=False)
+    assert cost is not None and cost["defaults"] is None
+    assert cost["best"]["usd_per_m_output_tokens_high"] == pytest.approx(2.5 / 900 / 3600 * 1e6)
+    # example-chat: 5.53 req/s x 65.76 output tokens = 363.7 tok/s of 1000
+    assert cost["best"]["gpus"]["mean"]["now"]["gpus"] == pytest.approx(5.53042 * 65.7567 / 1000)
+    no_price = parse_bench(["--model", "m", "--shape", "s"])
+    assert bench_cost(no_price, m, capacity=False) is None
