@@ -126,6 +126,10 @@ class TuneSettings(BaseModel):
     capacity_level_s: float = Field(default=30.0, gt=0)  # seconds of arrivals per level
     capacity_start: float = Field(default=1.0, gt=0)  # first scale of the recorded rate
     capacity_max_levels: int = Field(default=10, ge=2, le=100)
+    # what it is worth (autotune.cost): no price is built in; None leaves cost out
+    gpu_hour_price: float | None = Field(default=None, gt=0)  # USD per GPU-hour
+    api_price: list[float] | None = None  # USD per million input, output tokens
+    growth: float = Field(default=1.0, gt=0)  # traffic multiplier (2 = it doubles)
 
     @model_validator(mode="before")
     @classmethod
@@ -134,6 +138,13 @@ class TuneSettings(BaseModel):
         if isinstance(data, dict) and data.get("objective") == "capacity" and not data.get("slo"):
             data = {**data, "slo": dict(CAPACITY_DEFAULT_SLO)}
         return data
+
+    @field_validator("api_price", mode="before")
+    @classmethod
+    def _api_price(cls, v: Any) -> Any:
+        from autotune.cost import parse_api_price
+
+        return parse_api_price(v)
 
     @field_validator("pareto_latency")
     @classmethod

@@ -256,6 +256,11 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
     }
     if settings.objective == "capacity":
         best["capacity"] = capacity_record(best_t, best_value, settings)
+    from autotune.cost import best_cost
+
+    cost = best_cost(best, settings=settings, shape=ctx.shape, device=ctx.engine.device)
+    if cost is not None:  # no price is built in: without --gpu-hour-price, no cost
+        best["cost"] = cost
     if settings.objective == "pareto":
         best["pareto_latency"] = settings.pareto_latency
         best["pareto_front"] = [
@@ -277,6 +282,8 @@ def write_results(ctx: StudyContext) -> TuneResult:
     n_ok = sum(1 for t in trials if feasible(t))
     best = best_config(ctx)
     if best is not None:
+        if best.get("cost"):  # for 'autotune best' from the storage
+            study.set_user_attr(A.COST, best["cost"])
         write_json_atomic(out_dir / "best.json", best)
         script = (f"#!/bin/sh\n# best config of study {study.study_name} (trial "
                   f"{best['trial']})\n{best['serve_command']}\n")

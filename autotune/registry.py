@@ -134,6 +134,8 @@ class RegistryHit(BaseModel):
     # the study's verdict (study.json's "verdict": verdict, ratio_to_defaults, method, ...);
     # None where the store does not record it
     study_verdict: dict[str, Any] | None = None
+    # best.json's "cost" (autotune.cost) where the study was given a price, else None
+    cost: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (what ``autotune best --json`` prints)."""
@@ -223,6 +225,7 @@ class _Best:
     trial: Any
     readings: list[float]
     verdict: dict[str, Any] | None = None  # the study's (autotune.verdict), as study.json's
+    cost: dict[str, Any] | None = None  # best.json's "cost" (autotune.cost)
 
     @property
     def value(self) -> float:
@@ -237,7 +240,9 @@ def _winner(study: Any) -> _Best | None:
     if rep is None or not readings or not all(math.isfinite(v) for v in readings):
         return None
     rec = study.user_attrs.get(A.VERDICT)
-    return _Best(rep, [float(v) for v in readings], rec if isinstance(rec, dict) else None)
+    cost = study.user_attrs.get(A.COST)
+    return _Best(rep, [float(v) for v in readings], rec if isinstance(rec, dict) else None,
+                 cost if isinstance(cost, dict) else None)
 
 
 def _scan(storage: str, st: Any | None = None, model: str | None = None,
@@ -355,7 +360,7 @@ def _hit(storage: str, info: TunedStudy, win: _Best, *, exact: bool, diff: Shape
         drifted_dimensions=[] if diff is None else list(diff.drifted_dimensions),
         model=info.model, engine_version=info.engine_version, gpu_type=info.gpu_type,
         is_baseline=bool(best.user_attrs.get(A.BASELINE)), storage=storage, notes=notes,
-        study_verdict=win.verdict,
+        study_verdict=win.verdict, cost=win.cost,
     )  # fmt: skip
 
 
@@ -561,6 +566,7 @@ def _tracked_hit(client: Any, run: Any, uri: str) -> RegistryHit | None:
         gpu_type=ptags.get(TAGS["gpu"]) or tags.get(TAGS["gpu"]) or UNKNOWN_GPU,
         is_baseline=bool(best.get("is_baseline", tags.get("autotune.baseline") == "true")),
         storage=uri, notes=notes, study_verdict=_tracked_verdict(best, parent),
+        cost=best.get("cost") if isinstance(best.get("cost"), dict) else None,
     )  # fmt: skip
 
 

@@ -142,6 +142,7 @@ class A(StrEnum):
     SETTINGS = "autotune.settings"
     MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
     VERDICT = "autotune.verdict"  # verdict_record(): {"verdict", "ratio_to_defaults", ...}
+    COST = "autotune.cost"  # best.json's "cost" (autotune.cost), with a --gpu-hour-price
     GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s",
     #                                         "other_s", "compile_s" (part of start_s)}}
 

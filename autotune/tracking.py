@@ -388,6 +388,10 @@ class MlflowCallback(StudyCallback):
                                        shape_fingerprint=best["shape"]["fingerprint"],
                                        best=best, serve_command=best["serve_command"])
             self.tracker.log_study_metrics({f"best_{k}": v for k, v in best["metrics"].items()})
+            if best.get("cost"):  # USD per million tokens, GPUs for the traffic (cost.*)
+                from autotune.cost import cost_metrics
+
+                self.tracker.log_study_metrics(cost_metrics(best["cost"]))
         # the verdict with its interval and the GPU-time account (issue 14)
         self.tracker.log_verdict(result.verdict or {})
         self.tracker.log_study_metrics({f"gpu_time.{label}.{k}": float(v)

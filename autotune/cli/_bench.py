@@ -109,6 +109,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      help="load levels at most (default 10)")
     cap.add_argument("--max-error-rate", type=float, default=0.05,
                      help="a level fails with more failed requests than this share (0.05)")
+    from autotune.cli._cost import add_cost_arguments
+
+    add_cost_arguments(p)
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
     p.add_argument("engine_flags", nargs=argparse.REMAINDER,
                    help="engine flags after '--'")
@@ -310,8 +313,11 @@ def _bench(args: argparse.Namespace) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
     interrupted = _interrupted(outcome)
+    from autotune.cli._cost import bench_cost
+
+    cost = bench_cost(args, dict(outcome.metrics or {}), capacity=outcome.capacity is not None)
     if args.json:
-        print(json.dumps(bench_json(spec, outcome), indent=2))
+        print(json.dumps({**bench_json(spec, outcome), "cost": cost}, indent=2))
         return EXIT_INTERRUPTED if interrupted else 0 if outcome.ok else 1
     if not outcome.ok:
         print(f"failed ({outcome.reason}): {outcome.message}", file=sys.stderr)
@@ -364,6 +370,9 @@ def _bench(args: argparse.Namespace) -> int:
         p50, p99 = m.get(f"{name}_p50_s"), m.get(f"{name}_p99_s")
         if p50 is not None and p99 is not None:
             print(f"{name.upper():<5} p50 {p50 * 1000:9.1f} ms   p99 {p99 * 1000:9.1f} ms")
+    from autotune.cost import cost_line, no_price_line
+
+    print(cost_line(cost) if cost else no_price_line())
     if interrupted:
         done = len((outcome.measurement or {}).get("repeat_tokens_per_s") or []) or 1
         print(f"interrupted: the figures above are what was measured ({done} of "

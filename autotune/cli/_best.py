@@ -25,7 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "storage: the studies tuned for the exact shape fingerprint, else the nearest "
             "tuned shape (its distance and drift verdict are printed), with that study's "
             "verdict: the winner's ratio to vLLM's defaults and its 95 % interval, or that "
-            "the defaults remain best. Exits 1 when nothing was tuned. See docs/registry.md."
+            "the defaults remain best. The serve command printed drops settings only a "
+            "stand-in model needs; a config whose context cannot hold the shape's requests is "
+            "named but no command is printed. Exits 1 when nothing was tuned or the config "
+            "cannot serve the shape. See docs/registry.md."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -93,7 +96,35 @@ def _diff_lines(diff: Any) -> list[str]:
     return lines
 
 
-def _print_hit(hit: Any, shape: Any, out: Any) -> None:
+def _deploy_view(hit: Any, shape: Any) -> tuple[Any, Any, str]:
+    """(can it serve the shape, its flags fit to deploy, the serve command of those): the
+    context against the shape's lengths; stand-in-only settings dropped."""
+    from autotune.deploy import check_fit, context_of, deployable
+    from autotune.engine import serve_command
+
+    dep = deployable(hit.flags, hit.env)
+    ctx, where = context_of(dep.flags, hit.model)
+    return (check_fit(shape, ctx, where), dep,
+            serve_command(hit.model or "MODEL", dep.flags, dep.env))
+
+
+def _print_command(hit: Any, shape: Any, out: Any) -> bool:
+    """The serve command, or why this config cannot serve the shape (False then)."""
+    from autotune.deploy import STAND_IN_NOTE
+
+    fit, dep, command = _deploy_view(hit, shape)
+    if not fit.ok:
+        print(f"CANNOT SERVE shape {shape.name}: {fit.message}", file=out)
+        return False
+    print(f"serve command:\n  {command}", file=out)
+    if fit.warning:
+        print(f"warning: {fit.warning}", file=out)
+    if dep.stand_in:
+        print(f"note: {STAND_IN_NOTE}; dropped: {', '.join(dep.dropped)}", file=out)
+    return True
+
+
+def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
     if hit.exact:
         print(f"best known config for shape {shape.name} ({shape.fingerprint}): tuned for "
               "this exact shape", file=out)
@@ -131,12 +162,21 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> None:
     if hit.quality:
         print("quality: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(hit.quality.items())),
               file=out)
-    print(f"serve command:\n  {hit.serve_command}", file=out)
+    if hit.cost:
+        from autotune.cost import cost_line
+
+        print(cost_line(hit.cost), file=out)
+        if not hit.exact:
+            print(f"note: that cost is for the traffic study {hit.study} was tuned for; "
+                  "'autotune cost OUT --shape THIS_SHAPE --gpu-hour-price ...' prices its "
+                  "best.json for this one", file=out)
+    served = _print_command(hit, shape, out)
     for note in hit.notes:
         print(f"note: {note}", file=out)
     if not hit.exact and hit.verdict == "drifted":
         print("this shape drifted from every tuned one: 'autotune retune --shape ... --model "
               "... --space ...' tunes for it, warm-started from this study", file=out)
+    return served
 
 
 def _best(args: argparse.Namespace) -> int:
@@ -164,10 +204,13 @@ def _best(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_NOTHING
     if args.json:
-        print(json.dumps(hit.to_dict(), indent=2))
-    else:
-        _print_hit(hit, shape, sys.stdout)
-    return EXIT_OK
+        fit, dep, command = _deploy_view(hit, shape)
+        print(json.dumps({**hit.to_dict(), "fits_shape": fit.to_dict(),
+                          "deploy": {"serve_command": command if fit.ok else None,
+                                     "flags": dep.flags, "env": dep.env,
+                                     "stand_in_dropped": dep.dropped}}, indent=2))
+        return EXIT_OK if fit.ok else EXIT_NOTHING
+    return EXIT_OK if _print_hit(hit, shape, sys.stdout) else EXIT_NOTHING
 
 
 def _retune(args: argparse.Namespace) -> int:

@@ -90,6 +90,8 @@ def _convert(a: argparse.Action, key: str, value: Any, where: str) -> Any:
         return None
     if a.dest == "slo" and isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
+    if a.dest == "api_price" and isinstance(value, list):  # [IN, OUT] as config.yaml has it
+        return ",".join(str(v) for v in value)
     if isinstance(value, (dict, list)):
         raise ConfigError(f"{where}: '{key}' takes one value, not {type(value).__name__}")
     conv = a.type if callable(a.type) else str

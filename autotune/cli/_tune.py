@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from autotune.cli._cost import COST_OPTIONS
 from autotune.config import TuneSettings, parse_slo
 from autotune.errors import ConfigError
 from autotune.quality._caveat import caveat_line
@@ -52,6 +53,7 @@ _GROUPS = {
     "search": "search",
     "measure": "measurement",
     "resources": "resources",
+    "cost": "what it is worth (docs/cost.md; no price is built in)",
 }
 
 OPTIONS: tuple[Option, ...] = (
@@ -213,6 +215,7 @@ OPTIONS: tuple[Option, ...] = (
            help="start every server as a fresh 'python -m vllm...' instead of forking it "
                 "from an interpreter that imported vLLM once per study and environment "
                 "(18-21 s of each start on the H200 machine; docs/measurement.md, section 10)"),
+    *(Option(**kw) for kw in COST_OPTIONS),
 )
 
 
@@ -446,6 +449,7 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
                       warm_start: Any = None, quiet: bool = False) -> int:
     """The tail ``tune`` and ``retune`` share: run the study (SIGTERM stops it like Ctrl-C)
     with the progress display, then print the result; exit 0 when a config won, else 1."""
+    from autotune.cli._cost import cost_lines
     from autotune.schema import objective_label
     from autotune.study import tune
 
@@ -478,8 +482,16 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
     print(_best_line(b, settings.objective), file=out)
     if b.get("capacity"):
         print(capacity_line(b["capacity"]), file=out)
+    for line in cost_lines(b):
+        print(line, file=out)
     print(f"params: {json.dumps(b['params'])}", file=out)
     print(f"serve command:\n  {b['serve_command']}", file=out)
+    from autotune.deploy import STAND_IN_NOTE, deployable
+
+    dep = deployable(b.get("flags") or [], b.get("env") or {})
+    if dep.stand_in:  # the command above is as the trials ran it; a deployment drops these
+        print(f"note: {STAND_IN_NOTE}; 'autotune export {result.out_dir} --format serve' "
+              f"prints it without {', '.join(dep.dropped)}", file=out)
     for line in _gpu_time_lines(result.gpu_time):
         print(line, file=out)
     print(f"written: {result.out_dir / 'best.json'}", file=out)

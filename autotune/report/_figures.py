@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.report._cost import cost_figure
 from autotune.report._data import ReportData, TrialRow
 
 __all__ = ["FIGURES"]
@@ -238,5 +239,5 @@ def gpu_time_figure(d: ReportData) -> Any:
 FIGURES = {
     "shape": shape_figure, "history": history_figure, "importance": importance_figure,
     "pareto": pareto_figure, "latency": latency_figure, "failures": failures_figure,
-    "gpu-time": gpu_time_figure,
+    "gpu-time": gpu_time_figure, "cost": cost_figure,
 }

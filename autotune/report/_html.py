@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from autotune.report._cost import cost_html, why_no_cost
 from autotune.report._data import ReportData, TrialRow
 from autotune.report._figures import FIGURES, leaders
 
@@ -24,6 +25,7 @@ SECTIONS = {
     "pareto": "Pareto front",
     "latency": "Latency: leaders vs defaults",
     "capacity": "Capacity: the load levels",
+    "cost": "What it is worth",
     "failures": "Failures and why",
     "gpu-time": "GPU-time account",
 }
@@ -269,6 +271,7 @@ def _header(d: ReportData) -> str:
 _TEXT: dict[str, Callable[[ReportData], str]] = {
     "verdict": _verdict_html, "shape": _shape_html, "failures": _failures_html,
     "latency": _latency_html, "capacity": _capacity_html, "gpu-time": _gpu_html,
+    "cost": cost_html,
 }
 
 _WHY_NO_FIGURE = {
@@ -282,6 +285,7 @@ _WHY_NO_FIGURE = {
                            "not a capacity study (--objective capacity measures load levels)"),
     "failures": lambda d: "",
     "gpu-time": lambda d: "",
+    "cost": why_no_cost,
 }
 
 
