@@ -28,7 +28,7 @@ never drops. Each step but the last is held while autotune scrapes every server'
 /metrics at the same moments (--interval) and compares the new side with the old over the
 same window: TTFT, TPOT and end-to-end latency p50/p99 from the histograms (--metrics), the
 error fraction, output tokens/s and requests running/waiting per server. A latency passes
-when the 95 %% interval of its new/old ratio lies below 1 + --tolerance; it is a regression
+when the 95 % interval of its new/old ratio lies below 1 + --tolerance; it is a regression
 when the interval lies above it; errors likewise on the difference of the error fractions
 (--error-tolerance). A step passes when every metric passed (after at least --min-hold and
 --min-requests per side); it is rolled back at once on a regression, an error burst
@@ -74,7 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      "by its URL); default: only report that it is safe to stop")
     how = p.add_argument_group("steps and judgement")
     how.add_argument("--steps", default=DEFAULT_STEPS,
-                     help=f"new servers per step, a count or a share (default {DEFAULT_STEPS})")
+                     help="new servers per step, a count or a share (default "
+                     f"{DEFAULT_STEPS.replace('%', '%%')})")
     how.add_argument("--tolerance", type=float, default=0.10,
                      help="how much worse (relative) a latency may be (default 0.10: 10 %%)")
     how.add_argument("--error-tolerance", type=float, default=0.01,
@@ -102,7 +103,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      help="MLflow store (default sqlite:///experiments/mlflow.db)")
     rec.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     rec.add_argument("--dry-run", action="store_true",
-                     help="print the plan (checks the router and the servers) and stop")
+                     help="print the plan (after checking that the router answers) and stop")
     p.set_defaults(func=_rollout)
 
 

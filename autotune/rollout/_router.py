@@ -66,8 +66,19 @@ class RouterClient:
                               "vllm-router?") from exc
 
     def add_worker(self, url: str) -> None:
-        """Add ``url``; raises :class:`RouterError` when the router refuses it."""
-        resp = self._call("POST", f"/add_worker?url={quote(_norm(url), safe='')}")
+        """Add ``url``; raises :class:`RouterError` when the router refuses it. The router
+        answers once the worker's ``/health`` does (it waits up to its
+        ``--worker-startup-timeout-secs``): a worker that does not answer in ``timeout_s``
+        is an error too."""
+        try:
+            resp = _http.post(self.base_url + f"/add_worker?url={quote(_norm(url), safe='')}",
+                              timeout_s=self.timeout_s)
+        except _http.HttpError as exc:
+            raise RouterError(
+                f"the router at {self.base_url} did not accept worker {url} within "
+                f"{self.timeout_s:g} s ({exc}); check that {url}/health answers from the "
+                "router's host"
+            ) from exc
         if resp.status != 200:
             raise RouterError(
                 f"the router at {self.base_url} refused worker {url} (HTTP {resp.status}: "
