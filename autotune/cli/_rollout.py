@@ -178,12 +178,13 @@ def _rollout(args: argparse.Namespace) -> int:
     settings = _settings(args, out, [] if args.start else list(args.new))
     if args.dry_run:
         return _dry_run(settings, placeholder)
+    from autotune.rollout import RouterClient
+
+    workers = RouterClient(settings.router).list_workers()  # no router: nothing written
     out.mkdir(parents=True, exist_ok=True)
     new: list[Any] = []
     if args.start:
-        from autotune.rollout import RouterClient
-
-        old = list(settings.old) or RouterClient(settings.router).list_workers()
+        old = list(settings.old) or workers
         if not old:
             raise ConfigError("the router holds no server to compare with; give --old URL")
         name = args.served_model_name or served_model_name(old[0])
