@@ -259,7 +259,7 @@ def _finish(args: argparse.Namespace, result: Any, log: Any, best: Any, settings
         if rid:
             summary["mlflow_run_id"] = rid
             log.write_summary(summary)
-    lost = (f"; {result.lost_requests} request(s) held by the dead server were cut"
+    lost = (f"; at least {result.lost_requests} request(s) held by the dead server were cut"
             if result.lost_requests else "")
     print(f"{result.outcome.replace('_', ' ')}: {result.why}{lost}")
     print(f"log: {log.path}\nsummary: {path}", file=sys.stderr)

@@ -53,7 +53,9 @@ class RolloutResult:
     outcome: Literal["promoted", "rolled_back"]
     why: str
     steps: list[dict[str, Any]] = field(default_factory=list)
-    lost_requests: int = 0  # held by a new server that died (cut, not retried by autotune)
+    # held by a new server that died, at its last scrape (running + waiting): a lower bound,
+    # requests that reached it after that scrape were cut too; autotune resends none
+    lost_requests: int = 0
     cut_requests: int = 0  # still running on a drained server when it had to be stopped
     old: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)
