@@ -125,9 +125,14 @@ def _events(out: Path) -> list[dict[str, Any]]:
 
 
 def test_same_config_is_promoted_and_the_old_server_drained(
-        router: str, tiny_server: Any, tiny_llama: Path, tmp_path: Path) -> None:
+        router: str, tiny_server: Any, tiny_llama: Path, tmp_path: Path, capsys: Any) -> None:
     new = _new_server(tiny_llama, tmp_path, FLAGS)
     out = tmp_path / "rollout"
+    assert main(["rollout", "--router", router, "--new", new.base_url, "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert f"step 1 (1): new {new.base_url} | old {tiny_server.base_url}" in plan
+    assert "step 2 (100%)" in plan and "the switch" in plan
+    assert RouterClient(router).list_workers() == [tiny_server.base_url]  # nothing changed
     traffic = Traffic(router, tiny_server.model_name)
     try:
         rc = main(["rollout", "--router", router, "--new", new.base_url, *JUDGE,
