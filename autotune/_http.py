@@ -1,5 +1,5 @@
 """The one HTTP client of autotune's non-hot paths: ``/health``, ``/metrics``, the quality
-probe's completions, the MLflow server's health.
+probe's completions, the MLflow server's health, the router's admin API.
 
 Blocking calls over the standard library (``urllib``): each is one small request, and an
 asyncio caller runs them in a thread (:func:`aget`) so its loop never waits. The load
@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HttpError", "Response", "aget", "get", "post_json"]
+__all__ = ["HttpError", "Response", "aget", "get", "post", "post_json"]
 
 
 class HttpError(OSError):
@@ -49,6 +49,11 @@ def _send(req: urllib.request.Request, timeout_s: float) -> Response:
 def get(url: str, *, timeout_s: float = 10.0) -> Response:
     """GET ``url``."""
     return _send(urllib.request.Request(url, method="GET"), timeout_s)
+
+
+def post(url: str, data: bytes = b"", *, timeout_s: float = 60.0) -> Response:
+    """POST ``data`` (an admin call's empty body by default) to ``url``."""
+    return _send(urllib.request.Request(url, data=data, method="POST"), timeout_s)
 
 
 def post_json(url: str, payload: Any, *, timeout_s: float = 60.0) -> Response:

@@ -15,6 +15,7 @@ __all__ = [
     "EngineStartError",
     "LoadgenError",
     "ModelGenError",
+    "RolloutError",
     "ShapeError",
     "SpaceError",
     "StudyError",
@@ -84,3 +85,7 @@ class TrackingError(AutotuneError):
 
 class ModelGenError(AutotuneError):
     """A tiny model cannot be generated."""
+
+
+class RolloutError(AutotuneError):
+    """A rollout cannot start or go on (router, servers, options)."""

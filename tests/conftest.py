@@ -65,6 +65,7 @@ SLOW_FILES = {
     "tests/test_watch.py": 30, "tests/test_kernels_guard.py": 23,
     "tests/test_registry_mlflow.py": 20, "tests/test_study_loop.py": 14,
     "tests/test_export_server.py": 105,
+    "tests/test_rollout.py": 400,
 }
 
 

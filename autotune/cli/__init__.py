@@ -15,7 +15,7 @@ from autotune.errors import AutotuneError
 __all__ = ["build_parser", "main"]
 
 _GROUPS = ("_model", "_shape", "_tune", "_bench", "_best", "_cost", "_export", "_report",
-           "_watch", "_kernels")
+           "_watch", "_kernels", "_rollout")
 
 EXIT_OK = 0
 EXIT_ERROR = 2

@@ -117,10 +117,14 @@ def _finite(x: float) -> bool:
 
 
 def parse_vllm_metrics(
-    text: str, *, taken_at: float, wall_at: float | None = None
+    text: str, *, taken_at: float, wall_at: float | None = None,
+    extra_histograms: Iterable[str] = (),
 ) -> MetricsSample:
     """Parse a /metrics page. Raises :class:`NotVllmError` if it has no vLLM histogram and
-    :class:`TrafficError` if it is not Prometheus text. NaN/inf values are left out."""
+    :class:`TrafficError` if it is not Prometheus text. NaN/inf values are left out.
+
+    ``extra_histograms``: more histogram names to keep beside the shape's (a rollout's
+    latency histograms)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     buckets: dict[str, dict[float, float]] = {}
@@ -128,7 +132,7 @@ def parse_vllm_metrics(
     counts: dict[str, float] = {}
     counters: dict[str, float] = {}
     wanted_hist = {n for key in ("prompt_tokens", "generation_tokens", "arrivals", "e2e_latency")
-                   for n in METRIC_NAMES[key]}
+                   for n in METRIC_NAMES[key]} | set(extra_histograms)
     wanted_counters = set(METRIC_NAMES["prefix_queries"]) | set(METRIC_NAMES["prefix_hits"])
     try:
         for fam in text_string_to_metric_families(text):
