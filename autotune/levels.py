@@ -25,7 +25,7 @@ from autotune.errors import ConfigError, LoadgenError
 from autotune.loadgen import Abort, RequestRecord, replay
 from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, snapshot_metrics
 
-__all__ = ["LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain", "find_capacity", "fit_level",
+__all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain", "find_capacity", "fit_level",
            "level_abort", "recorded_rate", "request_seconds", "run_level"]
 
 logger = logging.getLogger(__name__)
@@ -52,19 +52,32 @@ def recorded_rate(shape: Any) -> float:
     return rate
 
 
+#: seconds of arrivals per load level, at least (a level lasts LEVEL_SPAN requests)
+LEVEL_S = 10.0
+#: the load levels of one capacity search, at most this many seconds (--capacity-max-s)
+CAPACITY_MAX_S = 90.0
+
+
 @dataclass(frozen=True)
 class LevelPlan:
     """How long each load level runs."""
 
-    level_s: float = 30.0  # seconds of arrivals per level
+    level_s: float = LEVEL_S  # seconds of arrivals per level, at least
     min_requests: int = 10
     max_requests: int = 2000
     drain_timeout_s: float = 120.0  # wait at most this long for an idle server after a level
     seed: int = 0
+    # the levels of one search stop once the next would end after this many seconds (None:
+    # no cap): an open-loop trial in minutes, its bracket as narrow as the levels made it
+    max_s: float | None = None
 
     def requests(self, rate_rps: float) -> int:
         return int(min(self.max_requests, max(self.min_requests, math.ceil(rate_rps
                                                                              * self.level_s))))
+
+    def seconds(self, rate_rps: float) -> float:
+        """How long a level at ``rate_rps`` sends arrivals."""
+        return self.requests(rate_rps) / rate_rps if rate_rps > 0 else self.level_s
 
 
 #: a level's arrivals last at least this many times the shape's typical request: a level
@@ -119,13 +132,15 @@ def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]
 
 
 def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,
-                  level_s: float, max_levels: int, seed: int = 0) -> dict[str, Any]:
+                  level_s: float, max_levels: int, seed: int = 0,
+                  max_s: float | None = CAPACITY_MAX_S) -> dict[str, Any]:
     """The ``TrialSpec`` fields of a capacity measurement (``capacity``, ``capacity_plan``):
     what ``tune --objective capacity`` and ``bench --capacity`` pass to a trial."""
     search = CapacitySearch(goodput=goodput, max_error_rate=max_error_rate, start=start,
                             tolerance=tolerance, min_scale=min(start, 1.0 / 64),
                             max_scale=max(start, 64.0), max_levels=max_levels)
-    return {"capacity": search, "capacity_plan": LevelPlan(level_s=level_s, seed=seed)}
+    return {"capacity": search,
+            "capacity_plan": LevelPlan(level_s=level_s, seed=seed, max_s=max_s)}
 
 
 def level_abort(offered: int, slo: Slo | None, search: CapacitySearch) -> Abort:
@@ -261,7 +276,20 @@ def find_capacity(*, recorded_rps: float, build: Build, client_kw: dict[str, Any
     ``jit``: whether the server logged a kernel JIT compilation since its last call (each
     level's ``jit_compiled``: a warm-up that did not cover the traffic)."""
     search = search or CapacitySearch()
-    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan or LevelPlan(), check,
-                   jit)
-    res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level)
+    plan = plan or LevelPlan()
+    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan, check, jit)
+    res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level,
+                          room=_room(plan, recorded_rps))
     return res, (probe.measured.get(res.low) if res.low is not None else None)
+
+
+def _room(plan: LevelPlan, recorded_rps: float) -> Callable[[float], bool] | None:
+    """Whether a level at a scale still ends within ``plan.max_s`` of now (None: no cap)."""
+    if plan.max_s is None:
+        return None
+    deadline = time.monotonic() + plan.max_s
+
+    def room(scale: float) -> bool:
+        return time.monotonic() + plan.seconds(scale * recorded_rps) <= deadline
+
+    return room
