@@ -26,7 +26,7 @@ from typing import Any
 
 from autotune.intervals import rate_interval
 
-__all__ = ["STEADY_SPANS", "OpenRun", "cut_bounds"]
+__all__ = ["STEADY_SPANS", "OpenRun", "cut_bounds", "idle_note"]
 
 logger = logging.getLogger(__name__)
 
@@ -174,3 +174,32 @@ def cut_bounds(bounds: Sequence[float], cut: float | None) -> list[float]:
     if len(kept) == 1 and cut > kept[0]:
         kept.append(cut)
     return kept
+
+
+#: vLLM's own default of --max-num-seqs (the batch limit a config without the flag has)
+VLLM_MAX_NUM_SEQS = 256
+#: a server that ran fewer requests on average than this share of its batch limit, and
+#: queued none, was idle: the arrivals, not the config, set what it measured
+IDLE_SHARE = 0.1
+
+
+def idle_note(server: dict[str, float], flags: Sequence[str]) -> str:
+    """A line when the server measured at a fixed arrival rate was idle (requests running
+    far below its batch limit, none waiting; from its /metrics over the window), else ""
+    (also when the server gave no such figures)."""
+    running = server.get("requests_running")
+    waiting = server.get("requests_waiting_max", server.get("requests_waiting"))
+    if running is None or waiting is None or waiting > 0:
+        return ""
+    limit = VLLM_MAX_NUM_SEQS
+    flags = list(flags)
+    for i, f in enumerate(flags):
+        if f == "--max-num-seqs" and i + 1 < len(flags):
+            limit = int(flags[i + 1])
+        elif f.startswith("--max-num-seqs="):
+            limit = int(f.split("=", 1)[1])
+    if running >= IDLE_SHARE * limit:
+        return ""
+    return (f"idle: the server ran {running:.3g} requests on average (batch limit {limit}) "
+            "and queued none, so the arrivals, not the config, set this reading; "
+            "--objective capacity asks what the config sustains")

@@ -25,8 +25,9 @@ from autotune.errors import ConfigError, LoadgenError
 from autotune.loadgen import Abort, RequestRecord, replay
 from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, snapshot_metrics
 
-__all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain", "find_capacity", "fit_level",
-           "level_abort", "recorded_rate", "request_seconds", "run_level"]
+__all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
+           "find_capacity", "fit_level", "level_abort", "recorded_rate", "request_seconds",
+           "run_level"]
 
 logger = logging.getLogger(__name__)
 

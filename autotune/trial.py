@@ -478,7 +478,7 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
     until the interval is within the precision (or ``--measure-max-s``); sized by those
     caps, not by a number of requests (``--num-requests`` still bounds it when given).
     An explicit ``--warmup-requests N`` runs the fixed closed-loop warm-up first."""
-    from autotune._open_loop import cut_bounds
+    from autotune._open_loop import cut_bounds, idle_note
     from autotune._segments import LogWatch
     from autotune.loadgen import replay
     from autotune.measure import measure, snapshot_metrics
@@ -523,6 +523,11 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
         outcome.stop = ctl.stop if ctl.stop in ("precise", "cap") else "schedule_end"
         logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments)", spec.number, r,
                     m.output_tokens_per_s, outcome.stop, len(m.segment_tokens_per_s))
+    notes = [n for n in (idle_note(results[0].server, spec.flags), results[0].interval_note)
+             if n] if results else []
+    if notes:  # what the reading means: the trial says so (its message)
+        outcome.message = "; ".join(notes)
+        logger.info("trial %d: %s", spec.number, outcome.message)
     return results
 
 
