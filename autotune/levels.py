@@ -239,11 +239,13 @@ class _Probe:
     jit: Callable[[], bool] | None = None  # was a kernel JIT-compiled since the last call?
     measured: dict[float, Measurement] = field(default_factory=dict)
     levels_run: int = 0
+    longest_s: float = 0.0  # the longest level so far, its tail and drain included
 
     def _run(self, scale: float) -> tuple[Level, Measurement | None]:
         if self.jit is not None:
             self.jit()  # what came before (the warm-up, a drain) is not this level's
         self.levels_run += 1
+        t0 = time.monotonic()
         level, m = run_level(scale, recorded_rps=self.recorded_rps, build=self.build,
                              client_kw=self.client_kw, slo=self.slo, search=self.search,
                              plan=self.plan, token_seed=self.levels_run)
@@ -251,6 +253,7 @@ class _Probe:
             self.check()
         if self.jit is not None and self.jit():
             level = dataclasses.replace(level, jit_compiled=True)
+        self.longest_s = max(self.longest_s, time.monotonic() - t0)
         return level, m
 
     def __call__(self, scale: float) -> Level:
@@ -280,17 +283,21 @@ def find_capacity(*, recorded_rps: float, build: Build, client_kw: dict[str, Any
     plan = plan or LevelPlan()
     probe = _Probe(recorded_rps, build, client_kw, slo, search, plan, check, jit)
     res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level,
-                          room=_room(plan, recorded_rps))
+                          room=_room(plan, recorded_rps, probe))
     return res, (probe.measured.get(res.low) if res.low is not None else None)
 
 
-def _room(plan: LevelPlan, recorded_rps: float) -> Callable[[float], bool] | None:
-    """Whether a level at a scale still ends within ``plan.max_s`` of now (None: no cap)."""
+def _room(plan: LevelPlan, recorded_rps: float, probe: _Probe
+          ) -> Callable[[float], bool] | None:
+    """Whether a level at a scale still ends within ``plan.max_s`` of now (None: no cap):
+    its arrivals, or as long as the longest level so far took (the requests still running
+    when the arrivals stop, and the drain), whichever is longer."""
     if plan.max_s is None:
         return None
     deadline = time.monotonic() + plan.max_s
 
     def room(scale: float) -> bool:
-        return time.monotonic() + plan.seconds(scale * recorded_rps) <= deadline
+        need = max(plan.seconds(scale * recorded_rps), probe.longest_s)
+        return time.monotonic() + need <= deadline
 
     return room

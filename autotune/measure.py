@@ -410,10 +410,12 @@ def _token_rate(times: np.ndarray, toks: np.ndarray, window: tuple[float, float]
 
 
 def _offered_rates(ok: Sequence[RequestRecord], window: tuple[float, float],
-                   subwindows: int) -> list[float]:
-    """Output tokens of the requests sent in each of ``subwindows`` equal sub-windows of
-    ``window``, per second: what an open loop's arrivals offered (autotune.intervals)."""
-    edges = np.linspace(window[0], window[1], max(1, subwindows) + 1)
+                   bounds: Sequence[float], subwindows: int) -> list[float]:
+    """Output tokens of the requests sent in each segment (``bounds``, else ``subwindows``
+    equal sub-windows of ``window``), per second: what an open loop's arrivals offered
+    (autotune.intervals.arrivals_note)."""
+    edges = np.asarray(bounds if bounds else np.linspace(window[0], window[1],
+                                                         max(1, subwindows) + 1), dtype=float)
     sends = np.asarray([r.send_s for r in ok], dtype=float)
     outs = np.asarray([r.output_tokens for r in ok], dtype=float)
     sums, _ = np.histogram(sends, bins=edges, weights=outs)
@@ -471,30 +473,12 @@ def measure(
         times, toks, window, rule, bounds if rule == "steady" else [], subwindows)
     ci_lo, ci_hi, ci_method = rate_interval(tok_rate, seg_rates)
     cv = _cv(seg_rates) if seg_rates else None
-    note = ""
-    if run.mode == "open" and seg_rates and rule == "steady" and not bounds and window:
-        note = arrivals_note(seg_rates, _offered_rates(ok, window, len(seg_rates)))
 
     lat_set = ok
     if window is not None and rule == "steady":
         started = [r for r in ok if window[0] <= r.send_s < window[1]]
         lat_set = started or ok
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    e2es: list[float] = []
-    itls: list[float] = []
-    met = 0
-    for r in lat_set:
-        ttft, tpot, e2e, gaps = _latencies(r)
-        if ttft is not None:
-            ttfts.append(ttft)
-        if tpot is not None:
-            tpots.append(tpot)
-        if e2e is not None:
-            e2es.append(e2e)
-        itls.extend(gaps)
-        if slo is None or slo.met_by(ttft, tpot, e2e):
-            met += 1
+    ttfts, tpots, e2es, itls, met = _latency_lists(lat_set, slo)
 
     rps: float | None = None
     goodput: float | None = None
@@ -538,12 +522,36 @@ def measure(
         output_tokens_per_s_ci_low=ci_lo,
         output_tokens_per_s_ci_high=ci_hi,
         ci_method=ci_method,
-        interval_note=note,
+        interval_note=(arrivals_note(seg_rates, _offered_rates(ok, window, bounds, subwindows))
+                       if run.mode == "open" and seg_rates and window and rule == "steady"
+                       else ""),
         segment_tokens_per_s=tuple(seg_rates),
         segment_kind=("segments" if bounds and rule == "steady" else "subwindows")
         if seg_rates else None,
         repeat_segments=(len(seg_rates),),
     )
+
+
+def _latency_lists(lat_set: Sequence[RequestRecord], slo: Slo | None
+                   ) -> tuple[list[float], list[float], list[float], list[float], int]:
+    """TTFTs, TPOTs, E2Es, ITLs of the latency set and how many met every SLO threshold."""
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    e2es: list[float] = []
+    itls: list[float] = []
+    met = 0
+    for r in lat_set:
+        ttft, tpot, e2e, gaps = _latencies(r)
+        if ttft is not None:
+            ttfts.append(ttft)
+        if tpot is not None:
+            tpots.append(tpot)
+        if e2e is not None:
+            e2es.append(e2e)
+        itls.extend(gaps)
+        if slo is None or slo.met_by(ttft, tpot, e2e):
+            met += 1
+    return ttfts, tpots, e2es, itls, met
 
 
 def _median(values: Iterable[float | None]) -> float | None:

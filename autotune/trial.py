@@ -491,7 +491,7 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
         rule = replace(rule, warmup_max_s=0.0)
     rate = plan.schedule_rate
     n = spec.num_requests or int(min(50_000, max(16, math.ceil(
-        rate * (rule.warmup_max_s + rule.measure_max_s + 3 * OPEN_SEGMENT_S)))))
+        rate * (rule.warmup_max_s + rule.measure_max_s + 3 * _open_segment_s(rule))))))
     sched = _schedule(spec, plan.max_len, seed=spec.seed, concurrency=spec.concurrency,
                       num_requests=n)
     results: list[Any] = []
@@ -501,7 +501,7 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
               f"replay {r + 1}/{repeats}: the shape's arrivals at {rate:.3g} req/s")
         watch = LogWatch(server.log_path)
         ctl = _open_run(spec, sched, rule if r == 0 else replace(rule, warmup_max_s=0.0),
-                        OPEN_SEGMENT_S, watch, phase, measure=True)
+                        _open_segment_s(rule), watch, phase, measure=True)
         t_run = time.monotonic()
         before = snapshot_metrics(server.base_url)
         run = replay(sched, **client_kw, abort=_both(ctl, _abort(spec)),
@@ -533,6 +533,12 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
 
 #: seconds of run time in one segment of an open-loop trial
 OPEN_SEGMENT_S = 10.0
+
+
+def _open_segment_s(rule: Any) -> float:
+    """An open loop's segment: OPEN_SEGMENT_S, shorter when the measurement cap would not
+    hold ``min_segments`` of them (at least 1 s)."""
+    return max(1.0, min(OPEN_SEGMENT_S, rule.measure_max_s / max(1, rule.min_segments)))
 
 
 def _both(first: Any, second: Any) -> Any:
