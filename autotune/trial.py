@@ -374,7 +374,7 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
     if sched.concurrency is not None:  # no client-side cap, as the levels
         sched = replace(sched, concurrency=None)
     t0 = time.monotonic()
-    ctl = _open_run(spec, sched, rule, seg_s, watch, phase, measure=False)
+    ctl = _open_run(spec, sched, rule, seg_s, watch, phase, measure=False, rate=rate)
     replay(sched, **client_kw, abort=ctl)
     server.check_alive()
     drain(client_kw["base_url"], level_plan.drain_timeout_s)
@@ -384,14 +384,12 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
 
 
 def _open_run(spec: TrialSpec, sched: Any, rule: Any, seg_s: float, watch: Any,
-              phase: Callable[[str, str], None], *, measure: bool) -> Any:
-    """The segment hook of an open-loop run (autotune._open_loop.OpenRun)."""
+              phase: Callable[[str, str], None], *, measure: bool, rate: float) -> Any:
+    """The segment hook of an open-loop run at ``rate`` req/s (autotune._open_loop)."""
     from autotune._open_loop import OpenRun
 
-    send_at = [float(r.send_at_s or 0.0) for r in sched.requests]
-    span = max(send_at, default=0.0)
-    return OpenRun(send_at=send_at, output=[r.max_tokens for r in sched.requests],
-                   rate_rps=len(send_at) / span if span > 0 else 0.0, rule=rule,
+    return OpenRun(send_at=[float(r.send_at_s or 0.0) for r in sched.requests],
+                   output=[r.max_tokens for r in sched.requests], rate_rps=rate, rule=rule,
                    segment_s=seg_s, measure=measure, jit=watch.jit_since_last,
                    number=spec.number, on_segment=phase)
 
@@ -501,7 +499,7 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
               f"replay {r + 1}/{repeats}: the shape's arrivals at {rate:.3g} req/s")
         watch = LogWatch(server.log_path)
         ctl = _open_run(spec, sched, rule if r == 0 else replace(rule, warmup_max_s=0.0),
-                        _open_segment_s(rule), watch, phase, measure=True)
+                        _open_segment_s(rule), watch, phase, measure=True, rate=rate)
         t_run = time.monotonic()
         before = snapshot_metrics(server.base_url)
         run = replay(sched, **client_kw, abort=_both(ctl, _abort(spec)),
