@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune._segments import tell_phase
 from autotune.intervals import rate_interval
 
 __all__ = ["STEADY_SPANS", "OpenRun", "cut_bounds", "idle_note"]
@@ -143,11 +144,7 @@ class OpenRun:
         return why
 
     def _tell(self, phase: str, detail: str) -> None:
-        if self.on_segment is not None:
-            try:
-                self.on_segment(phase, detail)
-            except Exception:  # a display must never cost the measurement
-                logger.warning("trial %d: phase callback failed", self.number, exc_info=True)
+        tell_phase(self.on_segment, self.number, phase, detail)
 
     def warmup_record(self) -> dict[str, Any]:
         """``TrialOutcome.warmup`` of this run."""
