@@ -31,6 +31,10 @@ __all__ = ["STEADY_SPANS", "OpenRun", "cut_bounds", "idle_note"]
 
 logger = logging.getLogger(__name__)
 
+#: a server that serves less than this share of the offered tokens, two segments running,
+#: has fallen behind the arrivals: the warm-up ends (overloaded) instead of waiting for a
+#: steady state that never comes
+OVERLOAD_SHARE = 0.5
 #: an open loop's warm-up lasts this many request durations: after one, every request in
 #: flight arrived under load; the second lets the population settle (and queues that the
 #: first burst built drain or stay)
@@ -69,6 +73,7 @@ class OpenRun:
     jit_measuring: int = 0
     request_s: float | None = None
     in_flight: int = 0  # requests in flight at the warm-up's end
+    overloaded: bool = False  # the warm-up ended because the server fell behind
     stop: str | None = None  # warm (warm-up only) | precise | cap
     stopped_at: float | None = None
     cut: float | None = None  # the earliest send of a request in flight at the stop
@@ -90,6 +95,26 @@ class OpenRun:
         """Little's law: the requests in flight the shape holds in steady state."""
         return None if self.request_s is None else self.rate_rps * self.request_s
 
+    def offered_tokens_per_s(self) -> float:
+        """The output tokens/s the arrivals ask for (rate x mean output length)."""
+        return self.rate_rps * (sum(self.output) / len(self.output)) if self.output else 0.0
+
+    def _overloaded(self) -> bool:
+        """The server serves less than OVERLOAD_SHARE of what arrives, in each of the last
+        two segments (from the third on): it will not reach a steady state at this rate
+        (its queue only grows), so waiting for one wastes the warm-up's cap."""
+        offered = self.offered_tokens_per_s()
+        self.overloaded = (len(self.warm_rates) >= 3 and offered > 0
+                           and max(self.warm_rates[-2:]) < OVERLOAD_SHARE * offered)
+        return self.overloaded
+
+    def served_share(self) -> float | None:
+        """The last two warm-up segments' served tokens over the offered ones."""
+        offered = self.offered_tokens_per_s()
+        if len(self.warm_rates) < 2 or offered <= 0:
+            return None
+        return sum(self.warm_rates[-2:]) / 2 / offered
+
     def _sent_by(self, t: float) -> int:
         return sum(1 for s in self.send_at if s <= t)
 
@@ -100,9 +125,10 @@ class OpenRun:
         self.jit_last = self.jit() if self.jit is not None else False
         self.request_s = request_seconds(self.records, self.output)
         self.in_flight = self._sent_by(now) - len(self.finished)
+        overloaded = self._overloaded()
         steady = (self.request_s is not None and now >= STEADY_SPANS * self.request_s
-                  and not self.jit_last)
-        capped = now >= self.rule.warmup_max_s
+                  and not self.jit_last and not overloaded)
+        capped = now >= self.rule.warmup_max_s or overloaded
         little = self.steady_in_flight()
         detail = (f"segment {len(self.warm_rates)}: {rate:,.1f} tok/s, {self.in_flight} "
                   f"requests in flight"
@@ -116,8 +142,9 @@ class OpenRun:
         self.bounds = [now]
         if not self.measure:
             return self._end(now, "warm")
-        self._tell("measuring", f"warm after {now:.0f} s"
-                   + ("" if steady else " (capped, not converged)"))
+        self._tell("measuring", f"warm after {now:.0f} s" + (
+            "" if steady else " (overloaded: the server fell behind the arrivals)"
+            if overloaded else " (capped, not converged)"))
         return None
 
     def _measured_segment(self, now: float, rate: float) -> str | None:
@@ -158,6 +185,9 @@ class OpenRun:
                 "request_s": None if self.request_s is None else round(self.request_s, 2),
                 "requests_in_flight": self.in_flight,
                 "steady_in_flight": None if little is None else round(little, 2),
+                "overloaded": self.overloaded,
+                "served_share": None if (share := self.served_share()) is None
+                else round(share, 3),
                 "rule": "steady_state"}
 
 

@@ -27,7 +27,7 @@ from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, s
 
 __all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
            "find_capacity", "fit_level", "level_abort", "recorded_rate", "request_seconds",
-           "run_level"]
+           "run_level", "start_after_warmup"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,26 @@ def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]
         f"levels of {level_s:g} s of arrivals{capped}, not {plan.level_s:g}: this shape's "
         f"requests take ~{request_s:.3g} s on this server, and a level must last "
         f"{LEVEL_SPAN:g} of them to judge a sustained rate, not a burst")
+
+
+def start_after_warmup(search: CapacitySearch, warmup: dict[str, Any] | None
+                       ) -> tuple[CapacitySearch, str]:
+    """The search to run after a warm-up at ``search.start``: when the server fell behind
+    those arrivals (``warmup["overloaded"]``, it served ``served_share`` of the offered
+    tokens), the levels from there down to that share would all fail, each after a long
+    wait for its first misses to end: start at the power of two at or below the share
+    instead (at least ``min_scale``), and say so ("" when unchanged)."""
+    share = (warmup or {}).get("served_share")
+    if not (warmup or {}).get("overloaded") or not isinstance(share, (int, float)):
+        return search, ""
+    start = search.start * 2.0 ** math.floor(math.log2(max(share, 1e-9)))
+    start = max(search.min_scale, start)
+    if start >= search.start:
+        return search, ""
+    return dataclasses.replace(search, start=start), (
+        f"the server fell behind the arrivals at {search.start:g}x the recorded rate in the "
+        f"warm-up (it served {share:.0%} of the offered tokens): the levels start at "
+        f"{start:.3g}x")
 
 
 def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,

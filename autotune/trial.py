@@ -400,17 +400,28 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     """--objective capacity: warm up, then the bracketing search over the arrival-rate
     scale on this server (autotune.levels). The measurement is the level the capacity
     rests on; the levels and the bracket go to ``outcome.capacity``."""
-    from autotune.levels import LevelPlan, find_capacity, fit_level, recorded_rate
+    from autotune.levels import (
+        LevelPlan,
+        find_capacity,
+        fit_level,
+        recorded_rate,
+        start_after_warmup,
+    )
 
     recorded = recorded_rate(spec.shape)
     level_plan = spec.capacity_plan or LevelPlan(seed=spec.seed)
     watch = _warm_up_capacity(spec, plan, server, outcome, phase, client_kw, recorded,
                               level_plan)
     asked_s = level_plan.level_s
-    level_plan, stretched = fit_level(level_plan, (outcome.warmup or {}).get("request_s"))
-    if stretched:
-        logger.info("trial %d: %s", spec.number, stretched)
-        phase("capacity", stretched)
+    warm = outcome.warmup or {}
+    # a request's duration measured behind a queue is the queue's: no stretch from it
+    level_plan, stretched = fit_level(level_plan, None if warm.get("overloaded")
+                                      else warm.get("request_s"))
+    search, lower = start_after_warmup(spec.capacity, warm)
+    for line in (stretched, lower):
+        if line:
+            logger.info("trial %d: %s", spec.number, line)
+            phase("capacity", line)
 
     def build(**kw: Any) -> Any:
         return _schedule(spec, plan.max_len, **kw)
@@ -424,16 +435,17 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
               f"{lv.outcome()}; bracket [{lo}, {hi}] req/s")
 
     t_run = time.monotonic()
-    phase("capacity", f"level 1 at {spec.capacity.start:g}x {recorded:.3g} req/s")
+    phase("capacity", f"level 1 at {search.start:.3g}x {recorded:.3g} req/s")
     res, m = find_capacity(recorded_rps=recorded, build=build, client_kw=client_kw,
-                           slo=spec.slo, search=spec.capacity, plan=level_plan,
+                           slo=spec.slo, search=search, plan=level_plan,
                            check=server.check_serving, on_level=on_level,
                            jit=watch.jit_since_last)
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
     outcome.capacity = {**res.to_dict(spec.capacity.goodput), "level_s": level_plan.level_s,
-                        "level_s_asked": asked_s, "level_note": stretched}
+                        "level_s_asked": asked_s, "level_note": stretched,
+                        "start": search.start, "start_note": lower}
     outcome.stop = f"capacity_{res.status}"
     outcome.message = res.summary()
     logger.info("trial %d: %s", spec.number, outcome.message)

@@ -132,3 +132,25 @@ def test_an_idle_server_says_so() -> None:
                      ("--max-num-seqs=16",)) == ""  # 20 % of its limit: busy enough
     assert idle_note({"requests_running": 3.2, "requests_waiting_max": 2.0}, ()) == ""
     assert idle_note({}, ()) == ""  # no /metrics figures: nothing to say
+
+
+def test_a_server_that_falls_behind_ends_the_warm_up_and_the_levels_start_lower() -> None:
+    from autotune.levels import start_after_warmup
+
+    # arrivals ask for 2 req/s x 100 tokens = 200 tok/s; the server finishes a request
+    # every 2 s (50 tok/s): it falls behind, its queue only grows
+    recs = [Rec(i, i * 0.5, 3.0 + 2.0 * i) for i in range(200)]
+    run = OpenRun(send_at=[r.send_s for r in recs], output=[100] * len(recs), rate_rps=2.0,
+                  rule=SegmentRule(warmup_max_s=120.0), segment_s=5.0)
+    assert _feed(run, recs) == "warm"
+    assert run.overloaded and not run.converged
+    assert run.warm_end is not None and run.warm_end < 25.0  # not the 120-s cap
+    warm = run.warmup_record()
+    assert warm["overloaded"] and 0.2 <= warm["served_share"] <= 0.3
+    search, why = start_after_warmup(CapacitySearch(), warm)
+    assert search.start in (0.125, 0.25) and search.start <= warm["served_share"]
+    assert "fell behind" in why and f"{search.start:.3g}x" in why
+    # a warm-up that kept up changes nothing
+    same = CapacitySearch()
+    assert start_after_warmup(same, {"overloaded": False, "served_share": 0.2}) == (same, "")
+    assert start_after_warmup(same, None) == (same, "")
