@@ -100,20 +100,22 @@ class OpenRun:
         return self.rate_rps * (sum(self.output) / len(self.output)) if self.output else 0.0
 
     def _overloaded(self) -> bool:
-        """The server serves less than OVERLOAD_SHARE of what arrives, in each of the last
-        two segments (from the third on): it will not reach a steady state at this rate
-        (its queue only grows), so waiting for one wastes the warm-up's cap."""
-        offered = self.offered_tokens_per_s()
-        self.overloaded = (len(self.warm_rates) >= 3 and offered > 0
-                           and max(self.warm_rates[-2:]) < OVERLOAD_SHARE * offered)
+        """The server served less than OVERLOAD_SHARE of what arrives over the segments
+        after the first (which holds the ramp), from the third segment on: it will not
+        reach a steady state at this rate (its queue only grows), so waiting for one
+        wastes the warm-up's cap."""
+        share = self.served_share()
+        self.overloaded = (len(self.warm_rates) >= 3 and share is not None
+                           and share < OVERLOAD_SHARE)
         return self.overloaded
 
     def served_share(self) -> float | None:
-        """The last two warm-up segments' served tokens over the offered ones."""
+        """The warm-up's served tokens/s after its first segment over the offered rate."""
         offered = self.offered_tokens_per_s()
         if len(self.warm_rates) < 2 or offered <= 0:
             return None
-        return sum(self.warm_rates[-2:]) / 2 / offered
+        later = self.warm_rates[1:]
+        return sum(later) / len(later) / offered
 
     def _sent_by(self, t: float) -> int:
         return sum(1 for s in self.send_at if s <= t)
@@ -126,8 +128,9 @@ class OpenRun:
         self.request_s = request_seconds(self.records, self.output)
         self.in_flight = self._sent_by(now) - len(self.finished)
         overloaded = self._overloaded()
+        share = self.served_share()
         steady = (self.request_s is not None and now >= STEADY_SPANS * self.request_s
-                  and not self.jit_last and not overloaded)
+                  and not self.jit_last and share is not None and share >= OVERLOAD_SHARE)
         capped = now >= self.rule.warmup_max_s or overloaded
         little = self.steady_in_flight()
         detail = (f"segment {len(self.warm_rates)}: {rate:,.1f} tok/s, {self.in_flight} "
