@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 #: has fallen behind the arrivals: the warm-up ends (overloaded) instead of waiting for a
 #: steady state that never comes
 OVERLOAD_SHARE = 0.5
+#: ... judged after this many seconds at the earliest: before, a server that is catching up
+#: (kernels still compiling, the first long requests) reads as one that fell behind
+OVERLOAD_MIN_S = 20.0
 #: an open loop's warm-up lasts this many request durations: after one, every request in
 #: flight arrived under load; the second lets the population settle (and queues that the
 #: first burst built drain or stay)
@@ -101,12 +104,13 @@ class OpenRun:
 
     def _overloaded(self) -> bool:
         """The server served less than OVERLOAD_SHARE of what arrives over the segments
-        after the first (which holds the ramp), from the third segment on: it will not
+        after the first (which holds the ramp), from the third segment and OVERLOAD_MIN_S
+        on: it will not
         reach a steady state at this rate (its queue only grows), so waiting for one
         wastes the warm-up's cap."""
         share = self.served_share()
-        self.overloaded = (len(self.warm_rates) >= 3 and share is not None
-                           and share < OVERLOAD_SHARE)
+        self.overloaded = (len(self.warm_rates) >= 3 and self.seg_start >= OVERLOAD_MIN_S
+                           and share is not None and share < OVERLOAD_SHARE)
         return self.overloaded
 
     def served_share(self) -> float | None:
