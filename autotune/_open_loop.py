@@ -104,13 +104,13 @@ class OpenRun:
 
     def _overloaded(self) -> bool:
         """The server served less than OVERLOAD_SHARE of what arrives over the segments
-        after the first (which holds the ramp), from the third segment and OVERLOAD_MIN_S
-        on: it will not
+        after the first (which holds the ramp), from OVERLOAD_MIN_S on: it will not
         reach a steady state at this rate (its queue only grows), so waiting for one
         wastes the warm-up's cap."""
         share = self.served_share()
-        self.overloaded = (len(self.warm_rates) >= 3 and self.seg_start >= OVERLOAD_MIN_S
-                           and share is not None and share < OVERLOAD_SHARE)
+        # segments end on completions: a server far behind finishes few, so count time
+        self.overloaded = (self.seg_start >= OVERLOAD_MIN_S and share is not None
+                           and share < OVERLOAD_SHARE)
         return self.overloaded
 
     def served_share(self) -> float | None:
