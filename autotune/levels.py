@@ -73,8 +73,10 @@ class LevelPlan:
     max_s: float | None = None
 
     def requests(self, rate_rps: float) -> int:
-        return int(min(self.max_requests, max(self.min_requests, math.ceil(rate_rps
-                                                                             * self.level_s))))
+        n = min(self.max_requests, max(self.min_requests, math.ceil(rate_rps * self.level_s)))
+        if self.max_s is not None:  # at a low rate, min_requests must not outlast the cap
+            n = min(n, max(1, math.ceil(rate_rps * self.max_s / 2)))
+        return int(n)
 
     def seconds(self, rate_rps: float) -> float:
         """How long a level at ``rate_rps`` sends arrivals."""

@@ -154,3 +154,12 @@ def test_a_server_that_falls_behind_ends_the_warm_up_and_the_levels_start_lower(
     same = CapacitySearch()
     assert start_after_warmup(same, {"overloaded": False, "served_share": 0.2}) == (same, "")
     assert start_after_warmup(same, None) == (same, "")
+
+
+def test_a_level_at_a_low_rate_fits_the_time_cap() -> None:
+    from autotune.levels import LevelPlan
+
+    assert LevelPlan(level_s=10.0).requests(0.0864) == 10  # no cap: at least 10 requests
+    capped = LevelPlan(level_s=10.0, max_s=90.0)
+    assert capped.requests(0.0864) == 4 and capped.seconds(0.0864) <= 45.0 + 1 / 0.0864
+    assert capped.requests(5.0) == 50  # at a normal rate the cap changes nothing
