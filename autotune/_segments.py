@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JIT_LINE", "LogWatch", "SegmentWatch"]
+__all__ = ["JIT_LINE", "LogWatch", "SegmentWatch", "tell_phase"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +124,14 @@ class SegmentWatch:
         return True
 
     def _phase(self, name: str, detail: str) -> None:
-        if self.phase is not None:
-            try:
-                self.phase(name, detail)
-            except Exception:  # a display must never cost the measurement
-                logger.warning("trial %d: phase callback failed", self.number, exc_info=True)
+        tell_phase(self.phase, self.number, name, detail)
+
+
+def tell_phase(phase: Callable[[str, str], None] | None, number: int, name: str,
+               detail: str) -> None:
+    """``phase(name, detail)``, if any; a failing display is logged, never raised."""
+    if phase is not None:
+        try:
+            phase(name, detail)
+        except Exception:  # a display must never cost the measurement
+            logger.warning("trial %d: phase callback failed", number, exc_info=True)

@@ -110,9 +110,10 @@ class CapacityResult:
     recorded_rps: float
     low: float | None = None  # the highest scale that passed (None: none passed)
     high: float | None = None  # the lowest scale that failed (None: none failed)
-    # found: bracket within tolerance; levels: probes spent first; capped: passed at
-    # max_scale; none: failed at min_scale
-    status: Literal["found", "levels", "capped", "none"] = "levels"
+    # found: bracket within tolerance; levels: probes spent first; time: the time cap
+    # ended the search first (--capacity-max-s); capped: passed at max_scale; none: failed
+    # at min_scale
+    status: Literal["found", "levels", "time", "capped", "none"] = "levels"
     levels: list[Level] = field(default_factory=list)
 
     @property
@@ -180,19 +181,37 @@ def flat_note(flat: Any) -> str:
             "--capacity-goodput, makes it sharper")
 
 
+class _OutOfTime(Exception):
+    """The time cap left no room for the next level (internal to search_capacity)."""
+
+
 def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
                     search: CapacitySearch | None = None,
-                    on_level: Callable[[Level, CapacityResult], None] | None = None
-                    ) -> CapacityResult:
+                    on_level: Callable[[Level, CapacityResult], None] | None = None,
+                    room: Callable[[float], bool] | None = None) -> CapacityResult:
     """Bracket the capacity: ``probe(scale)`` runs one load level and says pass or fail.
 
-    ``on_level(level, result_so_far)`` hears of each level as it ends (progress)."""
+    ``on_level(level, result_so_far)`` hears of each level as it ends (progress).
+    ``room(scale)``: whether a level at ``scale`` still fits the time cap; asked before
+    every level but the first, the search ends with status ``time`` when it says no (the
+    bracket is then as narrow as the levels run made it)."""
     s = search or CapacitySearch()
     if not (recorded_rps > 0 and math.isfinite(recorded_rps)):
         raise ConfigError(f"recorded rate is {recorded_rps}; capacity needs a rate > 0")
     res = CapacityResult(recorded_rps=recorded_rps)
+    try:
+        return _bracket(probe, s, res, on_level, room)
+    except _OutOfTime:
+        res.status = "time"
+        return res
 
+
+def _bracket(probe: Callable[[float], Level], s: CapacitySearch, res: CapacityResult,
+             on_level: Callable[[Level, CapacityResult], None] | None,
+             room: Callable[[float], bool] | None) -> CapacityResult:
     def run(scale: float) -> bool:
+        if res.levels and room is not None and not room(scale):
+            raise _OutOfTime
         lv = probe(scale)
         res.levels.append(lv)
         if lv.passed:

@@ -80,7 +80,8 @@ class TuneSettings(BaseModel):
     use_ray: bool = True
     seed: int = 0
     sampler: Literal["tpe", "random"] = "tpe"
-    objective: Literal["throughput", "goodput", "pareto", "capacity"] = "throughput"
+    # auto: capacity for an open-loop shape, throughput for a closed loop (autotune.objective)
+    objective: Literal["auto", "throughput", "goodput", "pareto", "capacity"] = "auto"
     pareto_latency: str = "ttft_p99"  # the latency a Pareto study minimises
     slo: dict[str, float] = Field(default_factory=dict)
     max_error_rate: float = Field(default=0.05, ge=0.0, le=1.0)
@@ -123,7 +124,9 @@ class TuneSettings(BaseModel):
     # --objective capacity (autotune.capacity): the bracketing search over the arrival rate
     capacity_goodput: float = Field(default=0.99, gt=0, le=1)  # share within the SLOs
     capacity_tolerance: float = Field(default=0.1, gt=0, lt=1)  # bracket high/low - 1
-    capacity_level_s: float = Field(default=30.0, gt=0)  # seconds of arrivals per level
+    capacity_level_s: float = Field(default=10.0, gt=0)  # seconds of arrivals per level
+    # the load levels of one trial stop once the next would end after this many seconds
+    capacity_max_s: float = Field(default=90.0, gt=0)
     capacity_start: float = Field(default=1.0, gt=0)  # first scale of the recorded rate
     capacity_max_levels: int = Field(default=10, ge=2, le=100)
     # what it is worth (autotune.cost): no price is built in; None leaves cost out

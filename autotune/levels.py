@@ -25,8 +25,9 @@ from autotune.errors import ConfigError, LoadgenError
 from autotune.loadgen import Abort, RequestRecord, replay
 from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, snapshot_metrics
 
-__all__ = ["LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain", "find_capacity", "fit_level",
-           "level_abort", "recorded_rate", "request_seconds", "run_level"]
+__all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
+           "find_capacity", "fit_level", "level_abort", "recorded_rate", "request_seconds",
+           "run_level", "start_after_warmup"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,19 +53,34 @@ def recorded_rate(shape: Any) -> float:
     return rate
 
 
+#: seconds of arrivals per load level, at least (a level lasts LEVEL_SPAN requests)
+LEVEL_S = 10.0
+#: the load levels of one capacity search, at most this many seconds (--capacity-max-s)
+CAPACITY_MAX_S = 90.0
+
+
 @dataclass(frozen=True)
 class LevelPlan:
     """How long each load level runs."""
 
-    level_s: float = 30.0  # seconds of arrivals per level
+    level_s: float = LEVEL_S  # seconds of arrivals per level, at least
     min_requests: int = 10
     max_requests: int = 2000
     drain_timeout_s: float = 120.0  # wait at most this long for an idle server after a level
     seed: int = 0
+    # the levels of one search stop once the next would end after this many seconds (None:
+    # no cap): an open-loop trial in minutes, its bracket as narrow as the levels made it
+    max_s: float | None = None
 
     def requests(self, rate_rps: float) -> int:
-        return int(min(self.max_requests, max(self.min_requests, math.ceil(rate_rps
-                                                                             * self.level_s))))
+        n = min(self.max_requests, max(self.min_requests, math.ceil(rate_rps * self.level_s)))
+        if self.max_s is not None:  # at a low rate, min_requests must not outlast the cap
+            n = min(n, max(1, math.ceil(rate_rps * self.max_s / 2)))
+        return int(n)
+
+    def seconds(self, rate_rps: float) -> float:
+        """How long a level at ``rate_rps`` sends arrivals."""
+        return self.requests(rate_rps) / rate_rps if rate_rps > 0 else self.level_s
 
 
 #: a level's arrivals last at least this many times the shape's typical request: a level
@@ -118,14 +134,36 @@ def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]
         f"{LEVEL_SPAN:g} of them to judge a sustained rate, not a burst")
 
 
+def start_after_warmup(search: CapacitySearch, warmup: dict[str, Any] | None
+                       ) -> tuple[CapacitySearch, str]:
+    """The search to run after a warm-up at ``search.start``: when the server fell behind
+    those arrivals (``warmup["overloaded"]``, it served ``served_share`` of the offered
+    tokens), the levels from there down to that share would all fail, each after a long
+    wait for its first misses to end: start at the power of two at or below the share
+    instead (at least ``min_scale``), and say so ("" when unchanged)."""
+    share = (warmup or {}).get("served_share")
+    if not (warmup or {}).get("overloaded") or not isinstance(share, (int, float)):
+        return search, ""
+    start = search.start * 2.0 ** math.floor(math.log2(max(share, 1e-9)))
+    start = max(search.min_scale, start)
+    if start >= search.start:
+        return search, ""
+    return dataclasses.replace(search, start=start), (
+        f"the server fell behind the arrivals at {search.start:g}x the recorded rate in the "
+        f"warm-up (it served {share:.0%} of the offered tokens): the levels start at "
+        f"{start:.3g}x")
+
+
 def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,
-                  level_s: float, max_levels: int, seed: int = 0) -> dict[str, Any]:
+                  level_s: float, max_levels: int, seed: int = 0,
+                  max_s: float | None = CAPACITY_MAX_S) -> dict[str, Any]:
     """The ``TrialSpec`` fields of a capacity measurement (``capacity``, ``capacity_plan``):
     what ``tune --objective capacity`` and ``bench --capacity`` pass to a trial."""
     search = CapacitySearch(goodput=goodput, max_error_rate=max_error_rate, start=start,
                             tolerance=tolerance, min_scale=min(start, 1.0 / 64),
                             max_scale=max(start, 64.0), max_levels=max_levels)
-    return {"capacity": search, "capacity_plan": LevelPlan(level_s=level_s, seed=seed)}
+    return {"capacity": search,
+            "capacity_plan": LevelPlan(level_s=level_s, seed=seed, max_s=max_s)}
 
 
 def level_abort(offered: int, slo: Slo | None, search: CapacitySearch) -> Abort:
@@ -223,11 +261,13 @@ class _Probe:
     jit: Callable[[], bool] | None = None  # was a kernel JIT-compiled since the last call?
     measured: dict[float, Measurement] = field(default_factory=dict)
     levels_run: int = 0
+    longest_s: float = 0.0  # the longest level so far, its tail and drain included
 
     def _run(self, scale: float) -> tuple[Level, Measurement | None]:
         if self.jit is not None:
             self.jit()  # what came before (the warm-up, a drain) is not this level's
         self.levels_run += 1
+        t0 = time.monotonic()
         level, m = run_level(scale, recorded_rps=self.recorded_rps, build=self.build,
                              client_kw=self.client_kw, slo=self.slo, search=self.search,
                              plan=self.plan, token_seed=self.levels_run)
@@ -235,6 +275,7 @@ class _Probe:
             self.check()
         if self.jit is not None and self.jit():
             level = dataclasses.replace(level, jit_compiled=True)
+        self.longest_s = max(self.longest_s, time.monotonic() - t0)
         return level, m
 
     def __call__(self, scale: float) -> Level:
@@ -261,7 +302,24 @@ def find_capacity(*, recorded_rps: float, build: Build, client_kw: dict[str, Any
     ``jit``: whether the server logged a kernel JIT compilation since its last call (each
     level's ``jit_compiled``: a warm-up that did not cover the traffic)."""
     search = search or CapacitySearch()
-    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan or LevelPlan(), check,
-                   jit)
-    res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level)
+    plan = plan or LevelPlan()
+    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan, check, jit)
+    res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level,
+                          room=_room(plan, recorded_rps, probe))
     return res, (probe.measured.get(res.low) if res.low is not None else None)
+
+
+def _room(plan: LevelPlan, recorded_rps: float, probe: _Probe
+          ) -> Callable[[float], bool] | None:
+    """Whether a level at a scale still ends within ``plan.max_s`` of now (None: no cap):
+    its arrivals, or as long as the longest level so far took (the requests still running
+    when the arrivals stop, and the drain), whichever is longer."""
+    if plan.max_s is None:
+        return None
+    deadline = time.monotonic() + plan.max_s
+
+    def room(scale: float) -> bool:
+        need = max(plan.seconds(scale * recorded_rps), probe.longest_s)
+        return time.monotonic() + need <= deadline
+
+    return room

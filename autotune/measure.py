@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autotune.errors import LoadgenError
+from autotune.intervals import arrivals_note, rate_interval
 from autotune.server_metrics import (
     ServerSnapshot,
     fetch_metrics_text,
@@ -25,7 +26,7 @@ from autotune.server_metrics import (
     scrape_metrics,
     snapshot_metrics,
 )
-from autotune.stats import Interval, drift, mean_interval
+from autotune.stats import drift
 
 if TYPE_CHECKING:
     from autotune.loadgen import RequestRecord, RunResult
@@ -236,6 +237,11 @@ class Measurement(BaseModel):
     output_tokens_per_s_ci_high: float | None = None
     segment_tokens_per_s: tuple[float, ...] = ()
     segment_kind: Literal["segments", "subwindows"] | None = None
+    # how the interval was made (autotune.intervals.rate_interval): "t", "log-t" (skewed
+    # segments), "bootstrap" (skewed, a segment served nothing); None without one
+    ci_method: str | None = None
+    # an open loop whose segments' spread follows its arrivals says so (arrivals_note)
+    interval_note: str = ""
 
     def flat(self) -> dict[str, float]:
         """Finite floats for trackers: throughputs, counts, pXX of each latency, cv,
@@ -386,26 +392,34 @@ def _pick_snapshots(
 
 def _token_rate(times: np.ndarray, toks: np.ndarray, window: tuple[float, float] | None,
                 rule: str, bounds: Sequence[float], subwindows: int
-                ) -> tuple[float | None, list[float], float | None, float | None]:
-    """(token rate over the window, segment rates, interval low, high): the segments are
-    ``bounds`` when given (a segmented run), else ``subwindows`` equal sub-windows; the
-    interval is the t-interval's half-width over the segments placed around the rate."""
+                ) -> tuple[float | None, list[float]]:
+    """(token rate over the window, segment rates): the segments are ``bounds`` when given
+    (a segmented run), else ``subwindows`` equal sub-windows."""
     if window is None:
-        return None, [], None, None
+        return None, []
     t0, t1 = window
     inside = (times >= t0) & (times < t1) if rule == "steady" else (times >= t0) & (times <= t1)
     tok_rate = float(toks[inside].sum() / (t1 - t0))
     edges = np.asarray(bounds if bounds else np.linspace(t0, t1, max(1, subwindows) + 1),
                        dtype=float)
     if edges.size < 3:
-        return tok_rate, [], None, None
+        return tok_rate, []
     sums, _ = np.histogram(times[inside], bins=edges, weights=toks[inside])
     seg_rates = [float(x) for x in sums / np.diff(edges)]
-    ci: Interval | None = mean_interval(seg_rates)
-    if ci is None:
-        return tok_rate, seg_rates, None, None
-    half = (ci.high - ci.low) / 2
-    return tok_rate, seg_rates, tok_rate - half, tok_rate + half
+    return tok_rate, seg_rates
+
+
+def _offered_rates(ok: Sequence[RequestRecord], window: tuple[float, float],
+                   bounds: Sequence[float], subwindows: int) -> list[float]:
+    """Output tokens of the requests sent in each segment (``bounds``, else ``subwindows``
+    equal sub-windows of ``window``), per second: what an open loop's arrivals offered
+    (autotune.intervals.arrivals_note)."""
+    edges = np.asarray(bounds if bounds else np.linspace(window[0], window[1],
+                                                         max(1, subwindows) + 1), dtype=float)
+    sends = np.asarray([r.send_s for r in ok], dtype=float)
+    outs = np.asarray([r.output_tokens for r in ok], dtype=float)
+    sums, _ = np.histogram(sends, bins=edges, weights=outs)
+    return [float(x) for x in sums / np.diff(edges)]
 
 
 def measure(
@@ -455,30 +469,16 @@ def measure(
     if window is None:
         rule = "none"
 
-    tok_rate, seg_rates, ci_lo, ci_hi = _token_rate(
+    tok_rate, seg_rates = _token_rate(
         times, toks, window, rule, bounds if rule == "steady" else [], subwindows)
+    ci_lo, ci_hi, ci_method = rate_interval(tok_rate, seg_rates)
     cv = _cv(seg_rates) if seg_rates else None
 
     lat_set = ok
     if window is not None and rule == "steady":
         started = [r for r in ok if window[0] <= r.send_s < window[1]]
         lat_set = started or ok
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    e2es: list[float] = []
-    itls: list[float] = []
-    met = 0
-    for r in lat_set:
-        ttft, tpot, e2e, gaps = _latencies(r)
-        if ttft is not None:
-            ttfts.append(ttft)
-        if tpot is not None:
-            tpots.append(tpot)
-        if e2e is not None:
-            e2es.append(e2e)
-        itls.extend(gaps)
-        if slo is None or slo.met_by(ttft, tpot, e2e):
-            met += 1
+    ttfts, tpots, e2es, itls, met = _latency_lists(lat_set, slo)
 
     rps: float | None = None
     goodput: float | None = None
@@ -521,11 +521,37 @@ def measure(
         server=server,
         output_tokens_per_s_ci_low=ci_lo,
         output_tokens_per_s_ci_high=ci_hi,
+        ci_method=ci_method,
+        interval_note=(arrivals_note(seg_rates, _offered_rates(ok, window, bounds, subwindows))
+                       if run.mode == "open" and seg_rates and window and rule == "steady"
+                       else ""),
         segment_tokens_per_s=tuple(seg_rates),
         segment_kind=("segments" if bounds and rule == "steady" else "subwindows")
         if seg_rates else None,
         repeat_segments=(len(seg_rates),),
     )
+
+
+def _latency_lists(lat_set: Sequence[RequestRecord], slo: Slo | None
+                   ) -> tuple[list[float], list[float], list[float], list[float], int]:
+    """TTFTs, TPOTs, E2Es, ITLs of the latency set and how many met every SLO threshold."""
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    e2es: list[float] = []
+    itls: list[float] = []
+    met = 0
+    for r in lat_set:
+        ttft, tpot, e2e, gaps = _latencies(r)
+        if ttft is not None:
+            ttfts.append(ttft)
+        if tpot is not None:
+            tpots.append(tpot)
+        if e2e is not None:
+            e2es.append(e2e)
+        itls.extend(gaps)
+        if slo is None or slo.met_by(ttft, tpot, e2e):
+            met += 1
+    return ttfts, tpots, e2es, itls, met
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -562,12 +588,13 @@ def combine(measurements: Sequence[Measurement]) -> Measurement:
     rate = _median(m.output_tokens_per_s for m in ms)
     # the interval pools every repeat's segments (same server: one population of segments)
     pooled = [v for m in ms for v in m.segment_tokens_per_s]
-    ci = mean_interval(pooled)
-    half = (ci.high - ci.low) / 2 if ci is not None and rate is not None else None
+    ci_lo, ci_hi, method = rate_interval(rate, pooled)
     return Measurement(
         output_tokens_per_s=rate,
-        output_tokens_per_s_ci_low=rate - half if half is not None and rate is not None else None,
-        output_tokens_per_s_ci_high=rate + half if half is not None and rate is not None else None,
+        output_tokens_per_s_ci_low=ci_lo,
+        output_tokens_per_s_ci_high=ci_hi,
+        ci_method=method,
+        interval_note=next((m.interval_note for m in ms if m.interval_note), ""),
         segment_tokens_per_s=tuple(pooled),
         segment_kind=ms[0].segment_kind if pooled else None,
         requests_per_s=_median(m.requests_per_s for m in ms),

@@ -271,6 +271,7 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
 
     ``heartbeat``: how often this tuner's running trials get Optuna heartbeats and after
     how long without one another tuner fails them (default :class:`Heartbeat`)."""
+    from autotune.objective import replayed_shape, resolve_objective
     from autotune.tracking import default_tracking_uri
     from autotune.traffic import load_shape
 
@@ -281,6 +282,9 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
             "directory (make a tiny one with 'autotune model tiny models/tiny')"
         )
     shape = load_shape(settings.shape)
+    settings = resolve_objective(settings, shape)  # --objective auto, or refused here
+    if settings.objective != "capacity":  # an open loop with --concurrency N: closed loop
+        shape = replayed_shape(shape, settings.concurrency)
     info = detect_engine()
     cuda = info.device == "cuda"
     facts = ModelFacts.from_model_dir(model, device=info.device,
@@ -738,7 +742,7 @@ def _capacity_spec(settings: TuneSettings) -> dict[str, Any]:
     return capacity_spec(goodput=settings.capacity_goodput,
                          max_error_rate=settings.max_error_rate, start=settings.capacity_start,
                          tolerance=settings.capacity_tolerance,
-                         level_s=settings.capacity_level_s,
+                         level_s=settings.capacity_level_s, max_s=settings.capacity_max_s,
                          max_levels=settings.capacity_max_levels, seed=settings.seed)
 
 
@@ -1233,6 +1237,7 @@ def tune(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t_start = time.monotonic()
     inputs = resolve_inputs(settings, heartbeat=heartbeat)
+    settings = inputs.settings  # the objective resolved from the shape
     write_config(settings, inputs.out_dir / "config.yaml")
     subs = _subscribers(inputs, tracker, on_event, callbacks)
     study = open_study(inputs, sampler=sampler, warm_start=warm_start)

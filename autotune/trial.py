@@ -242,6 +242,12 @@ class _Plan:
     max_len: int
     schedule: Any  # autotune.traffic.Schedule
 
+    @property
+    def schedule_rate(self) -> float:
+        """An open-loop schedule's mean arrival rate (req/s; 0 for a burst)."""
+        last = max((r.send_at_s or 0.0 for r in self.schedule.requests), default=0.0)
+        return len(self.schedule.requests) / last if last > 0 else 0.0
+
 
 def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Any:
     """The shape's replay with prompts exact for this model's tokenizer and the API
@@ -339,18 +345,17 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
                       recorded: float, level_plan: Any) -> Any:
     """A capacity trial's warm-up, on the traffic its levels send: the shape's own open-loop
     arrivals at the first level's rate (other words than any level's: ``token_seed`` 0),
-    cut by wall time into segments of ~10 s (at most half a level), each the output tokens
-    of the requests finished in it per second, until two consecutive segments agree within
-    the warm-up tolerance and the server logged no kernel JIT compilation during the last
-    (``SegmentRule.warmup``, as a closed loop's warm-up), or at ``--warmup-max-s``. Then the
-    sends stop and what is in flight is cancelled (no tail to wait out), and the server
-    drains. A fixed handful of requests at a low concurrency left the large batches to the
-    first level, which on the H200 paid for the compiles (experiments/h200-shapes). Returns
-    the log watch the levels go on reading (each level's ``jit_compiled``). An explicit
+    cut by wall time into segments of ~10 s (at most half a level), until the server holds
+    the shape's steady state (two request durations, no kernel JIT compilation in the last
+    segment: autotune._open_loop), or at ``--warmup-max-s``. Then the sends stop and what
+    is in flight is cancelled (no tail to wait out), and the server drains. A fixed
+    handful of requests at a low concurrency left the large batches to the first level,
+    which on the H200 paid for the compiles (experiments/h200-shapes). Returns the log
+    watch the levels go on reading (each level's ``jit_compiled``). An explicit
     ``--warmup-requests N`` keeps the fixed warm-up instead (N requests, closed loop; 0:
     none)."""
     from autotune._segments import LogWatch
-    from autotune.levels import drain, request_seconds
+    from autotune.levels import drain
     from autotune.loadgen import replay
     from autotune.stats import SegmentRule
 
@@ -360,7 +365,7 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
         _warm_up_open(spec, plan, server, outcome, phase, client_kw)
         return watch
     rate = spec.capacity.start * recorded
-    phase("warming_up", f"segments of the shape's arrivals at {rate:.3g} req/s")
+    phase("warming_up", f"the shape's arrivals at {rate:.3g} req/s until steady state")
     seg_s = min(WARM_SEGMENT_S, level_plan.level_s / 2)
     # arrivals for the whole cap and one segment more: the cap, not the schedule, ends it
     n = int(min(50_000, max(16, math.ceil(rate * (rule.warmup_max_s + seg_s)))))
@@ -368,39 +373,25 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
                       num_requests=n, rate_rps=rate, time_scale=1.0, token_seed=0)
     if sched.concurrency is not None:  # no client-side cap, as the levels
         sched = replace(sched, concurrency=None)
-    rates: list[float] = []
-    jit_last = False
-    t0 = seg_start = time.monotonic()
-    seg_tokens = 0
-
-    def segments(rec: Any, done: int, failed: int) -> str | None:
-        nonlocal jit_last, seg_start, seg_tokens
-        now = time.monotonic()
-        seg_tokens += rec.output_tokens if rec.ok else 0
-        if now - seg_start < seg_s:
-            return None
-        rates.append(seg_tokens / (now - seg_start))
-        jit_last = watch.jit_since_last()
-        seg_start, seg_tokens = now, 0
-        detail = (f"segment {len(rates)}: {rate:.3g} req/s offered, {rates[-1]:,.1f} tok/s"
-                  + (", a kernel was JIT-compiled" if jit_last else ""))
-        logger.info("trial %d warm-up %s at %.1f s", spec.number, detail, now - t0)
-        if rule.warmup(rates, jit_last, now - t0) == "warm":
-            return "warm"
-        phase("warming_up", detail)
-        return None
-
-    run = replay(sched, **client_kw, abort=segments)
+    t0 = time.monotonic()
+    ctl = _open_run(spec, sched, rule, seg_s, watch, phase, measure=False, rate=rate)
+    replay(sched, **client_kw, abort=ctl)
     server.check_alive()
     drain(client_kw["base_url"], level_plan.drain_timeout_s)
     outcome.warmup_s = time.monotonic() - t0
-    req_s = request_seconds(run.records, [r.max_tokens for r in sched.requests])
-    outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": len(rates),
-                      "converged": bool(rates) and rule.warmup_converged(rates, jit_last),
-                      "jit_in_last_segment": jit_last, "jit_events": watch.events,
-                      "rates": [round(x, 1) for x in rates], "rate_rps": round(rate, 3),
-                      "request_s": None if req_s is None else round(req_s, 2)}
+    outcome.warmup = {**ctl.warmup_record(), "jit_events": watch.events}
     return watch
+
+
+def _open_run(spec: TrialSpec, sched: Any, rule: Any, seg_s: float, watch: Any,
+              phase: Callable[[str, str], None], *, measure: bool, rate: float) -> Any:
+    """The segment hook of an open-loop run at ``rate`` req/s (autotune._open_loop)."""
+    from autotune._open_loop import OpenRun
+
+    return OpenRun(send_at=[float(r.send_at_s or 0.0) for r in sched.requests],
+                   output=[r.max_tokens for r in sched.requests], rate_rps=rate, rule=rule,
+                   segment_s=seg_s, measure=measure, jit=watch.jit_since_last,
+                   number=spec.number, on_segment=phase)
 
 
 def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
@@ -409,17 +400,28 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     """--objective capacity: warm up, then the bracketing search over the arrival-rate
     scale on this server (autotune.levels). The measurement is the level the capacity
     rests on; the levels and the bracket go to ``outcome.capacity``."""
-    from autotune.levels import LevelPlan, find_capacity, fit_level, recorded_rate
+    from autotune.levels import (
+        LevelPlan,
+        find_capacity,
+        fit_level,
+        recorded_rate,
+        start_after_warmup,
+    )
 
     recorded = recorded_rate(spec.shape)
     level_plan = spec.capacity_plan or LevelPlan(seed=spec.seed)
     watch = _warm_up_capacity(spec, plan, server, outcome, phase, client_kw, recorded,
                               level_plan)
     asked_s = level_plan.level_s
-    level_plan, stretched = fit_level(level_plan, (outcome.warmup or {}).get("request_s"))
-    if stretched:
-        logger.info("trial %d: %s", spec.number, stretched)
-        phase("capacity", stretched)
+    warm = outcome.warmup or {}
+    # a request's duration measured behind a queue is the queue's: no stretch from it
+    level_plan, stretched = fit_level(level_plan, None if warm.get("overloaded")
+                                      else warm.get("request_s"))
+    search, lower = start_after_warmup(spec.capacity, warm)
+    for line in (stretched, lower):
+        if line:
+            logger.info("trial %d: %s", spec.number, line)
+            phase("capacity", line)
 
     def build(**kw: Any) -> Any:
         return _schedule(spec, plan.max_len, **kw)
@@ -433,16 +435,17 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
               f"{lv.outcome()}; bracket [{lo}, {hi}] req/s")
 
     t_run = time.monotonic()
-    phase("capacity", f"level 1 at {spec.capacity.start:g}x {recorded:.3g} req/s")
+    phase("capacity", f"level 1 at {search.start:.3g}x {recorded:.3g} req/s")
     res, m = find_capacity(recorded_rps=recorded, build=build, client_kw=client_kw,
-                           slo=spec.slo, search=spec.capacity, plan=level_plan,
+                           slo=spec.slo, search=search, plan=level_plan,
                            check=server.check_serving, on_level=on_level,
                            jit=watch.jit_since_last)
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
     outcome.capacity = {**res.to_dict(spec.capacity.goodput), "level_s": level_plan.level_s,
-                        "level_s_asked": asked_s, "level_note": stretched}
+                        "level_s_asked": asked_s, "level_note": stretched,
+                        "start": search.start, "start_note": lower}
     outcome.stop = f"capacity_{res.status}"
     outcome.message = res.summary()
     logger.info("trial %d: %s", spec.number, outcome.message)
@@ -480,32 +483,85 @@ def _capacity_metrics(cap: dict[str, Any], gpus: tuple[int, ...] | None) -> dict
 
 def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
                   phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> list[Any]:
-    """Open loop: a fixed warm-up replay, then the schedule ``repeats`` times (its
-    interval over sub-windows of each run)."""
+    """Open loop: one continuous run of the shape's arrivals per repeat, cut into segments
+    of ~10 s: warm-up until the server holds the shape's steady state, then measurement
+    until the interval is within the precision (or ``--measure-max-s``); sized by those
+    caps, not by a number of requests (``--num-requests`` still bounds it when given).
+    An explicit ``--warmup-requests N`` runs the fixed closed-loop warm-up first."""
+    from autotune._open_loop import cut_bounds, idle_note
+    from autotune._segments import LogWatch
     from autotune.loadgen import replay
     from autotune.measure import measure, snapshot_metrics
+    from autotune.stats import SegmentRule
 
-    schedule = plan.schedule
-    _warm_up_open(spec, plan, server, outcome, phase, client_kw)
+    rule = spec.rule or SegmentRule()
+    fixed = spec.warmup_requests is not None
+    if fixed:  # asked for: the fixed warm-up (0: none); the run then measures at once
+        _warm_up_open(spec, plan, server, outcome, phase, client_kw)
+        rule = replace(rule, warmup_max_s=0.0)
+    rate = plan.schedule_rate
+    n = spec.num_requests or int(min(50_000, max(16, math.ceil(
+        rate * (rule.warmup_max_s + rule.measure_max_s + 3 * _open_segment_s(rule))))))
+    sched = _schedule(spec, plan.max_len, seed=spec.seed, concurrency=spec.concurrency,
+                      num_requests=n)
     results: list[Any] = []
     repeats = max(1, spec.repeats)
     for r in range(repeats):
-        phase("measuring", f"replay {r + 1}/{repeats}, {len(schedule.requests)} requests")
+        phase("warming_up" if r == 0 and not fixed else "measuring",
+              f"replay {r + 1}/{repeats}: the shape's arrivals at {rate:.3g} req/s")
+        watch = LogWatch(server.log_path)
+        ctl = _open_run(spec, sched, rule if r == 0 else replace(rule, warmup_max_s=0.0),
+                        _open_segment_s(rule), watch, phase, measure=True, rate=rate)
         t_run = time.monotonic()
         before = snapshot_metrics(server.base_url)
-        run = replay(schedule, **client_kw, abort=_abort(spec))
+        run = replay(sched, **client_kw, abort=_both(ctl, _abort(spec)),
+                     metrics_interval_s=2.0)
         server.check_alive()
-        if _aborted(spec, run, outcome, server):
+        if run.aborted not in (None, "precise", "cap") and _aborted(spec, run, outcome, server):
             return results
-        after = snapshot_metrics(server.base_url)
-        _count_prompt_tokens(outcome, run, before, after)
-        results.append(measure(run, slo=spec.slo, server_before=before, server_after=after))
-        outcome.measure_s += time.monotonic() - t_run
-        outcome.segments += list(results[-1].segment_tokens_per_s)
-        outcome.stop = "schedule_end"
-        logger.info("trial %d repeat %d: %s out tok/s", spec.number, r,
-                    results[-1].output_tokens_per_s)
+        _count_prompt_tokens(outcome, run, before, snapshot_metrics(server.base_url))
+        if r == 0 and not fixed:
+            outcome.warmup = {**ctl.warmup_record(), "jit_events": watch.events,
+                              "jit_segments_measuring": ctl.jit_measuring}
+            outcome.warmup_s = float(outcome.warmup["seconds"])
+        bounds = cut_bounds(ctl.bounds, ctl.cut)
+        m = measure(run, slo=spec.slo, segments=bounds if len(bounds) >= 2 else None)
+        results.append(m)
+        wall = time.monotonic() - t_run
+        outcome.measure_s += max(0.0, wall - (ctl.warm_end or 0.0))
+        outcome.segments += list(m.segment_tokens_per_s)
+        outcome.stop = ctl.stop if ctl.stop in ("precise", "cap") else "schedule_end"
+        logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments)", spec.number, r,
+                    m.output_tokens_per_s, outcome.stop, len(m.segment_tokens_per_s))
+    notes = [n for n in (idle_note(results[0].server, spec.flags), results[0].interval_note)
+             if n] if results else []
+    if notes:  # what the reading means: the trial says so (its message)
+        outcome.message = "; ".join(notes)
+        logger.info("trial %d: %s", spec.number, outcome.message)
     return results
+
+
+#: seconds of run time in one segment of an open-loop trial
+OPEN_SEGMENT_S = 10.0
+
+
+def _open_segment_s(rule: Any) -> float:
+    """An open loop's segment: OPEN_SEGMENT_S, shorter when the measurement cap would not
+    hold ``min_segments`` of them (at least 1 s)."""
+    return max(1.0, min(OPEN_SEGMENT_S, rule.measure_max_s / max(1, rule.min_segments)))
+
+
+def _both(first: Any, second: Any) -> Any:
+    """Two abort hooks as one: each sees every record; the first line wins."""
+    if second is None:
+        return first
+
+    def check(rec: Any, done: int, failed: int) -> str | None:
+        a = first(rec, done, failed)
+        b = second(rec, done, failed)
+        return a or b
+
+    return check
 
 
 def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,

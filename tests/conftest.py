@@ -53,6 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # (2,897 s in all, 1,602 s of wall in two processes); a file not listed runs after these.
 SLOW_FILES = {
     "tests/test_study_e2e.py": 494, "tests/test_capacity.py": 336,
+    "tests/test_retune_trace.py": 420,
     "tests/faults/test_faults_tuner.py": 269, "tests/test_quality.py": 253,
     "tests/test_parallel.py": 216, "tests/test_watch_vllm.py": 157,
     "tests/test_prompts_server.py": 126, "tests/test_trial_one_server.py": 100,

@@ -301,7 +301,7 @@ def test_verdict_line_says_why_when_no_other_config_was_measured():
     line = _verdict_line({"verdict": "defaults_best", "candidate_number": 3,
                           "ratio_to_defaults": {"median": 0.97, "ci_low": 0.9,
                                                 "ci_high": 1.04}})
-    assert "trial 3" in line and "0.970x" in line and "0.900-1.040" in line
+    assert "trial 3" in line and "0.970x" in line and "[0.900, 1.040]" in line
     assert "re-check" not in line
     # a study without its re-check (--recheck 0) says how to add it
     from autotune.stats import WITHIN_RUN_ONLY

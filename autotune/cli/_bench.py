@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.intervals import fmt_interval
 from autotune.schema import FailureReason
 
 if TYPE_CHECKING:
@@ -99,10 +100,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                      help="share of offered requests that must meet the SLOs (default 0.99)")
     cap.add_argument("--capacity-tolerance", type=float, default=0.1, metavar="FRACTION",
                      help="bisect until the bracket is within this fraction (default 0.1)")
-    cap.add_argument("--capacity-level-s", type=float, default=30.0, metavar="SECONDS",
-                     help="seconds of arrivals per load level, at least (default 30; "
+    cap.add_argument("--capacity-level-s", type=float, default=10.0, metavar="SECONDS",
+                     help="seconds of arrivals per load level, at least (default 10; "
                           "stretched to 3 of the shape's request durations measured in the "
                           "warm-up, at most 4x, so that a level judges a sustained rate)")
+    cap.add_argument("--capacity-max-s", type=float, default=90.0, metavar="SECONDS",
+                     help="the load levels stop once the next would end after this many "
+                          "seconds; the bracket is then as narrow as they made it "
+                          "(default 90)")
     cap.add_argument("--capacity-start", type=float, default=1.0, metavar="SCALE",
                      help="first level, as a scale of the recorded rate (default 1.0)")
     cap.add_argument("--capacity-max-levels", type=int, default=10, metavar="N",
@@ -151,7 +156,7 @@ def _capacity_fields(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
     return capacity_spec(goodput=args.capacity_goodput, max_error_rate=args.max_error_rate,
                          start=args.capacity_start, tolerance=args.capacity_tolerance,
                          level_s=args.capacity_level_s, max_levels=args.capacity_max_levels,
-                         seed=args.seed)
+                         seed=args.seed, max_s=args.capacity_max_s)
 
 
 def _level_at_capacity(cap: dict[str, Any]) -> dict[str, Any] | None:
@@ -340,7 +345,8 @@ def _bench(args: argparse.Namespace) -> int:
           f"(stopped: {outcome.stop}); {int(m.get('n_requests', 0))} requests, "
           f"{int(m.get('n_errors', 0))} failed")
     lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
-    ci = (f"95 % interval {lo:,.1f}-{hi:,.1f}, +-{(hi - lo) / 2 / m['output_tokens_per_s']:.1%}"
+    ci = (f"95 % interval {fmt_interval(lo, hi)}, +-"
+          f"{(hi - lo) / 2 / m['output_tokens_per_s']:.1%}"
           if lo is not None and hi is not None else "no interval")
     d = m.get("output_tokens_per_s_drift")  # second half of the segments over the first
     drift = f"; second half {d:+.1%} over the first" if d is not None else ""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
+from autotune.intervals import fmt_interval
 
 __all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display"]
 
@@ -93,7 +94,9 @@ class ProgressState:
     def best_text(self, label: str) -> str:
         if self.best_value is None:
             return "best -"
-        ci = f" [{self.best_ci[0]:,.1f}-{self.best_ci[1]:,.1f}]" if self.best_ci else ""
+        from rich.markup import escape  # "[a, b]" would read as a markup tag
+
+        ci = f" {escape(fmt_interval(*self.best_ci))}" if self.best_ci else ""
         ratio = (f", {self.best_value / self.baseline_value:.2f}x defaults"
                  if self.baseline_value else "")
         return f"best {self.best_value:,.1f}{ci} {label} (trial {self.best_number}{ratio})"
@@ -200,7 +203,9 @@ class ProgressDisplay(StudyCallback):
         return None
 
     def _outcome(self, e: Any) -> str:
-        msg = (e.message or "").split("\n", 1)[0][:300]
+        from rich.markup import escape  # a message's "[a, b] req/s" is no markup tag
+
+        msg = escape((e.message or "").split("\n", 1)[0][:300])
         if e.trial_value is not None and e.trial_reason is None:
             what = f"[green]{e.trial_value:,.1f} {self.label}[/]"
             if e.baseline_value:

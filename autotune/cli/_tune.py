@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from autotune.cli._cost import COST_OPTIONS
 from autotune.config import TuneSettings, parse_slo
 from autotune.errors import ConfigError
+from autotune.intervals import fmt_interval
 from autotune.quality._caveat import caveat_line
 
 __all__ = ["OPTIONS", "Option", "add_tune_options", "register", "resolve_config",
@@ -83,7 +84,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--sampler", "sampler", "search",
            help="tpe: Bayesian (multivariate TPE with constraints); random: baseline"),
     Option("--objective", "objective", "search",
-           help="maximise output tokens/s (throughput), requests/s that meet the SLOs "
+           help="auto (default): capacity for a shape replayed as recorded arrivals (open "
+                "loop, e.g. from 'autotune shape fit'), throughput for a closed loop "
+                "(concurrency streams): at a fixed arrival rate every config that keeps up "
+                "serves the same tokens/s, so throughput is refused there (use --concurrency "
+                "N to replay such a shape as a closed loop). Or: "
+                "maximise output tokens/s (throughput), requests/s that meet the SLOs "
                 "(goodput), both throughput and --pareto-latency as two objectives "
                 "(pareto: the front is reported, plotted and logged), or capacity: the "
                 "highest arrival rate (req/s, a scale of the shape's recorded rate) one "
@@ -140,10 +146,15 @@ OPTIONS: tuple[Option, ...] = (
                 "lowest failing rate] is within this fraction (default 0.1 = 10 %%)"),
     Option("--capacity-level-s", "capacity_level_s", "measure", metavar="SECONDS",
            help="--objective capacity: seconds of open-loop arrivals per load level, at "
-                "least (at least 10 requests; default 30); stretched to 3 of the shape's "
+                "least (at least 10 requests; default 10); stretched to 3 of the shape's "
                 "request durations as the warm-up measured them (at most 4x), so that a "
                 "level judges a sustained rate, not a burst; a level stops early once it "
                 "cannot pass"),
+    Option("--capacity-max-s", "capacity_max_s", "measure", metavar="SECONDS",
+           help="--objective capacity: the load levels of one trial stop once the next "
+                "would end after this many seconds (default 90: a trial in minutes); the "
+                "bracket is then as narrow as they made it (status 'time'); raise it for a "
+                "tighter bracket"),
     Option("--capacity-start", "capacity_start", "measure", metavar="SCALE",
            help="--objective capacity: the first level, as a scale of the recorded rate "
                 "(default 1.0; passes double it, fails halve it until bracketed)"),
@@ -167,7 +178,9 @@ OPTIONS: tuple[Option, ...] = (
            help="measured segments before --precision may stop a trial (default 5: with 3, "
                 "a few agreeing segments stopped runs that then drifted by up to 4.6 %%)"),
     Option("--measure-max-s", "measure_max_s", "measure", metavar="SECONDS",
-           help="measure a trial at most this long (default 180)"),
+           help="measure a trial at most this long (default 180; an open loop's measured "
+                "replay too: its length comes from --precision and this cap, not from a "
+                "number of requests)"),
     Option("--warmup-max-s", "warmup_max_s", "measure", metavar="SECONDS",
            help="warm up at most this long; the warm-up ends earlier when two consecutive "
                 "segments agree within --warmup-tolerance, the last three do not climb (or "
@@ -185,13 +198,15 @@ OPTIONS: tuple[Option, ...] = (
                 "throughput climbs for minutes (docs/measurement.md, section 4)"),
     Option("--warmup-requests", "warmup_requests", "measure",
            help="open-loop shapes only: a fixed warm-up of N requests (closed loop) before "
-                "the measured replay (default 2 x concurrency); a capacity trial warms up "
-                "in segments of its levels' traffic unless N is given (0: no warm-up); "
-                "closed loops warm up in segments"),
+                "the measured replay (0: no warm-up); by default an open loop warms up on "
+                "the shape's own arrivals until the server holds their steady state (two "
+                "request durations) and closed loops until two segments agree"),
     Option("--num-requests", "num_requests", "measure",
            help="requests per replay (default: the shape's load.requests)"),
     Option("--concurrency", "concurrency", "measure",
-           help="closed-loop streams (default: the shape's load.concurrency); also the "
+           help="closed-loop streams (default: the shape's load.concurrency; an open-loop "
+                "shape is then replayed as a closed loop of N streams, its lengths without "
+                "its arrivals: what --objective throughput needs); also the "
                 "streams a 'tuned' kernel knob's token counts come from"),
     Option("--api", "api", "measure", help="OpenAI endpoint the load generator uses"),
     Option("--start-timeout", "start_timeout_s", "measure",
@@ -334,8 +349,10 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     for opt in OPTIONS:
         value = getattr(args, opt.field)
         values[opt.field] = opt.parse(value) if opt.parse is not None else value
+    from autotune.objective import resolve_settings
+
     try:
-        return TuneSettings(**values)
+        settings = TuneSettings(**values)
     except ValidationError as exc:
         flags = {opt.field: opt.flag for opt in OPTIONS}
         msgs = "; ".join(
@@ -343,6 +360,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
             f"{e.get('input')!r}: {e['msg']}" for e in exc.errors()
         )
         raise ConfigError(msgs) from None
+    return resolve_settings(settings, strict=False)  # --objective auto: from the shape
 
 
 
@@ -381,8 +399,8 @@ def _verdict_line(v: dict[str, Any]) -> str:
     from autotune.stats import WITHIN_RUN_ONLY
 
     r = v.get("ratio_to_defaults")
-    ci = (f"{r['median']:.3f}x the defaults (95 % interval {r['ci_low']:.3f}-{r['ci_high']:.3f})"
-          if r else "no ratio to the defaults")
+    ci = (f"{r['median']:.3f}x the defaults (95 % interval "
+          f"{fmt_interval(r['ci_low'], r['ci_high'], '.3f')})" if r else "no ratio to the defaults")
     if v.get("method") == WITHIN_RUN_ONLY and not v.get("candidate_pruned"):
         # one start of each (--recheck 0): the interval holds no start-to-start spread
         ci += ("; one server start of each, no fresh-server re-check: add it with --resume "
@@ -457,7 +475,9 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
         raise KeyboardInterrupt
 
     from autotune.cli._progress import make_display
+    from autotune.objective import resolve_settings
 
+    settings = resolve_settings(settings)  # a shape that cannot be read stops here
     display = make_display(objective_label(settings.objective), quiet=quiet)
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
