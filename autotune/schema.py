@@ -51,6 +51,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from autotune.credentials import redact
 from autotune.errors import StudyError
 
 if TYPE_CHECKING:
@@ -785,12 +786,16 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
                 return None
             path.parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    else:
+        # A database server restarted mid-study leaves every pooled connection dead: each
+        # is tested when taken, and replaced, so the study goes on (docs/faults.md).
+        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
     try:
         return _rdb_storage(url, kwargs)
     except Exception as exc:
         raise StudyError(
-            f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}; use sqlite:///PATH or a "
+            f"cannot open the Optuna storage {redact(url)!r}: {type(exc).__name__}: "
+            f"{redact(str(exc).splitlines()[0]) if str(exc) else ''}; use sqlite:///PATH or a "
             "reachable database URL"
         ) from exc
 

@@ -140,6 +140,28 @@ def fake_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A real PostgreSQL cluster for the session (``tests/_postgres.py``): initdb in a
+    temporary folder, a free port on 127.0.0.1, a password; skipped where PostgreSQL or its
+    driver is not installed (``bash scripts/setup.sh`` installs both)."""
+    from tests._postgres import PgCluster, pg_binaries
+
+    bindir = pg_binaries()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (bash scripts/setup-postgres.sh)")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("the PostgreSQL driver is not installed (pip install -e '.[postgres]')")
+    cluster = PgCluster(bindir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.remove()
+
+
 @pytest.fixture
 def shared_traces() -> Path:
     p = SHARED / "traces"
