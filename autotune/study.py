@@ -1274,7 +1274,11 @@ def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
         _prepare(loop, inputs, subs)
         loop.run()
     except BaseException as exc:
-        loop.interrupt()
+        try:
+            loop.interrupt()
+        except Exception as stop_exc:  # noqa: BLE001 - the error that stopped it comes first
+            logger.warning("the trials in flight could not be marked stopped (%s); the next "
+                           "--resume fails them", redact(str(stop_exc)))
         why = ("interrupted" if isinstance(exc, KeyboardInterrupt)
                else f"error: {redact(str(exc)) or type(exc).__name__}")
         subs.on_study_end(replace(loop.stopped_event(), message=why), None)
@@ -1300,8 +1304,8 @@ def _drop_if_empty(study: optuna.Study, inputs: StudyInputs) -> None:
         optuna.delete_study(study_name=study.study_name, storage=inputs.storage)
         logger.info("study %s removed: it stopped before any trial ran", study.study_name)
     except Exception as exc:  # noqa: BLE001 - the error that stopped the study comes first
-        logger.warning("study %s stopped before any trial ran but could not be removed "
-                       "(%s); remove it with optuna delete-study", study.study_name, exc)
+        logger.info("study %s: whether any trial ran could not be checked (%s); kept",
+                    study.study_name, redact(str(exc)))
 
 
 def _prepare(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:

@@ -350,14 +350,19 @@ def test_tuners_opening_a_fresh_storage_at_once_all_open_it(
 
 def test_two_tuners_at_once_share_the_trials_and_run_none_twice(
         fake_model: Path, tmp_path: Path, tuners: list[_Tuner], storage: str) -> None:
-    """Two tuners started together on one new study (each --resume: whichever comes first
-    creates it): every trial is run by one of them, once, and the study gets its trials."""
+    """Two tuners on one study at once (the first creates it, the second joins it with
+    --resume): every trial is run by one of them, once, and the study gets its trials."""
     hb = Heartbeat(interval_s=1, grace_s=5)
-    both = [_Tuner(tmp_path, _settings(fake_model, tmp_path, f"out-{n}", storage, trials=6,
-                                       resume=True), hb, name=n, sleep_s=0.3)
-            for n in ("a", "b")]
+    both = [_Tuner(tmp_path, _settings(fake_model, tmp_path, "out-a", storage, trials=6), hb,
+                   name="a", sleep_s=0.3)]
     tuners.extend(both)
     deadline = time.monotonic() + 180
+    while not _study_created(storage) and time.monotonic() < deadline:
+        assert both[0].proc.poll() is None, both[0].output()
+        time.sleep(0.3)
+    both.append(_Tuner(tmp_path, _settings(fake_model, tmp_path, "out-b", storage, trials=6,
+                                           resume=True), hb, name="b", sleep_s=0.3))
+    tuners.append(both[1])
     while time.monotonic() < deadline:  # both hold a trial: then all trials go on
         assert all(t.proc.poll() is None for t in both), [t.output() for t in both]
         running = [t for t in _trials(storage) if t.state == TrialState.RUNNING

@@ -40,6 +40,15 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _patient_reads() -> Iterator[None]:
+    """MLflow clients here wait up to 2 minutes for an answer (autotune's default, 10 s,
+    is for a server that went away; a loaded test machine can be that slow to answer)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")
+        yield
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(postgres: Any, tmp_path_factory: pytest.TempPathFactory
                   ) -> Iterator[MlflowServer]:
@@ -61,7 +70,8 @@ def team_env(postgres: Any, mlflow_server: MlflowServer, monkeypatch: pytest.Mon
              ) -> dict[str, str]:
     """The credentials a team member's shell holds: the MLflow user in the environment;
     the database password in PGPASSWORD."""
-    env = {**mlflow_server.client_env(), "PGPASSWORD": postgres.password}
+    env = {**mlflow_server.client_env(), "PGPASSWORD": postgres.password,
+           "MLFLOW_HTTP_REQUEST_TIMEOUT": "120"}  # as _patient_reads, for the CLI's
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
