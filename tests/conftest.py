@@ -64,7 +64,7 @@ SLOW_FILES = {
     "tests/faults/test_faults_inputs.py": 40, "tests/faults/test_faults_report.py": 35,
     "tests/test_watch.py": 30, "tests/test_kernels_guard.py": 23,
     "tests/test_registry_mlflow.py": 20, "tests/test_study_loop.py": 14,
-    "tests/test_team_setup.py": 300, "tests/test_study_stops_early.py": 40,
+    "tests/test_team_setup.py": 450, "tests/test_study_stops_early.py": 60,
 }
 
 
