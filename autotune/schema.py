@@ -90,6 +90,7 @@ __all__ = [
     "pareto_trials",
     "primary",
     "readings",
+    "schema_race",
     "set_constraints",
     "sqlite_path",
     "study_objective",
@@ -818,13 +819,13 @@ def _rdb_storage(url: str, kwargs: dict[str, Any], attempts: int = 5) -> Any:
         try:
             return open_it()
         except Exception as exc:
-            if not _schema_race(exc):
+            if not schema_race(exc):
                 raise
             time.sleep(0.2 * attempt)
     return open_it()
 
 
-def _schema_race(exc: BaseException) -> bool:
+def schema_race(exc: BaseException) -> bool:
     """Whether opening a storage failed because another process created its schema at the
     same moment (SQLite and server databases word it alike)."""
     text = str(exc).lower()

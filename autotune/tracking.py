@@ -20,7 +20,7 @@ from typing import Any
 from autotune.credentials import redact, warn_if_password
 from autotune.errors import TrackingError
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
-from autotune.schema import A, State, sqlite_path
+from autotune.schema import A, State, schema_race, sqlite_path
 
 __all__ = ["BEST_TAG", "BEST_VALUE", "EXPERIMENT_KIND", "TAGS", "MlflowCallback",
            "MlflowTracker", "default_tracking_uri", "log_study_end"]
@@ -118,8 +118,7 @@ class MlflowTracker:
 
             self._mlflow = mlflow
             with _store_lock(db):  # the first use creates and migrates a SQLite store
-                self.client = MlflowClient(tracking_uri=tracking_uri)
-                self.experiment_id = self._experiment(experiment)
+                self._open(MlflowClient, experiment)
         except Exception as exc:
             first = redact(str(exc).splitlines()[0]) if str(exc) else ""
             fix = ("start the tracking server, fix --tracking-uri, or use a local "
@@ -129,6 +128,24 @@ class MlflowTracker:
                        "MLFLOW_TRACKING_PASSWORD (a user with EDIT permission)")
             raise TrackingError(f"cannot use the MLflow store {redact(tracking_uri)!r}: "
                                 f"{type(exc).__name__}: {first}; {fix}") from exc
+
+    def _open(self, client_cls: Any, experiment: str, attempts: int = 5) -> None:
+        """The client and the experiment's id. A database store (``postgresql://``) that
+        another tuner creates at the same moment fails one of the two on its tables (a
+        duplicate key of ``pg_type``, alembic's row): opened again, as Optuna's storage
+        is (:func:`autotune.schema._rdb_storage`); a SQLite store is locked instead."""
+        import time
+
+        for attempt in range(1, attempts + 1):
+            try:
+                self.client = client_cls(tracking_uri=self.tracking_uri)
+                self.experiment_id = self._experiment(experiment)
+                return
+            except Exception as exc:
+                text = str(exc).lower()
+                if attempt == attempts or not (schema_race(exc) or "duplicate key" in text):
+                    raise
+                time.sleep(0.3 * attempt)
 
     def _experiment(self, name: str) -> str:
         """The experiment's id, created when missing; a tuner that creates it at the same
