@@ -59,24 +59,10 @@ class MlflowServer:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log,
                                          cwd=self.root, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited {self.proc.returncode}:\n"
-                                   f"{self.log.read_text()[-3000:]}")
-            try:  # healthy, and past its first (slow) authenticated request
-                req = urllib.request.Request(
-                    f"{self.url}/api/2.0/mlflow/experiments/search?max_results=1",
-                    headers={"Authorization": "Basic " + base64.b64encode(
-                        f"{ADMIN}:{self.password}".encode()).decode()})
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"mlflow server not healthy after {timeout_s} s:\n"
-                           f"{self.log.read_text()[-3000:]}")
+        # healthy, and past its first (slow) authenticated request
+        wait_http(f"{self.url}/api/2.0/mlflow/experiments/search?max_results=1", self.proc,
+                  self.log, timeout_s, headers={"Authorization": "Basic " + base64.b64encode(
+                      f"{ADMIN}:{self.password}".encode()).decode()})
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -87,3 +73,23 @@ class MlflowServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float,
+              headers: dict[str, str] | None = None) -> None:
+    """Until ``url`` answers 200 (each try may take a minute on a loaded machine); raises
+    with the end of ``log`` when ``proc`` exits or time is up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited {proc.returncode}:\n"
+                               f"{log.read_text()[-3000:]}")
+        try:
+            req = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer in {timeout_s} s:\n{log.read_text()[-3000:]}")

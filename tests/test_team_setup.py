@@ -33,7 +33,7 @@ from autotune.schema import A, FailureReason
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor
 from autotune.tracking import EXPERIMENT_KIND, MlflowTracker
-from tests._mlflow_server import MlflowServer
+from tests._mlflow_server import MlflowServer, wait_http
 from tests._sim_tuner import value
 from tests.conftest import REPO
 
@@ -246,7 +246,7 @@ def test_the_dashboard_shows_the_study_and_its_trials(
                              "--host", "127.0.0.1", "--port", str(port)],
                             stdout=log, stderr=log, start_new_session=True)
     try:
-        _wait_http(f"http://127.0.0.1:{port}/api/studies", proc, tmp_path / "dashboard.log")
+        wait_http(f"http://127.0.0.1:{port}/api/studies", proc, tmp_path / "dashboard.log", 120)
         study = optuna.load_study(study_name="team-study", storage=team_study.storage)
         from playwright.sync_api import sync_playwright
 
@@ -272,21 +272,6 @@ def test_the_dashboard_shows_the_study_and_its_trials(
     # autotune's trial attributes are readable there
     for key in (A.STATE, A.METRICS, A.FLAGS):
         assert key in text, text[:3000]
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120
-               ) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-2000:]
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer:\n{log.read_text()[-2000:]}")
 
 
 # -- each server stopped mid-study (docs/faults.md) -----------------------------------------
