@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from autotune.credentials import redact, redact_settings
 from autotune.errors import AutotuneError, StudyError
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 from autotune.report import one_line_message
@@ -57,6 +58,10 @@ class TuneResult:
     report: Path | None = None  # OUT/report.html, when it could be written
     verdict: dict[str, Any] = field(default_factory=dict)  # autotune.verdict
     gpu_time: dict[str, dict[str, float]] = field(default_factory=dict)  # autotune.gpu_time
+    # MLflow: trials logged after the tracking store came back, and what it still lacks
+    # ("trial 3", "the study run's results"; ``autotune sync OUT`` logs them)
+    mlflow_late: list[int] = field(default_factory=list)
+    mlflow_unlogged: list[str] = field(default_factory=list)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -142,7 +147,7 @@ def write_config(settings: Any, path: Path) -> None:
     import yaml
 
     text = ("# the resolved config of this study: autotune tune --config " + path.name + "\n"
-            + yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False))
+            + yaml.safe_dump(redact_settings(settings.model_dump(mode="json")), sort_keys=False))
     write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
@@ -241,7 +246,7 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         ),
         "ratio_to_baseline": (best_value / base_value) if base_value else None,
         "study": study.study_name,
-        "storage": settings.storage,
+        "storage": redact(settings.storage),
         "shape": {"name": ctx.shape.name, "fingerprint": ctx.shape.fingerprint,
                   "path": str(settings.shape)},
         "model": str(ctx.model),
@@ -295,8 +300,8 @@ def write_results(ctx: StudyContext) -> TuneResult:
     verdict_rec: dict[str, Any] = dict(study.user_attrs.get(A.VERDICT) or {})
     gpu_time: dict[str, dict[str, float]] = dict(study.user_attrs.get(A.GPU_TIME) or {})
     summary = {
-        "study": study.study_name, "storage": settings.storage,
-        "tracking_uri": ctx.tracking_uri, "trials": len(trials), "ok": n_ok,
+        "study": study.study_name, "storage": redact(settings.storage),
+        "tracking_uri": redact(ctx.tracking_uri), "trials": len(trials), "ok": n_ok,
         "failed": n_failed, "failures_by_reason": reasons,
         "best_trial": best["trial"] if best else None,
         "best_value": best["objective"]["value"] if best else None,
@@ -304,7 +309,8 @@ def write_results(ctx: StudyContext) -> TuneResult:
         "explanation": explanation,
         "verdict": verdict_rec,
         "gpu_time": gpu_time,
-        "settings": settings.model_dump(mode="json"),  # the resolved config (config.yaml)
+        # the resolved config (config.yaml)
+        "settings": redact_settings(settings.model_dump(mode="json")),
     }
     write_json_atomic(out_dir / "study.json", summary)
     report = _write_report(ctx)

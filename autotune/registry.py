@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from autotune.credentials import redact
 from autotune.errors import ShapeError, StudyError
 from autotune.schema import A, feasible, is_prior, objective_metric, open_storage, primary, verdict
 from autotune.traffic import ShapeDiff, TrafficShape, diff_shapes, load_shape
@@ -260,7 +261,8 @@ def _scan(storage: str, st: Any | None = None, model: str | None = None,
     try:
         studies = st.get_all_studies()
     except Exception as exc:  # one clear error for any storage failure
-        raise StudyError(f"cannot list the studies in {storage!r}: {exc}") from exc
+        raise StudyError(f"cannot list the studies in {redact(storage)!r}: "
+                         f"{redact(str(exc))}") from exc
     out: list[tuple[TunedStudy, Any]] = []
     for s in studies:
         attrs = dict(s.user_attrs)

@@ -51,6 +51,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from autotune.credentials import redact
 from autotune.errors import StudyError
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ __all__ = [
     "pareto_trials",
     "primary",
     "readings",
+    "schema_race",
     "set_constraints",
     "sqlite_path",
     "study_objective",
@@ -786,12 +788,16 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
                 return None
             path.parent.mkdir(parents=True, exist_ok=True)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    else:
+        # A database server restarted mid-study leaves every pooled connection dead: each
+        # is tested when taken, and replaced, so the study goes on (docs/faults.md).
+        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
     try:
         return _rdb_storage(url, kwargs)
     except Exception as exc:
         raise StudyError(
-            f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}; use sqlite:///PATH or a "
+            f"cannot open the Optuna storage {redact(url)!r}: {type(exc).__name__}: "
+            f"{redact(str(exc).splitlines()[0]) if str(exc) else ''}; use sqlite:///PATH or a "
             "reachable database URL"
         ) from exc
 
@@ -814,13 +820,13 @@ def _rdb_storage(url: str, kwargs: dict[str, Any], attempts: int = 5) -> Any:
         try:
             return open_it()
         except Exception as exc:
-            if not _schema_race(exc):
+            if not schema_race(exc):
                 raise
             time.sleep(0.2 * attempt)
     return open_it()
 
 
-def _schema_race(exc: BaseException) -> bool:
+def schema_race(exc: BaseException) -> bool:
     """Whether opening a storage failed because another process created its schema at the
     same moment (SQLite and server databases word it alike)."""
     text = str(exc).lower()

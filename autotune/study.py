@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import DEFAULT_OUT_ROOT, SLO_KEYS, TuneSettings
+from autotune.credentials import redact, redact_settings, warn_if_password
 from autotune.engine import EngineInfo, detect_engine, preload_scope
 from autotune.errors import AutotuneError, ConfigError, SpaceError, StudyError
 from autotune.events import (
@@ -181,19 +182,19 @@ def _study_name(settings: TuneSettings, storage: BaseStorage, space: SearchSpace
     if settings.resume and name is None:
         name = latest_study(storage)
         if name is None:
-            raise StudyError(f"--resume: no study in {settings.storage} to resume")
+            raise StudyError(f"--resume: no study in {redact(settings.storage)} to resume")
     if name is None:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         name = f"{space.name}-{shape.name}-{stamp}".replace(" ", "_")
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage, False)}
     if name in existing and not settings.resume:
         raise StudyError(
-            f"study {name!r} already exists in {settings.storage}; pass --resume to "
+            f"study {name!r} already exists in {redact(settings.storage)}; pass --resume to "
             "continue it, or choose another --study-name"
         )
     if settings.resume and name not in existing:
         raise StudyError(
-            f"--resume: study {name!r} is not in {settings.storage}; "
+            f"--resume: study {name!r} is not in {redact(settings.storage)}; "
             f"known studies: {', '.join(sorted(existing)) or 'none'}"
         )
     return name
@@ -272,6 +273,7 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
     ``heartbeat``: how often this tuner's running trials get Optuna heartbeats and after
     how long without one another tuner fails them (default :class:`Heartbeat`)."""
     from autotune.objective import replayed_shape, resolve_objective
+    from autotune.prompts import model_vocab_size
     from autotune.tracking import default_tracking_uri
     from autotune.traffic import load_shape
 
@@ -281,6 +283,7 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
             f"--model {settings.model}: no config.json there; point it at a local model "
             "directory (make a tiny one with 'autotune model tiny models/tiny')"
         )
+    model_vocab_size(model)  # the prompts need it: checked before any store is opened
     shape = load_shape(settings.shape)
     settings = resolve_objective(settings, shape)  # --objective auto, or refused here
     if settings.objective != "capacity":  # an open loop with --concurrency N: closed loop
@@ -302,6 +305,7 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
 
         recorded_rate(shape)  # a closed-loop shape has no rate to scale: stop here
     heartbeat = heartbeat or Heartbeat()
+    warn_if_password("--storage", settings.storage, env="PGPASSWORD or a ~/.pgpass file")
     storage = open_storage(settings.storage, heartbeat=heartbeat)
     study_name = _study_name(settings, storage, space, shape)
     out_dir = (settings.out or DEFAULT_OUT_ROOT / study_name).resolve()
@@ -389,7 +393,7 @@ def _start_new(study: optuna.Study, inputs: StudyInputs,
         A.SHAPE_PATH: str(settings.shape), A.SPACE: space.name,
         A.SPACE_PATH: str(settings.space),
         A.ENGINE: f"{inputs.engine.package} {inputs.engine.version}", A.GPU: inputs.gpu_type,
-        A.SETTINGS: settings.model_dump(mode="json"),
+        A.SETTINGS: redact_settings(settings.model_dump(mode="json")),
     }.items():  # fmt: skip
         study.set_user_attr(key, value)
     if settings.baseline:
@@ -875,8 +879,9 @@ class StudyLoop:
             self.close()
         except optuna.exceptions.StorageInternalError as exc:
             raise StudyError(
-                f"the Optuna storage {self.settings.storage} failed mid-study ({exc}); every "
-                "finished trial is kept there: fix the storage, then continue with --resume"
+                f"the Optuna storage {redact(self.settings.storage)} failed mid-study "
+                f"({redact(str(exc))}); every finished trial is kept there: fix the storage, "
+                "then continue with --resume"
             ) from exc
         finally:
             self.beats.stop()
@@ -966,6 +971,20 @@ class StudyLoop:
 
     def _launch_next(self) -> None:
         trial = self._ask()
+        try:
+            self._launch(trial)
+        except BaseException as exc:
+            if trial.number not in self.flights:  # asked, never started: not left RUNNING
+                try:
+                    mark_failed(trial, FailureReason.INTERRUPTED,
+                                f"the tuner stopped before this trial started: {exc!r}"[:500])
+                    _commit_tell(self.study, trial, None, fail=True)
+                except Exception as tell_exc:  # noqa: BLE001 - the first error is raised
+                    logger.warning("trial %d could not be failed (%s); the next --resume "
+                                   "fails it", trial.number, redact(str(tell_exc)))
+            raise
+
+    def _launch(self, trial: optuna.Trial) -> None:
         is_base = bool(trial.user_attrs.get(A.BASELINE))
         params = self.space.suggest(trial, baseline=is_base)
         problems = self.space.violations(params)
@@ -1257,6 +1276,9 @@ def tune(
             subs.on_study_start(loop.event(
                 "study_started", message=f"{n_finished(study)} finished trial(s) already"), ctx)
             _run(loop, inputs, subs)
+        except Exception:
+            _drop_if_empty(study, inputs)
+            raise
         finally:
             if executor is None:
                 runner.shutdown()
@@ -1268,6 +1290,47 @@ def tune(
 def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
     """The quality reference (when lossy trials are probed), then the loop; an error or an
     interrupt stops the trials in flight and tells the subscribers."""
+    try:
+        _prepare(loop, inputs, subs)
+        loop.run()
+    except BaseException as exc:
+        try:
+            loop.interrupt()
+        except Exception as stop_exc:  # noqa: BLE001 - the error that stopped it comes first
+            logger.warning("the trials in flight could not be marked stopped (%s); the next "
+                           "--resume fails them", redact(str(stop_exc)))
+        why = ("interrupted" if isinstance(exc, KeyboardInterrupt)
+               else f"error: {redact(str(exc)) or type(exc).__name__}")
+        subs.on_study_end(replace(loop.stopped_event(), message=why), None)
+        raise
+
+
+def _drop_if_empty(study: optuna.Study, inputs: StudyInputs) -> None:
+    """A new study that an error stopped before any trial ran (queued, or stopped by the
+    error itself) is deleted: the corrected command must not find it "already exists", nor
+    a dashboard list it empty. An interrupted one stays for --resume."""
+    import optuna
+    from optuna.trial import TrialState
+
+    def ran(t: Any) -> bool:
+        return t.state != TrialState.WAITING and not (
+            t.state == TrialState.FAIL and t.user_attrs.get(A.REASON) in STOPPED)
+
+    if inputs.settings.resume:
+        return
+    try:
+        if any(ran(t) for t in study.get_trials(deepcopy=False)):
+            return
+        optuna.delete_study(study_name=study.study_name, storage=inputs.storage)
+        logger.info("study %s removed: it stopped before any trial ran", study.study_name)
+    except Exception as exc:  # noqa: BLE001 - the error that stopped the study comes first
+        logger.info("study %s: whether any trial ran could not be checked (%s); kept",
+                    study.study_name, redact(str(exc)))
+
+
+def _prepare(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
+    """What runs before the first trial: the routing note, the tuned kernels, the quality
+    reference (when lossy trials are probed)."""
     settings = inputs.settings
     base = inputs.space.launch_spec(inputs.space.baseline_params(), baseline=True)
     routing = dummy_routing_warning(
@@ -1283,9 +1346,3 @@ def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
         probe, reference = _quality_reference(
             inputs, note=lambda m: subs.on_note(loop.event("note", message=m)))
         loop.template = replace(loop.template, quality_probe=probe, quality_reference=reference)
-    try:
-        loop.run()
-    except BaseException:
-        loop.interrupt()
-        subs.on_study_end(loop.stopped_event(), None)
-        raise

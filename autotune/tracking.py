@@ -17,12 +17,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.credentials import redact, warn_if_password
 from autotune.errors import TrackingError
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
-from autotune.schema import A, State, sqlite_path
+from autotune.schema import A, State, schema_race, sqlite_path
 
-__all__ = ["BEST_TAG", "BEST_VALUE", "TAGS", "MlflowCallback", "MlflowTracker",
-           "default_tracking_uri"]
+__all__ = ["BEST_TAG", "BEST_VALUE", "EXPERIMENT_KIND", "TAGS", "MlflowCallback",
+           "MlflowTracker", "default_tracking_uri", "log_study_end"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ TAGS = {
 }
 #: Study-run metric: best.json's objective value (the median of ``autotune.best_readings``).
 BEST_VALUE = "best_value"
+#: The experiment tag MLflow 3's UI reads to choose its view: without it, an experiment
+#: opens on GenAI traces (none here); with it, on the runs, where the trials are.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 # MLflow's tag value limit (mlflow.utils.validation.MAX_TAG_VAL_LENGTH) is 8000 characters
 # since MLflow 2, 5000 before; a longer tag is cut, and a cut JSON does not read back.
 _TAG_MAX = 5000
@@ -96,9 +100,13 @@ class MlflowTracker:
         self.failures: list[str] = []
         self.parent_run_id: str | None = None
         self.disabled = False
+        self._failed_at = 0.0  # time.monotonic() of the failure that disabled the writes
+        self._half_written: list[str] = []  # runs of trials whose writes failed midway
         db = sqlite_path(tracking_uri)
         if db is not None:
             db.parent.mkdir(parents=True, exist_ok=True)
+        warn_if_password("--tracking-uri", tracking_uri,
+                         env="MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
         if tracking_uri.startswith(("http://", "https://")):
             _probe_server(tracking_uri)  # MLflow's own client retries for minutes
             # ...and so would every write to a server that dies mid-study.
@@ -110,29 +118,76 @@ class MlflowTracker:
 
             self._mlflow = mlflow
             with _store_lock(db):  # the first use creates and migrates a SQLite store
-                self.client = MlflowClient(tracking_uri=tracking_uri)
-                self.experiment_id = self._experiment(experiment)
+                self._open(MlflowClient, experiment)
         except Exception as exc:
-            raise TrackingError(
-                f"cannot use the MLflow store {tracking_uri!r}: {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}; start the tracking server, "
-                "fix --tracking-uri, or use a local sqlite:///PATH store"
-            ) from exc
+            first = redact(str(exc).splitlines()[0]) if str(exc) else ""
+            fix = ("start the tracking server, fix --tracking-uri, or use a local "
+                   "sqlite:///PATH store")
+            if "401" in first or "403" in first or "nauthorized" in first:
+                fix = ("the server wants credentials: set MLFLOW_TRACKING_USERNAME and "
+                       "MLFLOW_TRACKING_PASSWORD (a user with EDIT permission)")
+            raise TrackingError(f"cannot use the MLflow store {redact(tracking_uri)!r}: "
+                                f"{type(exc).__name__}: {first}; {fix}") from exc
+
+    def _open(self, client_cls: Any, experiment: str, attempts: int = 5) -> None:
+        """The client and the experiment's id. A database store (``postgresql://``) that
+        another tuner creates at the same moment fails one of the two on its tables (a
+        duplicate key of ``pg_type``, alembic's row): opened again, as Optuna's storage
+        is (:func:`autotune.schema._rdb_storage`); a SQLite store is locked instead."""
+        import time
+
+        for attempt in range(1, attempts + 1):
+            try:
+                self.client = client_cls(tracking_uri=self.tracking_uri)
+                self.experiment_id = self._experiment(experiment)
+                return
+            except Exception as exc:
+                text = str(exc).lower()
+                if attempt == attempts or not (schema_race(exc) or "duplicate key" in text):
+                    raise
+                time.sleep(0.3 * attempt)
 
     def _experiment(self, name: str) -> str:
         """The experiment's id, created when missing; a tuner that creates it at the same
         moment as another (a shared tracking server) takes the other's."""
+        key, kind = EXPERIMENT_KIND
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
+            if key not in exp.tags:  # made by an older autotune: open it on its runs too
+                self.client.set_experiment_tag(exp.experiment_id, key, kind)
             return str(exp.experiment_id)
         try:
             return str(self.client.create_experiment(
-                name, artifact_location=_artifact_root(self.tracking_uri)))
+                name, artifact_location=_artifact_root(self.tracking_uri), tags={key: kind}))
         except Exception:
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
             return str(exp.experiment_id)
+
+    def reconnect(self, *, every_s: float = 15.0) -> bool:
+        """Whether writes go on: True at once unless a failure stopped them; then the store
+        is asked again (at most every ``every_s`` seconds) and writes resume if it answers."""
+        import time
+
+        if not self.disabled:
+            return True
+        if time.monotonic() - self._failed_at < every_s:
+            return False
+        self._failed_at = time.monotonic()
+        try:
+            if self.tracking_uri.startswith(("http://", "https://")):
+                _probe_server(self.tracking_uri, timeout_s=3.0)
+            self.client.get_experiment(self.experiment_id)
+        except Exception:  # noqa: BLE001 - still away: the study goes on without it
+            return False
+        self.disabled = False
+        logger.warning("MLflow: the store %s answers again; writes resume",
+                       redact(self.tracking_uri))
+        while self._half_written and not self.disabled:
+            self._safe("remove a half-written trial run", self.client.delete_run,
+                       self._half_written.pop())
+        return not self.disabled
 
     # -- helpers ----------------------------------------------------------------------------
     def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -142,13 +197,17 @@ class MlflowTracker:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - tracking must never stop a study
-            msg = (f"MLflow: could not {what}: {type(exc).__name__}: {str(exc)[:300]}; "
-                   "no more MLflow writes in this run (Optuna keeps every trial)")
+            import time
+
+            msg = (f"MLflow: could not {what}: {type(exc).__name__}: "
+                   f"{redact(str(exc))[:300]}; MLflow writes pause until the store answers "
+                   "again (Optuna keeps every trial; autotune sync logs what is missed)")
             self.failures.append(msg)
             logger.warning(msg)
             # A store that fails once (a server that went away) would cost minutes of
-            # retries on every later call: stop writing to it.
+            # retries on every later call: stop writing to it until reconnect() finds it.
             self.disabled = True
+            self._failed_at = time.monotonic()
             return None
 
     def _log_dict(self, run_id: str, obj: Any, name: str) -> None:
@@ -227,6 +286,7 @@ class MlflowTracker:
         if run is None:
             return None
         rid = run.info.run_id
+        failures_before = len(self.failures)
         import time as _t
 
         now = int(_t.time() * 1000)
@@ -247,7 +307,12 @@ class MlflowTracker:
         status = RunStatus.FINISHED if ok else RunStatus.FAILED
         self._safe(f"close the run of trial {number}", self.client.set_terminated, rid,
                    RunStatus.to_string(status))
-        return rid
+        if len(self.failures) == failures_before:
+            return rid
+        # a run half written is not the trial's record: it goes once the store is back, and
+        # the trial is logged anew
+        self._half_written.append(rid)
+        return None
 
     def mark_best(self, *, run_id: str, shape_fingerprint: str, best: Mapping[str, Any],
                   serve_command: str, artifacts: Mapping[str, str] | None = None) -> None:
@@ -308,11 +373,17 @@ class MlflowTracker:
             for k, v in tags.items():
                 self._safe(f"tag the study ({k})", self.client.set_tag, self.parent_run_id, k, v)
 
-    def end_study(self, *, ok: bool = True) -> None:
+    def end_study(self, *, ok: bool = True, why: str = "") -> None:
+        """Close the study run: FINISHED, KILLED (``why`` "interrupted") or FAILED with
+        ``why`` in its tag ``autotune.failure_message``."""
         from mlflow.entities import RunStatus
 
         if self.parent_run_id:
-            status = RunStatus.FINISHED if ok else RunStatus.KILLED
+            status = (RunStatus.FINISHED if ok else RunStatus.KILLED if why == "interrupted"
+                      else RunStatus.FAILED)
+            if why:
+                self._safe("tag why the study stopped", self.client.set_tag,
+                           self.parent_run_id, TAGS["message"], why[:1000])
             self._safe("close the study run", self.client.set_terminated, self.parent_run_id,
                        RunStatus.to_string(status))
 
@@ -321,12 +392,16 @@ class MlflowCallback(StudyCallback):
     """Logs a study to MLflow as a subscriber of its events: the parent run at the start, a
     child run per finished trial (rejected samples too), the best config, plots and
     trials.csv at the end. The Optuna trial is final before any of it is written: a
-    tracking store that hangs never costs a measured trial."""
+    tracking store that hangs never costs a measured trial. A trial finished while the
+    store was away is logged as soon as it answers again (at a later trial or at the end);
+    what is still missing at the end is named in ``TuneResult.mlflow_unlogged``."""
 
     def __init__(self, tracker: MlflowTracker) -> None:
         self.tracker = tracker
         self._study: Any = None
         self._tags: dict[str, str] = {}
+        self._unlogged: dict[int, tuple[StudyEvent, TrialRecord]] = {}
+        self.late: list[int] = []  # trials logged after the store came back
 
     def on_study_start(self, event: StudyEvent, context: StudyContext) -> None:
         settings, study = context.settings, context.study
@@ -346,13 +421,30 @@ class MlflowCallback(StudyCallback):
             params={"trials": settings.trials, "objective": settings.objective,
                     "sampler": settings.sampler, "seed": settings.seed, "slo": settings.slo,
                     "repeats": settings.repeats, "space": str(settings.space),
-                    "shape": str(settings.shape), "storage": settings.storage},
+                    "shape": str(settings.shape), "storage": redact(settings.storage)},
             resume_run_id=study.user_attrs.get(A.MLFLOW_PARENT) if settings.resume else None,
         )  # fmt: skip
         if parent and not settings.resume:
             study.set_user_attr(A.MLFLOW_PARENT, parent)
 
     def on_trial_end(self, event: StudyEvent, record: TrialRecord) -> None:
+        self._unlogged[record.number] = (event, record)
+        self._catch_up(current=record.number)
+
+    def _catch_up(self, *, current: int | None, every_s: float = 15.0) -> None:
+        """Log the trials not logged yet, oldest first, while the store takes them (a
+        trial other than ``current`` is logged late)."""
+        for number in sorted(self._unlogged):
+            if not self.tracker.reconnect(every_s=every_s):
+                return
+            event, record = self._unlogged[number]
+            if self._log(event, record) is None and self.tracker.disabled:
+                return
+            del self._unlogged[number]
+            if number != current:
+                self.late.append(number)
+
+    def _log(self, event: StudyEvent, record: TrialRecord) -> str | None:
         tags = dict(self._tags)
         if record.rejected:
             metrics: dict[str, float] = {}
@@ -376,33 +468,50 @@ class MlflowCallback(StudyCallback):
                                      outcome=outcome)
         if rid and not record.rejected and self._study is not None:
             self._study.set_user_attr(f"{A.MLFLOW_RUN}.{record.number}", rid)
+        return rid
 
     def on_study_end(self, event: StudyEvent, result: Any) -> None:
+        self._catch_up(current=None, every_s=0.0)  # the store may be back: one more try
         if result is None:
-            self.tracker.end_study(ok=False)
+            self.tracker.end_study(ok=False, why=event.message)
             return
-        best = result.best
-        if best is not None:
-            if best.get("mlflow_run_id"):
-                self.tracker.mark_best(run_id=best["mlflow_run_id"],
-                                       shape_fingerprint=best["shape"]["fingerprint"],
-                                       best=best, serve_command=best["serve_command"])
-            self.tracker.log_study_metrics({f"best_{k}": v for k, v in best["metrics"].items()})
-            if best.get("cost"):  # USD per million tokens, GPUs for the traffic (cost.*)
-                from autotune.cost import cost_metrics
+        log_study_end(self.tracker, result, self._study)
+        result.mlflow_late = sorted(self.late)
+        if self.tracker.disabled:
+            result.mlflow_unlogged = [f"trial {n}" for n in sorted(self._unlogged)] + [
+                "the study run's results"]
 
-                self.tracker.log_study_metrics(cost_metrics(best["cost"]))
-        # the verdict with its interval and the GPU-time account (issue 14)
-        self.tracker.log_verdict(result.verdict or {})
-        self.tracker.log_study_metrics({f"gpu_time.{label}.{k}": float(v)
-                                        for label, acc in (result.gpu_time or {}).items()
-                                        for k, v in acc.items()})
-        self.tracker.log_study_artifacts({k: str(v) for k, v in result.files.items()})
-        self.tracker.set_study_tags({"autotune.n_ok": str(result.n_ok),
-                                     "autotune.n_trials": str(result.n_trials)})
-        if getattr(result, "explanation", ""):
-            self.tracker.set_study_tags({"autotune.no_winner_why": result.explanation[:4000]})
-        self.tracker.end_study(ok=True)
+
+def log_study_end(tracker: MlflowTracker, result: Any, study: Any = None) -> None:
+    """The study run's record of a finished study (``result``: a
+    :class:`~autotune.outputs.TuneResult`): the best config, the verdict, the GPU time,
+    the result files, the counts; then the run is closed. ``study``: where a best trial
+    logged late finds its run id."""
+    best = result.best
+    if best is not None:
+        rid = best.get("mlflow_run_id")
+        if not rid and study is not None:
+            rid = study.user_attrs.get(f"{A.MLFLOW_RUN}.{best['trial']}")
+        if rid:
+            tracker.mark_best(run_id=rid, shape_fingerprint=best["shape"]["fingerprint"],
+                              best={**best, "mlflow_run_id": rid},
+                              serve_command=best["serve_command"])
+        tracker.log_study_metrics({f"best_{k}": v for k, v in best["metrics"].items()})
+        if best.get("cost"):  # USD per million tokens, GPUs for the traffic (cost.*)
+            from autotune.cost import cost_metrics
+
+            tracker.log_study_metrics(cost_metrics(best["cost"]))
+    # the verdict with its interval and the GPU-time account (issue 14)
+    tracker.log_verdict(result.verdict or {})
+    tracker.log_study_metrics({f"gpu_time.{label}.{k}": float(v)
+                               for label, acc in (result.gpu_time or {}).items()
+                               for k, v in acc.items()})
+    tracker.log_study_artifacts({k: str(v) for k, v in result.files.items()})
+    tracker.set_study_tags({"autotune.n_ok": str(result.n_ok),
+                            "autotune.n_trials": str(result.n_trials)})
+    if getattr(result, "explanation", ""):
+        tracker.set_study_tags({"autotune.no_winner_why": result.explanation[:4000]})
+    tracker.end_study(ok=True)
 
 
 def _probe_server(uri: str, timeout_s: float = 5.0) -> None:
@@ -416,7 +525,7 @@ def _probe_server(uri: str, timeout_s: float = 5.0) -> None:
     except _http.HttpError as exc:
         problem = str(exc)
     raise TrackingError(
-        f"the MLflow tracking server {uri} does not answer ({problem}); start it "
+        f"the MLflow tracking server {redact(uri)} does not answer ({redact(problem)}); start it "
         "(mlflow server ...), fix --tracking-uri, or use a local sqlite:///PATH store"
     )
 

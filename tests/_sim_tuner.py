@@ -2,9 +2,9 @@
 ``tune()`` on SQLite with a simulated executor (no server) whose trials wait for a file.
 
 ``python -m tests._sim_tuner ARGS_JSON`` with ``{"settings": {...TuneSettings},
-"heartbeat": {"interval_s", "grace_s"}, "hold": PATH | null, "sleep_s": float}``: each
-trial waits until ``hold`` exists (if given), then sleeps ``sleep_s`` and yields
-:func:`value`.
+"heartbeat": {"interval_s", "grace_s"}, "hold": PATH | null, "sleep_s": float,
+"ran": PATH | null}``: each trial waits until ``hold`` exists (if given), then sleeps
+``sleep_s``, appends its number to ``ran`` (if given) and yields :func:`value`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,15 @@ def run(args: dict[str, Any]) -> None:
     from autotune.testing import SimulatedExecutor
 
     hold = Path(args["hold"]) if args.get("hold") else None
+    ran = Path(args["ran"]) if args.get("ran") else None
 
     def evaluate(params: dict[str, Any], spec: Any) -> dict[str, float]:
         while hold is not None and not hold.exists():
             time.sleep(0.05)
         time.sleep(float(args.get("sleep_s", 0.0)))
+        if ran is not None:
+            with ran.open("a") as f:
+                f.write(f"{spec.number}\n")
         return value(params)
 
     sim = SimulatedExecutor(evaluate)

@@ -67,6 +67,7 @@ SLOW_FILES = {
     "tests/test_registry_mlflow.py": 20, "tests/test_study_loop.py": 14,
     "tests/test_export_server.py": 105,
     "tests/test_rollout.py": 400,
+    "tests/test_team_setup.py": 450, "tests/test_study_stops_early.py": 60,
 }
 
 
@@ -141,6 +142,28 @@ def fake_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "max_position_embeddings": 2048,
     }))  # fmt: skip
     return d
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A real PostgreSQL cluster for the session (``tests/_postgres.py``): initdb in a
+    temporary folder, a free port on 127.0.0.1, a password; skipped where PostgreSQL or its
+    driver is not installed (``bash scripts/setup.sh`` installs both)."""
+    from tests._postgres import PgCluster, pg_binaries
+
+    bindir = pg_binaries()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (bash scripts/setup-postgres.sh)")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("the PostgreSQL driver is not installed (pip install -e '.[postgres]')")
+    cluster = PgCluster(bindir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.remove()
 
 
 @pytest.fixture

@@ -119,8 +119,11 @@ def test_no_import_cycle_in_autotune() -> None:
 def test_the_schema_is_the_bottom_of_the_study_layer() -> None:
     graph = _graph()
     # stats is pure (numpy, scipy): the verdict's interval, read by every reader of a study;
-    # hardware answers whether a trial's tuner process on this host still runs
-    assert graph["autotune.schema"] <= {"autotune.errors", "autotune.stats", "autotune.hardware"}
+    # hardware answers whether a trial's tuner process on this host still runs;
+    # credentials (stdlib only) keeps a storage URL's password out of its messages
+    assert graph["autotune.schema"] <= {"autotune.errors", "autotune.stats", "autotune.hardware",
+                                        "autotune.credentials"}
+    assert graph["autotune.credentials"] == set()
     assert graph["autotune.stats"] == set()
     assert graph["autotune.hardware"] == set()
     for reader in ("autotune.registry", "autotune.plots"):

@@ -10,12 +10,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from autotune.credentials import redact
 from autotune.errors import AutotuneError
 
 __all__ = ["build_parser", "main"]
 
 _GROUPS = ("_model", "_shape", "_tune", "_bench", "_best", "_cost", "_export", "_report",
-           "_watch", "_kernels", "_rollout")
+           "_watch", "_kernels", "_rollout", "_sync")
 
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -52,16 +53,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _RedactingFormatter(logging.Formatter):
+    """The handler's own format, with every URL's password replaced by ``***``."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(self.inner.format(record))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # flags given (they beat --config)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # no password of a store URL in a log line
+        handler.setFormatter(_RedactingFormatter(handler.formatter))
     try:
         return int(args.func(args) or EXIT_OK)
     except AutotuneError as exc:
-        print(f"autotune: error: {exc}", file=sys.stderr)
+        print(f"autotune: error: {redact(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)

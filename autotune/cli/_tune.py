@@ -489,6 +489,8 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
         print(json.dumps(result.best, indent=2), file=out)
         return 0 if result.best else 1
     print(f"\nstudy {result.study_name}: {_trial_counts(result)}", file=out)
+    for line in _mlflow_lines(result):
+        print(line, file=out)
     report = f"\nreport: {result.report} (opens offline in a browser)" if result.report else ""
     if result.best is None:
         print(f"no trial met the constraints: {result.explanation}", file=out)
@@ -531,6 +533,19 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     return run_study_command(settings_from_args(args), as_json=args.json, out=sys.stdout,
                              quiet=args.quiet)
+
+
+def _mlflow_lines(result: Any) -> list[str]:
+    """What the MLflow store missed while it was away: logged late, or still to sync."""
+    lines = []
+    if result.mlflow_late:
+        lines.append(f"MLflow: trial(s) {', '.join(map(str, result.mlflow_late))} logged late "
+                     "(the tracking store was away meanwhile); nothing is missing")
+    if result.mlflow_unlogged:
+        lines.append(f"MLflow: not logged (the tracking store did not answer): "
+                     f"{', '.join(result.mlflow_unlogged)}; nothing is lost (the Optuna storage "
+                     f"has every trial): once it answers, run: autotune sync {result.out_dir}")
+    return lines
 
 
 def _trial_counts(result: Any) -> str:

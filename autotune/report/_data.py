@@ -253,6 +253,7 @@ def load_report_data(*, storage: str, study_name: str | None = None,
     Raises :class:`StudyError` when the storage or the study cannot be read."""
     import optuna
 
+    from autotune.credentials import redact
     from autotune.plots import param_importances
     from autotune.schema import A, latest_study, objective_metric, open_storage
 
@@ -261,7 +262,7 @@ def load_report_data(*, storage: str, study_name: str | None = None,
     if study_name is None:
         study_name = latest_study(store)
         if study_name is None:
-            raise StudyError(f"no study in {storage}; run 'autotune tune' first, or pass "
+            raise StudyError(f"no study in {redact(storage)}; run 'autotune tune' first, or pass "
                              "--storage with the URL the study used")
     try:
         study = optuna.load_study(study_name=study_name, storage=store)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.report._cost import cost_html, why_no_cost
+from autotune.credentials import redact
 from autotune.report._data import ReportData, TrialRow
 from autotune.report._figures import FIGURES, leaders
 
@@ -261,7 +262,7 @@ def _header(d: ReportData) -> str:
         f"{a.get('autotune.engine_version', '?')} on {a.get('autotune.gpu_type', '?')}",
         f"{len(d.trials)} trials ({len(d.feasible)} feasible, {len(d.infeasible)} infeasible, "
         f"{len(d.failed)} failed)" + (f", {d.priors} prior" if d.priors else ""),
-        f"storage {d.storage}",
+        f"storage {redact(d.storage)}",
         f"report written {datetime.now(UTC).isoformat(timespec='seconds')}",
     ))
     return (f"<header><h1>autotune study {_e(d.study_name)}</h1>"
