@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from autotune.report._cost import cost_html, why_no_cost
 from autotune.credentials import redact
+from autotune.report._cost import cost_html, why_no_cost
 from autotune.report._data import ReportData, TrialRow
 from autotune.report._figures import FIGURES, leaders
 
