@@ -8,7 +8,8 @@ sample never costs a server start. See ``docs/search-spaces.md`` and ``search_sp
 Expressions in ``when``/``rules``/``derive`` are a small, safe subset of Python:
 comparisons, ``and``/``or``/``not``, ``in``, arithmetic, ``min``/``max``, knob names and
 the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp``, ``moe`` (model facts),
-``gpu_arch`` (e.g. "sm90"), ``avx512`` (the CPU has AVX-512 or AMX), and the traffic's
+``gpu_arch`` (e.g. "sm90"), ``avx512`` (the CPU has AVX-512 or AMX), ``gpus`` (GPUs of the
+largest node the trials run on; 0 without GPUs), and the traffic's
 ``streams`` (concurrent streams of the replay, counted as ``autotune.kernels.streams_of``
 does) and ``prompt_p90`` (tokens; both 0 when the space is loaded without a traffic
 shape). A knob that is inactive (its condition is false) has the value ``None`` in expressions.
@@ -33,6 +34,7 @@ from autotune.hardware import cpu_has_avx512
 
 __all__ = [
     "ROUTING_SIMULATION_ENV",
+    "Check",
     "Knob",
     "LaunchSpec",
     "ModelFacts",
@@ -43,7 +45,7 @@ __all__ = [
 ]
 
 _FACTS = ("device", "hybrid", "mtp", "moe", "gpu_arch", "avx512", "real_weights", "streams",
-          "prompt_p90")
+          "prompt_p90", "gpus")
 # routed experts in config.json (as autotune/kernels/_moe_shape.py reads them)
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 
@@ -78,13 +80,17 @@ class ModelFacts(BaseModel):
     # prompt chunk, which is what CUDA-graph capture sizes must cover (issue 14's H200 runs).
     streams: int = 0
     prompt_p90: int = 0
+    # GPUs of the largest node the trials run on (0: none, e.g. the CPU build): the
+    # parallelism knobs exist only where a server can have more than one
+    gpus: int = 0
 
     def with_traffic(self, *, streams: int, prompt_p90: float) -> ModelFacts:
         """These facts plus the traffic's (see ``autotune.kernels.streams_of``)."""
         return self.model_copy(update={"streams": int(streams), "prompt_p90": int(prompt_p90)})
 
     @classmethod
-    def from_model_dir(cls, model: str | Path, *, device: str, gpu_arch: str = "") -> ModelFacts:
+    def from_model_dir(cls, model: str | Path, *, device: str, gpu_arch: str = "",
+                       gpus: int = 0) -> ModelFacts:
         cfg_path = Path(model) / "config.json"
         try:
             cfg = json.loads(cfg_path.read_text())
@@ -106,7 +112,7 @@ class ModelFacts(BaseModel):
             next(d.glob(g), None) is not None for g in _WEIGHTS
         )
         return cls(device=device, hybrid=hybrid, mtp=mtp, moe=moe,  # type: ignore[arg-type]
-                   gpu_arch=gpu_arch, avx512=cpu_has_avx512(), real_weights=real)
+                   gpu_arch=gpu_arch, avx512=cpu_has_avx512(), real_weights=real, gpus=gpus)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,6 +336,10 @@ def dummy_routing_warning(model: str | Path, flags: Sequence[str], env: Mapping[
             "as a trained router does")
 
 
+#: a check beyond the rules: (params, their launch spec) -> why vLLM would refuse them
+Check = Callable[[Mapping[str, Any], LaunchSpec], list[str]]
+
+
 class _StandIn(BaseModel):
     """What only a stand-in model needs (random weights): applied unless ``real_weights``."""
 
@@ -407,6 +417,8 @@ class SearchSpace:
         # kind -> folder of tuned kernel configs, or kind -> why there is none (with_tuned)
         self.tuned_dirs: dict[str, str] = {}
         self.tuned_missing: dict[str, str] = {}
+        # checks that need more than an expression: (params, launch) -> reasons (with_checks)
+        self.checks: tuple[Check, ...] = ()
 
     # -- tuned kernels ------------------------------------------------------------------------
     def tuned_kinds(self) -> dict[str, list[str]]:
@@ -427,6 +439,24 @@ class SearchSpace:
         bound = copy.copy(self)
         bound.tuned_dirs = dict(dirs)
         bound.tuned_missing = dict(missing or {})
+        return bound
+
+    def with_facts(self, facts: ModelFacts) -> SearchSpace:
+        """This space bound to other facts (e.g. the GPUs of the executor's nodes)."""
+        import copy
+
+        bound = copy.copy(self)
+        bound.facts = facts
+        return bound
+
+    def with_checks(self, *checks: Check) -> SearchSpace:
+        """This space with more checks: ``check(params, launch)`` returns the reasons vLLM
+        would refuse (or could not serve) the config, like a rule (e.g. the parallelism
+        rules of :mod:`autotune.parallelism`, which read the model and the nodes)."""
+        import copy
+
+        bound = copy.copy(self)
+        bound.checks = (*self.checks, *checks)
         return bound
 
     def fixed_flag(self, flag: str) -> str | None:
@@ -508,6 +538,13 @@ class SearchSpace:
                     knob.tuned in self.tuned_missing):
                 why = self.tuned_missing[knob.tuned]
                 out.append(f"{name}=tuned: no tuned {knob.tuned} kernel configs ({why})")
+        if self.checks and not out:
+            try:
+                launch = self.launch_spec(params)
+            except SpaceError:  # "tuned" before the kernels are bound: decided later
+                return out
+            for check in self.checks:
+                out.extend(check(params, launch))
         return out
 
     def lossy_knobs(self, params: Mapping[str, Any]) -> list[str]:

@@ -369,7 +369,16 @@ def _best_line(b: dict[str, Any], objective: str) -> str:
     n = len(b.get("readings") or [])
     median = f", the median of {n} readings" if n > 1 else ""
     return (f"best: trial {b['trial']}{of}: {b['objective']['value']:,.1f} "
-            f"{objective_label(objective)}{median}{ratio}")
+            f"{objective_label(objective)}{_per_gpu(b)}{median}{ratio}")
+
+
+def _per_gpu(b: dict[str, Any]) -> str:
+    """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.4 servers, 2.8 GPUs)"."""
+    g = b.get("gpus") or {}
+    n = int(g.get("per_server") or 1)
+    need = (f"; the recorded traffic needs {g['servers_needed']:.2f} server(s), "
+            f"{g['gpus_needed']:.2f} GPU(s)" if g.get("servers_needed") is not None else "")
+    return f" per GPU (a server of {n} GPU{'s' if n > 1 else ''}{need})"
 
 
 def _verdict_line(v: dict[str, Any]) -> str:
