@@ -226,12 +226,10 @@ class RayExecutor:
         preload = os.environ.get(PRELOAD_DIR_ENV)
         if preload:  # the tuner's preloaded interpreters (a Ray started earlier lacks it)
             options["runtime_env"] = {"env_vars": {PRELOAD_DIR_ENV: preload}}
-        self._remote = ray.remote(_remote_trial).options(  # type: ignore[call-overload]
-            num_gpus=gpus_per_trial,
-            num_cpus=0 if gpus_per_trial else cpus_per_trial,
-            max_retries=0,
-            **options,
-        )
+        self._task = ray.remote(_remote_trial)
+        self._options: dict[str, Any] = {"num_gpus": gpus_per_trial,
+                                         "num_cpus": 0 if gpus_per_trial else cpus_per_trial,
+                                         "max_retries": 0, **options}
         self._gpu_memory_gib = gpu_memory_gib() if self.pool is not None else None
         self._flights: list[_Flight] = []
         logger.info("Ray: %s, %d trial slot(s)", resources, slots)
@@ -260,15 +258,15 @@ class RayExecutor:
 
     def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> Any:
         queue = self._phase_queue() if on_phase is not None else None
-        remote, node, gpus = self._remote, "", cast(tuple[int, ...], ())
+        options, node, gpus = dict(self._options), "", cast(tuple[int, ...], ())
         if self.pool is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             n = self.reservation(spec)
             node, gpus = self.pool.take(n)  # the driver's count; Ray picks the GPU ids
-            remote = remote.options(num_gpus=n, scheduling_strategy=(
-                NodeAffinitySchedulingStrategy(node_id=node, soft=False)))
-        ref = remote.remote(self._fn, spec, queue)
+            options.update(num_gpus=n, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node_id=node, soft=False))
+        ref = self._task.options(**options).remote(self._fn, spec, queue)
         self._flights.append(_Flight(spec, ref, on_phase, node, gpus))
         return ref
 

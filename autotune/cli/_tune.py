@@ -201,7 +201,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-ray", "use_ray", "resources", action="store_false",
            help="run trials in this process (debugging)"),
     Option("--gpus-per-trial", "gpus_per_trial", "resources",
-           help="GPUs per trial (default 1 on GPU hosts, 0 on CPU)"),
+           help="GPUs per trial at least (default 1 on GPU hosts, 0 on CPU); a config's "
+                "tensor x data parallel size sets its own (docs/search-spaces.md)"),
     Option("--parallel", "parallel", "resources",
            help="trials at once (default: one per GPU slot; 1 on CPU)"),
     Option("--cache-dir", "cache_dir", "resources",
@@ -374,7 +375,9 @@ def _best_line(b: dict[str, Any], objective: str) -> str:
 
 def _per_gpu(b: dict[str, Any]) -> str:
     """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.4 servers, 2.8 GPUs)"."""
-    g = b.get("gpus") or {}
+    g = b.get("gpus")
+    if not g:  # a best.json written before autotune counted GPUs per server
+        return ""
     n = int(g.get("per_server") or 1)
     need = (f"; the recorded traffic needs {g['servers_needed']:.2f} server(s), "
             f"{g['gpus_needed']:.2f} GPU(s)" if g.get("servers_needed") is not None else "")
