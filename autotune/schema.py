@@ -537,6 +537,8 @@ def verdict_record(j: Judgement | None) -> dict[str, Any]:
                             if base_rep else None),
         "candidate_number": first,
         "candidate_params": dict(cand_rep.params) if cand_rep else None,
+        # GPUs one server of the candidate uses (the readings are per GPU)
+        "candidate_gpus": server_gpus_of(cand_rep) if cand_rep else None,
         "candidate_pruned": j.pruned is not None,
         "readings": {"candidate": ([primary(t) for t in j.candidate] if j.candidate else
                                    [_pruned_value(j.pruned)] if j.pruned is not None else []),

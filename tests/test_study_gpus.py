@@ -131,10 +131,44 @@ def test_trials_of_1_2_and_4_gpus_are_packed_and_compared_per_gpu(model: Path,
     assert best is not None and _sizes(best["params"]) == (1, 1)
     assert best["objective"]["per_gpu"] and best["objective"]["value"] == pytest.approx(1000)
     g = best["gpus"]
-    assert g["per_server"] == 1
+    assert g["per_server"] == 1 and result.verdict["candidate_gpus"] == 1
     # the recorded 5.53 req/s x the mean output length / 1000 out tok/s per server
     assert g["servers_needed"] > 0 and g["gpus_needed"] == pytest.approx(g["servers_needed"])
     two = next(t for t in trials.values() if _sizes(t.params) == (2, 1))
     assert two.user_attrs[A.SERVER_GPUS] == 2
     assert two.user_attrs[A.METRICS]["output_tokens_per_s_per_gpu"] == pytest.approx(900)
     assert "--tensor-parallel-size" in two.user_attrs[A.FLAGS]
+
+
+def test_a_2_gpu_server_that_more_than_doubles_wins_and_says_its_gpus(model: Path,
+                                                                     tmp_path: Path) -> None:
+    """Superlinear scaling (2.2x on two GPUs, e.g. a KV cache that only fits there): the
+    2-GPU config wins per GPU; best.json, the verdict and the best line say it uses two
+    GPUs, and the recorded traffic's needs are counted in GPUs of such servers."""
+    from autotune.cli._tune import _best_line, _verdict_line
+
+    def measure(params: dict[str, Any], spec: TrialSpec) -> dict[str, float]:
+        noise = 1.0 + 0.01 * (spec.number % 3)  # starts differ a little
+        tput = 1000.0 * (2.2 if server_gpus(spec.flags) == 2 else 1.0) * noise
+        return {"output_tokens_per_s": tput, "output_tokens_per_s_ci_low": tput * 0.99,
+                "output_tokens_per_s_ci_high": tput * 1.01, "ttft_p99_s": 0.5,
+                "error_rate": 0.0}
+
+    sim = SimulatedExecutor(measure, gpus=2)
+    enqueue = [{"tensor_parallel_size": 2, "max_num_seqs": 128}]
+    result = tune(_settings(model, tmp_path, trials=2, baseline=True, enqueue=enqueue,
+                            recheck=1, recheck_starts=2),
+                  executor=sim, tracker=False, callbacks=[sim])
+    best = result.best
+    assert best is not None and best["params"]["tensor_parallel_size"] == 2
+    assert best["objective"]["value"] == pytest.approx(1100, rel=0.03)
+    assert best["objective"]["value_per_server"] == pytest.approx(
+        2 * best["objective"]["value"])
+    assert best["baseline"]["value"] == pytest.approx(1000, rel=0.03)
+    g = best["gpus"]
+    assert g["per_server"] == 2 and g["gpus_needed"] == pytest.approx(2 * g["servers_needed"])
+    assert result.verdict["candidate_gpus"] == 2
+    assert result.verdict["verdict"] == "winner", result.verdict
+    assert "(2 GPUs per server)" in _verdict_line(result.verdict)
+    assert "per GPU (a server of 2 GPUs; the recorded traffic needs" in _best_line(
+        best, "throughput")

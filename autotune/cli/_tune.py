@@ -397,6 +397,9 @@ def _verdict_line(v: dict[str, Any]) -> str:
                "--recheck 1")
     if v.get("verdict") == "winner":  # the number: not in an MLflow-only record
         who = f" trial {v['winner_number']}" if v.get("winner_number") is not None else ""
+        n = v.get("candidate_gpus")
+        if isinstance(n, int) and n > 1:  # per GPU: a 1-GPU winner needs no word
+            who += f" ({n} GPUs per server)"
         return f"verdict: WINNER{who}: {ci}"
     if v.get("verdict") == "defaults_best":
         if v.get("candidate_number") is None and not r:  # nothing else measured feasible
