@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autotune.errors import SpaceError
 from autotune.hardware import cpu_has_avx512
+from autotune.parallelism import flag_value
 
 __all__ = [
     "ROUTING_SIMULATION_ENV",
@@ -462,14 +463,7 @@ class SearchSpace:
     def fixed_flag(self, flag: str) -> str | None:
         """The value ``fixed_flags`` give ``flag`` (``--x V`` or ``--x=V``; the last one
         wins, as in vLLM's argument parser), None when they do not set it."""
-        flags = self._spec.fixed_flags
-        value = None
-        for i, arg in enumerate(flags):
-            if arg == flag and i + 1 < len(flags):
-                value = flags[i + 1]
-            elif arg.startswith(flag + "="):
-                value = arg.split("=", 1)[1]
-        return value
+        return flag_value(self._spec.fixed_flags, flag)
 
     # -- facts ------------------------------------------------------------------------------
     def _env(self, params: Mapping[str, Any]) -> dict[str, Any]:

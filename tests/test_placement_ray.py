@@ -4,7 +4,6 @@ the real study loop, and trials that report the GPU ids Ray gave them (no server
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from autotune.config import TuneSettings
 from autotune.schema import A
 from autotune.trial import TrialOutcome, TrialSpec
 from tests.conftest import REPO
+from tests.test_study_gpus import gpu_model
 
 # (tensor, data parallel size, max-num-seqs): 1-, 2-, 4- and 1-GPU trials
 CONFIGS = [(1, 1, 64), (2, 1, 128), (1, 1, 256), (4, 1, 512), (1, 2, 1024)]
@@ -43,12 +43,7 @@ def test_ray_gives_each_trial_its_gpus_of_one_node_and_never_shares_one(tmp_path
     from autotune.parallel import RayExecutor
     from autotune.study import tune
 
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 2,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 512,
-        "max_position_embeddings": 4096}))
+    model = gpu_model(tmp_path)
     enqueue = [{"tensor_parallel_size": tp, "data_parallel_size": dp, "max_num_seqs": s}
                for tp, dp, s in [CONFIGS[0], (8, 1, 64), *CONFIGS[1:]]]
     settings = TuneSettings(

@@ -28,8 +28,8 @@ CONFIGS = [((1, 1, 64), 10.0), ((8, 1, 64), 10.0), ((2, 1, 128), 30.0), ((1, 1, 
 WALL = dict(CONFIGS)
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
+def gpu_model(tmp_path: Path) -> Path:
+    """A model folder whose config.json lets TP 1-8 divide its heads (no weights)."""
     d = tmp_path / "model"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({
@@ -37,6 +37,11 @@ def model(tmp_path: Path) -> Path:
         "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 512,
         "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}))
     return d
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return gpu_model(tmp_path)
 
 
 def _sizes(params: dict[str, Any]) -> tuple[int, int]:

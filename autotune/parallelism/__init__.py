@@ -12,10 +12,10 @@ the placement of trials on the GPUs of a node.
 A leaf: it imports nothing of autotune but :mod:`autotune.errors`.
 """
 
-from autotune.parallelism._count import PARALLEL_FLAGS, parallel_sizes, server_gpus
+from autotune.parallelism._count import PARALLEL_FLAGS, flag_value, parallel_sizes, server_gpus
 from autotune.parallelism._model import ModelSize
 from autotune.parallelism._pool import GpuPool, Node
 from autotune.parallelism._rules import MemoryEstimate, ParallelRules
 
 __all__ = ["PARALLEL_FLAGS", "GpuPool", "MemoryEstimate", "ModelSize", "Node", "ParallelRules",
-           "parallel_sizes", "server_gpus"]
+           "flag_value", "parallel_sizes", "server_gpus"]

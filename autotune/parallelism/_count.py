@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["PARALLEL_FLAGS", "parallel_sizes", "server_gpus"]
+__all__ = ["PARALLEL_FLAGS", "flag_value", "parallel_sizes", "server_gpus"]
 
 #: every spelling vLLM's parser accepts for each size (``-tp 2``, ``--tensor-parallel-size=2``)
 PARALLEL_FLAGS = {
@@ -21,20 +21,24 @@ _EP_ON = ("--enable-expert-parallel", "-ep")
 _EP_OFF = ("--no-enable-expert-parallel", "--disable-expert-parallel")
 
 
-def _value(flags: Sequence[str], names: tuple[str, ...]) -> int:
-    """The last value ``flags`` give one of ``names`` (as argparse: the last one wins); 1
-    when absent or not a positive integer (vLLM rejects those itself)."""
-    out = 1
+def flag_value(flags: Sequence[str], *names: str) -> str | None:
+    """The value ``flags`` give one of ``names`` (``--x V`` or ``--x=V``; the last one
+    wins, as in vLLM's argument parser), None when they do not set it."""
+    value = None
     for i, arg in enumerate(flags):
         name, eq, inline = arg.partition("=")
-        if name not in names:
-            continue
-        raw = inline if eq else (flags[i + 1] if i + 1 < len(flags) else "")
-        try:
-            out = max(1, int(raw))
-        except ValueError:
-            continue
-    return out
+        if name in names and (eq or i + 1 < len(flags)):
+            value = inline if eq else flags[i + 1]
+    return value
+
+
+def _value(flags: Sequence[str], names: tuple[str, ...]) -> int:
+    """The size ``flags`` give (one of ``names``); 1 when absent or not a positive integer
+    (vLLM rejects those itself)."""
+    try:
+        return max(1, int(flag_value(flags, *names) or 1))
+    except ValueError:
+        return 1
 
 
 def parallel_sizes(flags: Sequence[str]) -> dict[str, int | bool]:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.parallelism._count import flag_value as _flag
 from autotune.parallelism._count import parallel_sizes
 from autotune.parallelism._model import ModelSize, dtype_bytes
 from autotune.parallelism._pool import Node
@@ -26,16 +27,6 @@ __all__ = ["MemoryEstimate", "ParallelRules"]
 
 _GIB = 1024**3
 _VLLM_MEMORY_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
-
-
-def _flag(flags: Sequence[str], name: str) -> str | None:
-    value = None
-    for i, arg in enumerate(flags):
-        if arg == name and i + 1 < len(flags):
-            value = flags[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 @dataclass(frozen=True)
