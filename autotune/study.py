@@ -713,11 +713,6 @@ class GpuTime:
             for k in ("start_s", "compile_s", "warmup_s", "measure_s", "other_s"):
                 acc[k] = acc.get(k, 0.0) + float(t[k])
 
-    def gpu_seconds(self) -> float:
-        """Busy GPU-seconds so far (every GPU label's time but idle)."""
-        return sum(v for label, acc in self.per.items() if label.startswith("gpu")
-                   for k, v in acc.items() if k not in ("idle_s", "compile_s"))
-
     def add_kernels(self, seconds: float, gpus: Sequence[int]) -> None:
         """Kernel tuning before trial 0 (``kernels_s``) on each GPU it timed on."""
         for g in gpus:
