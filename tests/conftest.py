@@ -64,7 +64,8 @@ SLOW_FILES = {
     "tests/faults/test_faults_inputs.py": 40, "tests/faults/test_faults_report.py": 35,
     "tests/test_watch.py": 30, "tests/test_kernels_guard.py": 23,
     "tests/test_registry_mlflow.py": 20, "tests/test_study_loop.py": 14,
-    "tests/test_placement_ray.py": 25, "tests/test_study_gpus.py": 8,
+    "tests/test_parallel_cpu_server.py": 120, "tests/test_placement_ray.py": 25,
+    "tests/test_study_gpus.py": 8,
 }
 
 
