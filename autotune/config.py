@@ -94,7 +94,8 @@ class TuneSettings(BaseModel):
     api: Literal["completions", "chat"] = "completions"
     start_timeout_s: float = Field(default=600.0, gt=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
-    gpus_per_trial: int | None = Field(default=None, ge=0)  # None: 1 on GPU hosts, 0 on CPU
+    # at least (a config's TP x PP x DP raises it); None: 1 on GPU hosts, 0 on CPU
+    gpus_per_trial: int | None = Field(default=None, ge=0)
     parallel: int | None = Field(default=None, ge=1)  # None: one trial per GPU slot
     cache_dir: Path | None = None  # None: ~/.cache/autotune (shared compile/JIT caches)
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0)

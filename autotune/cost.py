@@ -316,15 +316,19 @@ def _num(x: Any) -> float | None:
 
 
 def rate_of(metrics: Mapping[str, Any], readings: Sequence[float], value: float,
-            *, capacity: bool) -> Rate:
+            *, capacity: bool, server_gpus: int = 1) -> Rate:
     """A config's :class:`Rate` from its trial's metrics and its readings (one per fresh
     server start): the interval spans the start-to-start spread and the interval of the
-    reading (the capacity bracket, or the throughput's 95 % interval)."""
+    reading (the capacity bracket, or the throughput's 95 % interval). ``server_gpus``:
+    the readings and ``value`` are per GPU of a server of that many GPUs (a study's
+    objective), the metrics per server."""
     vals = [float(r) for r in readings if (_num(r) or 0) > 0] or [value]
     key = "capacity_rps" if capacity else "output_tokens_per_s"
+    n = max(1, int(server_gpus))
     ci_low = _num(metrics.get(f"{key}_ci_low"))
-    lo = [x for x in (ci_low,) if x is not None and x > 0]
-    hi = [x for x in (_num(metrics.get(f"{key}_ci_high")),) if x is not None and x > 0]
+    ci_high = _num(metrics.get(f"{key}_ci_high"))
+    lo = [x / n for x in (ci_low,) if x is not None and x > 0]
+    hi = [x / n for x in (ci_high,) if x is not None and x > 0]
     low, high = min([*vals, *lo, value]), max([*vals, *hi, value])
     per_req = None
     if capacity:
@@ -340,12 +344,19 @@ def cost_from_best(best: Mapping[str, Any], *, prices: Prices, traffic: TrafficL
     """The :class:`StudyCost` of a ``best.json`` (its declared config and its baseline)."""
     capacity = (best.get("objective") or {}).get("name") == "capacity"
     value = float(best["objective"]["value"])
+    # a study's objective is per GPU (best.json's gpus.per_server GPUs a server): priced per
+    # GPU, so gpus_per_server stays 1 for it
+    per_gpu = bool((best.get("objective") or {}).get("per_gpu"))
+    n_best = int((best.get("gpus") or {}).get("per_server") or 1) if per_gpu else 1
     rate = rate_of(best.get("metrics") or {}, best.get("readings") or [value], value,
-                   capacity=capacity)
+                   capacity=capacity, server_gpus=n_best)
     base = best.get("baseline") or None
     d_rate = (rate_of(base.get("metrics") or {}, base.get("readings") or [], float(base["value"]),
-                      capacity=capacity)
+                      capacity=capacity,
+                      server_gpus=int(base.get("server_gpus") or 1) if per_gpu else 1)
               if base and _num(base.get("value")) else None)
+    if per_gpu:
+        gpus_per_server = 1
     return study_cost(best=rate, defaults=d_rate, prices=prices, traffic=traffic,
                       gpus_per_server=gpus_per_server, unit=unit)
 

@@ -10,8 +10,8 @@ import os
 import subprocess
 from functools import lru_cache
 
-__all__ = ["cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_names", "gpu_type", "nvidia_smi",
-           "process_start_ticks"]
+__all__ = ["cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_memory_gib", "gpu_names", "gpu_type",
+           "nvidia_smi", "process_start_ticks"]
 
 
 def _query_gpus(field: str) -> list[str]:
@@ -41,6 +41,16 @@ def gpu_names() -> list[str]:
 def gpu_type() -> str:
     """The GPU's name ("NVIDIA H200"), "unknown" when nvidia-smi does not say."""
     return nvidia_smi("name") or "unknown"
+
+
+@lru_cache(maxsize=1)
+def gpu_memory_gib() -> float | None:
+    """The first GPU's memory in GiB (nvidia-smi's ``memory.total``), None without one."""
+    raw = nvidia_smi("memory.total").split()  # "143771 MiB"
+    try:
+        return float(raw[0]) / 1024 if raw else None
+    except ValueError:
+        return None
 
 
 @lru_cache(maxsize=1)

@@ -30,6 +30,7 @@ from autotune.schema import (
     objective_metric,
     pareto_trials,
     primary,
+    server_gpus_of,
     verdict,
 )
 
@@ -209,6 +210,38 @@ def capacity_record(t: Any, value: float, settings: Any) -> dict[str, Any]:
     }
 
 
+def gpus_record(t: Any, value: float, settings: Any, shape: Any) -> dict[str, Any]:
+    """best.json's ``gpus``: the GPUs one server of the declared config uses and, where
+    the shape has a recorded arrival rate, the servers (and GPUs) that rate needs. ``value``
+    is the declared objective per GPU: capacity (req/s) -> recorded rate / a server's
+    capacity; throughput -> the rate's output tokens/s (rate x mean output length) / a
+    server's; goodput -> recorded rate / a server's goodput. A closed-loop shape has no
+    rate: its traffic ran on one server."""
+    from autotune.levels import recorded_rate
+
+    n = server_gpus_of(t)
+    out: dict[str, Any] = {"per_server": n, "servers_needed": None, "gpus_needed": None,
+                           "basis": "a closed-loop shape: its traffic ran on one server"}
+    try:
+        rate = recorded_rate(shape)
+    except AutotuneError:
+        return out
+    per_server = value * n
+    if settings.objective == "capacity":
+        demand, basis = rate, f"the recorded {rate:.3g} req/s / a server's capacity"
+    elif settings.objective == "goodput":
+        demand, basis = rate, f"the recorded {rate:.3g} req/s / a server's goodput"
+    else:
+        mean_out = float(shape.output_tokens.mean)
+        demand = rate * mean_out
+        basis = (f"the recorded {rate:.3g} req/s x {mean_out:.0f} output tokens / a server's "
+                 "output tokens/s")
+    if per_server > 0:
+        servers = demand / per_server
+        out.update(servers_needed=servers, gpus_needed=servers * n, basis=basis)
+    return out
+
+
 def best_config(ctx: StudyContext) -> dict[str, Any] | None:
     """The content of best.json: the study's winner (:func:`autotune.schema.verdict`)."""
     study, settings = ctx.study, ctx.settings
@@ -228,8 +261,11 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         "quality": record.get("quality"),
         "serve_command": _serve_command(ctx.model, best_t),
         "metrics": dict(best_t.user_attrs.get(A.METRICS, {})),
+        # the objective is per GPU (the server's figure / its GPUs); metrics are the server's
         "objective": {"name": settings.objective, "metric": objective_metric(settings.objective),
-                      "value": best_value},
+                      "per_gpu": True, "value": best_value,
+                      "value_per_server": best_value * server_gpus_of(best_t)},
+        "gpus": gpus_record(best_t, best_value, settings, ctx.shape),
         "readings": best_vals,
         "spread": (max(best_vals) - min(best_vals)) / best_value if best_value else None,
         "selection": (f"median of {len(best_vals)} readings (fresh-server re-check)"
@@ -242,7 +278,8 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         "is_baseline": bool(best_t.user_attrs.get(A.BASELINE)),
         "baseline": (
             {"trial": base_t.number, "value": base_value, "readings": base_vals,
-             "metrics": base_t.user_attrs.get(A.METRICS, {})} if base_t else None
+             "metrics": base_t.user_attrs.get(A.METRICS, {}),
+             "server_gpus": server_gpus_of(base_t)} if base_t else None
         ),
         "ratio_to_baseline": (best_value / base_value) if base_value else None,
         "study": study.study_name,
@@ -259,8 +296,8 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "autotune_version": _version(),
     }
-    if settings.objective == "capacity":
-        best["capacity"] = capacity_record(best_t, best_value, settings)
+    if settings.objective == "capacity":  # per server: the value is per GPU
+        best["capacity"] = capacity_record(best_t, best_value * server_gpus_of(best_t), settings)
     from autotune.cost import best_cost
 
     cost = best_cost(best, settings=settings, shape=ctx.shape, device=ctx.engine.device)

@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from autotune.engine._launcher import DIR_ENV as PRELOAD_DIR_ENV
 from autotune.errors import AutotuneError
 from autotune.events import PhaseReporter
-from autotune.hardware import cpu_count
+from autotune.hardware import cpu_count, gpu_memory_gib, gpu_names
+from autotune.parallelism import GpuPool, Node
 from autotune.schema import FailureReason
 from autotune.trial import TrialOutcome, TrialSpec, run_trial
 
@@ -77,6 +78,11 @@ class InlineExecutor:
         self._pending.clear()
         return numbers
 
+    def gpu_node(self) -> Node | None:
+        """This machine's GPUs (the trial sees all of them), None without any."""
+        n = len(gpu_names())
+        return Node(gpus=n, gpu_memory_gib=gpu_memory_gib()) if n else None
+
     def shutdown(self) -> None:
         pass
 
@@ -115,15 +121,32 @@ class _Flight:
     spec: TrialSpec
     ref: Any
     on_phase: PhaseReporter | None = None
+    node: str = ""  # the Ray node id and the GPUs the driver reserved there
+    gpus: tuple[int, ...] = ()
+
+
+def _node_pool(ray: Any) -> GpuPool:
+    """The alive nodes' GPUs (node id -> GPU indices), from Ray's view of the cluster."""
+    nodes = {}
+    for n in ray.nodes():
+        count = int((n.get("Resources") or {}).get("GPU", 0)) if n.get("Alive") else 0
+        if count:
+            nodes[str(n["NodeID"])] = list(range(count))
+    return GpuPool(nodes)
 
 
 class RayExecutor:
     """Trials as Ray tasks on a local Ray (default) or a cluster (``address``).
 
-    ``gpus_per_trial`` GPUs are reserved for each trial (Ray sets ``CUDA_VISIBLE_DEVICES``
-    in the worker, which the vLLM server inherits); with no GPUs, ``cpus_per_trial`` CPUs.
+    A trial gets its server's GPUs (``TrialSpec.server_gpus``: TP x PP x DP), at least
+    ``gpus_per_trial``, all on one node: the driver keeps each node's free GPUs
+    (:class:`~autotune.parallelism.GpuPool`), picks the node (best fit) and pins the task
+    there; Ray gives the task that many whole GPUs (``CUDA_VISIBLE_DEVICES`` in the
+    worker, which the vLLM server inherits), never one of another trial's. With
+    ``gpus_per_trial`` 0 (no GPUs), ``cpus_per_trial`` CPUs and one trial per slot.
     ``slots`` (in-flight trials) defaults to the cluster's GPUs // gpus_per_trial, or 1
     when there are no GPUs: a CPU server and its load generator already fill a machine.
+    ``num_gpus`` (a local Ray only): the GPUs it offers, e.g. fake ones for tests.
     """
 
     def __init__(
@@ -134,6 +157,7 @@ class RayExecutor:
         cpus_per_trial: float = 1.0,
         slots: int | None = None,
         fn: Callable[..., TrialOutcome] = run_trial,
+        num_gpus: int | None = None,
     ) -> None:
         if address:
             _use_cluster_token()  # before Ray reads its auth mode
@@ -158,6 +182,8 @@ class RayExecutor:
                 # join and then refuse num_cpus); workers inherit our environment.
                 kwargs["address"] = "local"
                 kwargs["num_cpus"] = max(2, cpu_count())
+                if num_gpus is not None:
+                    kwargs["num_gpus"] = num_gpus
                 kwargs["runtime_env"] = {"env_vars": {"RAY_DEDUP_LOGS": "0"}}
             import signal
 
@@ -182,10 +208,13 @@ class RayExecutor:
             self._owns_ray = True
         resources = ray.cluster_resources()
         total_gpus = int(resources.get("GPU", 0))
-        if gpus_per_trial > total_gpus:
+        self.pool = _node_pool(ray) if gpus_per_trial else None
+        largest = self.pool.largest_node if self.pool is not None else 0
+        if gpus_per_trial > largest:
             raise AutotuneError(
-                f"a trial needs {gpus_per_trial} GPU(s) but the Ray cluster has {total_gpus}; "
-                "lower --gpus-per-trial or add GPU nodes"
+                f"a trial needs {gpus_per_trial} GPU(s) of one node but the largest node of "
+                f"the Ray cluster has {largest} ({total_gpus} in all); lower --gpus-per-trial "
+                "or add GPU nodes"
             )
         if slots is None:
             slots = max(1, total_gpus // gpus_per_trial) if gpus_per_trial else 1
@@ -197,23 +226,53 @@ class RayExecutor:
         preload = os.environ.get(PRELOAD_DIR_ENV)
         if preload:  # the tuner's preloaded interpreters (a Ray started earlier lacks it)
             options["runtime_env"] = {"env_vars": {PRELOAD_DIR_ENV: preload}}
-        self._remote = ray.remote(_remote_trial).options(  # type: ignore[call-overload]
-            num_gpus=gpus_per_trial,
-            num_cpus=0 if gpus_per_trial else cpus_per_trial,
-            max_retries=0,
-            **options,
-        )
+        self._task = ray.remote(_remote_trial)
+        self._options: dict[str, Any] = {"num_gpus": gpus_per_trial,
+                                         "num_cpus": 0 if gpus_per_trial else cpus_per_trial,
+                                         "max_retries": 0, **options}
+        self._gpu_memory_gib = gpu_memory_gib() if self.pool is not None else None
         self._flights: list[_Flight] = []
         logger.info("Ray: %s, %d trial slot(s)", resources, slots)
 
     def nodes(self) -> int:
         return sum(1 for n in self._ray.nodes() if n.get("Alive"))
 
+    # -- placement (autotune.placement) ------------------------------------------------------
+    def reservation(self, spec: TrialSpec) -> int:
+        """GPUs the trial reserves: its server's, at least ``gpus_per_trial`` (0: none)."""
+        return max(self.gpus_per_trial, spec.server_gpus) if self.gpus_per_trial else 0
+
+    def fits(self, spec: TrialSpec) -> bool:
+        if self.pool is None:
+            return len(self._flights) < self.slots
+        return len(self._flights) < self.slots and self.pool.fits(self.reservation(spec))
+
+    def has_room(self) -> bool:
+        free = self.pool.free() > 0 if self.pool is not None else True
+        return free and len(self._flights) < self.slots
+
+    def gpu_node(self) -> Node | None:
+        if self.pool is None:
+            return None
+        return Node(gpus=self.pool.largest_node, gpu_memory_gib=self._gpu_memory_gib)
+
     def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> Any:
         queue = self._phase_queue() if on_phase is not None else None
-        ref = self._remote.remote(self._fn, spec, queue)
-        self._flights.append(_Flight(spec, ref, on_phase))
+        options, node, gpus = dict(self._options), "", cast(tuple[int, ...], ())
+        if self.pool is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            n = self.reservation(spec)
+            node, gpus = self.pool.take(n)  # the driver's count; Ray picks the GPU ids
+            options.update(num_gpus=n, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node_id=node, soft=False))
+        ref = self._task.options(**options).remote(self._fn, spec, queue)
+        self._flights.append(_Flight(spec, ref, on_phase, node, gpus))
         return ref
+
+    def _release(self, flight: _Flight) -> None:
+        if self.pool is not None and flight.gpus:
+            self.pool.give_back(flight.node, flight.gpus)
 
     def _phase_queue(self) -> Any:
         if self._queue is None:
@@ -259,6 +318,7 @@ class RayExecutor:
         for ref in ready:
             flight = next(f for f in self._flights if f.ref == ref)
             self._flights.remove(flight)
+            self._release(flight)
             try:
                 done.append(self._ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - a dead worker is a failed trial, not a crash
@@ -280,6 +340,7 @@ class RayExecutor:
             except Exception as exc:  # noqa: BLE001 - keep cancelling the others
                 logger.warning("cancelling trial %d: %s", f.spec.number, exc)
             numbers.append(f.spec.number)
+            self._release(f)
         self._flights.clear()
         return numbers
 

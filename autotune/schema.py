@@ -91,6 +91,7 @@ __all__ = [
     "primary",
     "readings",
     "schema_race",
+    "server_gpus_of",
     "set_constraints",
     "sqlite_path",
     "study_objective",
@@ -124,6 +125,9 @@ class A(StrEnum):
     QUALITY_NOTE = "autotune.quality_note"
     REQUEST_ERRORS = "autotune.request_errors"  # failed requests by kind (stalled, timeout, ...)
     GPUS = "autotune.gpus"
+    # GPUs one server of the trial's config uses (TP x PP x DP of its flags): the objective
+    # value told to Optuna is per GPU (the measured figure / this), metrics stay per server
+    SERVER_GPUS = "autotune.server_gpus"
     # --objective capacity: {"recorded_rps", "low", "high", "status", "capacity_rps",
     #   "ci_low_rps", "ci_high_rps", "levels": [{"scale", "offered_rps", "passed", ...}]}
     CAPACITY = "autotune.capacity"
@@ -249,6 +253,15 @@ def mark_failed(trial: Any, reason: str, message: str) -> None:
 def is_prior(t: Any) -> bool:
     """A trial copied from an earlier study by a warm start (measured under another shape)."""
     return A.PRIOR in t.user_attrs
+
+
+def server_gpus_of(t: Any) -> int:
+    """GPUs one server of a trial's config uses (1 for trials stored before autotune
+    counted them). Every per-GPU figure of a study divides a server's figure by this."""
+    try:
+        return max(1, int(t.user_attrs.get(A.SERVER_GPUS) or 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 def primary(t: Any) -> float:
@@ -388,7 +401,10 @@ def _within(ts: list[Any], objective: str = "throughput") -> Any:
     lo, hi = m.get(lo_key), m.get(hi_key)
     if objective == "capacity" and hi is None:
         hi = lo  # capped at the search's top scale: the capacity is at least its low end
-    return Interval(primary(ts[0]), lo, hi) if lo is not None and hi is not None else None
+    if lo is None or hi is None:
+        return None
+    n = server_gpus_of(ts[0])  # the value is per GPU; the metrics are the server's
+    return Interval(primary(ts[0]), lo / n, hi / n)
 
 
 def judge_study(study: Any) -> Judgement | None:
@@ -460,9 +476,11 @@ def judge_study(study: Any) -> Judgement | None:
 
 
 def _pruned_value(t: Any) -> float | None:
+    """A pruned trial's output tokens/s per GPU (it has no objective value of its own)."""
     m = t.user_attrs.get(A.METRICS) or {}
     v = m.get("output_tokens_per_s")
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
+    return (float(v) / server_gpus_of(t) if isinstance(v, (int, float)) and math.isfinite(v)
+            and v > 0 else None)
 
 
 def _judge_pruned(study: Any, base_use: list[Any]) -> Judgement:
@@ -482,7 +500,8 @@ def _judge_pruned(study: Any, base_use: list[Any]) -> Judgement:
     value = _pruned_value(best) or 0.0
     m = best.user_attrs.get(A.METRICS) or {}
     lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
-    iv = Interval(value, lo, hi) if lo is not None and hi is not None else None
+    n = server_gpus_of(best)
+    iv = Interval(value, lo / n, hi / n) if lo is not None and hi is not None else None
     ratio = ratio_to_defaults([value], [primary(t) for t in base_use],
                               within={"config": iv, "defaults": _within(base_use)})
     return Judgement("defaults_best", reason + (
@@ -521,6 +540,8 @@ def verdict_record(j: Judgement | None) -> dict[str, Any]:
                             if base_rep else None),
         "candidate_number": first,
         "candidate_params": dict(cand_rep.params) if cand_rep else None,
+        # GPUs one server of the candidate uses (the readings are per GPU)
+        "candidate_gpus": server_gpus_of(cand_rep) if cand_rep else None,
         "candidate_pruned": j.pruned is not None,
         "readings": {"candidate": ([primary(t) for t in j.candidate] if j.candidate else
                                    [_pruned_value(j.pruned)] if j.pruned is not None else []),

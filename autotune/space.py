@@ -8,9 +8,10 @@ sample never costs a server start. See ``docs/search-spaces.md`` and ``search_sp
 Expressions in ``when``/``rules``/``derive`` are a small, safe subset of Python:
 comparisons, ``and``/``or``/``not``, ``in``, arithmetic, ``min``/``max``, knob names and
 the facts ``device`` ("cpu"/"cuda"), ``hybrid``, ``mtp``, ``moe`` (model facts),
-``gpu_arch`` (e.g. "sm90"), ``avx512`` (the CPU has AVX-512 or AMX), ``weights_dtype`` (the
-checkpoint's dtype from config.json, e.g. "bfloat16"; "" when it names none),
-``prequantized`` (config.json carries a ``quantization_config``), and the traffic's
+``gpu_arch`` (e.g. "sm90"), ``avx512`` (the CPU has AVX-512 or AMX), ``gpus`` (GPUs of the
+largest node the trials run on; 0 without GPUs), ``weights_dtype`` (the checkpoint's dtype
+from config.json, e.g. "bfloat16"; "" when it names none), ``prequantized`` (config.json
+carries a ``quantization_config``), and the traffic's
 ``streams`` (concurrent streams of the replay, counted as ``autotune.kernels.streams_of``
 does) and ``prompt_p90`` (tokens; both 0 when the space is loaded without a traffic
 shape). A knob that is inactive (its condition is false) has the value ``None`` in expressions.
@@ -32,9 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autotune.errors import SpaceError
 from autotune.hardware import cpu_has_avx512
+from autotune.parallelism import flag_value
 
 __all__ = [
     "ROUTING_SIMULATION_ENV",
+    "Check",
     "Knob",
     "LaunchSpec",
     "ModelFacts",
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 _FACTS = ("device", "hybrid", "mtp", "moe", "gpu_arch", "avx512", "real_weights", "streams",
-          "prompt_p90", "weights_dtype", "prequantized")
+          "prompt_p90", "gpus", "weights_dtype", "prequantized")
 # routed experts in config.json (as autotune/kernels/_moe_shape.py reads them)
 _EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 
@@ -86,13 +89,17 @@ class ModelFacts(BaseModel):
     # prompt chunk, which is what CUDA-graph capture sizes must cover (issue 14's H200 runs).
     streams: int = 0
     prompt_p90: int = 0
+    # GPUs of the largest node the trials run on (0: none, e.g. the CPU build): the
+    # parallelism knobs exist only where a server can have more than one
+    gpus: int = 0
 
     def with_traffic(self, *, streams: int, prompt_p90: float) -> ModelFacts:
         """These facts plus the traffic's (see ``autotune.kernels.streams_of``)."""
         return self.model_copy(update={"streams": int(streams), "prompt_p90": int(prompt_p90)})
 
     @classmethod
-    def from_model_dir(cls, model: str | Path, *, device: str, gpu_arch: str = "") -> ModelFacts:
+    def from_model_dir(cls, model: str | Path, *, device: str, gpu_arch: str = "",
+                       gpus: int = 0) -> ModelFacts:
         cfg_path = Path(model) / "config.json"
         try:
             cfg = json.loads(cfg_path.read_text())
@@ -117,7 +124,7 @@ class ModelFacts(BaseModel):
             next(d.glob(g), None) is not None for g in _WEIGHTS
         )
         return cls(device=device, hybrid=hybrid, mtp=mtp, moe=moe,  # type: ignore[arg-type]
-                   gpu_arch=gpu_arch, avx512=cpu_has_avx512(), real_weights=real,
+                   gpu_arch=gpu_arch, avx512=cpu_has_avx512(), real_weights=real, gpus=gpus,
                    weights_dtype=dtype, prequantized=prequantized)
 
 
@@ -342,6 +349,10 @@ def dummy_routing_warning(model: str | Path, flags: Sequence[str], env: Mapping[
             "as a trained router does")
 
 
+#: a check beyond the rules: (params, their launch spec) -> why vLLM would refuse them
+Check = Callable[[Mapping[str, Any], LaunchSpec], list[str]]
+
+
 class _StandIn(BaseModel):
     """What only a stand-in model needs (random weights): applied unless ``real_weights``."""
 
@@ -419,6 +430,8 @@ class SearchSpace:
         # kind -> folder of tuned kernel configs, or kind -> why there is none (with_tuned)
         self.tuned_dirs: dict[str, str] = {}
         self.tuned_missing: dict[str, str] = {}
+        # checks that need more than an expression: (params, launch) -> reasons (with_checks)
+        self.checks: tuple[Check, ...] = ()
 
     # -- tuned kernels ------------------------------------------------------------------------
     def tuned_kinds(self) -> dict[str, list[str]]:
@@ -441,17 +454,28 @@ class SearchSpace:
         bound.tuned_missing = dict(missing or {})
         return bound
 
+    def with_facts(self, facts: ModelFacts) -> SearchSpace:
+        """This space bound to other facts (e.g. the GPUs of the executor's nodes)."""
+        import copy
+
+        bound = copy.copy(self)
+        bound.facts = facts
+        return bound
+
+    def with_checks(self, *checks: Check) -> SearchSpace:
+        """This space with more checks: ``check(params, launch)`` returns the reasons vLLM
+        would refuse (or could not serve) the config, like a rule (e.g. the parallelism
+        rules of :mod:`autotune.parallelism`, which read the model and the nodes)."""
+        import copy
+
+        bound = copy.copy(self)
+        bound.checks = (*self.checks, *checks)
+        return bound
+
     def fixed_flag(self, flag: str) -> str | None:
         """The value ``fixed_flags`` give ``flag`` (``--x V`` or ``--x=V``; the last one
         wins, as in vLLM's argument parser), None when they do not set it."""
-        flags = self._spec.fixed_flags
-        value = None
-        for i, arg in enumerate(flags):
-            if arg == flag and i + 1 < len(flags):
-                value = flags[i + 1]
-            elif arg.startswith(flag + "="):
-                value = arg.split("=", 1)[1]
-        return value
+        return flag_value(self._spec.fixed_flags, flag)
 
     # -- facts ------------------------------------------------------------------------------
     def _env(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -520,6 +544,13 @@ class SearchSpace:
                     knob.tuned in self.tuned_missing):
                 why = self.tuned_missing[knob.tuned]
                 out.append(f"{name}=tuned: no tuned {knob.tuned} kernel configs ({why})")
+        if self.checks and not out:
+            try:
+                launch = self.launch_spec(params)
+            except SpaceError:  # "tuned" before the kernels are bound: decided later
+                return out
+            for check in self.checks:
+                out.extend(check(params, launch))
         return out
 
     def lossy_knobs(self, params: Mapping[str, Any]) -> list[str]:

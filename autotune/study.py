@@ -32,7 +32,7 @@ from autotune.events import (
     StudyEvent,
     TrialRecord,
 )
-from autotune.hardware import gpu_arch, gpu_type
+from autotune.hardware import gpu_arch, gpu_names, gpu_type
 from autotune.outputs import (
     TrialsCsvCallback,
     TuneResult,
@@ -40,6 +40,8 @@ from autotune.outputs import (
     write_json_atomic,
     write_results,
 )
+from autotune.parallelism import server_gpus
+from autotune.placement import can_ask, fits, never_fits, node_of, with_parallel_rules
 from autotune.preflight import check_before_trial_0
 from autotune.report import one_line_message
 from autotune.schema import (
@@ -62,6 +64,7 @@ from autotune.schema import (
     open_storage,
     primary,
     readings,
+    server_gpus_of,
     set_constraints,
     verdict_record,
 )
@@ -267,11 +270,14 @@ def _traffic_streams(shape: Any, concurrency: int | None) -> int:
         return 0
 
 
-def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None) -> StudyInputs:
+def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None,
+                   gpus: int | None = None) -> StudyInputs:
     """Read and check everything a study needs (model, shape, space, storage, names).
 
     ``heartbeat``: how often this tuner's running trials get Optuna heartbeats and after
-    how long without one another tuner fails them (default :class:`Heartbeat`)."""
+    how long without one another tuner fails them (default :class:`Heartbeat`). ``gpus``:
+    the GPUs of the largest node the trials run on (the space's fact ``gpus``; default:
+    this machine's)."""
     from autotune.objective import replayed_shape, resolve_objective
     from autotune.prompts import model_vocab_size
     from autotune.tracking import default_tracking_uri
@@ -290,8 +296,10 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
         shape = replayed_shape(shape, settings.concurrency)
     info = detect_engine()
     cuda = info.device == "cuda"
+    if gpus is None:
+        gpus = len(gpu_names()) if cuda else 0
     facts = ModelFacts.from_model_dir(model, device=info.device,
-                                      gpu_arch=gpu_arch() if cuda else "").with_traffic(
+                                      gpu_arch=gpu_arch() if cuda else "", gpus=gpus).with_traffic(
         streams=_traffic_streams(shape, settings.concurrency),
         prompt_p90=shape.input_tokens.p90)
     space = load_space(settings.space, facts=facts)
@@ -438,6 +446,11 @@ def _metric(t: Any, key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _per_gpu_metric(t: Any, key: str) -> float | None:
+    value = _metric(t, key)
+    return None if value is None else value / server_gpus_of(t)
+
+
 def _slo_violation(metrics: dict[str, float], settings: TuneSettings) -> float:
     return max((metrics.get(SLO_KEYS[k], math.inf) / limit - 1.0
                 for k, limit in settings.slo.items()), default=-1.0)
@@ -494,7 +507,7 @@ def _report_segments(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneS
         return
     for step, rate in enumerate(outcome.segments):
         if math.isfinite(rate):
-            trial.report(float(rate), step)
+            trial.report(float(rate) / server_gpus_of(trial), step)
 
 
 def _mark_pruned(trial: optuna.Trial, outcome: TrialOutcome) -> None:
@@ -509,11 +522,24 @@ def _mark_pruned(trial: optuna.Trial, outcome: TrialOutcome) -> None:
     set_constraints(trial, failed=0.0, slo=0.0, errors=0.0, quality=0.0)
 
 
+def _per_gpu(trial: optuna.Trial, outcome: TrialOutcome, key: str) -> float | None:
+    """The objective per GPU (the server's figure / its GPUs, ``autotune.server_gpus``), so
+    that configs of different GPU counts compare on what they cost; kept beside the
+    server's figures as ``server_gpus`` and ``<metric>_per_gpu``."""
+    value = outcome.metrics.get(key)
+    if value is None:
+        return None
+    n = server_gpus_of(trial)
+    outcome.metrics["server_gpus"] = float(n)
+    outcome.metrics[f"{key}_per_gpu"] = value / n
+    return value / n
+
+
 def _no_capacity(trial: optuna.Trial, outcome: TrialOutcome
                  ) -> tuple[float, str, str | None]:
     """A capacity trial whose every load level missed the SLOs: infeasible (reason slo),
     told with the upper bound of its capacity (the lowest rate tried) as its value."""
-    high = outcome.metrics.get("capacity_rps_ci_high", 0.0)
+    high = outcome.metrics.get("capacity_rps_ci_high", 0.0) / server_gpus_of(trial)
     set_constraints(trial, failed=0.0, slo=1.0, errors=0.0, quality=0.0)
     trial.set_user_attr(A.STATE, State.INFEASIBLE)
     trial.set_user_attr(A.REASON, FailureReason.SLO)
@@ -527,12 +553,12 @@ def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
     """Set the trial's attributes and constraints from the outcome; return (value(s) to
     tell, state, reason). Value None: the trial failed or the pruner stopped it (told
     PRUNED)."""
+    value = _per_gpu(trial, outcome, objective_metric(settings.objective))
     _record_outcome(trial, outcome)
     _report_segments(trial, outcome, settings)
     if outcome.ok and outcome.pruned:
         _mark_pruned(trial, outcome)
         return None, State.PRUNED, FailureReason.PRUNED
-    value = outcome.metrics.get(objective_metric(settings.objective))
     if outcome.ok and outcome.capacity is not None and value is None:
         return _no_capacity(trial, outcome)
     if not outcome.ok or value is None or not math.isfinite(value):
@@ -679,17 +705,21 @@ def trial_time(outcome: TrialOutcome) -> dict[str, Any]:
 class GpuTime:
     """Seconds per GPU (or CPU slot) spent starting servers, warming up, measuring, in the
     rest of a trial (stop, quality probe) and idle (the study's span less all of those).
-    ``compile_s`` is the part of ``start_s`` that vLLM logged compiling (not added again)."""
+    ``compile_s`` is the part of ``start_s`` that vLLM logged compiling (not added again).
+    GPU-seconds: a trial on four GPUs adds its times to each of the four."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, gpus: Sequence[int] = ()) -> None:
         self.slots = slots
         self.per: dict[str, dict[str, float]] = {}
+        for g in gpus:  # every GPU of the executor, so one never used shows as idle
+            self._slot(f"gpu{g}")
 
     def add(self, outcome: TrialOutcome) -> None:
         t = trial_time(outcome)
-        acc = self._slot(str(t["slot"]))
-        for k in ("start_s", "compile_s", "warmup_s", "measure_s", "other_s"):
-            acc[k] = acc.get(k, 0.0) + float(t[k])
+        for label in ([f"gpu{g}" for g in outcome.gpus] if outcome.gpus else [str(t["slot"])]):
+            acc = self._slot(label)
+            for k in ("start_s", "compile_s", "warmup_s", "measure_s", "other_s"):
+                acc[k] = acc.get(k, 0.0) + float(t[k])
 
     def add_kernels(self, seconds: float, gpus: Sequence[int]) -> None:
         """Kernel tuning before trial 0 (``kernels_s``) on each GPU it timed on."""
@@ -730,7 +760,10 @@ def _incumbent_low(study: optuna.Study, settings: TuneSettings, trial: optuna.Tr
     if (settings.pruner == "none" or settings.objective != "throughput"
             or trial.user_attrs.get(A.BASELINE) or trial.user_attrs.get(A.RECHECK_OF) is not None):
         return None
-    return _metric(best_trial(study), "output_tokens_per_s_ci_low")
+    best = best_trial(study)
+    low = _metric(best, "output_tokens_per_s_ci_low")
+    # per GPU: the bar of a trial on n GPUs is n x the incumbent's low end per GPU
+    return None if low is None else low / server_gpus_of(best) * server_gpus_of(trial)
 
 
 # ------------------------------------------------------------------------------------------
@@ -762,7 +795,8 @@ class TrialTemplate:
     quality_reference: ProbeOutputs | None = None
 
     def spec(self, number: int, launch: LaunchSpec, settings: TuneSettings, *,
-             probe: bool, incumbent_low: float | None = None) -> TrialSpec:
+             probe: bool, incumbent_low: float | None = None,
+             server_gpus: int = 1) -> TrialSpec:
         """The :class:`TrialSpec` of one trial (``probe``: run the quality probe;
         ``incumbent_low``: the pruner's bar)."""
         from autotune.stats import SegmentRule
@@ -783,7 +817,7 @@ class TrialTemplate:
             quality_probe=self.quality_probe if probe else None,
             quality_reference=self.quality_reference,
             rule=rule, segment_requests=settings.segment_requests, incumbent_low=incumbent_low,
-            output_jitter=settings.output_jitter,
+            output_jitter=settings.output_jitter, server_gpus=server_gpus,
             **_capacity_spec(settings),
         )  # fmt: skip
 
@@ -794,6 +828,7 @@ class _Flight:
     params: dict[str, Any]
     launch: LaunchSpec
     baseline: bool
+    spec: TrialSpec | None = None
 
 
 @dataclass
@@ -816,13 +851,17 @@ class StudyLoop:
     def __post_init__(self) -> None:
         self.target = self.settings.trials  # grows by the re-check trials
         self.phase = "search"  # then "recheck": the time budget bounds the search alone
-        self.flights: dict[int, _Flight] = {}
+        self.flights: dict[int, _Flight] = {}  # asked and not told (the waiting one too)
+        self.waiting: int | None = None  # asked, but its GPUs are not free yet (placement)
         self.walls: list[float] = []
         self.recheck_walls: list[float] = []  # walls less compile seconds (the budget rule)
         self.rejected_in_a_row = 0
         self.t_loop = time.monotonic()
         self._last: StudyEvent | None = None
-        self.gpu_time = GpuTime(slots=self.executor.slots)
+        pool = getattr(self.executor, "pool", None)
+        self.gpu_time = GpuTime(slots=self.executor.slots, gpus=(
+            pool.nodes[next(iter(pool.nodes))] if pool is not None and len(pool.nodes) == 1
+            else ()))
         self.beats = Heartbeats(self.study._storage)  # a no-op without storage heartbeats
 
     # -- progress ---------------------------------------------------------------------------
@@ -840,8 +879,8 @@ class StudyLoop:
             kind=kind, study_name=self.study.study_name, done=done, total=self.target,
             running=len(self.flights), best_value=primary(best) if best else None,
             best_number=best.number if best else None,
-            best_ci_low=_metric(best, interval_keys(self.settings.objective)[0]),
-            best_ci_high=_metric(best, interval_keys(self.settings.objective)[1]),
+            best_ci_low=_per_gpu_metric(best, interval_keys(self.settings.objective)[0]),
+            best_ci_high=_per_gpu_metric(best, interval_keys(self.settings.objective)[1]),
             baseline_value=primary(base) if base else None,
             elapsed_s=time.monotonic() - self.started, eta_s=eta, **kw,
         )  # fmt: skip
@@ -933,7 +972,12 @@ class StudyLoop:
                 self.callbacks.on_trial_end(event, record)
 
     def _fill_slots(self) -> None:
-        while len(self.flights) < self.executor.slots and self._more():
+        """Start the waiting trial once it fits; ask for more only while none waits and
+        some GPU (or slot) is free (autotune.placement)."""
+        if self.waiting is not None and fits(self.executor, self.flights[self.waiting].spec):
+            self._submit(self.flights[self.waiting])
+        while (self.waiting is None and len(self.flights) < self.executor.slots
+               and can_ask(self.executor) and self._more()):
             self._launch_next()
 
     def _recheck(self) -> None:
@@ -991,21 +1035,39 @@ class StudyLoop:
         if problems and not is_base:
             self._reject(trial, params, problems)
             return
-        self.rejected_in_a_row = 0
         launch = self.space.launch_spec(params, baseline=is_base)
-        trial.set_user_attr(A.FLAGS, list(launch.flags))
-        trial.set_user_attr(A.ENV, dict(launch.env))
+        gpus = server_gpus(launch.flags)
+        trial.set_user_attr(A.SERVER_GPUS, gpus)
         probe = not is_base and bool(self.space.lossy_knobs(params))
         spec = self.template.spec(trial.number, launch, self.settings, probe=probe,
-                                  incumbent_low=_incumbent_low(self.study, self.settings, trial))
-        self.executor.submit(spec, on_phase=self._phase)
-        self.flights[trial.number] = _Flight(trial, params, launch, is_base)
-        self.callbacks.on_trial_start(self.event("trial_started", trial_number=trial.number,
-                                                 trial_params=params))
-        recheck_of = trial.user_attrs.get(A.RECHECK_OF)
+                                  incumbent_low=_incumbent_low(self.study, self.settings, trial),
+                                  server_gpus=gpus)
+        why = never_fits(self.executor, spec)
+        if why is not None:
+            self._reject(trial, params, [why])
+            return
+        self.rejected_in_a_row = 0
+        trial.set_user_attr(A.FLAGS, list(launch.flags))
+        trial.set_user_attr(A.ENV, dict(launch.env))
+        flight = self.flights[trial.number] = _Flight(trial, params, launch, is_base, spec)
+        if fits(self.executor, spec):
+            self._submit(flight)
+        else:  # its GPUs are busy: it waits, and nothing more is asked until it starts
+            self.waiting = trial.number
+            self._phase(trial.number, "waiting", 0.0,
+                        f"waits for {gpus} free GPU(s) of one node")
+
+    def _submit(self, f: _Flight) -> None:
+        assert f.spec is not None
+        number = f.trial.number
+        if self.waiting == number:
+            self.waiting = None
+        self.executor.submit(f.spec, on_phase=self._phase)
+        self.callbacks.on_trial_start(self.event("trial_started", trial_number=number,
+                                                 trial_params=f.params))
+        recheck_of = f.trial.user_attrs.get(A.RECHECK_OF)
         if recheck_of is not None:
-            self._phase(trial.number, "recheck", 0.0,
-                        f"re-measuring the config of trial {recheck_of}")
+            self._phase(number, "recheck", 0.0, f"re-measuring the config of trial {recheck_of}")
 
     def _reject(self, trial: optuna.Trial, params: dict[str, Any], problems: list[str]) -> None:
         """A sample the space's rules forbid: PRUNED, never launched, not counted."""
@@ -1068,7 +1130,9 @@ class StudyLoop:
         """Stop the trials in flight; each becomes FAIL with reason ``interrupted``."""
         import optuna
 
-        for n in self.executor.cancel_all():
+        waiting = [self.waiting] if self.waiting is not None else []
+        self.waiting = None
+        for n in [*self.executor.cancel_all(), *waiting]:
             f = self.flights.pop(n, None)
             if f is None:
                 continue
@@ -1255,7 +1319,9 @@ def tune(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t_start = time.monotonic()
-    inputs = resolve_inputs(settings, heartbeat=heartbeat)
+    node = node_of(executor) if executor is not None else None
+    inputs = resolve_inputs(settings, heartbeat=heartbeat,
+                            gpus=node.gpus if node is not None else None)
     settings = inputs.settings  # the objective resolved from the shape
     write_config(settings, inputs.out_dir / "config.yaml")
     subs = _subscribers(inputs, tracker, on_event, callbacks)
@@ -1266,6 +1332,9 @@ def tune(
     # servers fork from one import of vLLM (the scope opens before Ray: workers inherit it)
     with preload_scope(settings.preload):
         runner = executor or _default_executor(inputs)
+        # vLLM's parallelism rules for this model on the executor's nodes (autotune.placement)
+        inputs = replace(inputs, space=with_parallel_rules(inputs.space, model=inputs.model,
+                                                           executor=runner))
         loop = StudyLoop(study=study, settings=settings, space=inputs.space, executor=runner,
                          template=TrialTemplate(model=str(inputs.model), shape=inputs.shape,
                                                 log_dir=str(inputs.log_dir),

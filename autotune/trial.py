@@ -77,6 +77,9 @@ class TrialSpec:
     log_dir: str | None = None
     cache_dir: str | None = None
     gpus: tuple[int, ...] | None = None
+    # GPUs the server uses (tensor x pipeline x data parallel size of its flags): what the
+    # executor reserves for it, and what the GPUs the traffic needs are counted in
+    server_gpus: int = 1
     cpu_kv_cache_gib: float = 1.0
     quality_probe: Any = None  # autotune.quality.ProbeSet: probe this trial's server
     quality_reference: Any = None  # autotune.quality.ProbeOutputs to compare with
@@ -300,7 +303,8 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
         outcome.metrics["server_prompt_tokens_run"] = outcome.prompt_tokens_server
     _time_metrics(outcome)
     if outcome.capacity is not None:
-        outcome.metrics.update(_capacity_metrics(outcome.capacity, outcome.gpus))
+        outcome.metrics.update(_capacity_metrics(outcome.capacity, outcome.gpus,
+                                                 spec.server_gpus))
     if m.n_ok == 0:
         server.check_alive()
         outcome.reason = FailureReason.NO_OUTPUT
@@ -451,16 +455,18 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     logger.info("trial %d: %s", spec.number, outcome.message)
     if m is None:  # no level met the SLOs: measured, but no capacity (infeasible)
         outcome.ok = True
-        outcome.metrics = {**_capacity_metrics(outcome.capacity, outcome.gpus),
+        outcome.metrics = {**_capacity_metrics(outcome.capacity, outcome.gpus,
+                                               spec.server_gpus),
                            "measure_s": round(outcome.measure_s, 3)}
         return []
     return [m]
 
 
-def _capacity_metrics(cap: dict[str, Any], gpus: tuple[int, ...] | None) -> dict[str, float]:
+def _capacity_metrics(cap: dict[str, Any], gpus: tuple[int, ...] | None,
+                      server_gpus: int = 1) -> dict[str, float]:
     """capacity_rps (the objective), its interval, output tokens/s at capacity and the
-    servers and GPUs the recorded traffic needs (recorded rate / capacity) from
-    ``CapacityResult.to_dict()``."""
+    servers and GPUs the recorded traffic needs (recorded rate / capacity; GPUs: the
+    server's, or the ones it was given when more) from ``CapacityResult.to_dict()``."""
     recorded = float(cap["recorded_rps"])
     out: dict[str, float] = {"capacity_recorded_rps": recorded,
                              "capacity_levels": float(len(cap["levels"]))}
@@ -472,7 +478,7 @@ def _capacity_metrics(cap: dict[str, Any], gpus: tuple[int, ...] | None) -> dict
     servers = recorded / rps
     out.update({"capacity_rps": float(rps), "capacity_rps_ci_low": float(rps),
                 "capacity_scale": float(cap["low"]), "servers_needed": servers,
-                "gpus_needed": servers * max(1, len(gpus or ()))})
+                "gpus_needed": servers * max(1, server_gpus, len(gpus or ()))})
     at = [lv for lv in cap["levels"] if lv["passed"] and lv["scale"] == cap["low"]]
     if at:
         out["capacity_goodput_fraction"] = float(at[-1]["goodput_fraction"])

@@ -68,6 +68,8 @@ SLOW_FILES = {
     "tests/test_export_server.py": 105,
     "tests/test_rollout.py": 400,
     "tests/test_team_setup.py": 450, "tests/test_study_stops_early.py": 60,
+    "tests/test_parallel_cpu_server.py": 120, "tests/test_placement_ray.py": 25,
+    "tests/test_study_gpus.py": 8,
 }
 
 

@@ -447,6 +447,11 @@ def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck(
          "readings": [7676.3, 7546.0]}
     assert _best_line(b, "throughput").startswith("best: trial 1: 7,611.1 ")
     assert _best_line(b, "throughput").endswith(", the median of 2 readings")
+    # per GPU, with the GPUs of one server and what the recorded traffic needs
+    b["gpus"] = {"per_server": 2, "servers_needed": 1.5, "gpus_needed": 3.0}
+    assert _best_line(b, "throughput") == (
+        "best: trial 1: 7,611.1 out tok/s per GPU (a server of 2 GPUs; the recorded traffic "
+        "needs 1.50 server(s), 3.00 GPU(s)), the median of 2 readings")
 
 
 def test_a_median_capacity_does_not_read_as_its_own_brackets_lower_end():

@@ -219,7 +219,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--no-ray", "use_ray", "resources", action="store_false",
            help="run trials in this process (debugging)"),
     Option("--gpus-per-trial", "gpus_per_trial", "resources",
-           help="GPUs per trial (default 1 on GPU hosts, 0 on CPU)"),
+           help="GPUs per trial at least (default 1 on GPU hosts, 0 on CPU); a config's "
+                "tensor x data parallel size sets its own (docs/search-spaces.md)"),
     Option("--parallel", "parallel", "resources",
            help="trials at once (default: one per GPU slot; 1 on CPU)"),
     Option("--cache-dir", "cache_dir", "resources",
@@ -391,7 +392,18 @@ def _best_line(b: dict[str, Any], objective: str) -> str:
     n = len(b.get("readings") or [])
     median = f", the median of {n} readings" if n > 1 else ""
     return (f"best: trial {b['trial']}{of}: {b['objective']['value']:,.1f} "
-            f"{objective_label(objective)}{median}{ratio}")
+            f"{objective_label(objective)}{_per_gpu(b)}{median}{ratio}")
+
+
+def _per_gpu(b: dict[str, Any]) -> str:
+    """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.4 servers, 2.8 GPUs)"."""
+    g = b.get("gpus")
+    if not g:  # a best.json written before autotune counted GPUs per server
+        return ""
+    n = int(g.get("per_server") or 1)
+    need = (f"; the recorded traffic needs {g['servers_needed']:.2f} server(s), "
+            f"{g['gpus_needed']:.2f} GPU(s)" if g.get("servers_needed") is not None else "")
+    return f" per GPU (a server of {n} GPU{'s' if n > 1 else ''}{need})"
 
 
 def _verdict_line(v: dict[str, Any]) -> str:
@@ -407,6 +419,9 @@ def _verdict_line(v: dict[str, Any]) -> str:
                "--recheck 1")
     if v.get("verdict") == "winner":  # the number: not in an MLflow-only record
         who = f" trial {v['winner_number']}" if v.get("winner_number") is not None else ""
+        n = v.get("candidate_gpus")
+        if isinstance(n, int) and n > 1:  # per GPU: a 1-GPU winner needs no word
+            who += f" ({n} GPUs per server)"
         return f"verdict: WINNER{who}: {ci}"
     if v.get("verdict") == "defaults_best":
         if v.get("candidate_number") is None and not r:  # nothing else measured feasible

@@ -50,14 +50,17 @@ class TrialRow:
     request_errors: dict[str, int] = field(default_factory=dict)  # failed requests by kind
     # --objective capacity: the bracket and every load level (autotune.capacity)
     capacity: dict[str, Any] = field(default_factory=dict)
+    server_gpus: int = 1  # GPUs one server of its config uses: ``value`` is per GPU
 
     @property
     def interval(self) -> tuple[float, float] | None:
+        """The value's interval (per GPU, as the value; the metrics are the server's)."""
         # a capacity study's interval is its bracket (its high end is missing when capped)
         keys = (("capacity_rps_ci_low", "capacity_rps_ci_high") if "capacity_rps" in self.metrics
                 else (CI_LOW, CI_HIGH))
         lo, hi = self.metrics.get(keys[0]), self.metrics.get(keys[1])
-        return (lo, hi) if lo is not None and hi is not None else None
+        n = self.server_gpus
+        return (lo / n, hi / n) if lo is not None and hi is not None else None
 
     @property
     def label(self) -> str:
@@ -115,7 +118,7 @@ def _finite_metrics(raw: Any) -> dict[str, float]:
 def trial_row(t: Any) -> TrialRow:
     from optuna.trial import TrialState
 
-    from autotune.schema import A
+    from autotune.schema import A, server_gpus_of
 
     ua = t.user_attrs
     values = tuple(float(v) for v in (t.values or ()) if v is not None)
@@ -144,7 +147,7 @@ def trial_row(t: Any) -> TrialRow:
         wall_s=_num(ua.get(A.WALL_S)), log_path=ua.get(A.LOG), slot=slot,
         request_errors={str(k): int(v) for k, v in dict(ua.get(REQUEST_ERRORS_ATTR) or {}).items()
                         if isinstance(v, int)},
-        capacity=dict(ua.get(A.CAPACITY) or {}),
+        capacity=dict(ua.get(A.CAPACITY) or {}), server_gpus=server_gpus_of(t),
     )  # fmt: skip
 
 

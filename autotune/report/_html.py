@@ -99,8 +99,10 @@ def _verdict_html(d: ReportData) -> str:
     row = next((t for t in d.trials if t.number == win), None)
     if row is not None:
         params = ", ".join(f"{k}={v}" for k, v in row.params.items()) or "vLLM defaults"
-        parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} "
-                     f"{_fmt(v.get('winner_value', row.value))}</p>")
+        n = row.server_gpus
+        parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} per GPU "
+                     f"{_fmt(v.get('winner_value', row.value))} (one server uses {n} "
+                     f"GPU{'s' if n > 1 else ''})</p>")
     q = v.get("quality") or {}
     if q:
         knobs = ", ".join(f"{k}={x}" for k, x in (q.get("lossy_knobs") or {}).items())
@@ -239,7 +241,8 @@ def _gpu_html(d: ReportData) -> str:
     total = sum(sum(x for k, x in v.items() if k != "compile_s") for v in d.gpu_time.values())
     start = sum(v.get("start_s", 0.0) for v in d.gpu_time.values())
     comp = sum(v.get("compile_s", 0.0) for v in d.gpu_time.values())
-    text = (f"<p>{_dur(total)} of device time in all; server starts took "
+    text = (f"<p>{_dur(total)} of device time in all (GPU-seconds: a trial on four GPUs "
+            f"counts four times its wall time); server starts took "
             f"{_dur(start)} ({start / total:.0%})"
             + (f", of which vLLM compiling {_dur(comp)}" if comp else "")
             + ".</p>" if total > 0 else "")
