@@ -400,7 +400,9 @@ def _within(ts: list[Any], objective: str = "throughput") -> Any:
     lo_key, hi_key = interval_keys(objective)
     lo, hi = m.get(lo_key), m.get(hi_key)
     if objective == "capacity" and hi is None:
-        hi = lo  # capped at the search's top scale: the capacity is at least its low end
+        # no failing level (the search stopped at its time cap or its top scale): the
+        # capacity is at least its low end, and nothing bounds it above
+        hi = math.inf
     if lo is None or hi is None:
         return None
     n = server_gpus_of(ts[0])  # the value is per GPU; the metrics are the server's
@@ -459,6 +461,11 @@ def judge_study(study: Any) -> Judgement | None:
     v = decide_verdict(ratio)
     n = starts_needed(ratio) if v.verdict == "defaults_best" else None
     reason, recheck = v.reason, None
+    if ratio is None and objective == "capacity":
+        reason = ("no ratio to the defaults: a capacity search ended before a failing level "
+                  "bracketed it (its time cap or top scale), so that capacity is only a lower "
+                  "bound and one start of each shows nothing: raise --capacity-max-s, or add "
+                  "fresh starts (--recheck 1): vLLM's defaults remain best")
     if (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
             and ratio.log_sd is not None):
         at = f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"

@@ -270,6 +270,8 @@ def ratio_to_defaults(
         ci, di = ivs.get("config"), ivs.get("defaults")
         if ci is None or di is None or not (ci.value > 0 and di.value > 0):
             return None
+        if not all(math.isfinite(x) for x in (ci.low, ci.high, di.low, di.high)):
+            return None  # an open interval (a capacity bracket without an upper end)
         z = float(_st.norm.ppf(0.5 + confidence / 2))
         # relative standard errors of each mean, from their own intervals
         se = math.hypot((ci.high - ci.low) / 2 / z / ci.value,

@@ -326,3 +326,21 @@ def test_output_jitter_reaches_the_trials_of_tune_and_bench(tmp_path: Path) -> N
         assert spec.output_jitter == want
     with pytest.raises(ValueError, match="output_jitter"):
         TuneSettings(model=model, shape=shape, space=shape, output_jitter=1.0)
+
+
+def test_an_open_capacity_bracket_gives_no_point_ratio() -> None:
+    """One start each and a capacity search that ended before a failing level: the
+    capacity is only a lower bound, so no ratio (and no winner) comes from it."""
+    from autotune.stats import Interval, decide_verdict, ratio_to_defaults
+
+    open_c = Interval(0.173, 0.173, math.inf)
+    open_d = Interval(0.086, 0.086, math.inf)
+    closed = Interval(0.086, 0.07, 0.1)
+    for c, d in ((open_c, open_d), (open_c, closed), (Interval(0.173, 0.15, 0.2), open_d)):
+        r = ratio_to_defaults([c.value], [d.value], within={"config": c, "defaults": d})
+        assert r is None
+        assert decide_verdict(r).verdict == "defaults_best"
+    # a closed bracket on both sides still gives its within-run ratio
+    r = ratio_to_defaults([0.173], [0.086], within={"config": Interval(0.173, 0.15, 0.2),
+                                                    "defaults": closed})
+    assert r is not None and r.ci_low < r.median < r.ci_high
