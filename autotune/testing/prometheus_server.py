@@ -1,0 +1,111 @@
+"""A real Prometheus server for tests and demos: Debian's ``prometheus`` binary
+(``scripts/setup-prometheus.sh``) on loopback, a free port, a temporary data folder, and a
+scrape job per target at a short interval.
+
+``with PrometheusServer(targets={"replica-a": "127.0.0.1:8000"}) as prom: prom.url``. Each
+target is its own job, so its series carry ``job="<name>"`` and ``instance="host:port"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Self
+
+__all__ = ["PrometheusServer", "prometheus_binary"]
+
+
+def prometheus_binary() -> str | None:
+    """The ``prometheus`` binary on PATH (or ``$AUTOTUNE_PROMETHEUS_BIN``), else None."""
+    return os.environ.get("AUTOTUNE_PROMETHEUS_BIN") or shutil.which("prometheus")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrometheusServer:
+    """One Prometheus process scraping ``targets`` (job name -> ``host:port``) every
+    ``scrape_interval_s`` seconds; stopped (SIGTERM, then SIGKILL) by :meth:`stop`."""
+
+    def __init__(self, *, targets: Mapping[str, str], scrape_interval_s: float = 1.0,
+                 data_dir: Path | None = None, port: int | None = None) -> None:
+        binary = prometheus_binary()
+        if binary is None:
+            raise FileNotFoundError("no prometheus binary: run scripts/setup-prometheus.sh "
+                                    "(Debian's prometheus package)")
+        self.binary = binary
+        self.targets = dict(targets)
+        self.interval = scrape_interval_s
+        self.port = port or _free_port()
+        self._tmp = tempfile.TemporaryDirectory(prefix="autotune-prom-")
+        self.dir = Path(self._tmp.name)
+        self.data_dir = data_dir or self.dir / "data"
+        self.log_path = self.dir / "prometheus.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _config(self) -> Path:
+        lines = ["global:", f"  scrape_interval: {self.interval:g}s",
+                 f"  scrape_timeout: {self.interval:g}s", "scrape_configs:"]
+        for job, target in self.targets.items():
+            lines += [f"  - job_name: {job!r}", "    static_configs:",
+                      f"      - targets: [{target!r}]"]
+        path = self.dir / "prometheus.yml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        cmd = [self.binary, f"--config.file={self._config()}",
+               f"--storage.tsdb.path={self.data_dir}",
+               f"--web.listen-address=127.0.0.1:{self.port}",
+               "--storage.tsdb.retention.time=1d", "--log.level=warn"]
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited ({self.proc.returncode}): "
+                                   f"{self.log_path.read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"prometheus at {self.url} not ready after {timeout_s:g} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
