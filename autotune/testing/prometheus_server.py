@@ -40,7 +40,8 @@ class PrometheusServer:
     ``scrape_interval_s`` seconds; stopped (SIGTERM, then SIGKILL) by :meth:`stop`."""
 
     def __init__(self, *, targets: Mapping[str, str], scrape_interval_s: float = 1.0,
-                 data_dir: Path | None = None, port: int | None = None) -> None:
+                 data_dir: Path | None = None, port: int | None = None,
+                 basic_auth: tuple[str, str] | None = None) -> None:
         binary = prometheus_binary()
         if binary is None:
             raise FileNotFoundError("no prometheus binary: run scripts/setup-prometheus.sh "
@@ -54,6 +55,7 @@ class PrometheusServer:
         self.data_dir = data_dir or self.dir / "data"
         self.log_path = self.dir / "prometheus.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.basic_auth = basic_auth
 
     @property
     def url(self) -> str:
@@ -69,24 +71,54 @@ class PrometheusServer:
         path.write_text("\n".join(lines) + "\n")
         return path
 
+    def _web_config(self) -> list[str]:
+        """``--web.config.file`` asking for basic auth (a bcrypt hash, as Prometheus wants)."""
+        if self.basic_auth is None:
+            return []
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import crypt  # libxcrypt's bcrypt; the module is in Python up to 3.12
+
+        user, password = self.basic_auth
+        hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+        if not hashed or not hashed.startswith("$2"):
+            raise RuntimeError("this system's crypt() has no bcrypt: no basic auth")
+        path = self.dir / "web.yml"
+        path.write_text(f"basic_auth_users:\n  {user}: '{hashed}'\n")
+        return [f"--web.config.file={path}"]
+
+    def _ready(self) -> bool:
+        req = urllib.request.Request(self.url + "/-/ready")
+        if self.basic_auth is not None:
+            import base64
+
+            pair = base64.b64encode(":".join(self.basic_auth).encode()).decode()
+            req.add_header("Authorization", f"Basic {pair}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(req, timeout=2) as r:
+            return bool(r.status == 200)
+        return False
+
     def start(self, timeout_s: float = 60.0) -> None:
-        cmd = [self.binary, f"--config.file={self._config()}",
+        cmd = [self.binary, f"--config.file={self._config()}", *self._web_config(),
                f"--storage.tsdb.path={self.data_dir}",
                f"--web.listen-address=127.0.0.1:{self.port}",
                "--storage.tsdb.retention.time=1d", "--log.level=warn"]
         log = self.log_path.open("ab")
+        from autotune.engine._vllm import _set_pdeathsig
+
+        # its own process group, and it dies with the process that started it
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_set_pdeathsig)
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited ({self.proc.returncode}): "
                                    f"{self.log_path.read_text()[-2000:]}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
+            if self._ready():
+                return
             time.sleep(0.2)
         self.stop()
         raise TimeoutError(f"prometheus at {self.url} not ready after {timeout_s:g} s")
