@@ -161,7 +161,7 @@ def test_fleet_shape_agrees_with_the_replay_through_a_restart(
     fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     chat = load_shape(REPO / "traffic" / "example-chat.json")
-    start = math.floor(time.time())
+    traffic_from = time.time()
     # 20 requests at 1/s, the restart, 40 at 2/s: the 60 s windows' counts differ
     sent = _both(fleet, chat, n=20, rate=1.0, seed=1)
     errors = fleet.b.stop(grace_s=5.0)  # replica b restarts: its counters start again at 0
@@ -169,7 +169,10 @@ def test_fleet_shape_agrees_with_the_replay_through_a_restart(
     fleet.b.start()
     fleet.b.wait_healthy()
     sent += _both(fleet, chat, n=40, rate=2.0, seed=3)
-    end = start + 60 * math.ceil((time.time() + 2.0 - start) / 60)  # full 60 s windows
+    # whole 60 s windows ending just after the traffic (the range may start before
+    # Prometheus did: its first window then has fewer scrapes, and no traffic was sent)
+    end = math.ceil(time.time()) + 2
+    start = end - 60 * math.ceil((end - traffic_from) / 60)
     time.sleep(max(0.0, end + 3.0 - time.time()))  # the last scrapes are in
     out = tmp_path / "fleet.json"
     auth = ["--basic-auth-file", str(fleet.auth_file)] if fleet.auth_file else []
