@@ -87,9 +87,15 @@ def creds(fleet: Fleet, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
 
 
 @pytest.fixture(scope="module")
-def fleet(tiny_server: Any, tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory
-          ) -> Any:
+def fleet(_tiny_server_session: Any, tiny_llama: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Any:
     from autotune.engine._vllm import free_port
+
+    tiny_server = _tiny_server_session  # the session's server, up again if a test killed it
+    if tiny_server.poll() is not None:
+        tiny_server.stop()
+        tiny_server.start()
+        tiny_server.wait_healthy()
 
     b = VllmServer(model=str(tiny_llama), flags=["--max-model-len", "1024", "-O0"],
                    port=free_port(), log_path=tmp_path_factory.mktemp("b") / "server.log",
