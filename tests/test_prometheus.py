@@ -170,6 +170,13 @@ def test_fleet_shape_agrees_with_the_replay_through_a_restart(
     traffic_from = time.time()
     # 20 requests at 1/s, the restart, 40 at 2/s: the 60 s windows' counts differ
     sent = _both(fleet, chat, n=20, rate=1.0, seed=1)
+    # what a replica serves after its last scrape is lost with it: stop b once Prometheus
+    # has its last request (a loaded /metrics may miss its 1 s scrape timeout)
+    client = PrometheusClient(fleet.prom.url, auth=fleet.auth)
+    deadline = time.time() + 30
+    while time.time() < deadline and sum(s.value for s in client.query(
+            'vllm:request_prompt_tokens_count{job="replica-b"}', at=time.time())) < 10:
+        time.sleep(0.5)
     errors = fleet.b.stop(grace_s=5.0)  # replica b restarts: its counters start again at 0
     assert all("ignored SIGTERM" in e for e in errors), errors
     fleet.b.start()
@@ -223,8 +230,7 @@ def test_fleet_shape_agrees_with_the_replay_through_a_restart(
     assert "sum by (le) (increase(vllm:request_prompt_tokens_bucket{" in rng.queries[
         "prompt_tokens"]
     # one replica's selector: its half of the requests
-    half = fit_prometheus(PrometheusClient(fleet.prom.url, auth=fleet.auth), start=start,
-                          end=end,
+    half = fit_prometheus(client, start=start, end=end,
                           selector='{job="replica-b"}')
     assert abs(half.shape.requests - 30) <= 1 and len(half.resets) == 1
 

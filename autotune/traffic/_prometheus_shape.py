@@ -10,8 +10,9 @@ matches (one per replica, or per engine of a replica):
 - requests and rate: ``increase()`` of the arrival counter over the range;
 - arrival counts per window (the rate profile, ``dispersion_60s``, the peak): per series the
   last sample of a window minus the last of the window before (exact, at scrape
-  resolution), or, where that is negative (a restart) or the window before has no sample
-  (a replica that appeared), Prometheus' ``increase()`` over the window;
+  resolution), or, where the counter reset in this window or the one before (a restart: a
+  restarted counter may have passed its old value already) or the window before has no
+  sample (a replica that appeared), Prometheus' ``increase()`` over the window;
 - concurrency by Little's law with the mean end-to-end latency; prefix sharing from the
   prefix-cache counters.
 
@@ -383,8 +384,8 @@ def _windows(rd: _Reader, counter: str, n_replicas: int, fit: PrometheusFit
     at = {"step": window, "first": rd.start + window, "last": rd.start + k * window}
     counts = rd.matrix(
         "arrivals_per_window",
-        f"sum((last_over_time({x}[{w}]) - last_over_time({x}[{w}] offset {w})) >= 0 "
-        f"or increase({x}[{w}]))", **at)
+        f"sum(((last_over_time({x}[{w}]) - last_over_time({x}[{w}] offset {w})) >= 0 "
+        f"unless resets({x}[{_dur(2 * window)}]) > 0) or increase({x}[{w}]))", **at)
     present = rd.matrix("replicas_per_window", f"count(last_over_time({x}[{w}]))", **at)
     fewest = rd.matrix("fewest_samples_per_window", f"min(count_over_time({x}[{w}]))", **at)
     most = rd.matrix("most_samples_per_window", f"max(count_over_time({x}[{w}]))", **at)
