@@ -54,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
 SLOW_FILES = {
     "tests/test_study_e2e.py": 494, "tests/test_capacity.py": 336,
     "tests/faults/test_faults_tuner.py": 269, "tests/test_quality.py": 253,
-    "tests/test_parallel.py": 216, "tests/test_prometheus.py": 200,
+    "tests/test_parallel.py": 216, "tests/test_prometheus.py": 310,
     "tests/test_watch_vllm.py": 157,
     "tests/test_prompts_server.py": 126, "tests/test_trial_one_server.py": 100,
     "tests/test_engine.py": 99, "tests/test_study_verdict.py": 95,
