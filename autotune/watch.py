@@ -37,10 +37,12 @@ from autotune.traffic._metrics import (
 __all__ = [
     "EndpointUnreachableError",
     "JsonlLog",
+    "MetricsWindows",
     "MlflowWatchLog",
     "WatchCallback",
     "WatchEvent",
     "WatchSummary",
+    "WindowSource",
     "default_interval",
     "fetch_metrics",
     "metrics_url",
@@ -345,6 +347,41 @@ def _now() -> str:
 DriftAction = Callable[[TrafficShape, Path, ShapeDiff], str]
 
 
+class WindowSource(Protocol):
+    """Where :func:`watch`'s window shapes come from. Contract: ``next_shape(name, stop)``
+    waits for the next window and returns its shape, or None when ``stop`` was set
+    meanwhile; it raises :class:`EndpointUnreachableError` / :class:`NotVllmError` (watch
+    retries after ``reset()``) and :class:`NoTrafficError` (an idle window)."""
+
+    def next_shape(self, name: str, stop: threading.Event) -> TrafficShape | None: ...
+    def reset(self) -> None: ...
+
+
+class MetricsWindows:
+    """Windows sampled from a server's /metrics, back to back (one window's last scrape is
+    the next one's first); after a failure the next window starts from a fresh scrape."""
+
+    def __init__(self, *, url: str, every_s: float, interval_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 request_log: str | Path | None = None) -> None:
+        self.url, self.every_s, self.interval_s = url, every_s, interval_s
+        self.clock, self.request_log = clock, request_log
+        self.last: MetricsSample | None = None
+
+    def next_shape(self, name: str, stop: threading.Event) -> TrafficShape | None:
+        samples = sample_window(url=self.url, duration_s=self.every_s,
+                                interval_s=self.interval_s, first=self.last, stop=stop,
+                                clock=self.clock)
+        self.last = samples[-1]
+        if stop.is_set():
+            return None
+        return shape_from_samples(samples, url=metrics_url(self.url), name=name,
+                                  request_log=_log_arrivals(self.request_log))
+
+    def reset(self) -> None:
+        self.last = None
+
+
 def watch(
     *,
     url: str,
@@ -359,6 +396,7 @@ def watch(
     backoff_s: tuple[float, float] = BACKOFF_S,
     clock: Callable[[], float] = time.monotonic,
     request_log: str | Path | None = None,
+    source: WindowSource | None = None,
 ) -> WatchSummary:
     """Build a shape every ``every_s`` seconds from ``url``'s /metrics and compare it with
     ``tuned``, until ``max_checks`` comparisons, ``stop`` or Ctrl-C (then
@@ -370,6 +408,8 @@ def watch(
     stays the reference (watch a new study to change it). An unreachable endpoint is retried
     with doubling delays (``backoff_s`` = first, cap); the next window starts afresh.
     ``request_log``: the server's log file, re-read each window for arrival times.
+    ``source``: where the window shapes come from (default: ``url``'s /metrics, sampled;
+    :class:`autotune.watch_prometheus.PrometheusWindows` reads them from Prometheus).
     """
     if not (every_s > 0 and math.isfinite(every_s)):
         raise TrafficError(f"--every must be > 0 s (got {every_s})")
@@ -379,8 +419,9 @@ def watch(
     summary = WatchSummary()
     armed = True
     delay = backoff_s[0]
-    last: MetricsSample | None = None
     attempt = 0
+    windows = source or MetricsWindows(url=url, every_s=every_s, interval_s=interval_s,
+                                       clock=clock, request_log=request_log)
 
     def emit(ev: WatchEvent, diff: ShapeDiff | None = None) -> None:
         summary.events.append(ev)
@@ -393,16 +434,11 @@ def watch(
         while not stop.is_set() and (max_checks is None or summary.checks < max_checks):
             attempt += 1
             try:
-                samples = sample_window(url=url, duration_s=every_s, interval_s=interval_s,
-                                        first=last, stop=stop, clock=clock)
-                last = samples[-1]
-                if stop.is_set():
+                shape = windows.next_shape(f"live-{attempt}", stop)
+                if shape is None:
                     break  # a window cut short by Ctrl-C is not compared
-                shape = shape_from_samples(samples, url=metrics_url(url),
-                                           name=f"live-{attempt}",
-                                           request_log=_log_arrivals(request_log))
             except (EndpointUnreachableError, NotVllmError) as exc:
-                last = None  # the next window starts from a fresh sample
+                windows.reset()
                 state: State = ("not_vllm" if isinstance(exc, NotVllmError)
                                 else "unreachable")
                 summary.unreachable += 1

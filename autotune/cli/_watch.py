@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from autotune.cli._from_prometheus import add_connection_args, client_from_args
 from autotune.cli._shape import _resolve, parse_duration
 from autotune.config import DEFAULT_STORAGE
 from autotune.errors import ConfigError
@@ -36,7 +37,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("url", metavar="URL", help="the vLLM server, e.g. http://localhost:8000")
+    p.add_argument("url", metavar="URL", nargs="?", default=None,
+                   help="the vLLM server, e.g. http://localhost:8000 (or --prometheus)")
+    p.add_argument("--prometheus", metavar="PROM_URL", default=None,
+                   help="read each window from this Prometheus instead of sampling one "
+                   "server: the whole fleet the --selector matches (default: the tuned "
+                   "shape's selector when it came from Prometheus); see 'autotune shape "
+                   "from-prometheus --help'")
+    p.add_argument("--lag", default="30s", type=parse_duration,
+                   help="with --prometheus: a window ends this long before now, so that "
+                   "the replicas' last scrapes are in (about two scrape intervals)")
     p.add_argument("--tuned", required=True, metavar="SHAPE_OR_STUDY",
                    help="the shape the current config was tuned for: a shape JSON file, a "
                    "name in traffic/, or a study name in --storage (its recorded shape)")
@@ -68,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="model for the printed retune command (default: the study's)")
     p.add_argument("--space", default="SPACE.yaml",
                    help="search space for the printed retune command")
+    add_connection_args(p)
     p.set_defaults(func=_watch)
 
 
@@ -122,16 +133,44 @@ class _Printer:
         print(summary.line(), flush=True)
 
 
+def _prometheus_source(args: argparse.Namespace, tuned: Any) -> tuple[Any, str]:
+    """The Prometheus windows, on the tuned shape's selector unless --selector says else
+    (like with like: a note when they differ)."""
+    from autotune.traffic import normalize_selector
+    from autotune.watch_prometheus import PrometheusWindows
+
+    if args.interval is not None or args.request_log:
+        raise ConfigError("--interval and --request-log are for sampling one server's "
+                          "/metrics; Prometheus has its own scrape interval")
+    rng = tuned.source.prometheus if tuned.source is not None else None
+    if args.selector is None and rng is not None:
+        args.selector = rng.selector
+        print(f"selector {rng.selector}: the one the tuned shape {tuned.name} was fitted "
+              f"with ({rng.start_iso} .. {rng.end_iso})", flush=True)
+    elif rng is not None and normalize_selector(args.selector) != normalize_selector(
+            rng.selector):
+        print(f"note: --selector {args.selector} is not the tuned shape's {rng.selector}: "
+              "the windows and the tuned shape describe different replicas", flush=True)
+    client = client_from_args(args.prometheus, args)
+    windows = PrometheusWindows(client, every_s=args.every, lag_s=args.lag,
+                                selector=args.selector)
+    return windows, f"{client.url} {args.selector or '{}'}"
+
+
 def _watch(args: argparse.Namespace) -> int:
     from autotune.tracking import default_tracking_uri
     from autotune.watch import JsonlLog, MlflowWatchLog, metrics_url, run_command, watch
 
     if args.checks is not None and args.checks < 1:
         raise ConfigError(f"--checks must be >= 1 (got {args.checks})")
-    metrics_url(args.url)  # validates the URL's form before anything else
+    if (args.url is None) == (args.prometheus is None):
+        raise ConfigError("give the vLLM server's URL or --prometheus PROM_URL (one of them)")
+    if args.url is not None:
+        metrics_url(args.url)  # validates the URL's form before anything else
     if args.request_log and not Path(args.request_log).is_file():
         raise ConfigError(f"--request-log {args.request_log}: no such file")
     tuned, tuned_path, model = _tuned(args.tuned, args.storage)
+    source, where = _prometheus_source(args, tuned) if args.prometheus else (None, args.url)
     out = args.out or Path("experiments") / "watch" / datetime.now(UTC).strftime(
         "%Y%m%dT%H%M%SZ")
     out.mkdir(parents=True, exist_ok=True)
@@ -153,10 +192,10 @@ def _watch(args: argparse.Namespace) -> int:
 
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        summary = watch(url=args.url, tuned=tuned, every_s=args.every,
+        summary = watch(url=where, tuned=tuned, every_s=args.every,
                         interval_s=args.interval, shapes_dir=out, on_drift=on_drift,
                         callbacks=callbacks, max_checks=args.checks,
-                        request_log=args.request_log)
+                        request_log=args.request_log, source=source)
     finally:
         signal.signal(signal.SIGTERM, old)
     print(f"log: {out / 'watch.jsonl'}", file=sys.stderr)

@@ -3,7 +3,8 @@
 Read a trace (:func:`read_trace`), fit its shape (:func:`fit_shape`), save/load it
 (:func:`save_shape`, :func:`load_shape`), compare two shapes (:func:`diff_shapes`) and turn
 one into the requests a load generator sends (:func:`build_schedule`). A shape can also come
-from a vLLM server's /metrics samples (:func:`shape_from_samples`). See docs/traffic.md.
+from a vLLM server's /metrics samples (:func:`shape_from_samples`), or from vLLM's series
+in Prometheus (:func:`fit_prometheus`). See docs/traffic.md.
 """
 
 from autotune.traffic._clip import clip_shape
@@ -28,11 +29,26 @@ from autotune.traffic._models import (
     LoadSpec,
     Precision,
     PrefixStats,
+    PrometheusRange,
     SourceInfo,
     TrafficShape,
     compute_fingerprint,
 )
 from autotune.traffic._plots import write_plots
+from autotune.traffic._prometheus import (
+    AUTH_ENV,
+    PrometheusAuth,
+    PrometheusClient,
+    PrometheusError,
+    PrometheusUnreachableError,
+    auth_from_env,
+)
+from autotune.traffic._prometheus_shape import (
+    NoSeriesError,
+    PrometheusFit,
+    fit_prometheus,
+    normalize_selector,
+)
 from autotune.traffic._readers import FORMATS, detect_format, read_trace
 from autotune.traffic._records import PrefixInfo, SkippedLine, TraceRecords
 from autotune.traffic._replay import (
@@ -48,6 +64,7 @@ from autotune.traffic._vllm_log import parse_vllm_request_log, read_vllm_request
 
 __all__ = [
     "ARRIVALS",
+    "AUTH_ENV",
     "FORMATS",
     "METRIC_NAMES",
     "SHAPE_VERSION",
@@ -60,11 +77,18 @@ __all__ = [
     "LengthDist",
     "LoadSpec",
     "MetricsSample",
+    "NoSeriesError",
     "NoTrafficError",
     "NotVllmError",
     "Precision",
     "PrefixInfo",
     "PrefixStats",
+    "PrometheusAuth",
+    "PrometheusClient",
+    "PrometheusError",
+    "PrometheusFit",
+    "PrometheusRange",
+    "PrometheusUnreachableError",
     "RequestSpec",
     "Schedule",
     "ShapeDiff",
@@ -72,6 +96,7 @@ __all__ = [
     "SourceInfo",
     "TraceRecords",
     "TrafficShape",
+    "auth_from_env",
     "build_schedule",
     "clip_shape",
     "compute_fingerprint",
@@ -79,11 +104,13 @@ __all__ = [
     "context_overflow",
     "detect_format",
     "diff_shapes",
+    "fit_prometheus",
     "fit_shape",
     "histogram_length_dist",
     "ideal_prefix_hit_fraction",
     "length_dist",
     "load_shape",
+    "normalize_selector",
     "parse_vllm_metrics",
     "parse_vllm_request_log",
     "read_trace",

@@ -59,6 +59,7 @@ class ShapeDiff(BaseModel):
     distance: float
     drifted_dimensions: list[str]
     dimensions: dict[str, DimensionDiff]
+    notes: list[str] = []
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (what ``autotune shape diff --json`` prints)."""
@@ -144,7 +145,9 @@ def diff_shapes(a: TrafficShape, b: TrafficShape) -> ShapeDiff:
     )
     ra = a.rate_rps or None
     rb = b.rate_rps or None
-    dims["rate"] = _dim("rate", _log2_ratio(ra, rb), ra, rb)
+    rate_widen = sum(math.log2(1.0 + s.precision.rate) for s in (a, b)
+                     if s.precision is not None and s.precision.rate)
+    dims["rate"] = _dim("rate", _log2_ratio(ra, rb), ra, rb, widen=rate_widen)
     da = a.arrivals.dispersion_60s if a.arrivals else None
     db = b.arrivals.dispersion_60s if b.arrivals else None
     cva = a.arrivals.interarrival_cv if a.arrivals else None
@@ -176,4 +179,22 @@ def diff_shapes(a: TrafficShape, b: TrafficShape) -> ShapeDiff:
         distance=round(distance, 6),
         drifted_dimensions=drifted,
         dimensions=dims,
+        notes=_source_notes(a, b),
     )
+
+
+def _source_notes(a: TrafficShape, b: TrafficShape) -> list[str]:
+    """Where the two shapes' traffic is not the same traffic (like with like)."""
+    pa = a.source.prometheus if a.source is not None else None
+    pb = b.source.prometheus if b.source is not None else None
+    if pa is None or pb is None:
+        return []
+    notes = []
+    if pa.selector != pb.selector:
+        notes.append(f"different replicas: {a.name} is {pa.selector}, {b.name} is "
+                     f"{pb.selector}")
+    if pa.url != pb.url:
+        notes.append(f"different Prometheus: {a.name} from {pa.url}, {b.name} from {pb.url}")
+    if pa.window_s != pb.window_s:
+        notes.append(f"arrival windows differ ({pa.window_s:g} s vs {pb.window_s:g} s)")
+    return notes

@@ -24,6 +24,7 @@ __all__ = [
     "LoadSpec",
     "Precision",
     "PrefixStats",
+    "PrometheusRange",
     "SourceInfo",
     "TrafficShape",
     "compute_fingerprint",
@@ -171,11 +172,31 @@ class Precision(_Model):
     ``input_tokens`` / ``output_tokens``: a bound on the Wasserstein-1 distance between the
     true length distribution and the stored one, relative to its mean (the unit of
     ``shape diff``'s length distance, which widens its threshold by it). 0 = exact.
+    ``rate``: a bound on the relative error of ``rate_rps`` (counts from Prometheus'
+    ``increase()``, extrapolated to the range's ends); ``diff`` widens its rate threshold by
+    ``log2(1 + rate)``. None = exact.
     """
 
     input_tokens: float = Field(default=0.0, ge=0)
     output_tokens: float = Field(default=0.0, ge=0)
+    rate: float | None = Field(default=None, ge=0)
     note: str | None = None
+
+
+class PrometheusRange(_Model):
+    """Which traffic a shape from Prometheus describes: the server, the label selector, the
+    range (unix seconds and ISO 8601), the window of the arrival counts and the PromQL
+    queries that read it (``shape diff`` and ``watch`` compare like with like by it)."""
+
+    url: str
+    selector: str = ""
+    start: float
+    end: float
+    start_iso: str
+    end_iso: str
+    window_s: float = Field(gt=0)
+    replicas: int = Field(default=0, ge=0)
+    queries: dict[str, str] = Field(default_factory=dict)
 
 
 class SourceInfo(_Model):
@@ -186,6 +207,7 @@ class SourceInfo(_Model):
     skipped_lines: int = Field(default=0, ge=0)
     failed_requests: int = Field(default=0, ge=0)
     note: str | None = None
+    prometheus: PrometheusRange | None = None
 
 
 class TrafficShape(_Model):
