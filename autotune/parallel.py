@@ -272,7 +272,7 @@ class RayExecutor:
 
     def _release(self, flight: _Flight) -> None:
         if self.pool is not None and flight.gpus:
-            self.pool.give_back(flight.node, flight.gpus)
+            self.pool.release(flight.node, flight.gpus)
 
     def _phase_queue(self) -> Any:
         if self._queue is None:

@@ -139,9 +139,9 @@ def test_the_pool_never_gives_a_gpu_twice_and_keeps_big_holes() -> None:
     assert len(set(four)) == 4 and not pool.fits(2) and pool.fits(1)
     with pytest.raises(AutotuneError, match="no node has 2 free GPU"):
         pool.take(2)
-    pool.give_back("a", four)
+    pool.release("a", four)
     with pytest.raises(AutotuneError, match="were not taken"):
-        pool.give_back("a", four)
+        pool.release("a", four)
     assert pool.free() == 5
 
 

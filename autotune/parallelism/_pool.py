@@ -59,7 +59,7 @@ class GpuPool:
         ids, self._free[node] = tuple(self._free[node][:n]), self._free[node][n:]
         return node, ids
 
-    def give_back(self, node: str, ids: tuple[int, ...]) -> None:
+    def release(self, node: str, ids: tuple[int, ...]) -> None:
         free = self._free[node]
         if set(ids) & set(free) or not set(ids) <= set(self.nodes[node]):
             raise AutotuneError(f"GPUs {ids} of {node} were not taken")

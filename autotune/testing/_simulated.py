@@ -112,7 +112,7 @@ class SimulatedExecutor(StudyCallback):
         outcome = self._run(flight)  # in flight until it returns (cancel_all sees it)
         self._pending.remove(flight)
         if self.pool is not None:
-            self.pool.give_back(flight.node, flight.gpus)
+            self.pool.release(flight.node, flight.gpus)
         self.clock = max(self.clock, flight.end or 0.0)
         self.timeline.append(TimelineEntry(flight.spec.number, flight.start, self.clock,
                                            flight.gpus))
@@ -137,7 +137,7 @@ class SimulatedExecutor(StudyCallback):
         numbers = [f.spec.number for f in self._pending]
         for f in self._pending:
             if self.pool is not None:
-                self.pool.give_back(f.node, f.gpus)
+                self.pool.release(f.node, f.gpus)
         self._pending.clear()
         return numbers
 
