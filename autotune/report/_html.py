@@ -241,7 +241,7 @@ def _gpu_html(d: ReportData) -> str:
     total = sum(sum(x for k, x in v.items() if k != "compile_s") for v in d.gpu_time.values())
     start = sum(v.get("start_s", 0.0) for v in d.gpu_time.values())
     comp = sum(v.get("compile_s", 0.0) for v in d.gpu_time.values())
-    text = (f"<p>{_dur(total)} of device time in all (GPU-seconds: a trial on four GPUs "
+    text = (f"<p>{_dur(total)} of GPU time in all (GPU-seconds: a trial on four GPUs "
             f"counts four times its wall time); server starts took "
             f"{_dur(start)} ({start / total:.0%})"
             + (f", of which vLLM compiling {_dur(comp)}" if comp else "")
