@@ -1132,7 +1132,9 @@ class StudyLoop:
 
         waiting = [self.waiting] if self.waiting is not None else []
         self.waiting = None
-        for n in [*self.executor.cancel_all(), *waiting]:
+        cancelled = [*self.executor.cancel_all(), *waiting]
+        # and any flight the executor never took (its submit raised): none is left RUNNING
+        for n in dict.fromkeys([*cancelled, *self.flights]):
             f = self.flights.pop(n, None)
             if f is None:
                 continue

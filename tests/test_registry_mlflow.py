@@ -130,7 +130,7 @@ def test_gpu_filter_and_a_plain_text_answer(store: dict[str, Any],
                  "--tracking-uri", store["uri"], "--gpu", "H200"]) == 0
     out = capsys.readouterr().out
     assert "study h200-azure, trial 1: 11,000.0 output_tokens_per_s" in out
-    assert "vllm serve /models/nemotron3-nano-30b --max-num-seqs 128" in out
+    assert "vllm serve /models/nemotron3-nano-30b --max-model-len 2048 --max-num-seqs 128" in out
 
 
 def test_an_untuned_shape_says_how_to_tune_it(store: dict[str, Any],

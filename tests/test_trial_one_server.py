@@ -102,8 +102,9 @@ def test_a_failed_trial_keeps_the_others_and_the_server_goes_on(model_dir: Path)
 
 
 def test_a_dead_server_fails_the_rest_without_a_new_start(model_dir: Path) -> None:
-    # 4 warm-up + 16 requests each: the server kills itself at request 30, in trial 1
-    specs = [_fake(model_dir, "die:30", number=n) for n in range(3)]
+    # 4 warm-up + 16 requests each (an open loop is sized by time unless --num-requests
+    # bounds it): the server kills itself at request 30, in trial 1
+    specs = [_fake(model_dir, "die:30", number=n, num_requests=16) for n in range(3)]
     seen: list[TrialOutcome] = []
     outs = run_trials_on_one_server(specs, on_outcome=seen.append)
     assert outs[0].ok and outs[0].metrics["n_requests"] >= 16
