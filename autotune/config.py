@@ -80,7 +80,7 @@ class TuneSettings(BaseModel):
     use_ray: bool = True
     seed: int = 0
     sampler: Literal["tpe", "random"] = "tpe"
-    # auto: capacity for an open-loop shape, throughput for a closed loop (autotune.objective)
+    # auto: capacity for an open-loop shape, throughput for a closed loop (autotune.study)
     objective: Literal["auto", "throughput", "goodput", "pareto", "capacity"] = "auto"
     pareto_latency: str = "ttft_p99"  # the latency a Pareto study minimises
     slo: dict[str, float] = Field(default_factory=dict)

@@ -1,8 +1,8 @@
 """What a running study tells its subscribers (Ray Tune's ``Callback`` pattern).
 
 The study loop (:mod:`autotune.study`) emits events; MLflow tracking
-(:class:`autotune.tracking.MlflowCallback`), ``trials.csv``
-(:class:`autotune.outputs.TrialsCsvCallback`) and the CLI's progress display are
+(:class:`autotune.results.MlflowCallback`), ``trials.csv``
+(:class:`autotune.results.TrialsCsvCallback`) and the CLI's progress display are
 subscribers. A study runs with none of them. Every hook is a no-op by default, so a
 subscriber overrides only what it needs. A subscriber's error is its own: hooks are called
 in the driver, in order, after the trial is final in the Optuna storage.
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from autotune.config import TuneSettings
     from autotune.engine import EngineInfo
-    from autotune.outputs import TuneResult
+    from autotune.results import TuneResult
     from autotune.space import SearchSpace
 
 __all__ = [
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 PHASES = ("starting", "warming_up", "measuring", "capacity", "recheck", "quality")
 
 #: ``(trial number, phase, seconds since the trial started, detail)``: how a trial reports
-#: its phases through the executor (see :meth:`autotune.parallel.Executor.submit`).
+#: its phases through the executor (see :meth:`autotune.exec.Executor.submit`).
 PhaseReporter = Callable[[int, str, float, str], None]
 
 

@@ -4,9 +4,9 @@ raw data: the studies' trials.csv and study.json, the benches' JSON, the cross c
     .venv/bin/python experiments/results.py            # all rows
     .venv/bin/python experiments/results.py q1-azure   # rows whose id starts with that
 
-Each row is `id: text`. Ratios are autotune's own (autotune.stats.ratio_to_defaults: delta
+Each row is `id: text`. Ratios are autotune's own (autotune.measure.ratio_to_defaults: delta
 method on log readings, between-start variance pooled, 95 %). A study's verdict is judged
-again here with the rule autotune applies today (autotune.schema.judge_study): when every
+again here with the rule autotune applies today (autotune.store.judge_study): when every
 config was re-checked all its starts count; otherwise the fresh starts give the estimate
 and the spread is pooled over every start. Where the rule in force at the run gave another
 answer, both are printed.
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.stats import ratio_to_defaults
+from autotune.measure import ratio_to_defaults
 
 H = Path(__file__).resolve().parent
 TRUST, SHAPES = H / "h200-trust", H / "h200-shapes"

@@ -25,7 +25,7 @@ def value(params: dict[str, Any]) -> dict[str, float]:
 
 def run(args: dict[str, Any]) -> None:
     from autotune.config import TuneSettings
-    from autotune.schema import Heartbeat
+    from autotune.store import Heartbeat
     from autotune.study import tune
     from autotune.testing import SimulatedExecutor
 

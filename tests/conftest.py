@@ -88,14 +88,14 @@ needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pi
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from autotune.modelgen import generate_tiny_model
+    from autotune.engine import generate_tiny_model
 
     return generate_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", arch="llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from autotune.modelgen import generate_tiny_model
+    from autotune.engine import generate_tiny_model
 
     return generate_tiny_model(tmp_path_factory.mktemp("models") / "tiny-hybrid", arch="nemotron_h")
 

@@ -1,8 +1,10 @@
-"""The layering of autotune/ (docs/architecture.md): no import cycle, no long function.
+"""The layering of autotune/ (docs/architecture.md): the layer order, no import cycle, no
+long function, no long file, few top-level modules.
 
 Read from the source (AST), not by importing: every ``import`` counts, at module level and
 inside functions (a function-level import only hides a cycle until the function runs);
-imports under ``if TYPE_CHECKING:`` are left out (they never run).
+imports under ``if TYPE_CHECKING:`` are left out (they never run), except in a package's
+``__init__.py``, whose re-exports load on first use (``autotune.lazy_exports``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,28 @@ from tests.conftest import REPO
 
 PKG = REPO / "autotune"
 MAX_FUNCTION_LINES = 120
+MAX_FILE_LINES = 600
+MAX_TOP_LEVEL_MODULES = 8  # autotune/*.py, __init__ and __main__ included
+
+# The layers, bottom to top: the one place that says which package may import which. A
+# module may import its own layer and the layers below it, never one above. A name is a
+# top-level module (``errors``) or a package (``store``); "autotune" is autotune/__init__.
+LAYERS: list[tuple[str, ...]] = [
+    ("autotune", "errors", "credentials", "hardware", "cost", "config", "events"),
+    ("parallelism", "traffic"),
+    ("space",),
+    ("load",),
+    ("measure",),
+    ("store",),
+    ("engine",),
+    ("quality",),
+    ("trial",),
+    ("exec", "kernels", "testing"),
+    ("results", "report"),
+    ("study",),
+    ("deploy", "rollout", "watch"),
+    ("cli", "__main__"),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -30,12 +54,14 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
-    """Every module name ``tree`` imports (absolute), TYPE_CHECKING blocks left out."""
+def _imports(tree: ast.AST, module: str, is_package: bool, *,
+             type_checking: bool = False) -> set[str]:
+    """Every module name ``tree`` imports (absolute), TYPE_CHECKING blocks left out unless
+    ``type_checking`` (a package's face: its names load lazily, on first use)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             for child in node.orelse:
                 visit(child)
             return
@@ -60,7 +86,8 @@ def _graph() -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
-        targets = _imports(ast.parse(path.read_text()), name, path.name == "__init__.py")
+        face = path.name == "__init__.py"  # re-exports load lazily: they count as imports
+        targets = _imports(ast.parse(path.read_text()), name, face, type_checking=face)
         own_packages = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
         graph[name] = {t for t in targets if t in mods and t != name and t not in own_packages}
     return graph
@@ -116,18 +143,64 @@ def test_no_import_cycle_in_autotune() -> None:
         " <-> ".join(c) for c in cycles)
 
 
-def test_the_schema_is_the_bottom_of_the_study_layer() -> None:
+def _layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "autotune"
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    out = []
+    for module, targets in sorted(graph.items()):
+        here = rank.get(_layer_of(module))
+        if here is None:
+            out.append(f"{module}: in no layer (add its package to LAYERS)")
+            continue
+        out += [f"{module} -> {t}" for t in sorted(targets) if rank[_layer_of(t)] > here]
+    return out
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    assert _upward_imports({"autotune.store._keys": {"autotune.study"}}) == [
+        "autotune.store._keys -> autotune.study"]
+    assert _upward_imports({"autotune.study._loop": {"autotune.store"}}) == []
+    assert _upward_imports({"autotune.nowhere": set()}) == [
+        "autotune.nowhere: in no layer (add its package to LAYERS)"]
+
+
+def test_a_lower_layer_never_imports_a_higher_one() -> None:
+    up = _upward_imports(_graph())
+    assert not up, "imports that run up the layers (see LAYERS): " + "; ".join(up)
+
+
+def test_the_store_is_the_bottom_of_the_study_layer() -> None:
     graph = _graph()
-    # stats is pure (numpy, scipy): the verdict's interval, read by every reader of a study;
-    # hardware answers whether a trial's tuner process on this host still runs;
+    # the statistics are pure (numpy, scipy): the verdict's interval, read by every reader
+    # of a study; hardware answers whether a trial's tuner process on this host still runs;
     # credentials (stdlib only) keeps a storage URL's password out of its messages
-    assert graph["autotune.schema"] <= {"autotune.errors", "autotune.stats", "autotune.hardware",
-                                        "autotune.credentials"}
+    store = set().union(*(t for m, t in graph.items() if _layer_of(m) == "store"))
+    assert {_layer_of(t) for t in store} <= {"store", "errors", "measure", "hardware",
+                                              "credentials"}
+    assert {t for t in store if _layer_of(t) == "measure"} <= {"autotune.measure._stats"}
     assert graph["autotune.credentials"] == set()
-    assert graph["autotune.stats"] == set()
+    assert graph["autotune.measure._stats"] == set()
     assert graph["autotune.hardware"] == set()
-    for reader in ("autotune.registry", "autotune.plots"):
-        assert "autotune.study" not in graph[reader], reader
+    for module, targets in graph.items():
+        if _layer_of(module) == "results":
+            assert not any(_layer_of(t) == "study" for t in targets), module
+
+
+def test_few_modules_at_the_top_of_the_package() -> None:
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, (
+        f"{len(top)} modules at the top of autotune/ (at most {MAX_TOP_LEVEL_MODULES}): "
+        f"{top}; move a module into the package of its layer")
+
+
+def test_no_file_longer_than_600_lines() -> None:
+    long = [f"{p.relative_to(REPO)}: {n} lines" for p in sorted(PKG.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
+    assert not long, long
 
 
 def test_no_function_longer_than_120_lines() -> None:

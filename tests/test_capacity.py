@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from autotune.capacity import CapacityResult, CapacitySearch, Level, search_capacity
+from autotune.trial import CapacityResult, CapacitySearch, Level, search_capacity
 from autotune.errors import ConfigError
-from autotune.levels import LevelPlan, find_capacity, level_abort, recorded_rate
+from autotune.trial import LevelPlan, find_capacity, level_abort, recorded_rate
 from autotune.measure import Slo
 from autotune.testing.stub_server import StubConfig, StubServer
 from autotune.traffic import RequestSpec, Schedule
@@ -136,7 +136,7 @@ def test_closed_loop_shape_is_a_one_line_error() -> None:
 
 
 def test_level_abort_stops_once_a_level_cannot_pass() -> None:
-    from autotune.loadgen import RequestRecord
+    from autotune.load import RequestRecord
 
     def rec(i: int, ttft: float, ok: bool = True) -> RequestRecord:
         return RequestRecord(index=i, send_s=0.0, first_token_s=ttft, end_s=ttft + 0.1,
@@ -214,7 +214,7 @@ def test_capacity_study_end_to_end_on_servers_of_known_capacity(
     from mlflow.tracking import MlflowClient
 
     from autotune.cli import main
-    from autotune.schema import A
+    from autotune.store import A
     from tests.faults._lab import write_space
 
     space = write_space(tmp_path / "space.yaml", plan="ok", counter=tmp_path / "launches",
@@ -326,7 +326,7 @@ def test_bench_capacity_needs_arrivals(fake_model: Path,
 def test_capacity_levels_on_the_cpu_vllm_server(tiny_server: Any, tiny_llama: Path) -> None:
     """The bracketing search on the session's CPU vLLM server (no start of its own):
     example-chat's arrivals at scales of 5.53 req/s, prompts exact for the tiny llama."""
-    from autotune.prompts import build_prompts
+    from autotune.load import build_prompts
     from autotune.traffic import load_shape
 
     shape = load_shape(SHAPE)
@@ -524,8 +524,8 @@ def test_token_seed_keeps_lengths_sharing_and_arrivals_and_changes_the_words() -
 def test_a_level_is_fitted_to_the_requests_it_serves() -> None:
     # pure: the request time from finished requests (median TTFT + the median output asked
     # for at the median time per token), then levels stretched to 3 of them, capped at 4x
-    from autotune.levels import LevelPlan, fit_level, request_seconds
-    from autotune.loadgen import RequestRecord
+    from autotune.trial import LevelPlan, fit_level, request_seconds
+    from autotune.load import RequestRecord
 
     def rec(i: int, ttft: float, per_tok: float, n: int, ok: bool = True) -> RequestRecord:
         return RequestRecord(index=i, send_s=10.0, first_token_s=10.0 + ttft,
@@ -561,7 +561,7 @@ def test_bench_says_when_it_stretched_the_levels(capsys: pytest.CaptureFixture[s
 
     from autotune.cli._bench import _print_capacity
 
-    from autotune.levels import LevelPlan, fit_level
+    from autotune.trial import LevelPlan, fit_level
 
     def printed(asked: float, req_s: float) -> str:
         plan, note = fit_level(LevelPlan(level_s=asked), req_s)
@@ -580,8 +580,8 @@ def test_bench_says_when_it_stretched_the_levels(capsys: pytest.CaptureFixture[s
 
 def test_a_level_says_which_slo_its_misses_exceeded() -> None:
     # pure: each request's misses by threshold, and the level's progress text with them
-    from autotune.capacity import Level
-    from autotune.loadgen import RequestRecord
+    from autotune.trial import Level
+    from autotune.load import RequestRecord
     from autotune.measure import Slo, meets_slo, slo_misses
 
     def rec(ttft: float, tpot: float, ok: bool = True) -> RequestRecord:
@@ -608,7 +608,7 @@ def test_a_capacity_whose_misses_barely_grow_with_the_load_says_so() -> None:
     # from 14 to 22 req/s, each failing level one miss over the bar (the `finished` counts
     # here are made up: they were not recorded then), so
     # the capacity lands by chance in that range (four starts read 9-14 req/s)
-    from autotune.capacity import CapacityResult, Level
+    from autotune.trial import CapacityResult, Level
     from autotune.cli._tune import capacity_line
 
     def lv(rps: float, offered: int, finished: int, missed: int) -> Level:

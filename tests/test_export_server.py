@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_manifest_args_start_a_server(tiny_llama: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from autotune import _http
+    from autotune.load import _http
     from autotune.engine import VllmServer
 
     # a CPU study's best.json (search_spaces/cpu.yaml's fixed flags and two of its knobs)

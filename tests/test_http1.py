@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from autotune._http1 import Pool, RequestFailure, Target, _Conn
+from autotune.load import Pool, RequestFailure, Target, _Conn
 from autotune.testing.stub_server import _chunk, _plan
-from autotune.loadgen import replay
+from autotune.load import replay
 from autotune.traffic import RequestSpec, Schedule
 
 # --- the parser, fed every way a response can arrive ------------------------------------------

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from autotune.intervals import arrivals_note, fmt_interval, rate_interval
-from autotune.stats import mean_interval
+from autotune.measure import arrivals_note, fmt_interval, rate_interval
+from autotune.measure import mean_interval
 
 
 def test_symmetric_segments_keep_the_t_interval() -> None:
@@ -73,7 +73,7 @@ def test_intervals_print_unambiguously() -> None:
 def test_an_idle_server_under_bursty_arrivals_measures_the_traffic() -> None:
     # measure() of an open loop whose arrivals come in bursts: the server serves each
     # request as it arrives (10 tokens over 0.1 s), so the sub-windows follow the bursts
-    from autotune.loadgen import RunResult
+    from autotune.load import RunResult
     from autotune.measure import measure
     from tests.test_measure import rec
 

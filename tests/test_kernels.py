@@ -692,7 +692,7 @@ def test_a_cpu_study_rejects_tuned_with_the_reason_and_searches_on(tmp_path: Pat
 
     from autotune.config import TuneSettings
     from autotune.events import StudyCallback, StudyEvent
-    from autotune.schema import A
+    from autotune.store import A
     from autotune.study import tune
     from autotune.testing import SimulatedExecutor
 
@@ -1050,8 +1050,8 @@ def test_a_study_tunes_kernels_only_when_one_of_its_trials_can_pick_tuned(
 
     from autotune.config import TuneSettings
     from autotune.engine import EngineInfo
-    from autotune.registry import PRIOR_ATTR, WarmStart
-    from autotune.schema import A, State
+    from autotune.results import PRIOR_ATTR, WarmStart
+    from autotune.store import A, State
     from autotune.study import _bind_kernels, open_study, resolve_inputs
 
     model = _model(tmp_path, model_type="llama", vocab_size=1000, max_position_embeddings=2048,

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.testing.stub_server import FAULTS, StubConfig, StubServer, fault_token
 from autotune.errors import LoadgenError
-from autotune.loadgen import ERROR_REASONS, RunResult, _SseParser, replay, run_schedule
+from autotune.load import ERROR_REASONS, RunResult, _SseParser, replay, run_schedule
 from autotune.measure import measure, snapshot_metrics
 from autotune.traffic import RequestSpec, Schedule
 
@@ -292,7 +292,7 @@ def test_sse_parser_is_independent_of_how_bytes_are_split() -> None:
 
 
 def test_sse_parser_rejects_an_unterminated_tail() -> None:
-    from autotune._http1 import RequestFailure
+    from autotune.load import RequestFailure
 
     p = _SseParser(chat=False)
     p.feed(STREAM + b'data: {"choi', 1.0)
@@ -375,7 +375,7 @@ def test_a_refill_that_runs_dry_ends_the_run(stub: StubServer) -> None:
 
 
 def test_stagger_shortens_only_each_streams_first_request(stub: StubServer) -> None:
-    from autotune.loadgen import staggered
+    from autotune.load import staggered
 
     first = list(closed(4, conc=4, max_tokens=40).requests)
     assert [s.max_tokens for s in staggered(first, 4)] == [10, 20, 30, 40]

@@ -7,7 +7,7 @@ import time
 from autotune.testing.stub_server import StubConfig, StubServer, fault_token
 
 from autotune.engine import free_port
-from autotune.loadgen import RequestRecord, failure_abort, replay
+from autotune.load import RequestRecord, failure_abort, replay
 from autotune.traffic import RequestSpec, Schedule
 
 

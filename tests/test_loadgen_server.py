@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from autotune.loadgen import RunResult, replay
+from autotune.load import RunResult, replay
 from autotune.measure import measure, server_figures, snapshot_metrics
 from autotune.traffic import RequestSpec, Schedule
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from pydantic import ValidationError
 
 from autotune.errors import LoadgenError
-from autotune.loadgen import RequestRecord, RunResult
+from autotune.load import RequestRecord, RunResult
 from autotune.measure import (
     Measurement,
     Percentiles,

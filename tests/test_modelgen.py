@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ModelGenError
-from autotune.modelgen import generate_tiny_model, tiny_config
+from autotune.engine import generate_tiny_model, tiny_config
 
 
 def test_tiny_hybrid_is_a_real_hybrid_under_50m(tiny_hybrid: Path) -> None:

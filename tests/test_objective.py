@@ -11,7 +11,7 @@ import pytest
 
 from autotune.config import CAPACITY_DEFAULT_SLO, TuneSettings
 from autotune.errors import ConfigError
-from autotune.objective import is_open_loop, replayed_shape, resolve_objective
+from autotune.study import is_open_loop, replayed_shape, resolve_objective
 from autotune.traffic import LoadSpec, load_shape, save_shape
 from tests.conftest import REPO
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune._open_loop import STEADY_SPANS, OpenRun, cut_bounds
-from autotune.capacity import CapacitySearch, Level, search_capacity
-from autotune.stats import SegmentRule
+from autotune.trial import STEADY_SPANS, OpenRun, cut_bounds
+from autotune.trial import CapacitySearch, Level, search_capacity
+from autotune.measure import SegmentRule
 
 
 @dataclass
@@ -122,7 +122,7 @@ def test_the_capacity_search_stops_at_its_time_cap_with_the_bracket_so_far() -> 
 
 
 def test_an_idle_server_says_so() -> None:
-    from autotune._open_loop import idle_note
+    from autotune.trial import idle_note
 
     assert "idle: the server ran 3.2 requests" in idle_note(
         {"requests_running": 3.2, "requests_waiting_max": 0.0}, ())
@@ -135,7 +135,7 @@ def test_an_idle_server_says_so() -> None:
 
 
 def test_a_server_that_falls_behind_ends_the_warm_up_and_the_levels_start_lower() -> None:
-    from autotune.levels import start_after_warmup
+    from autotune.trial import start_after_warmup
 
     # arrivals ask for 2 req/s x 100 tokens = 200 tok/s; the server finishes a request
     # every 2 s (50 tok/s): it falls behind, its queue only grows
@@ -157,7 +157,7 @@ def test_a_server_that_falls_behind_ends_the_warm_up_and_the_levels_start_lower(
 
 
 def test_a_level_at_a_low_rate_fits_the_time_cap() -> None:
-    from autotune.levels import LevelPlan
+    from autotune.trial import LevelPlan
 
     assert LevelPlan(level_s=10.0).requests(0.0864) == 10  # no cap: at least 10 requests
     capped = LevelPlan(level_s=10.0, max_s=90.0)

@@ -99,7 +99,7 @@ def test_two_node_ray_cluster_runs_trials_on_both_nodes(tiny_llama: Path, tmp_pa
         # here (Ray alone would join it, the latest `ray start`, and refuse num_cpus)
         import ray
 
-        from autotune.parallel import RayExecutor
+        from autotune.exec import RayExecutor
 
         ex = RayExecutor()
         try:
@@ -119,7 +119,7 @@ def test_trial_phases_reach_the_driver_under_ray() -> None:
     executor once took that for "no queue" and showed no phase at all under Ray."""
     import time
 
-    from autotune.parallel import RayExecutor
+    from autotune.exec import RayExecutor
     from autotune.trial import TrialOutcome, TrialSpec
 
     def fn(spec: TrialSpec, on_phase: Any = None) -> TrialOutcome:

@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from autotune.config import TuneSettings
-from autotune.schema import A
+from autotune.store import A
 from autotune.trial import TrialOutcome, TrialSpec
 from tests.conftest import REPO
 from tests.test_study_gpus import gpu_model
@@ -40,7 +40,7 @@ def _trial(spec: TrialSpec) -> TrialOutcome:
 
 @pytest.mark.slow  # a local Ray start: about 10-30 s
 def test_ray_gives_each_trial_its_gpus_of_one_node_and_never_shares_one(tmp_path: Path) -> None:
-    from autotune.parallel import RayExecutor
+    from autotune.exec import RayExecutor
     from autotune.study import tune
 
     model = gpu_model(tmp_path)

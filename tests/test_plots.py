@@ -11,9 +11,9 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from autotune.errors import TrackingError
-from autotune.plots import PLOT_FILES, param_importances, pareto_front, write_study_plots
-from autotune.registry import PRIOR_ATTR
-from autotune.schema import A
+from autotune.results import PLOT_FILES, param_importances, pareto_front, write_study_plots
+from autotune.results import PRIOR_ATTR
+from autotune.store import A
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

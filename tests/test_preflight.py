@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ShapeError, SpaceError
-from autotune.preflight import check_context
+from autotune.study import check_context
 from autotune.space import load_space
 from autotune.traffic import LoadSpec, clip_shape, constant_shape, context_overflow, load_shape
 
@@ -121,7 +121,7 @@ def test_committed_2k_shapes_regenerate_from_their_documented_commands(
 
 def _package(root: Path) -> Path:
     """A package laid out like vLLM's start-up modules, not compiled."""
-    from autotune.preflight import BYTECODE_PROBES
+    from autotune.study import BYTECODE_PROBES
 
     pkg = root / "fakevllm"
     for rel in BYTECODE_PROBES:
@@ -133,7 +133,7 @@ def _package(root: Path) -> Path:
 def test_bytecode_warns_when_no_pyc_and_python_writes_none(tmp_path: Path) -> None:
     import compileall
 
-    from autotune.preflight import check_bytecode
+    from autotune.study import check_bytecode
 
     pkg = _package(tmp_path)
     [w] = check_bytecode(package_dir=pkg, dont_write=True)

@@ -28,7 +28,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.engine import VllmServer
-from autotune.loadgen import replay
+from autotune.load import replay
 from autotune.testing.prometheus_server import PrometheusServer, prometheus_binary
 from autotune.traffic import (
     LoadSpec,

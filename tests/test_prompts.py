@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.modelgen import write_bpe_tokenizer, write_tokenizer
-from autotune.prompts import ModelPrompts, PromptError, _prose, build_prompts
+from autotune.engine import write_bpe_tokenizer, write_tokenizer
+from autotune.load import ModelPrompts, PromptError, _prose, build_prompts
 from autotune.traffic import LoadSpec, build_schedule, clip_shape, constant_shape, load_shape
 
 REPO = Path(__file__).resolve().parents[1]

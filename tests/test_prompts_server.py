@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.stats import SegmentRule
+from autotune.measure import SegmentRule
 from autotune.traffic import load_shape
 from tests.conftest import needs_vllm
 
@@ -23,8 +23,8 @@ SHORT = {"segment_requests": 4, "rule": SegmentRule(precision=0.1, warmup_max_s=
 @pytest.mark.slow
 @needs_vllm
 def test_bpe_chat_server_prompt_tokens_equal_the_shapes(tmp_path: Path) -> None:
-    from autotune.modelgen import generate_tiny_model
-    from autotune.prompts import ModelPrompts
+    from autotune.engine import generate_tiny_model
+    from autotune.load import ModelPrompts
     from autotune.trial import TrialSpec, run_trial
 
     model = generate_tiny_model(tmp_path / "bpe-llama", arch="llama", tokenizer="bpe")
@@ -49,7 +49,7 @@ def test_bpe_chat_server_prompt_tokens_equal_the_shapes(tmp_path: Path) -> None:
 def test_cpu_space_mtp_trial_serves_drafts_on_the_cpu_build(tmp_path: Path) -> None:
     """A tiny hybrid with an attention-only MTP block, launched as cpu.yaml launches an
     MTP-depth-1 trial: the CPU build serves it and counts its drafts."""
-    from autotune.modelgen import generate_tiny_model
+    from autotune.engine import generate_tiny_model
     from autotune.space import ModelFacts, load_space
     from autotune.trial import TrialSpec, run_trial
 

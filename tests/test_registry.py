@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.cli import main
-from autotune.registry import (
+from autotune.results import (
     PRIOR_ATTR,
     explain_miss,
     find_best,
@@ -25,7 +25,7 @@ from autotune.registry import (
     warm_start_from,
 )
 from autotune.space import SearchSpace, load_space
-from autotune.schema import A
+from autotune.store import A
 from autotune.traffic import LoadSpec, TrafficShape, constant_shape, save_shape
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from autotune.cli import main
-from autotune.registry import find_best, find_best_tracked
-from autotune.tracking import BEST_VALUE, TAGS, MlflowTracker
+from autotune.results import find_best, find_best_tracked
+from autotune.results import BEST_VALUE, TAGS, MlflowTracker
 from autotune.traffic import TrafficShape, load_shape
 from tests.conftest import REPO, at_once
 

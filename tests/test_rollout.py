@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from autotune import _http
+from autotune.load import _http
 from autotune.cli import main
 from autotune.engine import VllmServer, free_port
-from autotune.loadgen import RunResult, replay
+from autotune.load import RunResult, replay
 from autotune.rollout import RouterClient, RouterError
 from autotune.traffic import RequestSpec, Schedule
 

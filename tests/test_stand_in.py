@@ -64,7 +64,7 @@ def test_tiny_mtp_pattern() -> None:
     import pytest
 
     from autotune.errors import ModelGenError
-    from autotune.modelgen import tiny_config
+    from autotune.engine import tiny_config
 
     cfg = tiny_config("nemotron_h", mtp=True, mtp_pattern="*")
     assert cfg["mtp_hybrid_override_pattern"] == "*"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.stats import (
+from autotune.measure import (
     Interval,
     SegmentRule,
     decide_verdict,
@@ -190,7 +190,7 @@ def test_verdict_edge_cases() -> None:
 
 
 def test_one_fresh_start_each_takes_the_spread_from_every_start() -> None:
-    from autotune.stats import starts_needed
+    from autotune.measure import starts_needed
 
     # the H200's azure capacity study (experiments/h200-shapes, tenth session): the recipe
     # read 15.64 req/s in the search, 18.60 on its fresh re-check start; the defaults 13.15
@@ -213,7 +213,7 @@ def test_one_fresh_start_each_takes_the_spread_from_every_start() -> None:
 
 
 def test_starts_needed_is_the_least_count_whose_interval_would_clear_1() -> None:
-    from autotune.stats import ratio_to_defaults, starts_needed
+    from autotune.measure import ratio_to_defaults, starts_needed
 
     # the H200 at 256 streams (experiments/h200-trust, fourth session): two starts each,
     # 1.094x with [0.847, 1.412]; the pooled start-to-start SD of log readings is 5.9 %
@@ -238,7 +238,7 @@ def test_starts_needed_is_the_least_count_whose_interval_would_clear_1() -> None
 
 
 def test_starts_needed_is_none_when_no_number_of_starts_would_show_a_gain() -> None:
-    from autotune.stats import Interval, ratio_to_defaults, starts_needed
+    from autotune.measure import Interval, ratio_to_defaults, starts_needed
 
     slower = ratio_to_defaults([950.0, 980.0], [1000.0, 1010.0])
     assert slower is not None and slower.median < 1 and starts_needed(slower) is None
@@ -331,7 +331,7 @@ def test_output_jitter_reaches_the_trials_of_tune_and_bench(tmp_path: Path) -> N
 def test_an_open_capacity_bracket_gives_no_point_ratio() -> None:
     """One start each and a capacity search that ended before a failing level: the
     capacity is only a lower bound, so no ratio (and no winner) comes from it."""
-    from autotune.stats import Interval, decide_verdict, ratio_to_defaults
+    from autotune.measure import Interval, decide_verdict, ratio_to_defaults
 
     open_c = Interval(0.173, 0.173, math.inf)
     open_d = Interval(0.086, 0.086, math.inf)

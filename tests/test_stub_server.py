@@ -227,7 +227,7 @@ def test_metrics_count_what_was_streamed(stub: StubServer) -> None:
 
 def test_interleaved_streams_take_turns_and_complete() -> None:
     """``interleave``: every stream gets one event per turn, as an engine step serves them."""
-    from autotune.loadgen import replay
+    from autotune.load import replay
     from autotune.traffic import RequestSpec, Schedule
 
     # Long streams: the client opens its 8 connections one after another, a few ms apart

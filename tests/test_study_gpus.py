@@ -15,7 +15,7 @@ import pytest
 from autotune.config import TuneSettings
 from autotune.events import StudyCallback
 from autotune.parallelism import server_gpus
-from autotune.schema import A, FailureReason
+from autotune.store import A, FailureReason
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor, TimelineEntry
 from autotune.trial import TrialSpec

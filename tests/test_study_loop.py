@@ -14,7 +14,7 @@ import pytest
 
 from autotune.config import TuneSettings
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
-from autotune.schema import A, FailureReason, n_finished
+from autotune.store import A, FailureReason, n_finished
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor
 from autotune.trial import TrialSpec

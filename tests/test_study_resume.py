@@ -8,7 +8,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from autotune.schema import A, n_finished
+from autotune.store import A, n_finished
 from autotune.study import _retry_stopped
 
 DISTS = {"max_num_seqs": IntDistribution(1, 64), "chunked": CategoricalDistribution([True, False])}

@@ -19,7 +19,7 @@ from autotune.config import TuneSettings
 from autotune.errors import AutotuneError, StudyError
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor
-from autotune.tracking import EXPERIMENT_KIND, MlflowTracker
+from autotune.results import EXPERIMENT_KIND, MlflowTracker
 from tests._sim_tuner import value
 from tests.conftest import REPO
 

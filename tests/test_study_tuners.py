@@ -28,7 +28,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config import TuneSettings
-from autotune.schema import (
+from autotune.store import (
     A,
     FailureReason,
     Heartbeat,

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from autotune.config import TuneSettings
-from autotune.parallel import InlineExecutor
-from autotune.stats import SegmentRule, mean_interval
+from autotune.exec import InlineExecutor
+from autotune.measure import SegmentRule, mean_interval
 from autotune.trial import TrialOutcome, TrialSpec
 from tests.conftest import REPO
 
@@ -219,7 +219,7 @@ def test_the_budget_rule_leaves_first_start_compiles_out_of_the_recheck_estimate
 
 
 def test_compile_seconds_are_read_from_the_server_log(tmp_path: Path) -> None:
-    from autotune.trial import compile_seconds
+    from autotune.engine import compile_seconds
 
     log = tmp_path / "server.log"
     log.write_text(
@@ -250,7 +250,7 @@ $ /opt/torch/.venv/bin/python3 -m vllm.entrypoints.openai.api_server --model /m
 
 
 def test_start_phases_date_where_a_start_went(tmp_path: Path) -> None:
-    from autotune.trial import compile_seconds, start_phases
+    from autotune.engine import compile_seconds, start_phases
 
     log = tmp_path / "server.log"
     log.write_text(_H200_WARM)
@@ -279,7 +279,7 @@ _H200 = """\
 
 
 def test_compile_seconds_count_the_jit_phases_a_warm_cache_takes_away(tmp_path: Path) -> None:
-    from autotune.trial import compile_seconds
+    from autotune.engine import compile_seconds
 
     log = tmp_path / "server.log"
     log.write_text(_H200.format(tc=14.78, t0="10:10:51", pr=76.11, t1="10:13:02"))
@@ -304,7 +304,7 @@ def test_verdict_line_says_why_when_no_other_config_was_measured():
     assert "trial 3" in line and "0.970x" in line and "[0.900, 1.040]" in line
     assert "re-check" not in line
     # a study without its re-check (--recheck 0) says how to add it
-    from autotune.stats import WITHIN_RUN_ONLY
+    from autotune.measure import WITHIN_RUN_ONLY
 
     line = _verdict_line({"verdict": "winner", "winner_number": 1, "method": WITHIN_RUN_ONLY,
                           "ratio_to_defaults": {"median": 1.2, "ci_low": 1.1, "ci_high": 1.3}})
@@ -476,7 +476,7 @@ def test_a_study_searched_without_its_recheck_gets_it_on_resume(tmp_path: Path,
     # of the leader and of the defaults, runs no new search trial, and judges again
     import optuna
 
-    from autotune.stats import WITHIN_RUN_ONLY
+    from autotune.measure import WITHIN_RUN_ONLY
 
     fn = simulated({"defaults": 1000.0, "seqs=8": 1300.0, "other": 800.0}, start_cv=0.02)
     first, out, _ = study(tmp_path, fake_model, fn, trials=2, recheck=0)

@@ -29,10 +29,10 @@ from optuna.trial import TrialState
 
 from autotune.config import TuneSettings
 from autotune.errors import StudyError, TrackingError
-from autotune.schema import A, FailureReason
+from autotune.store import A, FailureReason
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor
-from autotune.tracking import EXPERIMENT_KIND, MlflowTracker
+from autotune.results import EXPERIMENT_KIND, MlflowTracker
 from tests._mlflow_server import MlflowServer, wait_http
 from tests._sim_tuner import value
 from tests.conftest import REPO

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.levels import capacity_spec
+from autotune.trial import capacity_spec
 from autotune.measure import Slo
-from autotune.schema import FailureReason
-from autotune.stats import SegmentRule
+from autotune.store import FailureReason
+from autotune.measure import SegmentRule
 from autotune.traffic import LoadSpec, constant_shape, load_shape
 from autotune.trial import TrialOutcome, TrialSpec, run_trials_on_one_server
 from tests.conftest import REPO, needs_vllm

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.stats import SegmentRule, mean_interval
+from autotune.measure import SegmentRule, mean_interval
 from autotune.traffic import load_shape
 from autotune.trial import TrialOutcome, TrialSpec, run_trial
 from tests.conftest import REPO
@@ -242,7 +242,7 @@ def _capacity_trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule,
     """A capacity trial on the fake (8 streams of 2-ms chunks at once): the warm-up's
     segments are 1 s of the shape's arrivals at the first level's rate (4 x 5.53 req/s,
     about 22 requests each), the levels 2 s."""
-    from autotune.levels import capacity_spec
+    from autotune.trial import capacity_spec
     from autotune.measure import Slo
 
     spec = TrialSpec(
@@ -317,7 +317,7 @@ def test_capacity_levels_are_stretched_to_outlast_the_shapes_requests(
     # requests served before the server was full. Here requests take ~1.3 s (43 tokens, the
     # shape's median, 30 ms apart) and the levels asked for 2 s: the warm-up measures the
     # request time, and each level then replays 3 of them (~4 s) of arrivals.
-    from autotune.levels import LEVEL_SPAN, LevelPlan, capacity_spec
+    from autotune.trial import LEVEL_SPAN, LevelPlan, capacity_spec
     from autotune.measure import Slo
 
     spec = TrialSpec(

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autotune.loadgen import replay
+from autotune.load import replay
 from autotune.traffic import (
     LoadSpec,
     Schedule,

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.intervals import fmt_interval
-from autotune.schema import FailureReason
+from autotune.measure import fmt_interval
+from autotune.store import FailureReason
 
 if TYPE_CHECKING:
     from autotune.trial import TrialOutcome, TrialSpec
@@ -148,7 +148,7 @@ def _claim_log(path: Path) -> Path:
 
 def _capacity_fields(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
     """bench --capacity: the trial's capacity search (checked before the server starts)."""
-    from autotune.levels import capacity_spec, recorded_rate
+    from autotune.trial import capacity_spec, recorded_rate
 
     if not args.capacity:
         return {}
@@ -210,8 +210,8 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     here (a taken name gets a -N suffix)."""
     from autotune.config import CAPACITY_DEFAULT_SLO, OUTPUT_JITTER, parse_slo
     from autotune.errors import ConfigError
+    from autotune.measure import SegmentRule
     from autotune.space import dummy_routing_warning
-    from autotune.stats import SegmentRule
     from autotune.study import goodput_slo
     from autotune.traffic import load_shape
     from autotune.trial import TrialSpec
@@ -301,7 +301,7 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
 def _bench(args: argparse.Namespace) -> int:
     from autotune.cli import EXIT_INTERRUPTED
     from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
-    from autotune.preflight import check_bytecode
+    from autotune.study import check_bytecode
     from autotune.trial import INTERRUPT, run_trial
 
     spec = bench_spec(args)

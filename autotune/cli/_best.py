@@ -180,12 +180,12 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
 
 
 def _best(args: argparse.Namespace) -> int:
-    from autotune.registry import explain_miss, find_best
+    from autotune.results import explain_miss, find_best
     from autotune.traffic import load_shape
 
     shape = load_shape(args.shape)
     if args.tracking_uri:
-        from autotune.registry import find_best_tracked
+        from autotune.results import find_best_tracked
 
         hit = find_best_tracked(tracking_uri=args.tracking_uri, shape=shape, model=args.model,
                                 gpu=args.gpu)
@@ -215,7 +215,7 @@ def _best(args: argparse.Namespace) -> int:
 
 def _retune(args: argparse.Namespace) -> int:
     from autotune.cli._tune import run_study_command, settings_from_args
-    from autotune.registry import explain_miss, plan_retune
+    from autotune.results import explain_miss, plan_retune
     from autotune.space import load_space
     from autotune.traffic import load_shape
 

@@ -88,7 +88,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(out.text)
         return 0
-    from autotune.outputs import write_atomic
+    from autotune.results import write_atomic
 
     write_atomic(args.output, lambda tmp: tmp.write_text(out.text))
     if args.fmt == "serve":

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _tiny(args: argparse.Namespace) -> int:
-    from autotune.modelgen import generate_tiny_model
+    from autotune.engine import generate_tiny_model
 
     out = generate_tiny_model(
         args.out_dir, arch=args.arch, vocab_size=args.vocab_size, mtp=args.mtp,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
-from autotune.intervals import fmt_interval
+from autotune.measure import fmt_interval
 
 __all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display"]
 

@@ -248,8 +248,8 @@ def _finish(args: argparse.Namespace, result: Any, log: Any, best: Any, settings
                "log": str(log.path)}
     path = log.write_summary(summary)
     if not args.no_mlflow:
+        from autotune.results import default_tracking_uri
         from autotune.rollout._record import log_rollout_run
-        from autotune.tracking import default_tracking_uri
 
         rid, failures = log_rollout_run(
             tracking_uri=args.tracking_uri or default_tracking_uri(), summary=summary,

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from autotune.tracking_sync import sync_study
+    from autotune.results import sync_study
 
     res = sync_study(args.out, storage=args.storage, tracking_uri=args.tracking_uri,
                      experiment=args.experiment)

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from autotune.cli._cost import COST_OPTIONS
 from autotune.config import TuneSettings, parse_slo
 from autotune.errors import ConfigError
-from autotune.intervals import fmt_interval
+from autotune.measure import fmt_interval
 from autotune.quality._caveat import caveat_line
 
 __all__ = ["OPTIONS", "Option", "add_tune_options", "register", "resolve_config",
@@ -350,7 +350,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     for opt in OPTIONS:
         value = getattr(args, opt.field)
         values[opt.field] = opt.parse(value) if opt.parse is not None else value
-    from autotune.objective import resolve_settings
+    from autotune.study import resolve_settings
 
     try:
         settings = TuneSettings(**values)
@@ -384,7 +384,7 @@ def _json_arg(text: str) -> dict[str, Any]:
 def _best_line(b: dict[str, Any], objective: str) -> str:
     """best.json's declared config in one line: its reading (a re-check names the trial
     that first measured the config, as the verdict line does), the value, the ratio."""
-    from autotune.schema import objective_label
+    from autotune.store import objective_label
 
     ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
     of = (f" (re-check of trial {b['recheck_of']})" if b.get("recheck_of") is not None
@@ -408,7 +408,7 @@ def _per_gpu(b: dict[str, Any]) -> str:
 
 def _verdict_line(v: dict[str, Any]) -> str:
     """The verdict for people: who won, by how much, how sure."""
-    from autotune.stats import WITHIN_RUN_ONLY
+    from autotune.measure import WITHIN_RUN_ONLY
 
     r = v.get("ratio_to_defaults")
     ci = (f"{r['median']:.3f}x the defaults (95 % interval "
@@ -445,7 +445,7 @@ def _verdict_line(v: dict[str, Any]) -> str:
 def capacity_line(c: dict[str, Any]) -> str:
     """best.json's ``capacity`` in one line (what operators size a fleet by), and a note
     when the capacity is chance within a range (``CapacityResult.flat_misses``)."""
-    from autotune.capacity import flat_note
+    from autotune.trial import flat_note
 
     def num(x: Any, fmt: str = ",.3g") -> str:
         return format(x, fmt) if isinstance(x, (int, float)) else "?"
@@ -483,14 +483,14 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
     """The tail ``tune`` and ``retune`` share: run the study (SIGTERM stops it like Ctrl-C)
     with the progress display, then print the result; exit 0 when a config won, else 1."""
     from autotune.cli._cost import cost_lines
-    from autotune.schema import objective_label
+    from autotune.store import objective_label
     from autotune.study import tune
 
     def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
         raise KeyboardInterrupt
 
     from autotune.cli._progress import make_display
-    from autotune.objective import resolve_settings
+    from autotune.study import resolve_settings
 
     settings = resolve_settings(settings)  # a shape that cannot be read stops here
     display = make_display(objective_label(settings.objective), quiet=quiet)

@@ -89,7 +89,7 @@ def _tuned(ref: str, storage: str) -> tuple[Any, str | None, str | None]:
     path = _resolve(ref)
     if path.exists():
         return load_shape(path), str(path), None
-    from autotune.registry import tuned_studies
+    from autotune.results import tuned_studies
 
     for info in tuned_studies(storage=storage):
         if info.name == ref:
@@ -137,7 +137,7 @@ def _prometheus_source(args: argparse.Namespace, tuned: Any) -> tuple[Any, str]:
     """The Prometheus windows, on the tuned shape's selector unless --selector says else
     (like with like: a note when they differ)."""
     from autotune.traffic import normalize_selector
-    from autotune.watch_prometheus import PrometheusWindows
+    from autotune.watch import PrometheusWindows
 
     if args.interval is not None or args.request_log:
         raise ConfigError("--interval and --request-log are for sampling one server's "
@@ -158,7 +158,7 @@ def _prometheus_source(args: argparse.Namespace, tuned: Any) -> tuple[Any, str]:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from autotune.tracking import default_tracking_uri
+    from autotune.results import default_tracking_uri
     from autotune.watch import JsonlLog, MlflowWatchLog, metrics_url, run_command, watch
 
     if args.checks is not None and args.checks < 1:

@@ -108,7 +108,7 @@ def from_study(*, storage: str, study_name: str, trial: int | None = None) -> Ex
     """The declared config of a study in the Optuna storage, or its trial ``trial``."""
     import optuna
 
-    from autotune.schema import A, feasible, objective_metric, open_storage, primary, verdict
+    from autotune.store import A, feasible, objective_metric, open_storage, primary, verdict
 
     st = open_storage(storage, create=False)
     if st is None:

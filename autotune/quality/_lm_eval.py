@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.errors import ConfigError
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger(__name__)
 

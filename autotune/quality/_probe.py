@@ -83,7 +83,7 @@ def build_probe(
     Input lengths are drawn from the shape (with its prefix sharing) and capped at
     ``spec.max_input_tokens`` and, when given, ``max_model_len - spec.output_tokens``.
     ``text_model`` (a real checkpoint's folder): the prompts are real text of those lengths,
-    tokenized with its tokenizer (:func:`autotune.prompts.text_prompts`), not random ids.
+    tokenized with its tokenizer (:func:`autotune.load.text_prompts`), not random ids.
     """
     from autotune.traffic import build_schedule
 
@@ -104,7 +104,7 @@ def build_probe(
     )  # fmt: skip
     prompts = tuple(r.prompt_token_ids for r in schedule.requests)
     if text_model is not None:
-        from autotune.prompts import text_prompts
+        from autotune.load import text_prompts
 
         prompts = text_prompts(text_model, [len(p) for p in prompts], seed=spec.seed)
     return ProbeSet(

@@ -10,7 +10,7 @@ from autotune.report._data import ReportData
 
 __all__ = ["cost_figure", "cost_html", "why_no_cost"]
 
-_ATTR = "autotune.cost"  # autotune.schema.A.COST
+_ATTR = "autotune.cost"  # autotune.store.A.COST
 
 
 def _cost(d: ReportData) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import StudyError
-from autotune.schema import A
+from autotune.store import A
 
 __all__ = ["ReportData", "TrialRow", "load_report_data", "trial_row"]
 
@@ -118,7 +118,7 @@ def _finite_metrics(raw: Any) -> dict[str, float]:
 def trial_row(t: Any) -> TrialRow:
     from optuna.trial import TrialState
 
-    from autotune.schema import A, server_gpus_of
+    from autotune.store import A, server_gpus_of
 
     ua = t.user_attrs
     values = tuple(float(v) for v in (t.values or ()) if v is not None)
@@ -203,7 +203,7 @@ def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
              ) -> tuple[dict[str, Any] | None, str]:
     import numpy as np
 
-    from autotune.schema import verdict as study_verdict
+    from autotune.store import verdict as study_verdict
 
     rec = attrs.get(VERDICT_ATTR)
     if isinstance(rec, dict) and rec.get("verdict") not in (None, "none"):
@@ -257,8 +257,8 @@ def load_report_data(*, storage: str, study_name: str | None = None,
     import optuna
 
     from autotune.credentials import redact
-    from autotune.plots import param_importances
-    from autotune.schema import A, latest_study, objective_metric, open_storage
+    from autotune.results._plots import param_importances
+    from autotune.store import A, latest_study, objective_metric, open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_storage(storage)

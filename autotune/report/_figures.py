@@ -139,7 +139,7 @@ def importance_figure(d: ReportData) -> Any:
 def pareto_figure(d: ReportData) -> Any:
     import plotly.graph_objects as go
 
-    from autotune.schema import pareto_front
+    from autotune.store import pareto_front
 
     pts = [t for t in d.feasible if len(t.values) == 2]
     if d.n_objectives != 2 or not pts:

@@ -194,7 +194,7 @@ def _latency_html(d: ReportData) -> str:
 def _capacity_html(d: ReportData) -> str:
     """--objective capacity: each leader's load levels in the order they ran, with which SLO
     their misses exceeded (the figures behind the bracket, and behind a flat-misses note)."""
-    from autotune.capacity import flat_note
+    from autotune.trial import flat_note
 
     out = []
     for t in leaders(d):

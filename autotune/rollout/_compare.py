@@ -68,7 +68,7 @@ class ServerScrape:
 def parse_scrape(text: str, *, taken_at: float) -> ServerScrape:
     """A :class:`ServerScrape` from a vLLM ``/metrics`` page (raises
     :class:`~autotune.errors.TrafficError` when it is not one)."""
-    from autotune.server_metrics import parse_metrics
+    from autotune.load import parse_metrics
     from autotune.traffic import parse_vllm_metrics
 
     names = [n for ns in LATENCY_HISTOGRAMS.values() for n in ns]

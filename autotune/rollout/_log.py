@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.outputs import write_json_atomic
+from autotune.results import write_json_atomic
 
 __all__ = ["RolloutLog"]
 

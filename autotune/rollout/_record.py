@@ -34,7 +34,7 @@ def log_rollout_run(*, tracking_uri: str, summary: Mapping[str, Any], files: lis
     """Write the rollout's run; returns (its id or None, what could not be written)."""
     from mlflow.entities import Metric, Param, RunStatus
 
-    from autotune.tracking import TAGS, MlflowTracker
+    from autotune.results import TAGS, MlflowTracker
 
     tracker = MlflowTracker(tracking_uri)
     client = tracker.client

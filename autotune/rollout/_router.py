@@ -13,8 +13,8 @@ import json
 import logging
 from urllib.parse import quote
 
-from autotune import _http
 from autotune.errors import RolloutError
+from autotune.load import _http
 
 __all__ = ["RouterClient", "RouterError"]
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from autotune import _http
+from autotune.load import _http
 from autotune.rollout._compare import Judgement, ServerScrape, judge, parse_scrape, side_figures
 from autotune.rollout._log import RolloutLog
 from autotune.rollout._plan import Step, plan_steps

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune import _http
 from autotune.errors import ConfigError, EngineError, RolloutError
+from autotune.load import _http
 from autotune.rollout._run import ManagedServer
 
 __all__ = ["load_best", "served_model_name", "start_new_server"]

@@ -8,13 +8,13 @@ from typing import Any
 
 from autotune.events import PhaseReporter, StudyCallback, StudyEvent
 from autotune.parallelism import GpuPool, Node
-from autotune.schema import FailureReason
+from autotune.store import FailureReason
 from autotune.trial import TrialOutcome, TrialSpec
 
 __all__ = ["SimulatedExecutor", "TimelineEntry"]
 
 #: ``evaluate(params, spec)``: the trial's metrics (Measurement.flat() keys), or a failure
-#: reason (a :class:`~autotune.schema.FailureReason` value) when the config "fails to start".
+#: reason (a :class:`~autotune.store.FailureReason` value) when the config "fails to start".
 Evaluate = Callable[[dict[str, Any], TrialSpec], "dict[str, float] | str"]
 #: ``duration(params, spec)``: the trial's simulated wall time (seconds)
 Duration = Callable[[dict[str, Any], TrialSpec], float]
@@ -41,7 +41,7 @@ class _Flight:
 
 
 class SimulatedExecutor(StudyCallback):
-    """An :class:`~autotune.parallel.Executor` whose trials are ``evaluate(params, spec)``.
+    """An :class:`~autotune.exec.Executor` whose trials are ``evaluate(params, spec)``.
 
     Subscribe it to the study too (``callbacks=[executor]``): it learns each trial's params
     from ``on_trial_start``. ``slots`` trials may be in flight; ``wait`` finishes the one
@@ -68,7 +68,7 @@ class SimulatedExecutor(StudyCallback):
         self.timeline: list[TimelineEntry] = []
         self._pending: list[_Flight] = []
 
-    # -- placement (autotune.placement) ------------------------------------------------------
+    # -- placement (autotune.exec) ------------------------------------------------------
     def reservation(self, spec: TrialSpec) -> int:
         return max(1, spec.server_gpus) if self.pool is not None else 0
 

@@ -23,294 +23,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import logging
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Self
 
 import msgspec
 
-__all__ = [
-    "FAULTS",
-    "FAULT_TOKEN_BASE",
-    "Running",
-    "StubConfig",
-    "StubServer",
-    "fault_token",
-    "serve",
-    "start_server",
-]
+from autotune.testing._stub_faults import (
+    _REQ_DECODER,
+    StubConfig,
+    _Counters,
+    _fault_of,
+    _health_status,
+    _prompt_len,
+    _Req,
+)
+from autotune.testing._stub_faults import FAULT_TOKEN_BASE as FAULT_TOKEN_BASE
+
+# Re-exported: the fault lab's fake vLLM and the tests reach these through this module.
+from autotune.testing._stub_faults import FAULTS as FAULTS
+from autotune.testing._stub_faults import fault_token as fault_token
+from autotune.testing._stub_wire import _MAX_BODY, _MAX_HEAD, _SSE_HEAD, _error, _plan, _response
+from autotune.testing._stub_wire import _chunk as _chunk
 
 logger = logging.getLogger(__name__)
-
-#: Faults a request can ask for. ``ok`` is normal; ``http_400``/``http_500`` answer with an
-#: error status; ``disconnect`` drops the connection mid-stream; ``stall`` goes silent after
-#: two chunks for ``StubConfig.stall_s``; ``slow`` streams a chunk every ``slow_interval_s``
-#: (never stalls, but is slow overall); ``malformed`` sends a broken JSON event;
-#: ``garbage`` sends a line that is not SSE; ``error_event`` sends vLLM's in-stream error
-#: object; ``no_done`` ends the stream cleanly without ``data: [DONE]``; ``no_usage``
-#: streams without any ``usage`` (a server without continuous usage stats).
-FAULTS: tuple[str, ...] = (
-    "ok",
-    "http_400",
-    "http_500",
-    "disconnect",
-    "stall",
-    "slow",
-    "malformed",
-    "garbage",
-    "error_event",
-    "no_done",
-    "no_usage",
-)
-FAULT_TOKEN_BASE = 900_000
-
-
-def fault_token(name: str) -> int:
-    """The prompt token id that makes the stub apply fault ``name`` to that request."""
-    try:
-        return FAULT_TOKEN_BASE + FAULTS.index(name)
-    except ValueError:
-        raise ValueError(f"unknown stub fault {name!r}; choose one of {FAULTS}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class StubConfig:
-    """How the stub streams. Zero delays mean "as fast as the client reads"."""
-
-    model: str = "tiny"
-    tokens_per_chunk: int = 1  # >1 emulates speculative decoding (several tokens a chunk)
-    chunks_per_write: int = 1  # SSE events (HTTP chunks) coalesced into one socket write
-    chunk_interval_s: float = 0.0  # time from one write to the next (paced on the clock)
-    ttft_s: float = 0.0  # pause before the first token
-    stall_s: float = 30.0  # how long a "stall" fault stays silent
-    slow_interval_s: float = 0.05  # chunk interval of the "slow" fault
-    interleave: bool = False  # yield after every write, as an engine step serves every stream
-    # A known capacity (issue 15): at most this many requests stream at once, the rest wait
-    # in a FIFO queue (as vLLM's --max-num-seqs); 0 = no limit. A request then takes
-    # ttft_s + max_tokens x chunk_interval_s, so the stub serves at most
-    # max_running / that many requests/s (:meth:`capacity_rps`); above it the queue, and
-    # every request's time to first token, grows without bound.
-    max_running: int = 0
-
-    def capacity_rps(self, max_tokens: int) -> float:
-        """Requests/s the stub sustains for requests of ``max_tokens`` tokens (inf: no limit)."""
-        service_s = self.ttft_s + max_tokens * self.chunk_interval_s
-        if self.max_running <= 0 or service_s <= 0:
-            return float("inf")
-        return self.max_running / service_s
-
-
-@dataclass
-class _Counters:
-    generation_tokens: int = 0
-    prompt_tokens: int = 0
-    requests_success: int = 0
-    running: int = 0
-    waiting: int = 0
-    ttft_sum: float = 0.0
-    ttft_count: int = 0
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-
-
-class _Msg(msgspec.Struct):
-    content: str | None = None
-
-
-class _Req(msgspec.Struct):
-    model: str | None = None
-    prompt: list[int] | str | None = None
-    messages: list[_Msg] | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-
-
-_REQ_DECODER = msgspec.json.Decoder(_Req)
-
-
-def _health_status() -> int:
-    """The status ``/health`` answers (200; the fault suite's fake engine patches it to
-    stand for an engine that died behind a live API server)."""
-    return 200
-
-
-def _fault_of(req: _Req) -> str:
-    first: int | None = None
-    if isinstance(req.prompt, list) and req.prompt:
-        first = req.prompt[0]
-    elif req.messages:
-        words = (req.messages[0].content or "").split(maxsplit=1)
-        if words and words[0].startswith("t") and words[0][1:].isdigit():
-            first = int(words[0][1:])
-    if first is not None and FAULT_TOKEN_BASE <= first < FAULT_TOKEN_BASE + len(FAULTS):
-        return FAULTS[first - FAULT_TOKEN_BASE]
-    return "ok"
-
-
-def _prompt_len(req: _Req) -> int:
-    if isinstance(req.prompt, list):
-        return len(req.prompt)
-    if isinstance(req.prompt, str):
-        return len(req.prompt.split())
-    return sum(len((m.content or "").split()) for m in req.messages or ())
-
-
-# --- HTTP/1.1 framing -----------------------------------------------------------------------
-
-_STATUS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    413: "Payload Too Large",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    501: "Not Implemented",
-}
-_MAX_HEAD = 64 * 1024
-_MAX_BODY = 64 * 1024 * 1024
-_SSE_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-    b"Transfer-Encoding: chunked\r\n\r\n"
-)
-_LAST_CHUNK = b"0\r\n\r\n"
-
-
-def _chunk(data: bytes) -> bytes:
-    """``data`` as one HTTP/1.1 chunk."""
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-def _response(status: int, body: bytes, content_type: str, *, close: bool = False) -> bytes:
-    head = (
-        f"HTTP/1.1 {status} {_STATUS.get(status, 'Unknown')}\r\n"
-        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-        + ("Connection: close\r\n" if close else "")
-        + "\r\n"
-    )
-    return head.encode("latin-1") + body
-
-
-def _error(status: int, message: str, *, close: bool = False) -> bytes:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    body = {"error": {"object": "error", "message": message, "type": kind, "code": status}}
-    return _response(status, msgspec.json.encode(body), "application/json", close=close)
-
-
-# --- the stream plan: every write of one response, built once per request shape -------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Write:
-    data: bytes  # HTTP chunks, already framed
-    tokens: int  # output tokens in them
-    drafts: int  # speculative-decoding counters the stub's /metrics reports
-    draft_tokens: int
-    accepted: int
-    then: str | None = None  # "disconnect", "stall" or "end" (error_event: stream ends here)
-
-
-@functools.lru_cache(maxsize=512)
-def _plan(
-    *,
-    chat: bool,
-    model: str,
-    n_prompt: int,
-    n_out: int,
-    k: int,
-    per_write: int,
-    fault: str,
-    include_usage: bool,
-    continuous: bool,
-) -> tuple[bytes | None, tuple[_Write, ...], bytes]:
-    """(role event or None, the token writes, the tail: usage event, [DONE], last chunk)."""
-    base = (
-        b'data: {"id":"'
-        + (b"chatcmpl-stub" if chat else b"cmpl-stub")
-        + b'","object":"'
-        + (b"chat.completion.chunk" if chat else b"text_completion")
-        + b'","created":0,"model":"'
-        + model.encode()
-        + b'"'
-    )
-    head = base + (b',"choices":[{"index":0,"delta":' if chat else b',"choices":[{"index":0,')
-    usage_tpl = b',"usage":{"prompt_tokens":%d,"total_tokens":%%d,"completion_tokens":%%d}' % (
-        n_prompt
-    )
-
-    def event(text: bytes, finish: bytes, done_tokens: int) -> bytes:
-        if chat:
-            body = head + b'{"content":"' + text + b'"},"logprobs":null,"finish_reason":' + finish
-            body += b"}]"
-        else:
-            body = head + b'"text":"' + text + b'","logprobs":null,"finish_reason":' + finish
-            body += b',"stop_reason":null}]'
-        if continuous:
-            body += usage_tpl % (n_prompt + done_tokens, done_tokens)
-        return _chunk(body + b"}\n\n")
-
-    role = None
-    if chat:
-        body = head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
-        if continuous:
-            body += usage_tpl % (n_prompt, 0)
-        role = _chunk(body + b"}\n\n")
-    writes: list[_Write] = []
-    batch: list[bytes] = []
-    counts = [0, 0, 0, 0]  # tokens, drafts, draft tokens, accepted tokens of the batch
-    done = n_chunks = 0
-    while done < n_out:
-        step = min(k, n_out - done)
-        done += step
-        batch.append(event(b" t7" * step, b'"length"' if done >= n_out else b"null", done))
-        n_chunks += 1
-        counts[0] += step
-        if k > 1:
-            counts[1] += 1
-            counts[2] += k - 1
-            counts[3] += step - 1
-        then = None
-        if n_chunks == 2 and fault == "malformed":
-            batch.append(_chunk(b'data: {"choices": [{"index": 0, "text": \n\n'))
-        elif n_chunks == 2 and fault == "garbage":
-            batch.append(_chunk(b"this is not server-sent events\n\n"))
-        elif n_chunks == 2 and fault == "error_event":
-            batch.append(
-                _chunk(
-                    b'data: {"error": {"object": "error", "message": "stub: engine died",'
-                    b' "type": "InternalServerError", "code": 500}}\n\n'
-                )
-            )
-            then = "end"
-        if len(batch) >= per_write or done >= n_out or then:
-            if then is None and n_chunks >= 2 and fault in ("disconnect", "stall"):
-                then = fault
-            writes.append(_Write(b"".join(batch), counts[0], counts[1], counts[2], counts[3],
-                                 then=then))
-            batch.clear()
-            counts = [0, 0, 0, 0]
-            if then == "end":
-                return role, tuple(writes), _chunk(b"data: [DONE]\n\n") + _LAST_CHUNK
-            if then == "stall":
-                fault = "ok"  # silent once, then streams on
-            elif then == "disconnect":
-                break
-    tail = b""
-    if include_usage:
-        tail += _chunk(base + b',"choices":[]' + usage_tpl % (n_prompt + done, done) + b"}\n\n")
-    if fault != "no_done":
-        tail += _chunk(b"data: [DONE]\n\n")
-    return role, tuple(writes), tail + _LAST_CHUNK
-
-
-# --- the server -----------------------------------------------------------------------------
 
 
 @dataclass

@@ -9,76 +9,42 @@ valid lines: they are counted in ``failed`` and left out of the records.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import logging
 import math
 import re
 import warnings
 import zlib
-from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal, TextIO
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from autotune.errors import TraceFormatError
+from autotune.traffic._collect import (
+    _CSV_CHUNK_ROWS,
+    _CSV_COLUMNS,
+    _CSV_TITLES,
+    _FIX,
+    _MOONCAKE_BLOCK_TOKENS,
+    FORMATS,
+    _Collector,
+    _Extra,
+    _is_gzip,
+    _open_text,
+)
+from autotune.traffic._json_readers import _read_mooncake, _read_openai_log
 from autotune.traffic._records import (
     PrefixInfo,
-    SkippedLine,
     TraceRecords,
     prefix_from_blocks,
     prefix_from_ids,
     prefix_from_sessions,
 )
 
-__all__ = ["FORMATS", "TraceFormat", "detect_format", "read_trace"]
-
 logger = logging.getLogger(__name__)
-
-TraceFormat = Literal["openai_log", "azure", "burstgpt", "mooncake"]
-FORMATS: Final[tuple[str, ...]] = ("openai_log", "azure", "burstgpt", "mooncake")
-
-_CSV_COLUMNS: Final[dict[str, tuple[str, str, str]]] = {
-    # format: (timestamp, input tokens, output tokens)
-    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
-}
-_CSV_TITLES: Final[dict[str, str]] = {"azure": "an Azure LLM inference", "burstgpt": "a BurstGPT"}
-_CSV_CHUNK_ROWS: Final = 200_000
-_MAX_EXAMPLES: Final = 10
-_MOONCAKE_BLOCK_TOKENS: Final = 512
-_FIX = "fix the row or pass --skip-bad"
-_FAILED_STATUS: Final = frozenset(
-    {"error", "failed", "failure", "timeout", "cancelled", "canceled", "aborted"}
-)
-
-
-@dataclass
-class _Collector:
-    """Growing numeric columns plus the bookkeeping of bad and failed lines."""
-
-    name: str
-    skip_bad: bool
-    ts: array[float] = field(default_factory=lambda: array("d"))
-    inp: array[int] = field(default_factory=lambda: array("q"))
-    out: array[int] = field(default_factory=lambda: array("q"))
-    skipped: int = 0
-    failed: int = 0
-    examples: list[SkippedLine] = field(default_factory=list)
-
-    def bad(self, line: int, reason: str) -> None:
-        """A bad line: raise, or count it when skipping."""
-        if not self.skip_bad:
-            raise TraceFormatError(f"traffic file {self.name} line {line}: {reason} ({_FIX})")
-        self.skipped += 1
-        if len(self.examples) < _MAX_EXAMPLES:
-            self.examples.append(SkippedLine(line, reason))
 
 
 def read_trace(
@@ -178,21 +144,9 @@ def _check_format(fmt: str) -> str:
     return fmt
 
 
-def _is_gzip(p: Path) -> bool:
-    with p.open("rb") as fh:
-        return fh.read(2) == b"\x1f\x8b"
-
-
-def _open_text(p: Path) -> TextIO:
-    if _is_gzip(p):
-        return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8")
-    return p.open("r", encoding="utf-8")
-
-
-# ----------------------------------------------------------------------------- CSV
-
-
 _SKIP_RE = re.compile(r"Skipping line (\d+): (.*)")
+
+
 _PARSER_LINE_RE = re.compile(r"line (\d+)")
 
 
@@ -363,220 +317,6 @@ def _ts_reason(column: str, value: object, kind: str) -> str:
         else "a date-time such as 2023-11-16 18:15:46.680"
     )
     return f"{column!r} is {value!r}, which cannot be parsed as a timestamp (expected {expected})"
-
-
-# ----------------------------------------------------------------------------- JSONL
-
-
-@dataclass
-class _PrefixRaw:
-    """Raw prefix columns of a JSONL trace, aligned with the collector's kept rows."""
-
-    blocks: array[int] = field(default_factory=lambda: array("q"))
-    offsets: array[int] = field(default_factory=lambda: array("q", [0]))
-    session: array[int] = field(default_factory=lambda: array("q"))
-    prefix_id: array[int] = field(default_factory=lambda: array("q"))
-    prefix_tokens: array[int] = field(default_factory=lambda: array("q"))
-    codes: dict[str, int] = field(default_factory=dict)
-    seen_session: bool = False
-    seen_prefix: bool = False
-
-    def code(self, key: object) -> int:
-        return self.codes.setdefault(f"{type(key).__name__}:{key}", len(self.codes))
-
-
-@dataclass
-class _Extra:
-    """What a reader found beside the three main columns."""
-
-    wall_clock: bool = False
-    prefix: _PrefixRaw | None = None
-    latencies: np.ndarray | None = None
-
-
-def _json_lines(p: Path, col: _Collector) -> Iterator[tuple[int, dict[str, Any]]]:
-    with _open_text(p) as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                col.bad(lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
-                continue
-            if not isinstance(obj, dict):
-                col.bad(lineno, f"expected a JSON object, got {type(obj).__name__}")
-                continue
-            yield lineno, obj
-
-
-def _count(obj: dict[str, Any], key: str) -> int | str:
-    """A token count from a JSON object, or the reason it is bad."""
-    if key not in obj or obj[key] is None:
-        return f"{key!r} is missing; every request needs a token count"
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return f"{key!r} is {v!r}; token counts must be whole numbers >= 0"
-    if not math.isfinite(v):
-        return f"{key!r} is {v}; token counts must be finite whole numbers >= 0"
-    if v < 0:
-        return f"{key!r} is {v}; token counts must be >= 0"
-    if v != int(v):
-        return f"{key!r} is {v}; token counts must be whole numbers"
-    return int(v)
-
-
-def _number(obj: dict[str, Any], key: str) -> float | str:
-    v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        return f"{key!r} is {v!r}; expected a finite number"
-    return float(v)
-
-
-def _read_mooncake(p: Path, col: _Collector) -> _Extra:
-    """Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
-    raw = _PrefixRaw()
-    any_blocks = False
-    for lineno, obj in _json_lines(p, col):
-        ts = _number(obj, "timestamp")
-        if isinstance(ts, str):
-            col.bad(lineno, ts.replace("a finite number", "milliseconds as a finite number"))
-            continue
-        inp = _count(obj, "input_length")
-        if isinstance(inp, str):
-            col.bad(lineno, inp)
-            continue
-        out = _count(obj, "output_length")
-        if isinstance(out, str):
-            col.bad(lineno, out)
-            continue
-        ids = obj.get("hash_ids", [])
-        if not isinstance(ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids
-        ):
-            col.bad(lineno, f"'hash_ids' is {str(ids)[:40]!r}; expected a list of integer ids")
-            continue
-        if inp == 0 or out == 0:
-            col.failed += 1
-            continue
-        col.ts.append(ts / 1000.0)
-        col.inp.append(inp)
-        col.out.append(out)
-        if ids:
-            any_blocks = True
-            raw.blocks.extend(ids)
-        raw.offsets.append(len(raw.blocks))
-    return _Extra(prefix=raw if any_blocks else None)
-
-
-def _parse_time(v: object, key: str) -> float | str:
-    if isinstance(v, bool):
-        return f"{key!r} is {v!r}; expected seconds or an ISO-8601 date-time"
-    if isinstance(v, int | float):
-        if not math.isfinite(v):
-            return f"{key!r} is {v}; expected a finite number of seconds"
-        if key == "timestamp_ms":
-            return float(v) / 1000.0
-        if abs(v) > _MAX_UNIX_SECONDS:
-            return (
-                f"{key!r} is {v}, which looks like milliseconds (seconds would be after the "
-                "year 5000); write it as 'timestamp_ms' or in seconds"
-            )
-        return float(v)
-    if isinstance(v, str):
-        try:
-            dt = datetime.fromisoformat(v.strip())  # 3.11 reads a trailing Z
-        except ValueError:
-            return (
-                f"{key!r} is {v!r}, which cannot be parsed as a timestamp "
-                "(expected unix seconds or an ISO-8601 date-time such as 2025-01-07T10:15:02Z)"
-            )
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=UTC)
-        return dt.timestamp()
-    return f"{key!r} is {v!r}; expected seconds or an ISO-8601 date-time"
-
-
-_TIME_KEYS: Final = ("timestamp", "arrival_time", "created", "timestamp_ms")
-_MAX_UNIX_SECONDS: Final = 1e11
-
-
-def _is_failed(obj: dict[str, Any]) -> bool:
-    status = obj.get("status")
-    if isinstance(status, int) and not isinstance(status, bool) and status >= 400:
-        return True
-    if isinstance(status, str) and status.strip().lower() in _FAILED_STATUS:
-        return True
-    return bool(obj.get("error"))
-
-
-def _read_openai_log(p: Path, col: _Collector) -> _Extra:
-    """OpenAI-style request log (see docs/traffic.md)."""
-    raw = _PrefixRaw()
-    lat = array("d")
-    any_lat = False
-    for lineno, obj in _json_lines(p, col):
-        key = next((k for k in _TIME_KEYS if k in obj), None)
-        if key is None:
-            col.bad(lineno, "no arrival time; add 'timestamp' (unix seconds or ISO-8601)")
-            continue
-        ts = _parse_time(obj[key], key)
-        if isinstance(ts, str):
-            col.bad(lineno, ts)
-            continue
-        if _is_failed(obj):
-            col.failed += 1
-            continue
-        usage = obj.get("usage", obj)
-        if not isinstance(usage, dict):
-            col.bad(lineno, f"'usage' is {usage!r}; expected an object with prompt_tokens")
-            continue
-        inp = _count(usage, "prompt_tokens")
-        if isinstance(inp, str):
-            col.bad(lineno, inp)
-            continue
-        out = _count(usage, "completion_tokens")
-        if isinstance(out, str):
-            col.bad(lineno, out)
-            continue
-        latency = math.nan
-        if obj.get("latency_s") is not None:
-            v = _number(obj, "latency_s")
-            if isinstance(v, str) or v < 0:
-                col.bad(lineno, f"'latency_s' is {obj['latency_s']!r}; expected seconds >= 0")
-                continue
-            latency = v
-        pid, ptok = -1, 0
-        if obj.get("prefix_id") is not None:
-            n = _count(obj, "prefix_tokens")
-            if isinstance(n, str):
-                col.bad(lineno, n.replace("token count", "'prefix_tokens' beside 'prefix_id'"))
-                continue
-            pid, ptok = raw.code(obj["prefix_id"]), n
-            raw.seen_prefix = True
-        sid = -1
-        if obj.get("session_id") is not None:
-            sid = raw.code(obj["session_id"])
-            raw.seen_session = True
-        if inp == 0 or out == 0:
-            col.failed += 1
-            continue
-        col.ts.append(ts)
-        col.inp.append(inp)
-        col.out.append(out)
-        lat.append(latency)
-        any_lat = any_lat or not math.isnan(latency)
-        raw.session.append(sid)
-        raw.prefix_id.append(pid)
-        raw.prefix_tokens.append(ptok)
-    raw.codes.clear()  # only the integer codes are needed from here on
-    prefix = raw if (raw.seen_prefix or raw.seen_session) else None
-    latencies = np.frombuffer(lat, dtype=np.float64).copy() if any_lat else None
-    return _Extra(wall_clock=True, prefix=prefix, latencies=latencies)
-
-
-# ----------------------------------------------------------------------------- finish
 
 
 def _finish(col: _Collector, fmt: str, extra: _Extra) -> TraceRecords:

@@ -48,7 +48,7 @@ class RequestSpec:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     send_at_s: float | None = None  # open loop: offset from the run's start; closed loop: None
-    # chat API: the user message, built with the model's tokenizer (autotune.prompts) so the
+    # chat API: the user message, built with the model's tokenizer (autotune.load) so the
     # server counts exactly len(prompt_token_ids) tokens; None: the ids as ``t<id>`` words
     prompt: str | None = None
 
@@ -294,7 +294,7 @@ def build_schedule(
 
     Unset options come from ``shape.load``. Token ids lie in ``[token_offset, vocab_size)``,
     or are drawn from ``token_ids`` when given (the model's one-token words, see
-    :mod:`autotune.prompts`: the same draws, mapped through that table).
+    :mod:`autotune.load`: the same draws, mapped through that table).
     ``max_input_tokens``/``max_output_tokens`` clip the drawn lengths; ``max_total_tokens``
     (a server's context) clips each request's output to at most ``max_total_tokens - 1``,
     then its prompt so that prompt + output fit (see :func:`context_overflow`). Open loop:
@@ -304,7 +304,7 @@ def build_schedule(
     prompts' token ids (shared prefixes' content included) from its own seed while
     ``seed`` keeps the lengths, the prefix-sharing structure and the arrivals: the same
     traffic in other words, so that a prefix cache holds nothing of an earlier replay
-    (a capacity search's load levels, :mod:`autotune.levels`). ``output_jitter`` (closed
+    (a capacity search's load levels, :mod:`autotune.trial`). ``output_jitter`` (closed
     loop only): each request's output length times a factor drawn uniformly from
     ``[1 - j, 1 + j]`` (its own generator: every other draw stays the same), so that
     streams of equal lengths cannot lock into step with one another

@@ -17,7 +17,7 @@ measured over rounds (two by default) in alternating order (plain, tuned, then t
 every cell's first start before any cell's second, each bench a
 fresh server with the trust issue's measurement (segmented warm-up, adaptive stop, the 95 %
 interval of output tokens/s); the table's ratio tuned / plain pools the start-to-start
-variance of both (autotune.stats.ratio_to_defaults: delta method on log readings), so its
+variance of both (autotune.measure.ratio_to_defaults: delta method on log readings), so its
 interval covers a start's variation, not only a run's.
 
 A bench's result file: e2e/c<STREAMS>-<BASE>-<VARIANT>-r<ROUND>.json (`autotune bench
@@ -112,9 +112,9 @@ def _readings(results: Path) -> dict[tuple[int, str], dict[str, list[dict[str, A
 
 
 def _ratio(num: list[dict[str, Any]], den: list[dict[str, Any]]) -> dict[str, Any]:
-    """num / den with its 95 % interval (autotune.stats.ratio_to_defaults: between-start
+    """num / den with its 95 % interval (autotune.measure.ratio_to_defaults: between-start
     variance pooled from two starts on; with one start each, the runs' own intervals)."""
-    from autotune.stats import Interval, ratio_to_defaults
+    from autotune.measure import Interval, ratio_to_defaults
 
     if not num or not den:
         return {"ratio": None, "ci_low": None, "ci_high": None, "method": None}

@@ -9,7 +9,7 @@ config's search reading was picked for being high when it led its study (the win
 curse), so the pooled figures are a summary, not a verdict; the Mann-Whitney p (exact,
 two-sided) asks only whether one config's starts lie above the other's. Ratios: delta
 method on log readings with the between-start variance pooled over the two configs
-(autotune.stats.ratio_to_defaults).
+(autotune.measure.ratio_to_defaults).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ H = Path(__file__).resolve().parent
 sys.path.insert(0, str(H))
 import steps  # noqa: E402  (shapes, configs, result folders)
 
-from autotune.schema import A  # noqa: E402
-from autotune.stats import ratio_to_defaults  # noqa: E402
+from autotune.store import A  # noqa: E402
+from autotune.measure import ratio_to_defaults  # noqa: E402
 
 RECIPE = json.loads((H.parent / "h200" / "recipe.json").read_text())
 

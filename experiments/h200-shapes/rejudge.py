@@ -26,8 +26,8 @@ from typing import Any
 
 import optuna
 
-from autotune.outputs import best_config, write_json_atomic
-from autotune.schema import A, judge_study, verdict_record
+from autotune.results import best_config, write_json_atomic
+from autotune.store import A, judge_study, verdict_record
 
 H = Path(__file__).resolve().parent
 
@@ -57,7 +57,7 @@ def _mlflow(uri: str, study_name: str, best: dict[str, Any], rec: dict[str, Any]
     ``only_missing``: only when the run lacks it or records another value (a study run
     whose record was never written: `autotune best` would answer with a trial's single
     reading instead of the declared median)."""
-    from autotune.tracking import BEST_TAG, BEST_VALUE, TAGS, MlflowTracker, _declared
+    from autotune.results import BEST_TAG, BEST_VALUE, TAGS, MlflowTracker, _declared
 
     tracker = MlflowTracker(uri, experiment="h200-shapes")
     client = tracker.client

@@ -264,7 +264,7 @@ def cell_seconds(key: str) -> tuple[int, int]:
     c = shape_cfg(key)
     warm = int(c.get("warmup_max_s", 60))
     if c["objective"] == "capacity":
-        # levels last 3 of the shape's requests (autotune.levels.fit_level): mooncake's ~45 s
+        # levels last 3 of the shape's requests (autotune.trial.fit_level): mooncake's ~45 s
         level = int(c.get("capacity_level_s_expected", c["capacity_level_s"]))
         body_max = c["capacity_max_levels"] * (level + 20)
         body = 5 * (level + 15)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from autotune.engine import VllmServer, preload_scope
-from autotune.trial import _compile_in, _phases_in
+from autotune.engine import _compile_in, _phases_in
 
 MODEL = Path(os.environ.get("MODEL") or Path.home() / "models" / "nemotron3-nano-30b-a3b-mtp")
 

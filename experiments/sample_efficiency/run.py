@@ -139,7 +139,7 @@ def one_run(variant: str, seed: int, budget: int, noise: float, best: float,
     import optuna
 
     from autotune.events import StudyCallback, StudyCallbacks
-    from autotune.schema import A
+    from autotune.store import A
     from autotune.space import load_space
     from autotune.study import StudyLoop, TrialTemplate
     from autotune.testing import SimulatedExecutor

@@ -3,7 +3,7 @@
 One CPU vLLM server (the tiny llama) serves, in alternating order, closed-loop runs of
 ``--streams`` streams with (a) fixed lengths (every request IN in / OUT out, the case
 study's 512/512 scaled down) and (b) lengths drawn from a recorded shape, each with the
-streams' first requests staggered (``autotune.loadgen.staggered``) and without. Each run
+streams' first requests staggered (``autotune.load.staggered``) and without. Each run
 is cut into segments of ``--every`` completions (default max(streams, 16), autotune's);
 the first ``--skip`` segments are the warm-up. Reported per run: the CV (std / mean) of
 the segment rates, and of 1-second time slices (where lockstep waves show directly).
@@ -46,7 +46,7 @@ def cv(values: list[float]) -> float:
 
 def one_run(server, shape, *, streams: int, every: int, stagger: bool, segments: int,
             skip: int, seed: int) -> dict:
-    from autotune.loadgen import replay
+    from autotune.load import replay
     from autotune.traffic import build_schedule
 
     sched = build_schedule(shape, vocab_size=8192, seed=seed, mode="closed",
@@ -87,7 +87,7 @@ def main() -> int:
     args = p.parse_args()
 
     from autotune.engine import VllmServer, detect_engine
-    from autotune.modelgen import generate_tiny_model
+    from autotune.engine import generate_tiny_model
     from autotune.traffic import LoadSpec, constant_shape, load_shape
 
     tmp = Path(tempfile.mkdtemp(prefix="stagger-"))

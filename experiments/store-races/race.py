@@ -6,8 +6,8 @@
     python experiments/store-races/race.py optuna --postgres   # the same on PostgreSQL
 
 Each round makes a fresh SQLite file and releases ``--processes`` forked processes at once
-(a barrier) to open it: ``optuna`` through ``autotune.schema.open_storage`` (an Optuna
-RDBStorage creates its schema), ``mlflow`` through ``autotune.tracking.MlflowTracker``
+(a barrier) to open it: ``optuna`` through ``autotune.store.open_storage`` (an Optuna
+RDBStorage creates its schema), ``mlflow`` through ``autotune.results.MlflowTracker``
 (MLflow creates and migrates its store, then the experiment). Prints the rounds in which
 any process failed, with the first error, and the count. ``--repo`` imports autotune from
 another checkout (to measure the code before a fix). ``--postgres`` starts a throw-away
@@ -26,9 +26,9 @@ from typing import Any
 
 def _open(kind: str, url: str, barrier: Any, results: Any) -> None:
     if kind == "optuna":
-        from autotune.schema import open_storage as opener
+        from autotune.store import open_storage as opener
     else:
-        from autotune.tracking import MlflowTracker as opener
+        from autotune.results import MlflowTracker as opener
     barrier.wait()
     try:
         opener(url)

@@ -30,7 +30,7 @@ def tag(request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One SQLite MLflow store for the session (creating its tables costs seconds)."""
-    from autotune.tracking import MlflowTracker
+    from autotune.results import MlflowTracker
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     MlflowTracker(uri, experiment="fault-suite")

@@ -21,7 +21,7 @@ import pytest
 
 from autotune.engine import FailureReason, VllmServer
 from autotune.errors import EngineStartError
-from autotune.stats import SegmentRule
+from autotune.measure import SegmentRule
 from autotune.traffic import load_shape
 from autotune.trial import TrialOutcome, TrialSpec, run_trial
 from tests.conftest import needs_vllm

@@ -1,0 +1,109 @@
+"""Load: drive a recorded schedule against a server and record every request.
+
+The load generator (open or closed loop, streaming OpenAI client on a pool of
+keep-alive HTTP/1.1 connections), the prompts built for the model's tokenizer, the
+server's ``/metrics`` client, and the small HTTP helper every other request uses.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune import lazy_exports
+
+if TYPE_CHECKING:
+    from autotune.load._http1 import (
+        Pool,
+        RequestFailure,
+        Target,
+    )
+    from autotune.load._http1 import (
+        _Conn as _Conn,
+    )
+    from autotune.load._loadgen import (
+        replay,
+        run_schedule,
+    )
+    from autotune.load._prompts import (
+        ModelPrompts,
+        PromptError,
+        build_prompts,
+        model_vocab_size,
+        text_prompts,
+    )
+    from autotune.load._prompts import (
+        _prose as _prose,
+    )
+    from autotune.load._records import (
+        ERROR_REASONS,
+        Abort,
+        RequestRecord,
+        RunResult,
+        failure_abort,
+        staggered,
+    )
+    from autotune.load._server_metrics import (
+        ServerSnapshot,
+        fetch_metrics_text,
+        parse_metrics,
+        scrape_metrics,
+        snapshot_metrics,
+    )
+    from autotune.load._sse import (
+        _SseParser as _SseParser,
+    )
+
+__all__ = [
+    "ERROR_REASONS",
+    "Abort",
+    "ModelPrompts",
+    "Pool",
+    "PromptError",
+    "RequestFailure",
+    "RequestRecord",
+    "RunResult",
+    "ServerSnapshot",
+    "Target",
+    "build_prompts",
+    "failure_abort",
+    "fetch_metrics_text",
+    "model_vocab_size",
+    "parse_metrics",
+    "replay",
+    "run_schedule",
+    "scrape_metrics",
+    "snapshot_metrics",
+    "staggered",
+    "text_prompts",
+]
+
+# Each name is imported from its module on first use: importing the package (or one
+# of its modules) loads nothing else.
+__getattr__ = lazy_exports(__name__, {
+    "autotune.load._http1": ("Pool", "RequestFailure", "Target", "_Conn"),
+    "autotune.load._loadgen": ("replay", "run_schedule"),
+    "autotune.load._prompts": (
+        "ModelPrompts",
+        "PromptError",
+        "_prose",
+        "build_prompts",
+        "model_vocab_size",
+        "text_prompts",
+    ),
+    "autotune.load._records": (
+        "Abort",
+        "ERROR_REASONS",
+        "RequestRecord",
+        "RunResult",
+        "failure_abort",
+        "staggered",
+    ),
+    "autotune.load._server_metrics": (
+        "ServerSnapshot",
+        "fetch_metrics_text",
+        "parse_metrics",
+        "scrape_metrics",
+        "snapshot_metrics",
+    ),
+    "autotune.load._sse": ("_SseParser",),
+})

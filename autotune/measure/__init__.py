@@ -1,0 +1,109 @@
+"""Measure: request records and server snapshots -> a Measurement (pure).
+
+Statistics (intervals, the segment rule, the ratio to the defaults), segments of a
+closed-loop run (when a run is warm and precise), and the rate intervals of open loops.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune import lazy_exports
+
+if TYPE_CHECKING:
+    from autotune.load import (
+        ServerSnapshot,
+        parse_metrics,
+        scrape_metrics,
+        snapshot_metrics,
+    )
+    from autotune.measure._intervals import (
+        arrivals_note,
+        fmt_interval,
+        rate_interval,
+    )
+    from autotune.measure._measure import (
+        combine,
+        measure,
+        meets_slo,
+        slo_misses,
+    )
+    from autotune.measure._model import (
+        Measurement,
+        Percentiles,
+        Slo,
+    )
+    from autotune.measure._segments import (
+        LogWatch,
+        SegmentWatch,
+        tell_phase,
+    )
+    from autotune.measure._server import (
+        server_figures,
+    )
+    from autotune.measure._stats import (
+        MAX_STARTS_NEEDED,
+        WITHIN_RUN_ONLY,
+        Interval,
+        SegmentRule,
+        decide_verdict,
+        drift,
+        mean_interval,
+        ratio_to_defaults,
+        relative_half_width,
+        starts_needed,
+    )
+
+__all__ = [
+    "MAX_STARTS_NEEDED",
+    "WITHIN_RUN_ONLY",
+    "Interval",
+    "LogWatch",
+    "Measurement",
+    "Percentiles",
+    "SegmentRule",
+    "SegmentWatch",
+    "ServerSnapshot",
+    "Slo",
+    "arrivals_note",
+    "combine",
+    "decide_verdict",
+    "drift",
+    "fmt_interval",
+    "mean_interval",
+    "measure",
+    "meets_slo",
+    "parse_metrics",
+    "rate_interval",
+    "ratio_to_defaults",
+    "relative_half_width",
+    "scrape_metrics",
+    "server_figures",
+    "slo_misses",
+    "snapshot_metrics",
+    "starts_needed",
+    "tell_phase",
+]
+
+# Each name is imported from its module on first use: importing the package (or one
+# of its modules) loads nothing else.
+__getattr__ = lazy_exports(__name__, {
+    "autotune.load": ("ServerSnapshot", "parse_metrics", "scrape_metrics", "snapshot_metrics"),
+    "autotune.measure._intervals": ("arrivals_note", "fmt_interval", "rate_interval"),
+    "autotune.measure._measure": ("combine", "measure", "meets_slo", "slo_misses"),
+    "autotune.measure._model": ("Measurement", "Percentiles", "Slo"),
+    "autotune.measure._segments": ("LogWatch", "SegmentWatch", "tell_phase"),
+    "autotune.measure._server": ("server_figures",),
+    "autotune.measure._stats": (
+        "Interval",
+        "MAX_STARTS_NEEDED",
+        "SegmentRule",
+        "WITHIN_RUN_ONLY",
+        "decide_verdict",
+        "drift",
+        "mean_interval",
+        "ratio_to_defaults",
+        "relative_half_width",
+        "starts_needed",
+    ),
+})

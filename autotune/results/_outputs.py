@@ -1,0 +1,365 @@
+"""A study's result files: best.json, serve_command.sh, trials.csv, study.json and plots.
+
+Written atomically (temp file, then ``os.replace``) with the config, seed and versions
+beside the numbers. ``trials.csv`` is also rewritten after every trial by
+:class:`TrialsCsvCallback`, a subscriber of the study's events.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from autotune.credentials import redact, redact_settings
+from autotune.errors import AutotuneError, StudyError
+from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
+from autotune.report import one_line_message
+from autotune.store import (
+    A,
+    failures_by_reason,
+    feasible,
+    is_prior,
+    mlflow_run,
+    objective_metric,
+    pareto_trials,
+    primary,
+    server_gpus_of,
+    verdict,
+)
+
+__all__ = ["TrialsCsvCallback", "TuneResult", "write_config", "write_json_atomic",
+           "write_results", "write_trials_csv"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TuneResult:
+    """The outcome of :func:`autotune.study.tune`."""
+
+    study_name: str
+    storage: str
+    out_dir: Path
+    best: dict[str, Any] | None  # the content of best.json (None when no trial succeeded)
+    n_trials: int
+    n_ok: int
+    n_failed: int
+    tracking_uri: str
+    failures_by_reason: dict[str, int]
+    # artifact name -> file ("plots/optimization_history.png", "trials.csv")
+    files: dict[str, Path] = field(default_factory=dict)
+    explanation: str = ""  # why no trial won, in one paragraph (empty when one did)
+    report: Path | None = None  # OUT/report.html, when it could be written
+    verdict: dict[str, Any] = field(default_factory=dict)  # autotune.verdict
+    gpu_time: dict[str, dict[str, float]] = field(default_factory=dict)  # autotune.gpu_time
+    # MLflow: trials logged after the tracking store came back, and what it still lacks
+    # ("trial 3", "the study run's results"; ``autotune sync OUT`` logs them)
+    mlflow_late: list[int] = field(default_factory=list)
+    mlflow_unlogged: list[str] = field(default_factory=list)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON via a temp file and ``os.replace`` so readers never see half a file."""
+    text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write(tmp)`` then ``os.replace(tmp, path)``; OSError becomes a StudyError."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StudyError(
+            f"cannot write {path}: {exc.strerror or exc}; free space or choose another --out, "
+            "then continue with --resume (every finished trial is in the Optuna storage)"
+        ) from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_trials_csv(study: Any, path: Path) -> None:
+    """One row per trial of this study (priors copied by a warm start left out)."""
+    import pandas as pd
+
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        if is_prior(t):
+            continue  # copied from an earlier study by a warm start: not measured here
+        row: dict[str, Any] = {
+            "number": t.number, "state": t.user_attrs.get(A.STATE, t.state.name.lower()),
+            "reason": t.user_attrs.get(A.REASON, ""), "value": primary(t) if t.values else None,
+            "baseline": bool(t.user_attrs.get(A.BASELINE)),
+            "wall_s": t.user_attrs.get(A.WALL_S), "start_s": t.user_attrs.get(A.START_S),
+        }  # fmt: skip
+        row.update({f"param.{k}": v for k, v in t.params.items()})
+        row.update({f"metric.{k}": v for k, v in t.user_attrs.get(A.METRICS, {}).items()})
+        row["flags"] = " ".join(t.user_attrs.get(A.FLAGS, []))
+        row["message"] = one_line_message(str(t.user_attrs.get(A.MESSAGE) or ""),
+                                          t.user_attrs.get(A.REASON), 2000)
+        named = dict(getattr(t, "constraints", None) or {}) or dict(zip(
+            ("failed", "slo", "errors", "quality"), t.user_attrs.get(A.CONSTRAINTS, []),
+            strict=False))  # Optuna keeps constraints in key order: by name, not position
+        for name in ("failed", "slo", "errors", "quality"):
+            if name in named:  # > 0: violated (by how much, relative to the limit)
+                row[f"constraint.{name}"] = named[name]
+        rows.append(row)
+    write_atomic(path, lambda tmp: pd.DataFrame(rows).to_csv(tmp, index=False))
+
+
+class TrialsCsvCallback(StudyCallback):
+    """Rewrites ``trials.csv`` after every measured trial (a killed study keeps its table)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._study: Any = None
+
+    def on_study_start(self, event: StudyEvent, context: StudyContext) -> None:
+        self._study = context.study
+
+    def on_trial_end(self, event: StudyEvent, record: TrialRecord) -> None:
+        if self._study is not None and not record.rejected:
+            write_trials_csv(self._study, self.path)
+
+
+def _write_plots(study: Any, out: Path) -> dict[str, Path]:
+    """Optimization history, parameter importances and the Pareto front as PNGs."""
+    from autotune.results._plots import write_study_plots
+
+    try:
+        return write_study_plots(study, out)
+    except AutotuneError as exc:  # plots are a convenience: never fail a finished study
+        logger.warning("could not write the study plots: %s", exc)
+        return {}
+
+
+def write_config(settings: Any, path: Path) -> None:
+    """The resolved settings as a --config file: the study runs again from it as it is."""
+    import yaml
+
+    text = ("# the resolved config of this study: autotune tune --config " + path.name + "\n"
+            + yaml.safe_dump(redact_settings(settings.model_dump(mode="json")), sort_keys=False))
+    write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def _write_report(ctx: StudyContext) -> Path | None:
+    """OUT/report.html; a convenience like the plots: never fails a finished study."""
+    from autotune.report import write_report
+
+    try:
+        return write_report(ctx.out_dir / "report.html", storage=ctx.settings.storage,
+                            study_name=ctx.study.study_name, out_dir=ctx.out_dir)
+    except (AutotuneError, OSError, ValueError, RuntimeError, ImportError) as exc:
+        logger.warning("could not write the study report: %s", exc)
+        return None
+
+
+def _explain(trials: list[Any], settings: Any) -> str:
+    """Why no trial won, in one paragraph (see :func:`autotune.report.explain_no_winner`)."""
+    from autotune.report import explain_no_winner, trial_row
+
+    return explain_no_winner([trial_row(t) for t in trials], settings.model_dump(mode="json"))
+
+
+def _version() -> str:
+    from autotune import __version__
+
+    return __version__
+
+
+def _serve_command(model: Path, t: Any) -> str:
+    from autotune.engine import serve_command
+
+    return serve_command(str(model), list(t.user_attrs.get(A.FLAGS, [])),
+                         dict(t.user_attrs.get(A.ENV, {})))
+
+
+def capacity_record(t: Any, value: float, settings: Any) -> dict[str, Any]:
+    """best.json's ``capacity``: the declared capacity (the median of its readings), the
+    bracket of the reading it rests on, output tokens/s there, and the GPUs (servers on a
+    CPU) the recorded traffic needs: recorded rate / capacity x GPUs per server."""
+    m = dict(t.user_attrs.get(A.METRICS, {}))
+    cap = dict(t.user_attrs.get(A.CAPACITY) or {})
+    recorded = float(m.get("capacity_recorded_rps") or cap.get("recorded_rps") or 0.0)
+    per_server = (m["gpus_needed"] / m["servers_needed"]
+                  if m.get("servers_needed") else 1.0)
+    servers = recorded / value if value > 0 else None
+    return {
+        "capacity_rps": value,
+        "capacity_rps_ci_low": m.get("capacity_rps_ci_low"),
+        "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
+        "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
+        "recorded_rps": recorded,
+        "servers_needed": servers,
+        "gpus_needed": servers * per_server if servers is not None else None,
+        "goodput_bar": settings.capacity_goodput,
+        "slo": dict(settings.slo),
+        "search": cap.get("status"),
+        "flat_misses_rps": cap.get("flat_misses_rps"),
+        "levels": cap.get("levels", []),
+    }
+
+
+def gpus_record(t: Any, value: float, settings: Any, shape: Any) -> dict[str, Any]:
+    """best.json's ``gpus``: the GPUs one server of the declared config uses and, where
+    the shape has a recorded arrival rate, the servers (and GPUs) that rate needs. ``value``
+    is the declared objective per GPU: capacity (req/s) -> recorded rate / a server's
+    capacity; throughput -> the rate's output tokens/s (rate x mean output length) / a
+    server's; goodput -> recorded rate / a server's goodput. A closed-loop shape has no
+    rate: its traffic ran on one server."""
+    from autotune.trial import recorded_rate
+
+    n = server_gpus_of(t)
+    out: dict[str, Any] = {"per_server": n, "servers_needed": None, "gpus_needed": None,
+                           "basis": "a closed-loop shape: its traffic ran on one server"}
+    try:
+        rate = recorded_rate(shape)
+    except AutotuneError:
+        return out
+    per_server = value * n
+    if settings.objective == "capacity":
+        demand, basis = rate, f"the recorded {rate:.3g} req/s / a server's capacity"
+    elif settings.objective == "goodput":
+        demand, basis = rate, f"the recorded {rate:.3g} req/s / a server's goodput"
+    else:
+        mean_out = float(shape.output_tokens.mean)
+        demand = rate * mean_out
+        basis = (f"the recorded {rate:.3g} req/s x {mean_out:.0f} output tokens / a server's "
+                 "output tokens/s")
+    if per_server > 0:
+        servers = demand / per_server
+        out.update(servers_needed=servers, gpus_needed=servers * n, basis=basis)
+    return out
+
+
+def best_config(ctx: StudyContext) -> dict[str, Any] | None:
+    """The content of best.json: the study's winner (:func:`autotune.store.verdict`)."""
+    study, settings = ctx.study, ctx.settings
+    best_t, best_vals, base_t, base_vals = verdict(study)
+    if best_t is None:
+        return None
+    record = dict(study.user_attrs.get(A.VERDICT) or {})
+    best_value = float(statistics.median(best_vals))
+    base_value = float(statistics.median(base_vals)) if base_vals else None
+    best: dict[str, Any] = {
+        "verdict": record.get("verdict"),
+        "ratio_to_defaults": record.get("ratio_to_defaults"),
+        "verdict_detail": {k: v for k, v in record.items()
+                           if k not in ("verdict", "ratio_to_defaults")},
+        "params": dict(best_t.params),
+        # a lossy winner's accuracy: judged, or plainly not (autotune.quality.quality_caveat)
+        "quality": record.get("quality"),
+        "serve_command": _serve_command(ctx.model, best_t),
+        "metrics": dict(best_t.user_attrs.get(A.METRICS, {})),
+        # the objective is per GPU (the server's figure / its GPUs); metrics are the server's
+        "objective": {"name": settings.objective, "metric": objective_metric(settings.objective),
+                      "per_gpu": True, "value": best_value,
+                      "value_per_server": best_value * server_gpus_of(best_t)},
+        "gpus": gpus_record(best_t, best_value, settings, ctx.shape),
+        "readings": best_vals,
+        "spread": (max(best_vals) - min(best_vals)) / best_value if best_value else None,
+        "selection": (f"median of {len(best_vals)} readings (fresh-server re-check)"
+                      if len(best_vals) > 1 else "single reading"),
+        "flags": list(best_t.user_attrs.get(A.FLAGS, [])),
+        "env": dict(best_t.user_attrs.get(A.ENV, {})),
+        "trial": best_t.number,
+        # the config's first trial when this reading is a fresh-server re-check of it
+        "recheck_of": best_t.user_attrs.get(A.RECHECK_OF),
+        "is_baseline": bool(best_t.user_attrs.get(A.BASELINE)),
+        "baseline": (
+            {"trial": base_t.number, "value": base_value, "readings": base_vals,
+             "metrics": base_t.user_attrs.get(A.METRICS, {}),
+             "server_gpus": server_gpus_of(base_t)} if base_t else None
+        ),
+        "ratio_to_baseline": (best_value / base_value) if base_value else None,
+        "study": study.study_name,
+        "storage": redact(settings.storage),
+        "shape": {"name": ctx.shape.name, "fingerprint": ctx.shape.fingerprint,
+                  "path": str(settings.shape)},
+        "model": str(ctx.model),
+        "space": {"name": ctx.space.name, "path": str(settings.space)},
+        "engine": {"package": ctx.engine.package, "version": ctx.engine.version,
+                   "device": ctx.engine.device},
+        "slo": settings.slo,
+        "seed": settings.seed,
+        "mlflow_run_id": mlflow_run(study, best_t),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "autotune_version": _version(),
+    }
+    if settings.objective == "capacity":  # per server: the value is per GPU
+        best["capacity"] = capacity_record(best_t, best_value * server_gpus_of(best_t), settings)
+    from autotune.cost import best_cost
+
+    cost = best_cost(best, settings=settings, shape=ctx.shape, device=ctx.engine.device)
+    if cost is not None:  # no price is built in: without --gpu-hour-price, no cost
+        best["cost"] = cost
+    if settings.objective == "pareto":
+        best["pareto_latency"] = settings.pareto_latency
+        best["pareto_front"] = [
+            {"trial": t.number, "output_tokens_per_s": t.values[0],
+             settings.pareto_latency + "_s": t.values[1], "params": dict(t.params),
+             "serve_command": _serve_command(ctx.model, t)}
+            for t in pareto_trials(study)
+        ]
+    return best
+
+
+def write_results(ctx: StudyContext) -> TuneResult:
+    """Write every result file of a finished study and return its :class:`TuneResult`."""
+    from optuna.trial import TrialState
+
+    study, settings, out_dir = ctx.study, ctx.settings, ctx.out_dir
+    trials = [t for t in study.get_trials(deepcopy=False) if not is_prior(t)]
+    reasons = failures_by_reason(trials)
+    n_ok = sum(1 for t in trials if feasible(t))
+    best = best_config(ctx)
+    if best is not None:
+        if best.get("cost"):  # for 'autotune best' from the storage
+            study.set_user_attr(A.COST, best["cost"])
+        write_json_atomic(out_dir / "best.json", best)
+        script = (f"#!/bin/sh\n# best config of study {study.study_name} (trial "
+                  f"{best['trial']})\n{best['serve_command']}\n")
+        write_atomic(out_dir / "serve_command.sh", lambda tmp: tmp.write_text(script))
+    write_trials_csv(study, out_dir / "trials.csv")
+    plots = _write_plots(study, out_dir / "plots")
+    n_failed = sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL))
+    explanation = "" if best is not None else _explain(trials, settings)
+    verdict_rec: dict[str, Any] = dict(study.user_attrs.get(A.VERDICT) or {})
+    gpu_time: dict[str, dict[str, float]] = dict(study.user_attrs.get(A.GPU_TIME) or {})
+    summary = {
+        "study": study.study_name, "storage": redact(settings.storage),
+        "tracking_uri": redact(ctx.tracking_uri), "trials": len(trials), "ok": n_ok,
+        "failed": n_failed, "failures_by_reason": reasons,
+        "best_trial": best["trial"] if best else None,
+        "best_value": best["objective"]["value"] if best else None,
+        "baseline_value": best["baseline"]["value"] if best and best["baseline"] else None,
+        "explanation": explanation,
+        "verdict": verdict_rec,
+        "gpu_time": gpu_time,
+        # the resolved config (config.yaml)
+        "settings": redact_settings(settings.model_dump(mode="json")),
+    }
+    write_json_atomic(out_dir / "study.json", summary)
+    report = _write_report(ctx)
+    extra = {name: out_dir / name for name in ("config.yaml", "study.json")
+             if (out_dir / name).exists()}
+    if report is not None:
+        extra["report.html"] = report
+    return TuneResult(
+        study_name=study.study_name, storage=settings.storage, out_dir=out_dir, best=best,
+        n_trials=len(trials), n_ok=n_ok, n_failed=n_failed, tracking_uri=ctx.tracking_uri,
+        failures_by_reason=reasons, explanation=explanation, report=report,
+        verdict=verdict_rec, gpu_time=gpu_time,
+        files={**{f"plots/{p.name}": p for p in plots.values()},
+               "trials.csv": out_dir / "trials.csv", **extra},
+    )  # fmt: skip

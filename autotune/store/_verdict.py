@@ -1,0 +1,250 @@
+"""The verdict of a study: the best config against vLLM's defaults, with the interval of
+the ratio (re-check starts pooled), and the Pareto front of a latency objective.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from autotune.store._keys import _METRICS, A, State, interval_keys
+from autotune.store._trials import feasible, primary, readings, server_gpus_of
+
+logger = logging.getLogger(__name__)
+
+
+class Verdict(NamedTuple):
+    """The config a study declares (the winner, or vLLM's defaults when no config is shown
+    to beat them) and the defaults, each with the readings the verdict used."""
+
+    winner: Any  # FrozenTrial | None: the reading closest to the declared config's median
+    readings: list[float]
+    baseline: Any  # FrozenTrial | None: the first reading of vLLM's defaults
+    baseline_readings: list[float]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The study's verdict and the readings (trials) behind it."""
+
+    verdict: str  # "winner" | "defaults_best" | "unverified" (no defaults measured)
+    reason: str
+    ratio: Any  # autotune.stats.RatioInterval | None
+    declared: list[Any]  # readings of the config best.json names
+    candidate: list[Any]  # readings of the best config other than the defaults
+    defaults: list[Any]  # readings of the defaults
+    # when no other config was measured feasible: the best one the pruner stopped (its
+    # within-run figures give the ratio; it has no objective value of its own)
+    pruned: Any = None
+    # defaults_best with a ratio above 1 that the starts could not show: how many starts
+    # of each config would, at the measured start-to-start spread (autotune.stats.
+    # starts_needed), and the --recheck-starts that gives them
+    starts_needed: int | None = None
+    recheck_starts_needed: int | None = None
+
+
+def _fresh(ts: list[Any]) -> list[Any]:
+    return [t for t in ts if t.user_attrs.get(A.RECHECK_OF) is not None]
+
+
+def study_objective(study: Any) -> str:
+    """The objective a study maximises (its stored settings; throughput when unknown)."""
+    settings = study.user_attrs.get(A.SETTINGS) or {}
+    objective = settings.get("objective") if isinstance(settings, dict) else None
+    return str(objective) if objective in _METRICS else "throughput"
+
+
+def _within(ts: list[Any], objective: str = "throughput") -> Any:
+    """The within-run interval of a config's first reading (autotune.stats.Interval):
+    output tokens/s, or a capacity study's bracket [highest pass, lowest fail]."""
+    from autotune.measure._stats import Interval
+
+    m = ts[0].user_attrs.get(A.METRICS) or {}
+    lo_key, hi_key = interval_keys(objective)
+    lo, hi = m.get(lo_key), m.get(hi_key)
+    if objective == "capacity" and hi is None:
+        # no failing level (the search stopped at its time cap or its top scale): the
+        # capacity is at least its low end, and nothing bounds it above
+        hi = math.inf
+    if lo is None or hi is None:
+        return None
+    n = server_gpus_of(ts[0])  # the value is per GPU; the metrics are the server's
+    return Interval(primary(ts[0]), lo / n, hi / n)
+
+
+def judge_study(study: Any) -> Judgement | None:
+    """The verdict (docs/measurement.md): the best re-checked config against the defaults.
+
+    When the re-check ran, only its fresh-server readings count (a search reading was
+    picked for being high), unless every measured config was re-checked: then nothing was
+    picked and the search readings count too (one more start per config). Otherwise the
+    start-to-start spread is pooled over every config's starts, search readings included:
+    with one fresh start each (``--recheck-starts 1``) it is the only measure of that
+    spread (a capacity bracket is no noise estimate), with more it adds degrees of freedom.
+    The candidate is the config with the best mean log reading.
+    A winner is declared only if the 95 % interval of its ratio to the defaults lies
+    above 1; otherwise the defaults remain best and best.json names them. None: no
+    feasible trial."""
+    from autotune.measure._stats import (
+        MAX_STARTS_NEEDED,
+        decide_verdict,
+        ratio_to_defaults,
+        starts_needed,
+    )
+
+    groups = list(readings(study).values())
+    if not groups:
+        return None
+    objective = study_objective(study)
+    base = next((ts for ts in groups if ts[0].user_attrs.get(A.BASELINE)), None)
+    others = [ts for ts in groups if ts is not base]
+    search_counts = all(_fresh(ts) for ts in groups)
+    spread = None  # the groups the between-start variance is pooled over (None: the ones used)
+    if search_counts:  # no selection: every reading is unbiased
+        pool, base_use = others, (base or [])
+    else:
+        pool = [_fresh(ts) for ts in others if _fresh(ts)] or others
+        base_use = (_fresh(base) or base) if base else []
+        # the estimate stays fresh-only; the start-to-start spread is pooled over every
+        # config's starts, search readings included (more degrees of freedom; a search
+        # reading picked for being high only widens its config's spread)
+        spread = [[primary(t) for t in ts] for ts in groups]
+    cand = max(pool, key=lambda ts: statistics.fmean(
+        math.log(max(primary(t), 1e-300)) for t in ts)) if pool else []
+    if not base_use:
+        return Judgement("unverified", "the defaults were not measured (--no-baseline): "
+                         "nothing to compare with", None, cand, cand, [])
+    if not cand:
+        return _judge_pruned(study, base_use)
+    ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
+                              others=[[primary(t) for t in ts] for ts in pool if ts is not cand],
+                              within={"config": _within(cand, objective),
+                                      "defaults": _within(base_use, objective)},
+                              spread=spread)
+    v = decide_verdict(ratio)
+    n = starts_needed(ratio) if v.verdict == "defaults_best" else None
+    reason, recheck = v.reason, None
+    if ratio is None and objective == "capacity":
+        reason = ("no ratio to the defaults: a capacity search ended before a failing level "
+                  "bracketed it (its time cap or top scale), so that capacity is only a lower "
+                  "bound and one start of each shows nothing: raise --capacity-max-s, or add "
+                  "fresh starts (--recheck 1): vLLM's defaults remain best")
+    if (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
+            and ratio.log_sd is not None):
+        at = f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"
+        if n is not None:
+            # each config's re-check adds --recheck-starts fresh starts; its search reading
+            # counts as one more start only when every config was re-checked
+            recheck = n - 1 if search_counts else n
+            reason += (f"{at} showing {ratio.median:.3f}x would take about {n} starts of "
+                       f"each config (rerun with --resume --recheck-starts {recheck})")
+        else:
+            reason += (f"{at} more than {MAX_STARTS_NEEDED} starts of each config would not "
+                       f"show {ratio.median:.3f}x")
+    return Judgement(v.verdict, reason, ratio, cand if v.verdict == "winner" else base_use,
+                     cand, base_use, starts_needed=n, recheck_starts_needed=recheck)
+
+
+def _pruned_value(t: Any) -> float | None:
+    """A pruned trial's output tokens/s per GPU (it has no objective value of its own)."""
+    m = t.user_attrs.get(A.METRICS) or {}
+    v = m.get("output_tokens_per_s")
+    return (float(v) / server_gpus_of(t) if isinstance(v, (int, float)) and math.isfinite(v)
+            and v > 0 else None)
+
+
+def _judge_pruned(study: Any, base_use: list[Any]) -> Judgement:
+    """Defaults remain best when no other config was measured feasible; if the pruner
+    stopped some, the best of them gives "the best ratio found" from its own segments."""
+    from optuna.trial import TrialState
+
+    from autotune.measure._stats import Interval, ratio_to_defaults
+
+    pruned = [t for t in study.get_trials(deepcopy=False)
+              if t.state == TrialState.PRUNED and t.user_attrs.get(A.STATE) == State.PRUNED
+              and _pruned_value(t) is not None]
+    reason = "no other config was measured feasible"
+    if not pruned:
+        return Judgement("defaults_best", reason, None, base_use, [], base_use)
+    best = max(pruned, key=lambda t: _pruned_value(t) or 0.0)
+    value = _pruned_value(best) or 0.0
+    m = best.user_attrs.get(A.METRICS) or {}
+    lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
+    n = server_gpus_of(best)
+    iv = Interval(value, lo / n, hi / n) if lo is not None and hi is not None else None
+    ratio = ratio_to_defaults([value], [primary(t) for t in base_use],
+                              within={"config": iv, "defaults": _within(base_use)})
+    return Judgement("defaults_best", reason + (
+        f"; the pruner stopped the best other one (trial {best.number}) as a clear loser"),
+        ratio, base_use, [], base_use, pruned=best)
+
+
+def verdict(study: Any) -> Verdict:
+    """The config best.json names (:func:`judge_study`): its reading nearest its median, its
+    readings, and the defaults' first reading and readings."""
+    j = judge_study(study)
+    if j is None or not j.declared:
+        return Verdict(None, [], None, [])
+    vals = [primary(t) for t in j.declared]
+    med = statistics.median(vals)
+    rep = min(j.declared, key=lambda t: abs(primary(t) - med))
+    base_rep = min(j.defaults, key=lambda t: t.number) if j.defaults else None
+    return Verdict(rep, vals, base_rep, [primary(t) for t in j.defaults])
+
+
+def verdict_record(j: Judgement | None) -> dict[str, Any]:
+    """``autotune.verdict`` (study attribute, study.json, best.json's ``verdict``,
+    ``ratio_to_defaults`` and ``verdict_detail``)."""
+    if j is None:
+        return {"verdict": "none", "ratio_to_defaults": None,
+                "winner_number": None, "baseline_number": None,
+                "reason": "no feasible trial"}
+    cand_rep = (min(j.candidate, key=lambda t: t.number) if j.candidate else j.pruned)
+    base_rep = min(j.defaults, key=lambda t: t.number) if j.defaults else None
+    first = cand_rep.user_attrs.get(A.RECHECK_OF, cand_rep.number) if cand_rep else None
+    return {
+        "verdict": j.verdict,
+        "ratio_to_defaults": j.ratio.as_dict() if j.ratio is not None else None,
+        "winner_number": first if j.verdict != "defaults_best" else None,
+        "baseline_number": (base_rep.user_attrs.get(A.RECHECK_OF, base_rep.number)
+                            if base_rep else None),
+        "candidate_number": first,
+        "candidate_params": dict(cand_rep.params) if cand_rep else None,
+        # GPUs one server of the candidate uses (the readings are per GPU)
+        "candidate_gpus": server_gpus_of(cand_rep) if cand_rep else None,
+        "candidate_pruned": j.pruned is not None,
+        "readings": {"candidate": ([primary(t) for t in j.candidate] if j.candidate else
+                                   [_pruned_value(j.pruned)] if j.pruned is not None else []),
+                     "defaults": [primary(t) for t in j.defaults]},
+        "method": j.ratio.method if j.ratio is not None else None,
+        "start_spread": (math.expm1(j.ratio.log_sd)
+                         if j.ratio is not None and j.ratio.log_sd is not None else None),
+        "starts_needed": ({"per_config": j.starts_needed,
+                           "recheck_starts": j.recheck_starts_needed}
+                          if j.starts_needed is not None else None),
+        "reason": j.reason,
+    }
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points not dominated when maximizing ``x`` and minimizing ``y``."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        dominated = any(
+            (x2 >= x and y2 <= y) and (x2 > x or y2 < y) for j, (x2, y2) in enumerate(points)
+            if j != i
+        )  # fmt: skip
+        if not dominated:
+            front.append(i)
+    return front
+
+
+def pareto_trials(study: Any) -> list[Any]:
+    """Feasible trials no other feasible trial beats on both objectives, best first."""
+    pts = [t for t in study.get_trials(deepcopy=False) if feasible(t) and len(t.values) == 2]
+    front = [pts[i] for i in pareto_front([(t.values[0], t.values[1]) for t in pts])]
+    return sorted(front, key=lambda t: -t.values[0])

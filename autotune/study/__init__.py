@@ -1,0 +1,112 @@
+"""Study: the ask/tell loop that tunes a config for a traffic shape.
+
+Inputs (preflight, objective, settings), sampler, the loop (ask, suggest, submit,
+judge, tell), the verdict against the defaults, the GPU-time account.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune import lazy_exports
+
+if TYPE_CHECKING:
+    from autotune.events import (
+        StudyEvent,
+    )
+    from autotune.store import (
+        A,
+    )
+    from autotune.study._gputime import (
+        GpuTime,
+    )
+    from autotune.study._inputs import (
+        _complete_params as _complete_params,
+    )
+    from autotune.study._inputs import (
+        _retry_stopped as _retry_stopped,
+    )
+    from autotune.study._inputs import (
+        _traffic_streams as _traffic_streams,
+    )
+    from autotune.study._inputs import (
+        goodput_slo,
+        make_sampler,
+        open_study,
+        resolve_inputs,
+    )
+    from autotune.study._judge import (
+        judge,
+    )
+    from autotune.study._loop import (
+        StudyLoop,
+        TrialTemplate,
+    )
+    from autotune.study._objective import (
+        is_open_loop,
+        replayed_shape,
+        resolve_objective,
+        resolve_settings,
+    )
+    from autotune.study._preflight import (
+        BYTECODE_PROBES,
+        check_bytecode,
+        check_context,
+    )
+    from autotune.study._study import (
+        _bind_kernels as _bind_kernels,
+    )
+    from autotune.study._study import (
+        _quality_reference as _quality_reference,
+    )
+    from autotune.study._study import (
+        tune,
+    )
+
+__all__ = [
+    "BYTECODE_PROBES",
+    "A",
+    "GpuTime",
+    "StudyEvent",
+    "StudyLoop",
+    "TrialTemplate",
+    "check_bytecode",
+    "check_context",
+    "goodput_slo",
+    "is_open_loop",
+    "judge",
+    "make_sampler",
+    "open_study",
+    "replayed_shape",
+    "resolve_inputs",
+    "resolve_objective",
+    "resolve_settings",
+    "tune",
+]
+
+# Each name is imported from its module on first use: importing the package (or one
+# of its modules) loads nothing else.
+__getattr__ = lazy_exports(__name__, {
+    "autotune.events": ("StudyEvent",),
+    "autotune.store": ("A",),
+    "autotune.study._gputime": ("GpuTime",),
+    "autotune.study._inputs": (
+        "_complete_params",
+        "_retry_stopped",
+        "_traffic_streams",
+        "goodput_slo",
+        "make_sampler",
+        "open_study",
+        "resolve_inputs",
+    ),
+    "autotune.study._judge": ("judge",),
+    "autotune.study._loop": ("StudyLoop", "TrialTemplate"),
+    "autotune.study._objective": (
+        "is_open_loop",
+        "replayed_shape",
+        "resolve_objective",
+        "resolve_settings",
+    ),
+    "autotune.study._preflight": ("BYTECODE_PROBES", "check_bytecode", "check_context"),
+    "autotune.study._study": ("_bind_kernels", "_quality_reference", "tune"),
+})

@@ -1,0 +1,133 @@
+"""Trial: one config measured on one server.
+
+Engine up, warm-up, measured replays (closed loop or open loop), quality probe, engine
+down; capacity levels and the bracketing search of ``--objective capacity``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune import lazy_exports
+
+if TYPE_CHECKING:
+    from autotune.engine import (
+        compile_seconds,
+        start_phases,
+    )
+    from autotune.trial._capacity import (
+        CapacityResult,
+        CapacitySearch,
+        Level,
+        flat_note,
+        search_capacity,
+    )
+    from autotune.trial._levels import (
+        LEVEL_SPAN,
+        LevelPlan,
+        capacity_spec,
+        find_capacity,
+        fit_level,
+        level_abort,
+        recorded_rate,
+        request_seconds,
+        start_after_warmup,
+    )
+    from autotune.trial._open import (
+        _capacity_metrics as _capacity_metrics,
+    )
+    from autotune.trial._open_loop import (
+        STEADY_SPANS,
+        OpenRun,
+        cut_bounds,
+        idle_note,
+    )
+    from autotune.trial._plan import (
+        _plan as _plan,
+    )
+    from autotune.trial._plan import (
+        model_vocab_size,
+    )
+    from autotune.trial._spec import (
+        INTERRUPT,
+        TrialOutcome,
+        TrialSpec,
+        interrupt,
+        model_max_len,
+    )
+    from autotune.trial._trial import (
+        _compile_in as _compile_in,
+    )
+    from autotune.trial._trial import (
+        _phases_in as _phases_in,
+    )
+    from autotune.trial._trial import (
+        run_trial,
+        run_trials_on_one_server,
+    )
+
+__all__ = [
+    "INTERRUPT",
+    "LEVEL_SPAN",
+    "STEADY_SPANS",
+    "CapacityResult",
+    "CapacitySearch",
+    "Level",
+    "LevelPlan",
+    "OpenRun",
+    "TrialOutcome",
+    "TrialSpec",
+    "capacity_spec",
+    "compile_seconds",
+    "cut_bounds",
+    "find_capacity",
+    "fit_level",
+    "flat_note",
+    "idle_note",
+    "interrupt",
+    "level_abort",
+    "model_max_len",
+    "model_vocab_size",
+    "recorded_rate",
+    "request_seconds",
+    "run_trial",
+    "run_trials_on_one_server",
+    "search_capacity",
+    "start_after_warmup",
+    "start_phases",
+]
+
+# Each name is imported from its module on first use: importing the package (or one
+# of its modules) loads nothing else.
+__getattr__ = lazy_exports(__name__, {
+    "autotune.engine": ("compile_seconds", "start_phases"),
+    "autotune.trial._capacity": (
+        "CapacityResult",
+        "CapacitySearch",
+        "Level",
+        "flat_note",
+        "search_capacity",
+    ),
+    "autotune.trial._levels": (
+        "LEVEL_SPAN",
+        "LevelPlan",
+        "capacity_spec",
+        "find_capacity",
+        "fit_level",
+        "level_abort",
+        "recorded_rate",
+        "request_seconds",
+        "start_after_warmup",
+    ),
+    "autotune.trial._open": ("_capacity_metrics",),
+    "autotune.trial._open_loop": ("OpenRun", "STEADY_SPANS", "cut_bounds", "idle_note"),
+    "autotune.trial._plan": ("_plan", "model_vocab_size"),
+    "autotune.trial._spec": (
+        "INTERRUPT",
+        "TrialOutcome",
+        "TrialSpec",
+        "interrupt",
+        "model_max_len",
+    ),
+    "autotune.trial._trial": ("_compile_in", "_phases_in", "run_trial", "run_trials_on_one_server"),
+})

@@ -1,0 +1,252 @@
+"""Capacity under SLOs: the bracketing search over the arrival-rate scale (pure).
+
+The capacity of one server for a traffic shape is the highest scale ``s`` of the shape's
+recorded arrival rate at which the server still serves at least ``goodput`` (99 %) of the
+offered requests within every SLO, with no more than ``max_error_rate`` failed. The
+search runs on one running server: each probe replays the shape's open-loop arrivals at
+``s`` x the recorded rate for a bounded time (:mod:`autotune.trial`) and says pass or
+fail; this module only decides where to probe next:
+
+1. probe ``start`` (1.0: the recorded rate);
+2. a pass doubles the scale until a level fails (or ``max_scale``: capacity at least
+   that); a fail halves it until a level passes (or ``min_scale``: no capacity);
+3. bisect the bracket [highest pass, lowest fail] at its geometric mean until
+   ``high / low - 1 <= tolerance`` or ``max_levels`` probes are spent.
+
+The capacity is the bracket's low end (a rate the server was seen to sustain), and the
+bracket is its interval. Pass/fail near the edge is noisy; the bisection only ever probes
+inside the current bracket, so a noisy answer narrows the bracket to the wrong side by at
+most one step and never makes it inconsistent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from autotune.errors import ConfigError
+
+__all__ = ["CapacityResult", "CapacitySearch", "Level", "flat_note", "search_capacity"]
+
+
+@dataclass(frozen=True)
+class CapacitySearch:
+    """How the bracketing search runs (``autotune tune --objective capacity``)."""
+
+    goodput: float = 0.99  # share of the offered requests that must meet every SLO
+    max_error_rate: float = 0.05  # share of the offered requests that may fail
+    start: float = 1.0  # the first scale of the recorded rate
+    tolerance: float = 0.1  # stop when high / low - 1 <= tolerance
+    min_scale: float = 1.0 / 64
+    max_scale: float = 64.0
+    max_levels: int = 10  # probes (load levels) per search, at most
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.goodput <= 1.0:
+            raise ConfigError(f"capacity goodput is {self.goodput}; use a share in (0, 1], "
+                              "e.g. 0.99")
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise ConfigError(f"max error rate is {self.max_error_rate}; use a share in [0, 1]")
+        if not (0 < self.min_scale <= self.start <= self.max_scale and
+                all(map(math.isfinite, (self.min_scale, self.start, self.max_scale)))):
+            raise ConfigError(
+                f"capacity scales: need 0 < min {self.min_scale} <= start {self.start} <= "
+                f"max {self.max_scale}")
+        if not 0.0 < self.tolerance < 1.0:
+            raise ConfigError(f"capacity tolerance is {self.tolerance}; use a fraction in "
+                              "(0, 1), e.g. 0.1")
+        if self.max_levels < 2:
+            raise ConfigError(f"capacity max levels is {self.max_levels}; a bracket needs >= 2")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One probe: the load at ``scale`` x the recorded rate and what the server did."""
+
+    scale: float
+    offered_rps: float  # the arrival rate offered (scale x recorded rate)
+    passed: bool
+    goodput_fraction: float  # requests that met every SLO / offered requests
+    error_rate: float  # failed requests / offered requests
+    offered: int = 0  # requests the level's schedule held
+    output_tokens_per_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    e2e_p99_s: float | None = None
+    seconds: float = 0.0
+    stopped_early: bool = False  # stopped once it could no longer pass
+    note: str = ""
+    jit_compiled: bool = False  # the server log showed a kernel JIT-compiled during it
+    reruns: int = 0  # run again: its first run failed while a kernel was JIT-compiled
+    finished: int = 0  # requests that ended (a level stopped early cancels the rest)
+    # of those, how many exceeded each SLO threshold or failed ({"tpot": 4, "ttft": 1}; a
+    # request over two thresholds counts in both): which SLO binds
+    missed_by: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def outcome(self) -> str:
+        """"pass (99.3% within SLOs)", or for a level stopped once it could no longer pass,
+        why ("fail, stopped early: 5 of 432 requests missed the SLOs ..."): its goodput share
+        then counts only the requests finished by the stop, which reads as a collapse."""
+        jit = "; a kernel was JIT-compiled during it" if self.jit_compiled else ""
+        if self.reruns:
+            jit += "; run again after a first run that failed while a kernel compiled"
+        if self.missed_by:
+            jit += "; over " + ", ".join(f"{k} {n}" for k, n in self.missed_by.items())
+        if self.stopped_early and self.note:
+            return f"fail, stopped early: {self.note}{jit}"
+        return (f"{'pass' if self.passed else 'fail'} ({self.goodput_fraction:.1%} within "
+                f"SLOs){jit}")
+
+
+@dataclass
+class CapacityResult:
+    """The bracket: capacity = ``low`` x the recorded rate, interval [low, high]."""
+
+    recorded_rps: float
+    low: float | None = None  # the highest scale that passed (None: none passed)
+    high: float | None = None  # the lowest scale that failed (None: none failed)
+    # found: bracket within tolerance; levels: probes spent first; time: the time cap
+    # ended the search first (--capacity-max-s); capped: passed at max_scale; none: failed
+    # at min_scale
+    status: Literal["found", "levels", "time", "capped", "none"] = "levels"
+    levels: list[Level] = field(default_factory=list)
+
+    @property
+    def capacity_rps(self) -> float | None:
+        return self.low * self.recorded_rps if self.low is not None else None
+
+    @property
+    def ci_low_rps(self) -> float | None:
+        return self.capacity_rps
+
+    @property
+    def ci_high_rps(self) -> float | None:
+        return self.high * self.recorded_rps if self.high is not None else None
+
+    def at_capacity(self) -> Level | None:
+        """The passing level the capacity rests on."""
+        passed = [lv for lv in self.levels if lv.passed and lv.scale == self.low]
+        return passed[-1] if passed else None
+
+    def flat_misses(self, goodput: float) -> tuple[float, float] | None:
+        """The rates (req/s) between which every level that ended enough requests (50)
+        missed the SLOs for about the share the goodput bar allows (half to twice ``1 -
+        goodput``), when they span 1.3x or more: there the miss rate barely grows with the
+        load, so where the capacity lands within that range is chance from start to start
+        (the H200's azure shape: from 14 to 22 req/s each failing level failed by one miss
+        over the bar, e.g. 5 of 443 requests, TPOT p99 near its SLO all along, and the
+        defaults' capacity read 9-14 req/s). None otherwise, and for levels recorded
+        before ``finished`` was."""
+        q = 1.0 - goodput
+        if q <= 0:
+            return None
+        band = [lv.offered_rps for lv in self.levels if lv.finished >= 50
+                and q / 2 <= (lv.finished - round(lv.goodput_fraction * lv.offered))
+                / lv.finished <= 2 * q]
+        if len(band) < 2 or max(band) / min(band) < 1.3:
+            return None
+        return min(band), max(band)
+
+    def summary(self) -> str:
+        """One line for logs and trial messages."""
+        r = self.recorded_rps
+        if self.low is None:
+            return (f"no load level met the SLOs: even {self.high or 0:.3g}x the recorded "
+                    f"rate ({(self.high or 0) * r:.3g} req/s) failed ({len(self.levels)} levels)")
+        hi = (f"{self.high * r:.3g}" if self.high is not None else "inf")
+        return (f"capacity {self.low * r:.3g} req/s ({self.low:.3g}x the recorded "
+                f"{r:.3g} req/s), interval [{self.low * r:.3g}, {hi}] req/s, {self.status}, "
+                f"{len(self.levels)} levels")
+
+    def to_dict(self, goodput: float | None = None) -> dict[str, Any]:
+        flat = self.flat_misses(goodput) if goodput is not None else None
+        return {"recorded_rps": self.recorded_rps, "low": self.low, "high": self.high,
+                "flat_misses_rps": list(flat) if flat else None,
+                "status": self.status, "capacity_rps": self.capacity_rps,
+                "ci_low_rps": self.ci_low_rps, "ci_high_rps": self.ci_high_rps,
+                "levels": [lv.to_dict() for lv in self.levels]}
+
+
+def flat_note(flat: Any) -> str:
+    """What a ``flat_misses`` range means, for the capacity line and the report."""
+    return (f"from {flat[0]:,.3g} to {flat[1]:,.3g} req/s every level missed the SLOs for "
+            "about the share the goodput bar allows: the misses barely grow with the load "
+            "there, so the capacity can land anywhere in that range from one server start to "
+            "the next; an SLO the traffic meets with more room, or a lower "
+            "--capacity-goodput, makes it sharper")
+
+
+class _OutOfTime(Exception):
+    """The time cap left no room for the next level (internal to search_capacity)."""
+
+
+def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
+                    search: CapacitySearch | None = None,
+                    on_level: Callable[[Level, CapacityResult], None] | None = None,
+                    room: Callable[[float], bool] | None = None) -> CapacityResult:
+    """Bracket the capacity: ``probe(scale)`` runs one load level and says pass or fail.
+
+    ``on_level(level, result_so_far)`` hears of each level as it ends (progress).
+    ``room(scale)``: whether a level at ``scale`` still fits the time cap; asked before
+    every level but the first, the search ends with status ``time`` when it says no (the
+    bracket is then as narrow as the levels run made it)."""
+    s = search or CapacitySearch()
+    if not (recorded_rps > 0 and math.isfinite(recorded_rps)):
+        raise ConfigError(f"recorded rate is {recorded_rps}; capacity needs a rate > 0")
+    res = CapacityResult(recorded_rps=recorded_rps)
+    try:
+        return _bracket(probe, s, res, on_level, room)
+    except _OutOfTime:
+        res.status = "time"
+        return res
+
+
+def _bracket(probe: Callable[[float], Level], s: CapacitySearch, res: CapacityResult,
+             on_level: Callable[[Level, CapacityResult], None] | None,
+             room: Callable[[float], bool] | None) -> CapacityResult:
+    def run(scale: float) -> bool:
+        if res.levels and room is not None and not room(scale):
+            raise _OutOfTime
+        lv = probe(scale)
+        res.levels.append(lv)
+        if lv.passed:
+            res.low = scale if res.low is None else max(res.low, scale)
+        else:
+            res.high = scale if res.high is None else min(res.high, scale)
+        if on_level is not None:
+            on_level(lv, res)
+        return lv.passed
+
+    scale = s.start
+    passed = run(scale)
+    # expand until a pass and a fail bracket the capacity
+    while len(res.levels) < s.max_levels and (res.low is None or res.high is None):
+        if passed:
+            if scale >= s.max_scale:
+                res.status = "capped"
+                return res
+            scale = min(scale * 2.0, s.max_scale)
+        else:
+            if scale <= s.min_scale:
+                res.status = "none"
+                return res
+            scale = max(scale / 2.0, s.min_scale)
+        passed = run(scale)
+    # bisect (geometric) inside the bracket
+    while res.low is not None and res.high is not None:
+        if res.high / res.low - 1.0 <= s.tolerance:
+            res.status = "found"
+            return res
+        if len(res.levels) >= s.max_levels:
+            break
+        run(math.sqrt(res.low * res.high))
+    if res.low is None:
+        res.status = "none" if scale <= s.min_scale else "levels"
+    elif res.high is None:
+        res.status = "capped" if scale >= s.max_scale else "levels"
+    return res

@@ -1,0 +1,190 @@
+"""Closed-loop trials: measured segments until warm and precise (or pruned), the abort
+rule, and the time metrics of a trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from autotune.engine import VllmServer
+from autotune.store import FailureReason
+from autotune.trial._plan import _Plan, _schedule
+from autotune.trial._spec import _ARMED, INTERRUPT, TrialOutcome, TrialSpec
+
+logger = logging.getLogger(__name__)
+
+
+def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
+                      outcome: TrialOutcome, phase: Callable[[str, str], None],
+                      client_kw: dict[str, Any]) -> list[Any]:
+    """Closed loop: one continuous run per repeat, cut into segments; warm-up until two
+    segments agree with no kernel JIT in the last, measurement until the interval is
+    within the precision (or a cap, or the pruner); the schedule refilled as needed."""
+    from autotune.load import replay
+    from autotune.measure import (
+        LogWatch,
+        SegmentRule,
+        SegmentWatch,
+        drift,
+        measure,
+        snapshot_metrics,
+    )
+
+    schedule = plan.schedule
+    rule = spec.rule or SegmentRule()
+    seg_n = spec.segment_requests or max(schedule.concurrency or 1, 16)
+    n_chunk = len(schedule.requests)
+
+    def chunk(k: int) -> Any:
+        return _schedule(spec, plan.max_len, seed=spec.seed + 1000 * k, mode=schedule.mode,
+                         concurrency=schedule.concurrency, num_requests=n_chunk)
+
+    def numbered(k: int) -> list[Any]:
+        return [replace(r, index=n_chunk * k + i) for i, r in enumerate(chunk(k).requests)]
+
+    # The next chunk is built in a thread ahead of need: built on the event loop it would
+    # stall every stream (140 ms for 1,280 requests of 512 tokens here).
+    prefetch = ThreadPoolExecutor(1, thread_name_prefix="autotune-schedule")
+    ahead: dict[int, Future[list[Any]]] = {1: prefetch.submit(numbered, 1)}
+
+    def refill(next_index: int) -> list[Any]:
+        ((k, fut),) = ahead.items()
+        ahead.clear()
+        ahead[k + 1] = prefetch.submit(numbered, k + 1)
+        got = fut.result()
+        if got and got[0].index != next_index:  # a schedule shorter than asked
+            got = [replace(r, index=next_index + i) for i, r in enumerate(got)]
+        return got
+
+    results = []
+    _ARMED.set()
+    try:
+        for r in range(max(1, spec.repeats)):
+            if INTERRUPT.is_set():
+                outcome.stop = "interrupted"
+                break
+            phase("warming_up", f"segments of {seg_n} requests" if r == 0
+                  else f"repeat {r + 1}: one segment")
+            ctl = SegmentWatch(rule if r == 0 else replace(rule, warmup_max_segments=1),
+                               seg_n, LogWatch(server.log_path), spec.incumbent_low,
+                               spec.number, phase)
+            t_run = time.monotonic()
+            before = snapshot_metrics(server.base_url)
+            run = replay(schedule if r == 0 else chunk(100 + r), **client_kw, control=ctl,
+                         refill=refill, stagger=spec.stagger, metrics_interval_s=5.0,
+                         abort=_abort(spec, min(20, seg_n)), interrupt=INTERRUPT)
+            server.check_alive()
+            if _aborted(spec, run, outcome, server):
+                break
+            _count_prompt_tokens(outcome, run, before, snapshot_metrics(server.base_url))
+            wall = time.monotonic() - t_run
+            warm_s = min(ctl.warm_end if ctl.warm_end is not None else wall, wall)
+            if r == 0:
+                outcome.warmup_s = warm_s
+                outcome.warmup = {"seconds": round(warm_s, 2), "segments": len(ctl.warm_rates),
+                                  "converged": ctl.converged, "jit_in_last_segment": ctl.jit_last,
+                                  "jit_events": ctl.watch.events,
+                                  "jit_segments_measuring": ctl.jit_measuring,
+                                  "rates": [round(x, 1) for x in ctl.warm_rates]}
+            outcome.measure_s += max(0.0, wall - warm_s)
+            bounds = _complete(spec, run, ctl.bounds, r)
+            if run.interrupted_at_s is not None and len(bounds) < 2:
+                outcome.stop = "interrupted"  # before this repeat measured a whole segment
+                break
+            m = measure(run, slo=spec.slo, segments=bounds)
+            results.append(m)
+            outcome.segments += list(m.segment_tokens_per_s)
+            outcome.stop = ("interrupted" if run.interrupted_at_s is not None
+                            else ctl.stop or "schedule_end")
+            logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
+                        spec.number, r, m.output_tokens_per_s, outcome.stop,
+                        len(m.segment_tokens_per_s), outcome.warmup)
+            d = drift(m.segment_tokens_per_s)
+            if d is not None and d.significant and abs(d.relative) > rule.precision:
+                logger.warning(
+                    "trial %d: its measured segments moved %+.1f %% from the first half to the "
+                    "second (significant at 95 %%): the server was not steady when its warm-up "
+                    "ended (%s); a longer --warmup-max-s covers it%s", spec.number,
+                    100 * d.relative, "converged" if (outcome.warmup or {}).get("converged")
+                    else "at its cap",
+                    "" if spec.output_jitter > 0 else
+                    " (with --output-jitter 0, streams of equal lengths may also be falling "
+                    "back into step: docs/measurement.md, section 4)")
+            if ctl.stop == "pruned":
+                outcome.pruned = True
+                break
+            if run.interrupted_at_s is not None:
+                break
+    finally:
+        _ARMED.clear()
+        prefetch.shutdown(wait=False, cancel_futures=True)
+    return results
+
+
+def _complete(spec: TrialSpec, run: Any, bounds: list[float], repeat: int) -> list[float]:
+    """The segment bounds whose segments hold every token that arrived in them: all of
+    them, unless INTERRUPT cancelled requests in flight (their tokens are not recorded, so
+    a segment after the earliest one's send would read low)."""
+    if run.interrupted_at_s is None:
+        return bounds
+    cut = run.complete_before_s if run.complete_before_s is not None else run.interrupted_at_s
+    kept = [b for b in bounds if b <= cut]
+    whole = max(0, len(kept) - 1)
+    logger.warning("trial %d: interrupted in repeat %d at %.1f s; %s", spec.number, repeat + 1,
+                   run.interrupted_at_s,
+                   f"{whole} of its {len(bounds) - 1} measured segments are whole and kept"
+                   if whole else "it had measured no whole segment: nothing of it is kept")
+    return kept
+
+
+def _count_prompt_tokens(outcome: TrialOutcome, run: Any, before: Any, after: Any) -> None:
+    """Add one run's prompt tokens: asked for (served requests) and counted by the server."""
+    from autotune.measure import server_figures
+
+    outcome.prompt_tokens_sent += sum(r.sent_prompt_tokens for r in run.records if r.ok)
+    counted = server_figures(before, after).get("prompt_tokens")
+    if counted is not None:
+        outcome.prompt_tokens_server = (outcome.prompt_tokens_server or 0.0) + counted
+
+
+def _abort(spec: TrialSpec, min_requests: int = 20) -> Any:
+    """The stop-on-failures hook of a measured replay (issue 18), or None. A segmented run
+    judges from one segment on (so a segment of nothing but failures, which stops the run,
+    is also told as the failures' cause)."""
+    from autotune.load import failure_abort
+
+    if spec.abort_failed_fraction is None:
+        return None
+    return failure_abort(min_requests=min_requests,
+                         max_failed_fraction=spec.abort_failed_fraction)
+
+
+def _aborted(spec: TrialSpec, run: Any, outcome: TrialOutcome, server: VllmServer) -> bool:
+    """A replay stopped because most requests failed: the trial fails with that line,
+    unless the engine behind the API server died (``server.check_serving`` raises
+    :class:`EngineCrashedError`, reason ``died``, with the log's root cause: a worker's
+    exception says more than "most requests failed")."""
+    if not run.aborted:
+        return False
+    server.check_serving()
+    outcome.reason = FailureReason.ABORTED
+    outcome.message = run.aborted
+    logger.warning("trial %d: %s", spec.number, run.aborted)
+    return True
+
+
+def _time_metrics(outcome: TrialOutcome) -> None:
+    """The warm-up and measuring figures beside the measurement's own (MLflow, trials.csv)."""
+    if outcome.warmup is not None:
+        outcome.metrics.update({
+            "warmup_s": float(outcome.warmup["seconds"]),
+            "warmup_segments": float(outcome.warmup["segments"]),
+            "warmup_converged": float(bool(outcome.warmup["converged"])),
+            "warmup_jit_in_last_segment": float(bool(outcome.warmup["jit_in_last_segment"])),
+        })  # fmt: skip
+    outcome.metrics["measure_s"] = round(outcome.measure_s, 3)

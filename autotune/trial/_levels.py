@@ -1,0 +1,325 @@
+"""Load levels on one running server: the shape's open-loop arrivals at a scale of the
+recorded rate, judged against the SLOs (the probes of :mod:`autotune.capacity`).
+
+A level replays ``level_s`` seconds of arrivals at ``scale`` x the recorded rate (at
+least ``min_requests``, at most ``max_requests`` requests), then waits until the server
+has nothing running or waiting, so the next level starts from an idle server: no restart
+per level. A level stops as soon as it can no longer pass (more requests missed the SLOs
+or failed than the goodput bar allows), so an overloaded level costs seconds, not the
+whole replay of a backlog.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import ConfigError, LoadgenError
+from autotune.load import Abort, RequestRecord, replay
+from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, snapshot_metrics
+from autotune.trial._capacity import CapacityResult, CapacitySearch, Level, search_capacity
+
+__all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
+           "find_capacity", "fit_level", "level_abort", "recorded_rate", "request_seconds",
+           "run_level", "start_after_warmup"]
+
+logger = logging.getLogger(__name__)
+
+#: builds the schedule of one level: keyword arguments of autotune.traffic.build_schedule
+#: (seed, mode, num_requests, rate_rps, time_scale)
+Build = Callable[..., Any]
+
+
+def recorded_rate(shape: Any) -> float:
+    """The arrival rate capacity scales: the shape's recorded rate (else its open-loop
+    replay rate). A shape with neither has no arrivals to scale: a one-line error."""
+    rate = float(getattr(shape, "rate_rps", 0.0) or 0.0)
+    load = getattr(shape, "load", None)
+    if rate <= 0 and load is not None and load.mode == "open" and load.rate_rps:
+        rate = float(load.rate_rps)
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ConfigError(
+            f"capacity (--objective capacity, bench --capacity) needs a shape with arrivals: "
+            "shape "
+            f"{getattr(shape, 'name', '?')!r} has no recorded arrival rate (a closed-loop or "
+            "synthetic shape); fit the shape from a trace with arrival timestamps "
+            "(autotune shape fit TRACE -o SHAPE.json), or use --objective throughput")
+    return rate
+
+
+#: seconds of arrivals per load level, at least (a level lasts LEVEL_SPAN requests)
+LEVEL_S = 10.0
+#: the load levels of one capacity search, at most this many seconds (--capacity-max-s)
+CAPACITY_MAX_S = 90.0
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """How long each load level runs."""
+
+    level_s: float = LEVEL_S  # seconds of arrivals per level, at least
+    min_requests: int = 10
+    max_requests: int = 2000
+    drain_timeout_s: float = 120.0  # wait at most this long for an idle server after a level
+    seed: int = 0
+    # the levels of one search stop once the next would end after this many seconds (None:
+    # no cap): an open-loop trial in minutes, its bracket as narrow as the levels made it
+    max_s: float | None = None
+
+    def requests(self, rate_rps: float) -> int:
+        n = min(self.max_requests, max(self.min_requests, math.ceil(rate_rps * self.level_s)))
+        if self.max_s is not None:  # at a low rate, min_requests must not outlast the cap
+            n = min(n, max(1, math.ceil(rate_rps * self.max_s / 2)))
+        return int(n)
+
+    def seconds(self, rate_rps: float) -> float:
+        """How long a level at ``rate_rps`` sends arrivals."""
+        return self.requests(rate_rps) / rate_rps if rate_rps > 0 else self.level_s
+
+
+#: a level's arrivals last at least this many times the shape's typical request: a level
+#: starts from an idle server, which fills up for about one request's duration; shorter
+#: levels judge mostly requests served before the server was full (a burst, not a rate).
+#: On the H200 the mooncake shape's requests took 10-15 s, and its 20-s levels read
+#: capacities 12.5-25 req/s for one config from start to start (experiments/h200-shapes).
+LEVEL_SPAN = 3.0
+#: ... at most this many times the level length asked for (a shape of minute-long requests
+#: would otherwise make every level cost many minutes)
+LEVEL_STRETCH_MAX = 4.0
+
+
+def request_seconds(records: Any, output_tokens: Any) -> float | None:
+    """A typical request's duration on this server: the median time to first token plus
+    the median output length asked for (``output_tokens``: the schedule's ``max_tokens``)
+    at the median time per output token, from finished requests (``records``, e.g. the
+    warm-up's). Not their median end-to-end time: a warm-up cut off mid-way finishes the
+    short requests first. None when fewer than 5 requests finished with 2+ tokens."""
+    import statistics
+
+    ttft, per_token = [], []
+    for r in records:
+        if (r.ok and r.first_token_s is not None and r.end_s is not None
+                and r.output_tokens >= 2):
+            ttft.append(r.first_token_s - r.send_s)
+            per_token.append((r.end_s - r.first_token_s) / (r.output_tokens - 1))
+    outs = [int(n) for n in output_tokens if n]
+    if len(ttft) < 5 or not outs:
+        return None
+    return statistics.median(ttft) + statistics.median(outs) * statistics.median(per_token)
+
+
+def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]:
+    """The level plan for requests of ``request_s`` seconds: ``plan`` when its levels
+    already last ``LEVEL_SPAN`` requests, else levels stretched to that (at most
+    ``LEVEL_STRETCH_MAX`` x the length asked for); and a line saying so ("" unchanged)."""
+    if request_s is None or not math.isfinite(request_s) or request_s <= 0:
+        return plan, ""
+    want = LEVEL_SPAN * request_s
+    if plan.level_s >= want:
+        return plan, ""
+    cap = LEVEL_STRETCH_MAX * plan.level_s
+    level_s = round(min(want, cap), 1)
+    if level_s <= plan.level_s:  # a stretch the rounding undoes (3 x 6.68 s = 20.0)
+        return plan, ""
+    capped = " (the stretch cap)" if want > cap else ""  # not the rounding of want
+    return dataclasses.replace(plan, level_s=level_s), (
+        f"levels of {level_s:g} s of arrivals{capped}, not {plan.level_s:g}: this shape's "
+        f"requests take ~{request_s:.3g} s on this server, and a level must last "
+        f"{LEVEL_SPAN:g} of them to judge a sustained rate, not a burst")
+
+
+def start_after_warmup(search: CapacitySearch, warmup: dict[str, Any] | None
+                       ) -> tuple[CapacitySearch, str]:
+    """The search to run after a warm-up at ``search.start``: when the server fell behind
+    those arrivals (``warmup["overloaded"]``, it served ``served_share`` of the offered
+    tokens), the levels from there down to that share would all fail, each after a long
+    wait for its first misses to end: start at the power of two at or below the share
+    instead (at least ``min_scale``), and say so ("" when unchanged)."""
+    share = (warmup or {}).get("served_share")
+    if not (warmup or {}).get("overloaded") or not isinstance(share, (int, float)):
+        return search, ""
+    start = search.start * 2.0 ** math.floor(math.log2(max(share, 1e-9)))
+    start = max(search.min_scale, start)
+    if start >= search.start:
+        return search, ""
+    return dataclasses.replace(search, start=start), (
+        f"the server fell behind the arrivals at {search.start:g}x the recorded rate in the "
+        f"warm-up (it served {share:.0%} of the offered tokens): the levels start at "
+        f"{start:.3g}x")
+
+
+def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,
+                  level_s: float, max_levels: int, seed: int = 0,
+                  max_s: float | None = CAPACITY_MAX_S) -> dict[str, Any]:
+    """The ``TrialSpec`` fields of a capacity measurement (``capacity``, ``capacity_plan``):
+    what ``tune --objective capacity`` and ``bench --capacity`` pass to a trial."""
+    search = CapacitySearch(goodput=goodput, max_error_rate=max_error_rate, start=start,
+                            tolerance=tolerance, min_scale=min(start, 1.0 / 64),
+                            max_scale=max(start, 64.0), max_levels=max_levels)
+    return {"capacity": search,
+            "capacity_plan": LevelPlan(level_s=level_s, seed=seed, max_s=max_s)}
+
+
+def level_abort(offered: int, slo: Slo | None, search: CapacitySearch) -> Abort:
+    """Stop a level once it cannot pass any more: more misses (failed requests included)
+    than ``1 - goodput`` of the offered requests, or more failures than the error bar."""
+    may_miss = math.floor((1.0 - search.goodput) * offered + 1e-9)
+    may_fail = math.floor(search.max_error_rate * offered + 1e-9)
+    missed = [0]
+
+    def check(rec: RequestRecord, done: int, failed: int) -> str | None:
+        if not meets_slo(rec, slo):
+            missed[0] += 1
+        if missed[0] > may_miss:
+            return (f"{missed[0]} of {offered} requests missed the SLOs or failed "
+                    f"(at most {may_miss} may)")
+        if failed > may_fail:
+            return f"{failed} of {offered} requests failed (at most {may_fail} may)"
+        return None
+
+    return check
+
+
+def drain(base_url: str, timeout_s: float) -> None:
+    """Wait until the server reports nothing running or waiting (best effort): after each
+    level, and between two trials that share a server (autotune.trial)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            g = snapshot_metrics(base_url).gauges
+        except LoadgenError:
+            return
+        busy = g.get("vllm:num_requests_running", 0.0) + g.get("vllm:num_requests_waiting", 0.0)
+        if busy <= 0:
+            return
+        time.sleep(0.25)
+    logger.warning("the server still had requests after %.0f s; the next load starts anyway",
+                   timeout_s)
+
+
+def _pct(p: Any) -> float | None:
+    return p.p99 if p is not None else None
+
+
+def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dict[str, Any],
+              slo: Slo | None, search: CapacitySearch, plan: LevelPlan,
+              token_seed: int | None = None) -> tuple[Level, Measurement | None]:
+    """One load level on the running server at ``client_kw["base_url"]``: pass or fail.
+    Every level draws its arrivals and lengths from ``plan.seed``; ``token_seed`` (the
+    level's number) gives its prompts their own words, so that no level is served from a
+    prefix cache filled by an earlier one (the shape's sharing within the level stays)."""
+    rate = scale * recorded_rps
+    n = plan.requests(rate)
+    schedule = build(seed=plan.seed, mode="open", num_requests=n, rate_rps=rate,
+                     time_scale=1.0, token_seed=token_seed)
+    if schedule.concurrency is not None:
+        # no cap on requests in flight: a client-side queue would hide the server's queue
+        # from the latencies (they count from the send), and so the capacity
+        schedule = dataclasses.replace(schedule, concurrency=None)
+    offered = len(schedule.requests)
+    t0 = time.monotonic()
+    run = replay(schedule, **client_kw, abort=level_abort(offered, slo, search))
+    seconds = time.monotonic() - t0
+    met, failed, missed_by = 0, 0, Counter[str]()
+    for r in run.records:
+        why = slo_misses(r, slo)
+        met += not why
+        failed += not r.ok
+        missed_by.update(why)
+    m = measure(run, slo=slo) if any(r.ok for r in run.records) else None
+    good, err = met / offered, failed / offered
+    passed = run.aborted is None and good >= search.goodput and err <= search.max_error_rate
+    level = Level(
+        scale=scale, offered_rps=rate, passed=passed, goodput_fraction=good, error_rate=err,
+        offered=offered, output_tokens_per_s=m.output_tokens_per_s if m else None,
+        ttft_p99_s=_pct(m.ttft_s) if m else None, tpot_p99_s=_pct(m.tpot_s) if m else None,
+        e2e_p99_s=_pct(m.e2e_s) if m else None, seconds=round(seconds, 2),
+        stopped_early=run.aborted is not None, note=run.aborted or "",
+        finished=len(run.records), missed_by=dict(sorted(missed_by.items())),
+    )  # fmt: skip
+    drain(client_kw["base_url"], plan.drain_timeout_s)
+    return level, m
+
+
+@dataclass
+class _Probe:
+    """The probe search_capacity calls, keeping each passing level's measurement."""
+
+    recorded_rps: float
+    build: Build
+    client_kw: dict[str, Any]
+    slo: Slo | None
+    search: CapacitySearch
+    plan: LevelPlan
+    check: Callable[[], None] | None = None  # raises if the server died
+    jit: Callable[[], bool] | None = None  # was a kernel JIT-compiled since the last call?
+    measured: dict[float, Measurement] = field(default_factory=dict)
+    levels_run: int = 0
+    longest_s: float = 0.0  # the longest level so far, its tail and drain included
+
+    def _run(self, scale: float) -> tuple[Level, Measurement | None]:
+        if self.jit is not None:
+            self.jit()  # what came before (the warm-up, a drain) is not this level's
+        self.levels_run += 1
+        t0 = time.monotonic()
+        level, m = run_level(scale, recorded_rps=self.recorded_rps, build=self.build,
+                             client_kw=self.client_kw, slo=self.slo, search=self.search,
+                             plan=self.plan, token_seed=self.levels_run)
+        if self.check is not None:
+            self.check()
+        if self.jit is not None and self.jit():
+            level = dataclasses.replace(level, jit_compiled=True)
+        self.longest_s = max(self.longest_s, time.monotonic() - t0)
+        return level, m
+
+    def __call__(self, scale: float) -> Level:
+        level, m = self._run(scale)
+        if not level.passed and level.jit_compiled:
+            # a fail that may be the compile's, not the load's: once more, compiled now
+            logger.info("level at %.3gx failed while a kernel was JIT-compiled: run again",
+                        scale)
+            level, m = self._run(scale)
+            level = dataclasses.replace(level, reruns=1)
+        if m is not None and level.passed:
+            self.measured[scale] = m
+        return level
+
+
+def find_capacity(*, recorded_rps: float, build: Build, client_kw: dict[str, Any],
+                  slo: Slo | None, search: CapacitySearch | None = None,
+                  plan: LevelPlan | None = None, check: Callable[[], None] | None = None,
+                  on_level: Callable[[Level, CapacityResult], None] | None = None,
+                  jit: Callable[[], bool] | None = None,
+                  ) -> tuple[CapacityResult, Measurement | None]:
+    """The bracketing search on one running server; returns the bracket and the
+    measurement of the level the capacity rests on (None when no level passed).
+    ``jit``: whether the server logged a kernel JIT compilation since its last call (each
+    level's ``jit_compiled``: a warm-up that did not cover the traffic)."""
+    search = search or CapacitySearch()
+    plan = plan or LevelPlan()
+    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan, check, jit)
+    res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level,
+                          room=_room(plan, recorded_rps, probe))
+    return res, (probe.measured.get(res.low) if res.low is not None else None)
+
+
+def _room(plan: LevelPlan, recorded_rps: float, probe: _Probe
+          ) -> Callable[[float], bool] | None:
+    """Whether a level at a scale still ends within ``plan.max_s`` of now (None: no cap):
+    its arrivals, or as long as the longest level so far took (the requests still running
+    when the arrivals stop, and the drain), whichever is longer."""
+    if plan.max_s is None:
+        return None
+    deadline = time.monotonic() + plan.max_s
+
+    def room(scale: float) -> bool:
+        need = max(plan.seconds(scale * recorded_rps), probe.longest_s)
+        return time.monotonic() + need <= deadline
+
+    return room

@@ -1,0 +1,268 @@
+"""Open-loop trials: warm-up to the steady state, measured segments at the recorded
+arrival times, and the load levels of ``--objective capacity``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from autotune.engine import VllmServer
+from autotune.trial._closed import _abort, _aborted, _count_prompt_tokens
+from autotune.trial._plan import _Plan, _schedule
+from autotune.trial._spec import TrialOutcome, TrialSpec
+
+logger = logging.getLogger(__name__)
+
+
+def _warm_up_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
+                  phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> None:
+    """The open-loop warm-up: a fixed closed-loop replay of the shape's own requests."""
+    from autotune.load import replay
+
+    schedule = plan.schedule
+    n_warm = spec.warmup_requests
+    if n_warm is None:
+        conc = schedule.concurrency or 8
+        n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
+    t_warm = time.monotonic()
+    if n_warm > 0:
+        phase("warming_up", f"{n_warm} requests")
+        warm = _schedule(spec, plan.max_len, seed=spec.seed + 10_000, mode="closed",
+                         concurrency=schedule.concurrency or 8, num_requests=n_warm)
+        replay(warm, **client_kw)
+        server.check_alive()
+    outcome.warmup_s = time.monotonic() - t_warm
+    outcome.warmup = {"seconds": round(outcome.warmup_s, 2), "segments": 1 if n_warm else 0,
+                      "converged": False, "jit_in_last_segment": False}
+
+
+# seconds of arrivals in one segment of a capacity trial's warm-up (at most half a level)
+WARM_SEGMENT_S = 10.0
+
+
+def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
+                      phase: Callable[[str, str], None], client_kw: dict[str, Any],
+                      recorded: float, level_plan: Any) -> Any:
+    """A capacity trial's warm-up, on the traffic its levels send: the shape's own open-loop
+    arrivals at the first level's rate (other words than any level's: ``token_seed`` 0),
+    cut by wall time into segments of ~10 s (at most half a level), until the server holds
+    the shape's steady state (two request durations, no kernel JIT compilation in the last
+    segment: autotune._open_loop), or at ``--warmup-max-s``. Then the sends stop and what
+    is in flight is cancelled (no tail to wait out), and the server drains. A fixed
+    handful of requests at a low concurrency left the large batches to the first level,
+    which on the H200 paid for the compiles (experiments/h200-shapes). Returns the log
+    watch the levels go on reading (each level's ``jit_compiled``). An explicit
+    ``--warmup-requests N`` keeps the fixed warm-up instead (N requests, closed loop; 0:
+    none)."""
+    from autotune.load import replay
+    from autotune.measure import LogWatch, SegmentRule
+    from autotune.trial._levels import drain
+
+    rule = spec.rule or SegmentRule()
+    watch = LogWatch(server.log_path)
+    if spec.warmup_requests is not None:  # asked for: the fixed warm-up (0: none)
+        _warm_up_open(spec, plan, server, outcome, phase, client_kw)
+        return watch
+    rate = spec.capacity.start * recorded
+    phase("warming_up", f"the shape's arrivals at {rate:.3g} req/s until steady state")
+    seg_s = min(WARM_SEGMENT_S, level_plan.level_s / 2)
+    # arrivals for the whole cap and one segment more: the cap, not the schedule, ends it
+    n = int(min(50_000, max(16, math.ceil(rate * (rule.warmup_max_s + seg_s)))))
+    sched = _schedule(spec, plan.max_len, seed=spec.seed + 10_000, mode="open",
+                      num_requests=n, rate_rps=rate, time_scale=1.0, token_seed=0)
+    if sched.concurrency is not None:  # no client-side cap, as the levels
+        sched = replace(sched, concurrency=None)
+    t0 = time.monotonic()
+    ctl = _open_run(spec, sched, rule, seg_s, watch, phase, measure=False, rate=rate)
+    replay(sched, **client_kw, abort=ctl)
+    server.check_alive()
+    drain(client_kw["base_url"], level_plan.drain_timeout_s)
+    outcome.warmup_s = time.monotonic() - t0
+    outcome.warmup = {**ctl.warmup_record(), "jit_events": watch.events}
+    return watch
+
+
+def _open_run(spec: TrialSpec, sched: Any, rule: Any, seg_s: float, watch: Any,
+              phase: Callable[[str, str], None], *, measure: bool, rate: float) -> Any:
+    """The segment hook of an open-loop run at ``rate`` req/s (autotune._open_loop)."""
+    from autotune.trial._open_loop import OpenRun
+
+    return OpenRun(send_at=[float(r.send_at_s or 0.0) for r in sched.requests],
+                   output=[r.max_tokens for r in sched.requests], rate_rps=rate, rule=rule,
+                   segment_s=seg_s, measure=measure, jit=watch.jit_since_last,
+                   number=spec.number, on_segment=phase)
+
+
+def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
+                      outcome: TrialOutcome, phase: Callable[[str, str], None],
+                      client_kw: dict[str, Any]) -> list[Any]:
+    """--objective capacity: warm up, then the bracketing search over the arrival-rate
+    scale on this server (autotune.levels). The measurement is the level the capacity
+    rests on; the levels and the bracket go to ``outcome.capacity``."""
+    from autotune.trial._levels import (
+        LevelPlan,
+        find_capacity,
+        fit_level,
+        recorded_rate,
+        start_after_warmup,
+    )
+
+    recorded = recorded_rate(spec.shape)
+    level_plan = spec.capacity_plan or LevelPlan(seed=spec.seed)
+    watch = _warm_up_capacity(spec, plan, server, outcome, phase, client_kw, recorded,
+                              level_plan)
+    asked_s = level_plan.level_s
+    warm = outcome.warmup or {}
+    # a request's duration measured behind a queue is the queue's: no stretch from it
+    level_plan, stretched = fit_level(level_plan, None if warm.get("overloaded")
+                                      else warm.get("request_s"))
+    search, lower = start_after_warmup(spec.capacity, warm)
+    for line in (stretched, lower):
+        if line:
+            logger.info("trial %d: %s", spec.number, line)
+            phase("capacity", line)
+
+    def build(**kw: Any) -> Any:
+        return _schedule(spec, plan.max_len, **kw)
+
+    def on_level(lv: Any, res: Any) -> None:
+        logger.info("trial %d level %d: %.3gx = %.3g req/s %s", spec.number,
+                    len(res.levels), lv.scale, lv.offered_rps, lv.outcome())
+        hi = f"{res.high * res.recorded_rps:.3g}" if res.high is not None else "?"
+        lo = f"{res.low * res.recorded_rps:.3g}" if res.low is not None else "?"
+        phase("capacity", f"level {len(res.levels)}: {lv.offered_rps:.3g} req/s "
+              f"{lv.outcome()}; bracket [{lo}, {hi}] req/s")
+
+    t_run = time.monotonic()
+    phase("capacity", f"level 1 at {search.start:.3g}x {recorded:.3g} req/s")
+    res, m = find_capacity(recorded_rps=recorded, build=build, client_kw=client_kw,
+                           slo=spec.slo, search=search, plan=level_plan,
+                           check=server.check_serving, on_level=on_level,
+                           jit=watch.jit_since_last)
+    outcome.measure_s = time.monotonic() - t_run
+    if outcome.warmup is not None:  # levels during which a kernel was still compiled
+        outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
+    outcome.capacity = {**res.to_dict(spec.capacity.goodput), "level_s": level_plan.level_s,
+                        "level_s_asked": asked_s, "level_note": stretched,
+                        "start": search.start, "start_note": lower}
+    outcome.stop = f"capacity_{res.status}"
+    outcome.message = res.summary()
+    logger.info("trial %d: %s", spec.number, outcome.message)
+    if m is None:  # no level met the SLOs: measured, but no capacity (infeasible)
+        outcome.ok = True
+        outcome.metrics = {**_capacity_metrics(outcome.capacity, outcome.gpus,
+                                               spec.server_gpus),
+                           "measure_s": round(outcome.measure_s, 3)}
+        return []
+    return [m]
+
+
+def _capacity_metrics(cap: dict[str, Any], gpus: tuple[int, ...] | None,
+                      server_gpus: int = 1) -> dict[str, float]:
+    """capacity_rps (the objective), its interval, output tokens/s at capacity and the
+    servers and GPUs the recorded traffic needs (recorded rate / capacity; GPUs: the
+    server's, or the ones it was given when more) from ``CapacityResult.to_dict()``."""
+    recorded = float(cap["recorded_rps"])
+    out: dict[str, float] = {"capacity_recorded_rps": recorded,
+                             "capacity_levels": float(len(cap["levels"]))}
+    if cap.get("ci_high_rps") is not None:
+        out["capacity_rps_ci_high"] = float(cap["ci_high_rps"])
+    rps = cap.get("capacity_rps")
+    if rps is None or rps <= 0:
+        return out
+    servers = recorded / rps
+    out.update({"capacity_rps": float(rps), "capacity_rps_ci_low": float(rps),
+                "capacity_scale": float(cap["low"]), "servers_needed": servers,
+                "gpus_needed": servers * max(1, server_gpus, len(gpus or ()))})
+    at = [lv for lv in cap["levels"] if lv["passed"] and lv["scale"] == cap["low"]]
+    if at:
+        out["capacity_goodput_fraction"] = float(at[-1]["goodput_fraction"])
+        if at[-1]["output_tokens_per_s"] is not None:
+            out["output_tokens_per_s_at_capacity"] = float(at[-1]["output_tokens_per_s"])
+    return out
+
+
+def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
+                  phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> list[Any]:
+    """Open loop: one continuous run of the shape's arrivals per repeat, cut into segments
+    of ~10 s: warm-up until the server holds the shape's steady state, then measurement
+    until the interval is within the precision (or ``--measure-max-s``); sized by those
+    caps, not by a number of requests (``--num-requests`` still bounds it when given).
+    An explicit ``--warmup-requests N`` runs the fixed closed-loop warm-up first."""
+    from autotune.load import replay
+    from autotune.measure import LogWatch, SegmentRule, measure, snapshot_metrics
+    from autotune.trial._open_loop import cut_bounds, idle_note
+
+    rule = spec.rule or SegmentRule()
+    fixed = spec.warmup_requests is not None
+    if fixed:  # asked for: the fixed warm-up (0: none); the run then measures at once
+        _warm_up_open(spec, plan, server, outcome, phase, client_kw)
+        rule = replace(rule, warmup_max_s=0.0)
+    rate = plan.schedule_rate
+    n = spec.num_requests or int(min(50_000, max(16, math.ceil(
+        rate * (rule.warmup_max_s + rule.measure_max_s + 3 * _open_segment_s(rule))))))
+    sched = _schedule(spec, plan.max_len, seed=spec.seed, concurrency=spec.concurrency,
+                      num_requests=n)
+    results: list[Any] = []
+    repeats = max(1, spec.repeats)
+    for r in range(repeats):
+        phase("warming_up" if r == 0 and not fixed else "measuring",
+              f"replay {r + 1}/{repeats}: the shape's arrivals at {rate:.3g} req/s")
+        watch = LogWatch(server.log_path)
+        ctl = _open_run(spec, sched, rule if r == 0 else replace(rule, warmup_max_s=0.0),
+                        _open_segment_s(rule), watch, phase, measure=True, rate=rate)
+        t_run = time.monotonic()
+        before = snapshot_metrics(server.base_url)
+        run = replay(sched, **client_kw, abort=_both(ctl, _abort(spec)),
+                     metrics_interval_s=2.0)
+        server.check_alive()
+        if run.aborted not in (None, "precise", "cap") and _aborted(spec, run, outcome, server):
+            return results
+        _count_prompt_tokens(outcome, run, before, snapshot_metrics(server.base_url))
+        if r == 0 and not fixed:
+            outcome.warmup = {**ctl.warmup_record(), "jit_events": watch.events,
+                              "jit_segments_measuring": ctl.jit_measuring}
+            outcome.warmup_s = float(outcome.warmup["seconds"])
+        bounds = cut_bounds(ctl.bounds, ctl.cut)
+        m = measure(run, slo=spec.slo, segments=bounds if len(bounds) >= 2 else None)
+        results.append(m)
+        wall = time.monotonic() - t_run
+        outcome.measure_s += max(0.0, wall - (ctl.warm_end or 0.0))
+        outcome.segments += list(m.segment_tokens_per_s)
+        outcome.stop = ctl.stop if ctl.stop in ("precise", "cap") else "schedule_end"
+        logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments)", spec.number, r,
+                    m.output_tokens_per_s, outcome.stop, len(m.segment_tokens_per_s))
+    notes = [n for n in (idle_note(results[0].server, spec.flags), results[0].interval_note)
+             if n] if results else []
+    if notes:  # what the reading means: the trial says so (its message)
+        outcome.message = "; ".join(notes)
+        logger.info("trial %d: %s", spec.number, outcome.message)
+    return results
+
+
+#: seconds of run time in one segment of an open-loop trial
+OPEN_SEGMENT_S = 10.0
+
+
+def _open_segment_s(rule: Any) -> float:
+    """An open loop's segment: OPEN_SEGMENT_S, shorter when the measurement cap would not
+    hold ``min_segments`` of them (at least 1 s)."""
+    return max(1.0, min(OPEN_SEGMENT_S, rule.measure_max_s / max(1, rule.min_segments)))
+
+
+def _both(first: Any, second: Any) -> Any:
+    """Two abort hooks as one: each sees every record; the first line wins."""
+    if second is None:
+        return first
+
+    def check(rec: Any, done: int, failed: int) -> str | None:
+        a = first(rec, done, failed)
+        b = second(rec, done, failed)
+        return a or b
+
+    return check

@@ -1,0 +1,142 @@
+"""The records of a trial that cross the executor boundary: ``TrialSpec`` in,
+``TrialOutcome`` out; and the interrupt that ends a running measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.config import OUTPUT_JITTER
+
+logger = logging.getLogger(__name__)
+INTERRUPT = threading.Event()
+_ARMED = threading.Event()  # a closed-loop measurement that INTERRUPT ends is running
+
+
+def interrupt() -> bool:
+    """End the running closed-loop measurement now and keep what it measured
+    (``autotune bench`` calls it on SIGTERM or Ctrl-C): the requests in flight are
+    cancelled, the segments they left incomplete dropped, no further repeat starts; the
+    trial's ``stop`` is ``interrupted`` (its ``reason`` ``interrupted`` when no segment was
+    measured yet). False when no such measurement is running (a server start, an open-loop
+    or capacity run): stop those another way (KeyboardInterrupt)."""
+    if not _ARMED.is_set():
+        return False
+    INTERRUPT.set()
+    return True
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything a worker needs to run one trial (picklable, sent to Ray workers)."""
+
+    number: int
+    model: str
+    flags: tuple[str, ...]
+    env: dict[str, str]
+    shape: Any  # autotune.traffic.TrafficShape
+    seed: int = 0
+    warmup_requests: int | None = None  # None: 2 x concurrency, at most a quarter of the schedule
+    repeats: int = 1
+    slo: Any = None  # autotune.measure.Slo | None
+    api: str = "completions"
+    num_requests: int | None = None
+    concurrency: int | None = None
+    max_model_len: int | None = None
+    start_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    log_dir: str | None = None
+    cache_dir: str | None = None
+    gpus: tuple[int, ...] | None = None
+    # GPUs the server uses (tensor x pipeline x data parallel size of its flags): what the
+    # executor reserves for it, and what the GPUs the traffic needs are counted in
+    server_gpus: int = 1
+    cpu_kv_cache_gib: float = 1.0
+    quality_probe: Any = None  # autotune.quality.ProbeSet: probe this trial's server
+    quality_reference: Any = None  # autotune.quality.ProbeOutputs to compare with
+    # -- issue 14: segmented warm-up and measurement, the pruner (docs/measurement.md) --
+    log_path: str | None = None  # the server log's own path (default: in log_dir by number)
+    # Closed loop: one continuous run cut into segments of segment_requests completions
+    # (None: max(concurrency, 16)); warm-up and measurement end by ``rule``
+    # (autotune.stats.SegmentRule; None: its defaults). Open loop: warm-up replay, then
+    # the schedule, with the interval over sub-windows.
+    segment_requests: int | None = None
+    rule: Any = None  # autotune.stats.SegmentRule
+    # The pruner: the incumbent's interval low end (output tokens/s); a trial whose own
+    # interval lies wholly below it is stopped as a clear loser (reason "pruned").
+    incumbent_low: float | None = None
+    stagger: bool = True  # closed loop: desynchronise the streams' first requests
+    # closed loop: each request's output length times U(1 - j, 1 + j), so that streams of
+    # equal lengths do not lock into step again after the stagger (docs/measurement.md, 4)
+    output_jitter: float = OUTPUT_JITTER
+    # stop a measured replay once more than this share of >= 20 finished requests failed
+    # (the outcome then says why in one line); None: always run to the end
+    abort_failed_fraction: float | None = 0.5
+    # -- issue 15: --objective capacity: a bracketing search over the arrival-rate scale on
+    # this one server (autotune.capacity.CapacitySearch, autotune.levels.LevelPlan)
+    capacity: Any = None
+    capacity_plan: Any = None
+
+
+@dataclass
+class TrialOutcome:
+    """What happened: a measurement, or a failure reason with the evidence."""
+
+    number: int
+    ok: bool
+    reason: str | None = None  # a FailureReason value when not ok
+    message: str = ""
+    measurement: dict[str, Any] | None = None  # Measurement.model_dump()
+    metrics: dict[str, float] = field(default_factory=dict)  # Measurement.flat()
+    start_s: float | None = None  # launch to healthy
+    # of start_s: seconds vLLM logged compiling (torch.compile, "... took X s in total");
+    # None when the log says nothing (e.g. --enforce-eager). A second start of the same
+    # flags loads the compiled graphs from the cache and mostly skips this.
+    compile_s: float | None = None
+    # of start_s: where vLLM's log dates its parts (start_phases(): engine spawn, weights,
+    # torch.compile, kernel JIT, CUDA-graph capture); empty when it dates none
+    start_phases: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    log_path: str | None = None
+    log_tail: str = ""
+    engine_version: str = ""
+    hostname: str = ""
+    node_id: str = ""  # the Ray node that ran the trial ("" outside Ray)
+    quality: dict[str, Any] | None = None  # QualityReport.model_dump() of a probed trial
+    quality_note: str = ""  # why a lossy trial has no quality figures
+    gpus: tuple[int, ...] | None = None
+    # -- issue 14: time account (seconds; start_s above), warm-up, segments, stop --
+    warmup_s: float = 0.0
+    measure_s: float = 0.0
+    # {"seconds", "segments", "converged", "jit_in_last_segment", ...} (autotune.warmup)
+    warmup: dict[str, Any] | None = None
+    segments: list[float] = field(default_factory=list)  # measured segment rates (tok/s)
+    # why measuring stopped: precise | cap | pruned | failing | schedule_end | interrupted
+    stop: str | None = None
+    pruned: bool = False  # a clear loser: stopped early against the incumbent
+    # prompt tokens of the measured runs (warm-up segments included): what the schedule
+    # asked for, over the requests served, and the server's vllm:prompt_tokens delta
+    prompt_tokens_sent: int = 0
+    prompt_tokens_server: float | None = None
+    # --objective capacity: CapacityResult.to_dict() (the bracket and every load level)
+    capacity: dict[str, Any] | None = None
+    # measured on a server an earlier trial started (run_trials_on_one_server): start_s 0,
+    # the start is that trial's
+    server_reused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def model_max_len(flags: tuple[str, ...] | list[str], model: str | Path) -> int:
+    """The server's max model length: --max-model-len if given, else the config's."""
+    flags = list(flags)
+    if "--max-model-len" in flags:
+        return int(flags[flags.index("--max-model-len") + 1])
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return int(cfg.get("max_position_embeddings", 2048))
