@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.cli._options import add_option
 from autotune.measure import fmt_interval
 from autotune.store import FailureReason
 
@@ -43,51 +44,44 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "running; exit status 130); a second one, or one during the start, stops at once"
         ),
     )
-    p.add_argument("--model", required=True, type=Path, help="local model directory")
-    p.add_argument("--shape", required=True, type=Path, help="traffic shape JSON")
+    # The options bench shares with tune come from tune's table (autotune/cli/_options.py):
+    # flag, dest, type and default written once; the help says what they do to one config.
+    add_option(p, "--model", required=True, help="local model directory")
+    add_option(p, "--shape", required=True, help="traffic shape JSON")
     p.add_argument("--flag", action="append", default=[], metavar="FLAGS",
                    help="engine flag(s), e.g. --flag='--max-num-seqs 64' (repeatable)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment variable for the server, e.g. OMP_NUM_THREADS=1")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="adaptive measurements on the same server, median reported "
-                        "(default 1: the interval over segments replaces repeats)")
-    p.add_argument("--precision", type=float, default=0.02,
-                   help="stop when the 95 %% interval is within this fraction (default 0.02)")
-    p.add_argument("--min-segments", type=int, default=5, metavar="N",
-                   help="measured segments before --precision may stop (default 5)")
-    p.add_argument("--measure-max-s", type=float, default=180.0,
-                   help="measure at most this long (default 180 s)")
-    p.add_argument("--warmup-max-s", type=float, default=120.0,
-                   help="warm up at most this long (default 120 s)")
-    p.add_argument("--segment-requests", type=int, default=None,
-                   help="completed requests per segment (default max(concurrency, 16))")
+    add_option(p, "--repeats", help="adaptive measurements on the same server, median reported "
+                                    "(default 1: the interval over segments replaces repeats)")
+    add_option(p, "--precision",
+               help="stop when the 95 %% interval is within this fraction (default 0.02)")
+    add_option(p, "--min-segments",
+               help="measured segments before --precision may stop (default 5)")
+    add_option(p, "--measure-max-s", help="measure at most this long (default 180 s)")
+    add_option(p, "--warmup-max-s", help="warm up at most this long (default 120 s)")
+    add_option(p, "--segment-requests",
+               help="completed requests per segment (default max(concurrency, 16))")
     p.add_argument("--no-stagger", dest="stagger", action="store_false",
                    help="start all closed-loop streams with full-length requests (lockstep; "
                         "--output-jitter then defaults to 0)")
-    p.add_argument("--output-jitter", type=float, default=None, metavar="FRACTION",
-                   help="closed loop: each request's output length times a factor drawn "
-                        "from [1 - FRACTION, 1 + FRACTION] (default 0.1; 0 replays the "
-                        "shape's lengths exactly): streams of equal lengths otherwise lock "
-                        "into step again and the throughput climbs for minutes")
-    p.add_argument("--warmup-requests", type=int, default=None,
-                   help="open-loop shapes: a fixed warm-up of N requests first (default 2 x "
-                        "concurrency); with --capacity the warm-up is segments of the levels' "
-                        "traffic unless N is given (0: no warm-up)")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help="requests per replay (default: the shape's load.requests)")
-    p.add_argument("--concurrency", type=int, default=None,
-                   help="closed-loop streams (default: the shape's)")
-    p.add_argument("--api", choices=("completions", "chat"), default="completions")
-    p.add_argument("--slo", default=None, help="goodput thresholds, e.g. ttft_p99=2,tpot_p99=0.05")
-    p.add_argument("--start-timeout", type=float, default=600.0)
+    add_option(p, "--output-jitter", default=None)  # None: 0.1, or 0 with --no-stagger
+    add_option(p, "--warmup-requests",
+               help="open-loop shapes: a fixed warm-up of N requests first (default 2 x "
+                    "concurrency); with --capacity the warm-up is segments of the levels' "
+                    "traffic unless N is given (0: no warm-up)")
+    add_option(p, "--num-requests")
+    add_option(p, "--concurrency", help="closed-loop streams (default: the shape's)")
+    add_option(p, "--api")
+    add_option(p, "--slo", help="goodput thresholds, e.g. ttft_p99=2,tpot_p99=0.05")
+    add_option(p, "--start-timeout")
     p.add_argument("--log", type=Path, default=None,
                    help="keep the server log in this file (a taken name gets a -N suffix)")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="compile/JIT caches, shared with autotune tune (default "
-                        "~/.cache/autotune): a config a study started before starts warm")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
+    add_option(p, "--cache-dir",
+               help="compile/JIT caches, shared with autotune tune (default "
+                    "~/.cache/autotune): a config a study started before starts warm")
+    add_option(p, "--seed", help="traffic seed")
+    add_option(p, "--cpu-kv-cache-gib")
     cap = p.add_argument_group(
         "capacity (--capacity)",
         "measure the config's capacity under --slo instead: the highest scale of the shape's "
@@ -96,24 +90,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cap.add_argument("--capacity", action="store_true",
                      help="measure capacity (req/s) rather than throughput; without --slo "
                           "the SLOs are ttft_p99=2.0,tpot_p99=0.1")
-    cap.add_argument("--capacity-goodput", type=float, default=0.99, metavar="SHARE",
-                     help="share of offered requests that must meet the SLOs (default 0.99)")
-    cap.add_argument("--capacity-tolerance", type=float, default=0.1, metavar="FRACTION",
-                     help="bisect until the bracket is within this fraction (default 0.1)")
-    cap.add_argument("--capacity-level-s", type=float, default=10.0, metavar="SECONDS",
-                     help="seconds of arrivals per load level, at least (default 10; "
-                          "stretched to 3 of the shape's request durations measured in the "
-                          "warm-up, at most 4x, so that a level judges a sustained rate)")
-    cap.add_argument("--capacity-max-s", type=float, default=90.0, metavar="SECONDS",
-                     help="the load levels stop once the next would end after this many "
-                          "seconds; the bracket is then as narrow as they made it "
-                          "(default 90)")
-    cap.add_argument("--capacity-start", type=float, default=1.0, metavar="SCALE",
-                     help="first level, as a scale of the recorded rate (default 1.0)")
-    cap.add_argument("--capacity-max-levels", type=int, default=10, metavar="N",
-                     help="load levels at most (default 10)")
-    cap.add_argument("--max-error-rate", type=float, default=0.05,
-                     help="a level fails with more failed requests than this share (0.05)")
+    add_option(cap, "--capacity-goodput",
+               help="share of offered requests that must meet the SLOs (default 0.99)")
+    add_option(cap, "--capacity-tolerance",
+               help="bisect until the bracket is within this fraction (default 0.1)")
+    add_option(cap, "--capacity-level-s",
+               help="seconds of arrivals per load level, at least (default 10; stretched to "
+                    "3 of the shape's request durations measured in the warm-up, at most "
+                    "4x, so that a level judges a sustained rate)")
+    add_option(cap, "--capacity-max-s",
+               help="the load levels stop once the next would end after this many seconds; "
+                    "the bracket is then as narrow as they made it (default 90)")
+    add_option(cap, "--capacity-start",
+               help="first level, as a scale of the recorded rate (default 1.0)")
+    add_option(cap, "--capacity-max-levels", help="load levels at most (default 10)")
+    add_option(cap, "--max-error-rate",
+               help="a level fails with more failed requests than this share (0.05)")
     from autotune.cli._cost import add_cost_arguments
 
     add_cost_arguments(p)
@@ -257,7 +249,7 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
         slo=goodput_slo(parse_slo(args.slo) or (CAPACITY_DEFAULT_SLO if capacity else {})),
         api=args.api,
         num_requests=args.num_requests, concurrency=args.concurrency,
-        start_timeout_s=args.start_timeout, log_path=str(log_path) if log_path else None,
+        start_timeout_s=args.start_timeout_s, log_path=str(log_path) if log_path else None,
         cpu_kv_cache_gib=args.cpu_kv_cache_gib, segment_requests=args.segment_requests,
         rule=SegmentRule(precision=args.precision, min_segments=args.min_segments,
                          measure_max_s=args.measure_max_s, warmup_max_s=args.warmup_max_s),

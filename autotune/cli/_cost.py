@@ -10,7 +10,7 @@ from autotune.cost import parse_api_price
 
 __all__ = ["COST_OPTIONS", "add_cost_arguments", "cost_lines"]
 
-#: keyword arguments of ``autotune.cli._tune.Option``, one per cost option
+#: keyword arguments of ``autotune.cli._options.Option``, one per cost option
 COST_OPTIONS: tuple[dict[str, Any], ...] = (
     {"flag": "--gpu-hour-price", "field": "gpu_hour_price", "group": "cost", "metavar": "USD",
      "help": "USD per GPU-hour (a CPU server counts as one unit): adds to the summary, "
