@@ -151,7 +151,7 @@ def test_bytecode_check_reads_the_interpreters_flag(tmp_path: Path) -> None:
     import sys
 
     _package(tmp_path)
-    code = "from autotune.preflight import check_bytecode; print(len(check_bytecode('fakevllm')))"
+    code = "from autotune.study import check_bytecode; print(len(check_bytecode('fakevllm')))"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
     for flag, expect in (("1", "1"), ("", "0")):
         env["PYTHONDONTWRITEBYTECODE"] = flag

@@ -190,7 +190,7 @@ def test_an_unauthenticated_client_is_refused(
         urllib.request.urlopen(url, timeout=10)
     assert err.value.code == 401
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
-    code = ("from autotune.tracking import MlflowTracker\n"
+    code = ("from autotune.results import MlflowTracker\n"
             f"MlflowTracker({mlflow_server.url!r})\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=120, cwd=REPO)

@@ -36,7 +36,7 @@ MODEL=${MODEL:-$HOME/models/nemotron3-nano-30b-a3b-mtp}
 if [ ! -f "$MODEL/tokenizer.json" ]; then  # the stand-in: config.json and a tokenizer
   mkdir -p "$MODEL" && cp experiments/h200/model/config.json "$MODEL/"
   python3 -c "
-from pathlib import Path; from autotune.modelgen import write_tokenizer
+from pathlib import Path; from autotune.engine import write_tokenizer
 write_tokenizer(Path('$MODEL'), vocab_size=131072)" >> "$RES/env.txt" 2>&1 \
     || { phase model-failed; touch "$RES/DONE"; exit 4; }
 fi
