@@ -212,3 +212,14 @@ def test_no_function_longer_than_120_lines() -> None:
                 if n > MAX_FUNCTION_LINES:
                     long.append(f"{name}.{node.name}: {n} lines")
     assert not long, long
+
+
+def test_no_package_re_exports_a_name_of_one_of_its_modules() -> None:
+    # importing the module ``pkg._x`` sets ``pkg._x`` to it, hiding a re-exported ``_x``
+    clash = []
+    for init in sorted(PKG.rglob("__init__.py")):
+        modules = {p.stem for p in init.parent.iterdir() if p.suffix == ".py" or p.is_dir()}
+        names = {a.asname or a.name for n in ast.walk(ast.parse(init.read_text()))
+                 if isinstance(n, ast.ImportFrom) for a in n.names}
+        clash += [f"{init.relative_to(REPO)}: {n}" for n in sorted(names & modules)]
+    assert not clash, clash

@@ -42,10 +42,10 @@ if TYPE_CHECKING:
         cut_bounds,
         idle_note,
     )
-    from autotune.trial._plan import (
+    from autotune.trial._replay import (
         _plan as _plan,
     )
-    from autotune.trial._plan import (
+    from autotune.trial._replay import (
         model_vocab_size,
     )
     from autotune.trial._spec import (
@@ -121,7 +121,7 @@ __getattr__ = lazy_exports(__name__, {
     ),
     "autotune.trial._open": ("_capacity_metrics",),
     "autotune.trial._open_loop": ("OpenRun", "STEADY_SPANS", "cut_bounds", "idle_note"),
-    "autotune.trial._plan": ("_plan", "model_vocab_size"),
+    "autotune.trial._replay": ("_plan", "model_vocab_size"),
     "autotune.trial._spec": (
         "INTERRUPT",
         "TrialOutcome",

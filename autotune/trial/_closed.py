@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.engine import VllmServer
 from autotune.store import FailureReason
-from autotune.trial._plan import _Plan, _schedule
+from autotune.trial._replay import _Plan, _schedule
 from autotune.trial._spec import _ARMED, INTERRUPT, TrialOutcome, TrialSpec
 
 logger = logging.getLogger(__name__)

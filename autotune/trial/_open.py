@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.engine import VllmServer
 from autotune.trial._closed import _abort, _aborted, _count_prompt_tokens
-from autotune.trial._plan import _Plan, _schedule
+from autotune.trial._replay import _Plan, _schedule
 from autotune.trial._spec import TrialOutcome, TrialSpec
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from autotune.events import PhaseReporter
 from autotune.store import FailureReason
 from autotune.trial._closed import _measure_segments, _time_metrics
 from autotune.trial._open import _capacity_metrics, _measure_capacity, _measure_open
-from autotune.trial._plan import _Plan, _plan
+from autotune.trial._replay import _Plan, _plan
 from autotune.trial._spec import TrialOutcome, TrialSpec
 
 logger = logging.getLogger(__name__)
