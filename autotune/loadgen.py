@@ -143,7 +143,9 @@ def staggered(first: Sequence[RequestSpec], streams: int) -> list[RequestSpec]:
 
 #: An abort condition: called after each finished request with that record and the counts
 #: of finished and failed requests so far; a returned line stops the run (requests not yet
-#: finished are cancelled and left out of the records).
+#: finished are cancelled and left out of the records). A hook with a ``tick(now)`` method
+#: is also asked about once a second (``now``: seconds of run time), so that a time cap
+#: holds while no request finishes (a server far behind its arrivals).
 Abort = Callable[[RequestRecord, int, int], str | None]
 
 _CONTEXT_HINT = ("maximum context length", "max_model_len", "max-model-len",
@@ -360,6 +362,17 @@ class _Runner:
         self.stop = asyncio.Event()
         self.interrupted_at: float | None = None
         self.complete_before: float | None = None
+
+    async def tick(self, every_s: float = 1.0) -> None:
+        """Ask the abort hook's ``tick(now)`` once every ``every_s`` (see :data:`Abort`)."""
+        tick = getattr(self.abort, "tick", None)
+        while tick is not None and not self.stop.is_set():
+            await asyncio.sleep(every_s)
+            if self.aborted is None:
+                why = tick(time.monotonic() - self.t0)
+                if why:
+                    self.aborted = why
+                    self.stop.set()
 
     async def watch(self, interrupt: threading.Event, every_s: float = 0.1) -> None:
         """Stop the run as soon as ``interrupt`` is set: no more sends, the requests in
@@ -674,10 +687,12 @@ async def run_schedule(
             stopper = asyncio.ensure_future(runner.stop.wait())
             watcher = (asyncio.ensure_future(runner.watch(interrupt))
                        if interrupt is not None else None)
+            ticker = asyncio.ensure_future(runner.tick())
             try:
                 await asyncio.wait((drive, stopper), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopper.cancel()
+                ticker.cancel()
                 if watcher is not None:
                     watcher.cancel()
                 if not drive.done():  # aborted or interrupted: cancel what is in flight
