@@ -42,7 +42,9 @@ class MlflowServer:
         self.env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini),
                     "MLFLOW_AUTH_ADMIN_PASSWORD": self.password, "PGPASSWORD": pg_password,
                     # the auth app's CSRF key: the same across restarts
-                    "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+                    "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+                    # autotune runs no MLflow jobs: no job runner and its consumer processes
+                    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             self.env.pop(k, None)
         self.proc: subprocess.Popen[bytes] | None = None

@@ -163,3 +163,23 @@ def test_a_level_at_a_low_rate_fits_the_time_cap() -> None:
     capped = LevelPlan(level_s=10.0, max_s=90.0)
     assert capped.requests(0.0864) == 4 and capped.seconds(0.0864) <= 45.0 + 1 / 0.0864
     assert capped.requests(5.0) == 50  # at a normal rate the cap changes nothing
+
+
+def test_the_caps_hold_while_no_request_finishes() -> None:
+    # a server far behind: one request finished in the first 5 s, none after; the
+    # load generator's tick (once a second) ends the warm-up at its cap, then the
+    # measurement at its own, although no completion closes a segment
+    rule = SegmentRule(warmup_max_s=40.0, measure_max_s=30.0)
+    run = OpenRun(send_at=[i * 0.2 for i in range(1000)], output=[100] * 1000, rate_rps=5.0,
+                  rule=rule, segment_s=10.0, measure=True)
+    assert run(Rec(0, 0.0, 5.0), 1, 0) is None
+    ends = [(t, run.tick(float(t))) for t in range(6, 120)]
+    warm = next(t for t, _ in ends if run.warm_end is not None and t >= run.warm_end)
+    assert warm == 40 and run.warm_end == 40.0 and not run.converged
+    assert run.warmup_record()["seconds"] == 40.0
+    stop = next((t, why) for t, why in ends if why)
+    assert stop == (70, "cap") and run.stopped_at == 70.0
+    # before a cap a tick changes nothing: segments still end on completions
+    idle = OpenRun(send_at=[0.0], output=[100], rate_rps=1.0, rule=rule, segment_s=10.0)
+    assert [idle.tick(float(t)) for t in range(1, 40)] == [None] * 39
+    assert idle.warm_rates == [] and idle.warm_end is None

@@ -492,3 +492,43 @@ def test_a_study_searched_without_its_recheck_gets_it_on_resume(tmp_path: Path,
     v = again.verdict  # type: ignore[attr-defined]
     assert v["method"] != WITHIN_RUN_ONLY and "pooled" in v["method"]
     assert json.loads((out / "study.json").read_text())["settings"]["recheck"] == 1
+
+
+def test_capacities_that_are_lower_bounds_rank_nothing_however_many_starts():
+    # every start of each config passed its first level and the search's time cap ended it
+    # there: identical readings (no spread), but lower bounds only: no ratio, no winner
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.store import judge_study
+
+    def capacity_study(readings: list[tuple[int | None, float, float | None, int | None]]
+                       ) -> optuna.Study:
+        """(max_num_seqs or None for the defaults, capacity, bracket top, recheck_of)"""
+        study = optuna.create_study(direction="maximize")
+        study.set_user_attr("autotune.settings", {"objective": "capacity"})
+        for seqs, value, hi, recheck_of in readings:
+            attrs: dict[str, object] = {"autotune.state": "ok", "autotune.metrics": {
+                "capacity_rps": value, "capacity_rps_ci_low": value,
+                "capacity_rps_ci_high": hi}}
+            if seqs is None:
+                attrs["autotune.baseline"] = True
+            if recheck_of is not None:
+                attrs["autotune.recheck_of"] = recheck_of
+            study.add_trial(create_trial(
+                state=TrialState.COMPLETE, value=value, user_attrs=attrs,
+                params={} if seqs is None else {"max_num_seqs": seqs},
+                distributions={} if seqs is None else {"max_num_seqs": IntDistribution(1, 64)}))
+        return study
+
+    lower = capacity_study([(None, 0.0864, None, r) for r in (None, 0, 0)]
+                           + [(17, 0.3457, None, r) for r in (None, 3, 3)])
+    j = judge_study(lower)
+    assert j is not None and j.verdict == "defaults_best" and j.ratio is None
+    assert "lower bounds rank nothing" in j.reason and "trial(s) 0, 1, 2, 3, 4, 5" in j.reason
+    # closed brackets (a failing level above each) do give the ratio
+    closed = capacity_study([(None, v, 2 * v, r) for r, v in ((None, 1.0), (0, 1.02), (0, 0.98))]
+                            + [(17, v, 2 * v, r) for r, v in ((None, 4.0), (3, 4.1), (3, 3.9))])
+    j = judge_study(closed)
+    assert j is not None and j.ratio is not None and j.verdict == "winner"

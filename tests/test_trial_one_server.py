@@ -29,7 +29,10 @@ OPEN = constant_shape(32, 16, name="open-16", load=LoadSpec(mode="open", rate_rp
 
 
 def _fake(tmp: Path, plan: str, shape: object = OPEN, number: int = 0, **kw: object) -> TrialSpec:
-    """A trial on the fake engine; every spec of one test shares its server fields."""
+    """A trial on the fake engine; every spec of one test shares its server fields. Short
+    caps (2 s of warm-up, 2 s of measurement): an open loop is sized by time, and these
+    tests are about which trial fails, not about precision."""
+    kw.setdefault("rule", SegmentRule(precision=0.2, warmup_max_s=2, measure_max_s=2))
     return TrialSpec(
         number=number, model=str(tmp / "model"), flags=("--max-model-len", "1024"),
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": plan,

@@ -86,6 +86,17 @@ class _Runner:
         self.interrupted_at: float | None = None
         self.complete_before: float | None = None
 
+    async def tick(self, every_s: float = 1.0) -> None:
+        """Ask the abort hook's ``tick(now)`` once every ``every_s`` (see :data:`Abort`)."""
+        tick = getattr(self.abort, "tick", None)
+        while tick is not None and not self.stop.is_set():
+            await asyncio.sleep(every_s)
+            if self.aborted is None:
+                why = tick(time.monotonic() - self.t0)
+                if why:
+                    self.aborted = why
+                    self.stop.set()
+
     async def watch(self, interrupt: threading.Event, every_s: float = 0.1) -> None:
         """Stop the run as soon as ``interrupt`` is set: no more sends, the requests in
         flight cancelled (waiting for them could take a whole request's duration)."""
@@ -399,10 +410,12 @@ async def run_schedule(
             stopper = asyncio.ensure_future(runner.stop.wait())
             watcher = (asyncio.ensure_future(runner.watch(interrupt))
                        if interrupt is not None else None)
+            ticker = asyncio.ensure_future(runner.tick())
             try:
                 await asyncio.wait((drive, stopper), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopper.cancel()
+                ticker.cancel()
                 if watcher is not None:
                     watcher.cancel()
                 if not drive.done():  # aborted or interrupted: cancel what is in flight

@@ -106,7 +106,9 @@ def staggered(first: Sequence[RequestSpec], streams: int) -> list[RequestSpec]:
 
 #: An abort condition: called after each finished request with that record and the counts
 #: of finished and failed requests so far; a returned line stops the run (requests not yet
-#: finished are cancelled and left out of the records).
+#: finished are cancelled and left out of the records). A hook with a ``tick(now)`` method
+#: is also asked about once a second (``now``: seconds of run time), so that a time cap
+#: holds while no request finishes (a server far behind its arrivals).
 Abort = Callable[[RequestRecord, int, int], str | None]
 
 

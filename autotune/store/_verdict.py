@@ -76,6 +76,14 @@ def _within(ts: list[Any], objective: str = "throughput") -> Any:
     return Interval(primary(ts[0]), lo / n, hi / n)
 
 
+def _lower_bound_only(t: Any, objective: str) -> bool:
+    """A capacity reading whose search found no failing level: a lower bound."""
+    if objective != "capacity":
+        return False
+    hi = (t.user_attrs.get(A.METRICS) or {}).get(interval_keys(objective)[1])
+    return not (isinstance(hi, (int, float)) and math.isfinite(hi))
+
+
 def judge_study(study: Any) -> Judgement | None:
     """The verdict (docs/measurement.md): the best re-checked config against the defaults.
 
@@ -120,6 +128,15 @@ def judge_study(study: Any) -> Judgement | None:
                          "nothing to compare with", None, cand, cand, [])
     if not cand:
         return _judge_pruned(study, base_use)
+    lower = [t.number for t in (*cand, *base_use) if _lower_bound_only(t, objective)]
+    if lower:
+        return Judgement("defaults_best", (
+            "no ratio to the defaults: the capacity search of trial(s) "
+            f"{', '.join(map(str, sorted(lower)))} ended before a failing level bracketed it "
+            "(its time cap or top scale), so those capacities are lower bounds only, and "
+            "lower bounds rank nothing however many starts: raise --capacity-max-s (or "
+            "lower --capacity-level-s): vLLM's defaults remain best"),
+            None, base_use, cand, base_use)
     ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
                               others=[[primary(t) for t in ts] for ts in pool if ts is not cand],
                               within={"config": _within(cand, objective),

@@ -265,4 +265,6 @@ def _both(first: Any, second: Any) -> Any:
         b = second(rec, done, failed)
         return a or b
 
+    if hasattr(first, "tick"):  # the time caps of an open loop (autotune.load.Abort)
+        check.tick = first.tick  # type: ignore[attr-defined]
     return check

@@ -87,11 +87,26 @@ class OpenRun:
         self.seg_tokens += rec.output_tokens if rec.ok else 0
         if now - self.seg_start < self.segment_s:
             return None
+        return self._close_segment(now)
+
+    def _close_segment(self, now: float) -> str | None:
         rate = self.seg_tokens / (now - self.seg_start)
         self.seg_start, self.seg_tokens = now, 0
         if self.warm_end is None:
             return self._warm_segment(now, rate)
         return self._measured_segment(now, rate)
+
+    def tick(self, now: float) -> str | None:
+        """Between completions (``autotune.loadgen.Abort``): a segment that has run past a
+        cap ends now, so the warm-up and measurement caps hold while no request finishes
+        (segments otherwise end on a completion)."""
+        if self.stop is not None or now - self.seg_start < self.segment_s:
+            return None
+        if self.warm_end is None:
+            past = now >= self.rule.warmup_max_s
+        else:
+            past = now - self.warm_end >= self.rule.measure_max_s
+        return self._close_segment(now) if past else None
 
     def steady_in_flight(self) -> float | None:
         """Little's law: the requests in flight the shape holds in steady state."""
