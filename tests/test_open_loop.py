@@ -183,3 +183,45 @@ def test_the_caps_hold_while_no_request_finishes() -> None:
     idle = OpenRun(send_at=[0.0], output=[100], rate_rps=1.0, rule=rule, segment_s=10.0)
     assert [idle.tick(float(t)) for t in range(1, 40)] == [None] * 39
     assert idle.warm_rates == [] and idle.warm_end is None
+
+
+def test_a_warm_up_that_fell_behind_is_the_brackets_top() -> None:
+    # pure: the warm-up at 1x fell behind (its queue only grew), so 1x is not sustained:
+    # the search runs downwards from 1/64 inside [?, 1x] and bisects, never above 1x
+    from autotune.measure import Slo
+    from autotune.trial import warmup_bound
+
+    search = CapacitySearch(start=1.0 / 64)
+    fell = {"overloaded": True, "served_share": 0.02, "jit_in_last_segment": False}
+    slo = Slo(ttft_s=2.0, tpot_s=0.1)
+    assert warmup_bound(CapacitySearch(), fell, slo) == 1.0
+    assert warmup_bound(CapacitySearch(), {**fell, "jit_in_last_segment": True}, slo) is None
+    assert warmup_bound(CapacitySearch(), {**fell, "overloaded": False}, slo) is None
+    assert warmup_bound(CapacitySearch(), fell, None) is None  # no SLO a queue breaks
+    assert warmup_bound(CapacitySearch(), fell, Slo(tpot_s=0.1)) is None
+    assert warmup_bound(CapacitySearch(), None, slo) is None
+
+    probed: list[float] = []
+
+    def probe(scale: float) -> Level:
+        probed.append(scale)
+        return Level(scale=scale, offered_rps=scale * 5.53, passed=scale <= 0.2,
+                     goodput_fraction=1.0 if scale <= 0.2 else 0.5, error_rate=0.0)
+
+    res = search_capacity(probe, recorded_rps=5.53, search=search, failed_at=1.0)
+    assert probed[:2] == [1.0 / 64, 0.125]  # bisects [1/64, 1]: no doubling up from 1/64
+    assert max(probed) < 1.0 and res.status == "found"
+    assert res.low is not None and res.high is not None and 0.125 <= res.low <= 0.2 < res.high
+    assert not res.high_from_warmup  # a level failed below the warm-up's scale
+    # one level fits the time cap: the bracket is [1/64, 1x], its top the warm-up's
+    probed.clear()
+    one = search_capacity(probe, recorded_rps=5.53, search=search, failed_at=1.0,
+                          room=lambda scale: False)
+    assert probed == [1.0 / 64] and one.status == "time"
+    assert (one.low, one.high, one.high_from_warmup) == (1.0 / 64, 1.0, True)
+    assert one.ci_high_rps == 5.53 and one.to_dict()["high_from_warmup"] is True
+    assert "its top: the warm-up" in one.summary()
+    # without it the same cap leaves a lower bound only
+    probed.clear()
+    alone = search_capacity(probe, recorded_rps=5.53, search=search, room=lambda scale: False)
+    assert alone.high is None and alone.ci_high_rps is None

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         recorded_rate,
         request_seconds,
         start_after_warmup,
+        warmup_bound,
     )
     from autotune.trial._open import (
         _capacity_metrics as _capacity_metrics,
@@ -95,6 +96,7 @@ __all__ = [
     "search_capacity",
     "start_after_warmup",
     "start_phases",
+    "warmup_bound",
 ]
 
 # Each name is imported from its module on first use: importing the package (or one
@@ -118,6 +120,7 @@ __getattr__ = lazy_exports(__name__, {
         "recorded_rate",
         "request_seconds",
         "start_after_warmup",
+        "warmup_bound",
     ),
     "autotune.trial._open": ("_capacity_metrics",),
     "autotune.trial._open_loop": ("OpenRun", "STEADY_SPANS", "cut_bounds", "idle_note"),

@@ -7,7 +7,9 @@ search runs on one running server: each probe replays the shape's open-loop arri
 ``s`` x the recorded rate for a bounded time (:mod:`autotune.trial`) and says pass or
 fail; this module only decides where to probe next:
 
-1. probe ``start`` (1.0: the recorded rate);
+1. probe ``start`` (1.0: the recorded rate); when the warm-up before the search already
+   saw the server fall behind the arrivals at some scale (``failed_at``), that scale is the
+   bracket's top from the start and step 2 runs only downwards;
 2. a pass doubles the scale until a level fails (or ``max_scale``: capacity at least
    that); a fail halves it until a level passes (or ``min_scale``: no capacity);
 3. bisect the bracket [highest pass, lowest fail] at its geometric mean until
@@ -115,6 +117,9 @@ class CapacityResult:
     # at min_scale
     status: Literal["found", "levels", "time", "capped", "none"] = "levels"
     levels: list[Level] = field(default_factory=list)
+    # ``high`` is the warm-up's: the server fell behind the arrivals there (no level failed
+    # below it)
+    high_from_warmup: bool = False
 
     @property
     def capacity_rps(self) -> float | None:
@@ -159,9 +164,11 @@ class CapacityResult:
             return (f"no load level met the SLOs: even {self.high or 0:.3g}x the recorded "
                     f"rate ({(self.high or 0) * r:.3g} req/s) failed ({len(self.levels)} levels)")
         hi = (f"{self.high * r:.3g}" if self.high is not None else "inf")
+        top = (" (its top: the warm-up, where the server fell behind the arrivals)"
+               if self.high_from_warmup else "")
         return (f"capacity {self.low * r:.3g} req/s ({self.low:.3g}x the recorded "
-                f"{r:.3g} req/s), interval [{self.low * r:.3g}, {hi}] req/s, {self.status}, "
-                f"{len(self.levels)} levels")
+                f"{r:.3g} req/s), interval [{self.low * r:.3g}, {hi}] req/s{top}, "
+                f"{self.status}, {len(self.levels)} levels")
 
     def to_dict(self, goodput: float | None = None) -> dict[str, Any]:
         flat = self.flat_misses(goodput) if goodput is not None else None
@@ -169,6 +176,7 @@ class CapacityResult:
                 "flat_misses_rps": list(flat) if flat else None,
                 "status": self.status, "capacity_rps": self.capacity_rps,
                 "ci_low_rps": self.ci_low_rps, "ci_high_rps": self.ci_high_rps,
+                "high_from_warmup": self.high_from_warmup,
                 "levels": [lv.to_dict() for lv in self.levels]}
 
 
@@ -188,17 +196,25 @@ class _OutOfTime(Exception):
 def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
                     search: CapacitySearch | None = None,
                     on_level: Callable[[Level, CapacityResult], None] | None = None,
-                    room: Callable[[float], bool] | None = None) -> CapacityResult:
+                    room: Callable[[float], bool] | None = None,
+                    failed_at: float | None = None) -> CapacityResult:
     """Bracket the capacity: ``probe(scale)`` runs one load level and says pass or fail.
 
     ``on_level(level, result_so_far)`` hears of each level as it ends (progress).
     ``room(scale)``: whether a level at ``scale`` still fits the time cap; asked before
     every level but the first, the search ends with status ``time`` when it says no (the
-    bracket is then as narrow as the levels run made it)."""
+    bracket is then as narrow as the levels run made it).
+    ``failed_at``: a scale the server was already seen not to sustain (the warm-up fell
+    behind its arrivals there): the bracket's top until a level fails below it."""
     s = search or CapacitySearch()
     if not (recorded_rps > 0 and math.isfinite(recorded_rps)):
         raise ConfigError(f"recorded rate is {recorded_rps}; capacity needs a rate > 0")
     res = CapacityResult(recorded_rps=recorded_rps)
+    if failed_at is not None:
+        if not (failed_at > 0 and math.isfinite(failed_at)):
+            raise ConfigError(f"failed_at is {failed_at}; a scale > 0 the server did not "
+                              "sustain")
+        res.high, res.high_from_warmup = failed_at, True
     try:
         return _bracket(probe, s, res, on_level, room)
     except _OutOfTime:
@@ -216,8 +232,8 @@ def _bracket(probe: Callable[[float], Level], s: CapacitySearch, res: CapacityRe
         res.levels.append(lv)
         if lv.passed:
             res.low = scale if res.low is None else max(res.low, scale)
-        else:
-            res.high = scale if res.high is None else min(res.high, scale)
+        elif res.high is None or scale < res.high:
+            res.high, res.high_from_warmup = scale, False
         if on_level is not None:
             on_level(lv, res)
         return lv.passed

@@ -27,7 +27,7 @@ from autotune.trial._capacity import CapacityResult, CapacitySearch, Level, sear
 
 __all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
            "find_capacity", "fit_level", "level_abort", "recorded_rate", "request_seconds",
-           "run_level", "start_after_warmup"]
+           "run_level", "start_after_warmup", "warmup_bound"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,23 @@ def start_after_warmup(search: CapacitySearch, warmup: dict[str, Any] | None
         f"the server fell behind the arrivals at {search.start:g}x the recorded rate in the "
         f"warm-up (it served {share:.0%} of the offered tokens): the levels start at "
         f"{start:.3g}x")
+
+
+def warmup_bound(search: CapacitySearch, warmup: dict[str, Any] | None,
+                 slo: Slo | None) -> float | None:
+    """The scale the capacity search may take as its bracket's top from the start: the
+    warm-up's (``search.start``) when the server fell behind those arrivals there
+    (``warmup["overloaded"]``: it served less than half the offered tokens from 20 s on,
+    so its queue only grew) and no kernel was still compiling in its last segment, under an
+    SLO a growing queue breaks (a TTFT or end-to-end limit: the wait counts in both). None
+    otherwise: a queue that grows by half the arrivals misses such a limit within any
+    level, so a level there would only spend the time cap to fail."""
+    w = warmup or {}
+    if not w.get("overloaded") or w.get("jit_in_last_segment"):
+        return None
+    if slo is None or (slo.ttft_s is None and slo.e2e_s is None):
+        return None
+    return search.start
 
 
 def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,
@@ -296,16 +313,18 @@ def find_capacity(*, recorded_rps: float, build: Build, client_kw: dict[str, Any
                   plan: LevelPlan | None = None, check: Callable[[], None] | None = None,
                   on_level: Callable[[Level, CapacityResult], None] | None = None,
                   jit: Callable[[], bool] | None = None,
+                  failed_at: float | None = None,
                   ) -> tuple[CapacityResult, Measurement | None]:
     """The bracketing search on one running server; returns the bracket and the
     measurement of the level the capacity rests on (None when no level passed).
     ``jit``: whether the server logged a kernel JIT compilation since its last call (each
-    level's ``jit_compiled``: a warm-up that did not cover the traffic)."""
+    level's ``jit_compiled``: a warm-up that did not cover the traffic); ``failed_at``:
+    the bracket's top known before the search (:func:`warmup_bound`)."""
     search = search or CapacitySearch()
     plan = plan or LevelPlan()
     probe = _Probe(recorded_rps, build, client_kw, slo, search, plan, check, jit)
     res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level,
-                          room=_room(plan, recorded_rps, probe))
+                          room=_room(plan, recorded_rps, probe), failed_at=failed_at)
     return res, (probe.measured.get(res.low) if res.low is not None else None)
 
 

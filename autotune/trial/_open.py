@@ -110,6 +110,7 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
         fit_level,
         recorded_rate,
         start_after_warmup,
+        warmup_bound,
     )
 
     recorded = recorded_rate(spec.shape)
@@ -122,6 +123,10 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     level_plan, stretched = fit_level(level_plan, None if warm.get("overloaded")
                                       else warm.get("request_s"))
     search, lower = start_after_warmup(spec.capacity, warm)
+    failed_at = warmup_bound(spec.capacity, warm, spec.slo)
+    if failed_at is not None:
+        lower += (f"; the bracket's top is {failed_at * recorded:.3g} req/s, where the "
+                  "server fell behind")
     for line in (stretched, lower):
         if line:
             logger.info("trial %d: %s", spec.number, line)
@@ -143,7 +148,7 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     res, m = find_capacity(recorded_rps=recorded, build=build, client_kw=client_kw,
                            slo=spec.slo, search=search, plan=level_plan,
                            check=server.check_serving, on_level=on_level,
-                           jit=watch.jit_since_last)
+                           jit=watch.jit_since_last, failed_at=failed_at)
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
