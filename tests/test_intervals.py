@@ -68,6 +68,7 @@ def test_intervals_print_unambiguously() -> None:
     assert fmt_interval(1234.5, 2000.0) == "[1,234.5, 2,000.0]"
     assert fmt_interval(1.0, 2.0, ".3f") == "[1.000, 2.000]"
     assert fmt_interval(None, 2.0) == ""
+    assert fmt_interval(0.0864, 5.53) == "[0.0864, 5.5]"  # a slow server's capacity, not 0.1
 
 
 def test_an_idle_server_under_bursty_arrivals_measures_the_traffic() -> None:

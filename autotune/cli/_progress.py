@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
-from autotune.measure import fmt_interval
+from autotune.measure import fmt_interval, fmt_value
 
 __all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display"]
 
@@ -99,7 +99,7 @@ class ProgressState:
         ci = f" {escape(fmt_interval(*self.best_ci))}" if self.best_ci else ""
         ratio = (f", {self.best_value / self.baseline_value:.2f}x defaults"
                  if self.baseline_value else "")
-        return f"best {self.best_value:,.1f}{ci} {label} (trial {self.best_number}{ratio})"
+        return f"best {fmt_value(self.best_value)}{ci} {label} (trial {self.best_number}{ratio})"
 
     def since_event(self) -> float:
         return 0.0 if self.at is None else max(0.0, self.clock() - self.at)
@@ -207,14 +207,14 @@ class ProgressDisplay(StudyCallback):
 
         msg = escape((e.message or "").split("\n", 1)[0][:300])
         if e.trial_value is not None and e.trial_reason is None:
-            what = f"[green]{e.trial_value:,.1f} {self.label}[/]"
+            what = f"[green]{fmt_value(e.trial_value)} {self.label}[/]"
             if e.baseline_value:
                 what += f" ({e.trial_value / e.baseline_value:.2f}x defaults)"
             return what
         if e.trial_reason == "pruned":  # a clear loser the pruner cut short: not a failure
             return "[cyan]pruned[/]" + (f": {msg}" if msg else "")
         if e.trial_value is not None:
-            return (f"[yellow]{e.trial_value:,.1f} {self.label}, infeasible "
+            return (f"[yellow]{fmt_value(e.trial_value)} {self.label}, infeasible "
                     f"({e.trial_reason})[/]" + (f": {msg}" if msg else ""))
         return f"[red]failed: {e.trial_reason}[/]" + (f": {msg}" if msg else "")
 

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from autotune.cli._options import _GROUPS, OPTIONS, _argparse_kwargs
 from autotune.config import TuneSettings
 from autotune.errors import ConfigError
-from autotune.measure import fmt_interval
+from autotune.measure import fmt_interval, fmt_value
 from autotune.quality._caveat import caveat_line
 
 
@@ -126,7 +126,7 @@ def _best_line(b: dict[str, Any], objective: str) -> str:
           and b["recheck_of"] != b["trial"] else "")
     n = len(b.get("readings") or [])
     median = f", the median of {n} readings" if n > 1 else ""
-    return (f"best: trial {b['trial']}{of}: {b['objective']['value']:,.1f} "
+    return (f"best: trial {b['trial']}{of}: {fmt_value(b['objective']['value'])} "
             f"{objective_label(objective)}{_per_gpu(b)}{median}{ratio}")
 
 

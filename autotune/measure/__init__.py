@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from autotune.measure._intervals import (
         arrivals_note,
         fmt_interval,
+        fmt_value,
         rate_interval,
     )
     from autotune.measure._measure import (
@@ -70,6 +71,7 @@ __all__ = [
     "decide_verdict",
     "drift",
     "fmt_interval",
+    "fmt_value",
     "mean_interval",
     "measure",
     "meets_slo",
@@ -89,7 +91,7 @@ __all__ = [
 # of its modules) loads nothing else.
 __getattr__ = lazy_exports(__name__, {
     "autotune.load": ("ServerSnapshot", "parse_metrics", "scrape_metrics", "snapshot_metrics"),
-    "autotune.measure._intervals": ("arrivals_note", "fmt_interval", "rate_interval"),
+    "autotune.measure._intervals": ("arrivals_note", "fmt_interval", "fmt_value", "rate_interval"),
     "autotune.measure._measure": ("combine", "measure", "meets_slo", "slo_misses"),
     "autotune.measure._model": ("Measurement", "Percentiles", "Slo"),
     "autotune.measure._segments": ("LogWatch", "SegmentWatch", "tell_phase"),

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as _st
 
-__all__ = ["SKEW_LIMIT", "arrivals_note", "fmt_interval", "rate_interval"]
+__all__ = ["SKEW_LIMIT", "arrivals_note", "fmt_interval", "fmt_value", "rate_interval"]
 
 #: segments whose sample skewness is beyond this (either way) are skewed: their interval is
 #: taken on the log scale (a bursty open loop's sub-windows; a closed loop's rarely are)
@@ -83,8 +83,16 @@ def arrivals_note(served: Sequence[float], offered: Sequence[float]) -> str:
             f"together (correlation {corr:.2f}); the interval describes the bursty traffic")
 
 
-def fmt_interval(low: float | None, high: float | None, spec: str = ",.1f") -> str:
-    """"[a, b]" (unambiguous with negative numbers, unlike "a-b"); "" when unknown."""
+def fmt_value(v: float) -> str:
+    """A figure for people: one decimal from 1 up (1,234.5 tok/s), three significant
+    digits below (a capacity of 0.0864 req/s reads 0.0864, not 0.1)."""
+    return format(v, ",.1f") if abs(v) >= 1 or v == 0 or not math.isfinite(v) else format(v, ".3g")
+
+
+def fmt_interval(low: float | None, high: float | None, spec: str | None = None) -> str:
+    """"[a, b]" (unambiguous with negative numbers, unlike "a-b"); "" when unknown.
+    ``spec``: a format for both ends (default :func:`fmt_value`)."""
     if low is None or high is None:
         return ""
-    return f"[{format(low, spec)}, {format(high, spec)}]"
+    f = fmt_value if spec is None else (lambda x: format(x, spec))
+    return f"[{f(low)}, {f(high)}]"
