@@ -347,19 +347,45 @@ def build_schedule(
     prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size, table)
 
     if mode == "closed":
-        streams = concurrency or load.concurrency
-        if streams is None and shape.concurrency is not None:
-            streams = max(1, round(shape.concurrency.mean))
-        if streams is None:
-            raise TrafficError(
-                f"a closed-loop replay of shape {shape.name!r} needs a concurrency (streams)"
-            )
-        reqs = tuple(
-            RequestSpec(index=i, prompt_token_ids=prompts[i], max_tokens=int(out[i]))
-            for i in range(n)
+        return _closed_schedule(shape, prompts, out, concurrency=concurrency, seed=seed)
+    times = _open_times(shape, n, rng_arr, rate_rps=rate_rps, arrival=arrival, scale=scale)
+    reqs = tuple(
+        RequestSpec(
+            index=i,
+            prompt_token_ids=prompts[i],
+            max_tokens=int(out[i]),
+            send_at_s=round(float(times[i]), 6),
         )
-        return Schedule(mode="closed", requests=reqs, concurrency=int(streams), seed=seed)
+        for i in range(times.shape[0])
+    )
+    cap = concurrency or load.concurrency
+    return Schedule(mode="open", requests=reqs, concurrency=cap, seed=seed)
 
+
+def _closed_schedule(shape: TrafficShape, prompts: Sequence[tuple[int, ...]], out: np.ndarray,
+                     *, concurrency: int | None, seed: int) -> Schedule:
+    """A closed loop: the requests in order, and its streams (asked, the load's, else the
+    recorded mean concurrency)."""
+    streams = concurrency or shape.load.concurrency
+    if streams is None and shape.concurrency is not None:
+        streams = max(1, round(shape.concurrency.mean))
+    if streams is None:
+        raise TrafficError(
+            f"a closed-loop replay of shape {shape.name!r} needs a concurrency (streams)"
+        )
+    reqs = tuple(
+        RequestSpec(index=i, prompt_token_ids=prompts[i], max_tokens=int(out[i]))
+        for i in range(out.shape[0])
+    )
+    return Schedule(mode="closed", requests=reqs, concurrency=int(streams), seed=seed)
+
+
+def _open_times(shape: TrafficShape, n: int, rng: np.random.Generator, *,
+                rate_rps: float | None, arrival: str | None, scale: float) -> np.ndarray:
+    """An open loop's send times: ``n`` arrivals of the process ``arrival`` at ``rate_rps``
+    (else the load's, else the recorded rate) stretched by ``scale``, cut at the load's
+    ``duration_s``."""
+    load = shape.load
     rate = rate_rps or load.rate_rps or shape.rate_rps
     if not rate or rate <= 0:
         raise TrafficError(
@@ -370,7 +396,7 @@ def build_schedule(
     kind = arrival or ("recorded" if has_profile and shape.rate_rps > 0 else "gamma")
     if kind not in ARRIVALS:
         raise TrafficError(f"arrival process {kind!r} is unknown; use one of {', '.join(ARRIVALS)}")
-    times = _arrival_times(shape, n, float(rate), kind, rng_arr) * scale  # type: ignore[arg-type]
+    times = _arrival_times(shape, n, float(rate), kind, rng) * scale  # type: ignore[arg-type]
     keep = n
     if load.duration_s is not None:
         keep = max(1, int(np.searchsorted(times, load.duration_s, side="right")))
@@ -378,17 +404,7 @@ def build_schedule(
             logger.info(
                 "open-loop schedule capped at %.1f s: %d of %d requests", load.duration_s, keep, n
             )
-    reqs = tuple(
-        RequestSpec(
-            index=i,
-            prompt_token_ids=prompts[i],
-            max_tokens=int(out[i]),
-            send_at_s=round(float(times[i]), 6),
-        )
-        for i in range(keep)
-    )
-    cap = concurrency or load.concurrency
-    return Schedule(mode="open", requests=reqs, concurrency=cap, seed=seed)
+    return times[:keep]
 
 
 def context_overflow(
