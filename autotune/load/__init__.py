@@ -1,7 +1,7 @@
 """Load: drive a recorded schedule against a server and record every request.
 
-The load generator (open or closed loop, streaming OpenAI client on a pool of
-keep-alive HTTP/1.1 connections), the prompts built for the model's tokenizer, the
+The load generator (open or closed loop: a driver each, ``_modes``; streaming OpenAI
+client on a pool of keep-alive HTTP/1.1 connections; hooks that watch a run, ``_hooks``), the prompts built for the model's tokenizer, the
 server's ``/metrics`` client, and the small HTTP helper every other request uses.
 """
 
