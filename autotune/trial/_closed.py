@@ -161,7 +161,8 @@ class _SegmentedRuns:
             "trial %d: its measured segments moved %+.1f %% from the first half to the "
             "second (significant at 95 %%): the server was not steady when its warm-up "
             "ended (%s); a longer --warmup-max-s covers it%s", spec.number,
-            100 * d.relative, "converged" if (self.outcome.warmup or {}).get("converged")
+            100 * d.relative,
+            "converged" if self.outcome.warmup and self.outcome.warmup.get("converged")
             else "at its cap",
             "" if spec.output_jitter > 0 else
             " (with --output-jitter 0, streams of equal lengths may also be falling "
