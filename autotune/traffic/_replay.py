@@ -318,19 +318,7 @@ def build_schedule(
     scale = time_scale if time_scale is not None else load.time_scale
     if n < 1:
         raise TrafficError(f"num_requests must be >= 1 (got {n})")
-    table: np.ndarray | None = None
-    if token_ids is not None:
-        table = np.asarray(token_ids, dtype=np.int64)
-        if table.ndim != 1 or table.shape[0] < 2:
-            raise TrafficError(f"token_ids has {table.size} ids; prompts need at least 2")
-        token_offset, vocab_size = 0, int(table.shape[0])
-    if vocab_size is None:
-        raise TrafficError("build_schedule needs vocab_size or token_ids to draw prompt ids")
-    if token_offset < 0 or vocab_size - token_offset < 2:
-        raise TrafficError(
-            f"vocab_size {vocab_size} leaves no room for token ids >= token_offset "
-            f"{token_offset}; use the model's real vocabulary size"
-        )
+    table, token_offset, vocab_size = _token_range(token_ids, vocab_size, token_offset)
     for label, v in (
         ("max_input_tokens", max_input_tokens),
         ("max_output_tokens", max_output_tokens),
@@ -360,6 +348,26 @@ def build_schedule(
     )
     cap = concurrency or load.concurrency
     return Schedule(mode="open", requests=reqs, concurrency=cap, seed=seed)
+
+
+def _token_range(token_ids: Sequence[int] | None, vocab_size: int | None, token_offset: int
+                 ) -> tuple[np.ndarray | None, int, int]:
+    """Where prompt ids are drawn from: ``[token_offset, vocab_size)``, or positions in
+    the ``token_ids`` table (returned with offset 0 and its length)."""
+    table: np.ndarray | None = None
+    if token_ids is not None:
+        table = np.asarray(token_ids, dtype=np.int64)
+        if table.ndim != 1 or table.shape[0] < 2:
+            raise TrafficError(f"token_ids has {table.size} ids; prompts need at least 2")
+        token_offset, vocab_size = 0, int(table.shape[0])
+    if vocab_size is None:
+        raise TrafficError("build_schedule needs vocab_size or token_ids to draw prompt ids")
+    if token_offset < 0 or vocab_size - token_offset < 2:
+        raise TrafficError(
+            f"vocab_size {vocab_size} leaves no room for token ids >= token_offset "
+            f"{token_offset}; use the model's real vocabulary size"
+        )
+    return table, token_offset, vocab_size
 
 
 def _closed_schedule(shape: TrafficShape, prompts: Sequence[tuple[int, ...]], out: np.ndarray,
