@@ -16,6 +16,9 @@ from tests.conftest import REPO
 
 PKG = REPO / "autotune"
 MAX_FUNCTION_LINES = 120
+# the load generator and a trial: a mode is a small strategy (load/_modes.py, _hooks.py),
+# not a branch of one function that serves every mode
+MAX_FUNCTION_LINES_BY_PACKAGE = {"load": 80, "trial": 80}
 MAX_FILE_LINES = 600
 MAX_TOP_LEVEL_MODULES = 8  # autotune/*.py, __init__ and __main__ included
 
@@ -203,15 +206,32 @@ def test_no_file_longer_than_600_lines() -> None:
     assert not long, long
 
 
-def test_no_function_longer_than_120_lines() -> None:
+def _long_functions(packages: set[str] | None, limit: int) -> list[str]:
+    """Functions (and methods) of ``packages`` (all of autotune/ when None) over ``limit``
+    lines, decorators left out, the docstring counted."""
     long = []
     for name, path in _modules().items():
+        if packages is not None and _layer_of(name) not in packages:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 n = (node.end_lineno or node.lineno) - node.lineno + 1
-                if n > MAX_FUNCTION_LINES:
+                if n > limit:
                     long.append(f"{name}.{node.name}: {n} lines")
+    return long
+
+
+def test_no_function_longer_than_120_lines() -> None:
+    long = _long_functions(None, MAX_FUNCTION_LINES)
     assert not long, long
+
+
+def test_no_function_longer_than_80_lines_in_the_load_generator_and_a_trial() -> None:
+    for package, limit in MAX_FUNCTION_LINES_BY_PACKAGE.items():
+        assert _long_functions({package}, 10), f"no function of autotune/{package}/ read"
+        long = _long_functions({package}, limit)
+        assert not long, (f"functions over {limit} lines in autotune/{package}/ (split a "
+                          f"mode into a strategy, a step into a function): {long}")
 
 
 def test_no_package_re_exports_a_name_of_one_of_its_modules() -> None:

@@ -253,6 +253,25 @@ def test_unusable_input_raises_loadgen_error(schedule: object, kwargs: dict, mat
         replay(schedule, **args)  # type: ignore[arg-type]
 
 
+def test_a_schedule_gets_the_driver_of_its_mode() -> None:
+    """The mode is a driver: a closed loop's streams are its connections; an open loop
+    needs one per request unless its concurrency caps what is in flight."""
+    from autotune.load._modes import ClosedLoop, OpenLoop, driver_for
+
+    shut = driver_for(closed(6, conc=2), stagger=True, refill=lambda i: [])
+    assert isinstance(shut, ClosedLoop) and shut.stagger and shut.refill is not None
+    assert (shut.mode, shut.concurrency, shut.connections(), len(shut.requests)) == (
+        "closed", 2, 2, 6)
+    reqs = tuple(RequestSpec(i, PROMPT, 4, send_at_s=0.1 * i) for i in range(5))
+    free = driver_for(Schedule(mode="open", requests=reqs))
+    assert isinstance(free, OpenLoop)
+    assert (free.mode, free.concurrency, free.connections()) == ("open", None, 5)
+    capped = driver_for(Schedule(mode="open", requests=reqs, concurrency=2))
+    assert (capped.concurrency, capped.connections()) == (2, 2)
+    with pytest.raises(LoadgenError, match="closed-loop schedules only"):
+        driver_for(Schedule(mode="open", requests=reqs), refill=lambda i: [])
+
+
 def test_metrics_sampled_during_the_run_give_server_figures(stub: StubServer) -> None:
     before = snapshot_metrics(stub.base_url)
     run = replay(closed(30, conc=6), base_url=stub.base_url, model="tiny", metrics_interval_s=0.02)

@@ -1,8 +1,9 @@
 """Load: drive a recorded schedule against a server and record every request.
 
-The load generator (open or closed loop, streaming OpenAI client on a pool of
-keep-alive HTTP/1.1 connections), the prompts built for the model's tokenizer, the
-server's ``/metrics`` client, and the small HTTP helper every other request uses.
+The load generator (open or closed loop: a driver each, ``_modes``; the hooks that watch
+a run, ``_hooks``; a streaming OpenAI client on a pool of keep-alive HTTP/1.1
+connections), the prompts built for the model's tokenizer, the server's ``/metrics``
+client, and the small HTTP helper every other request uses.
 """
 
 from __future__ import annotations

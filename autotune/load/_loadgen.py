@@ -19,178 +19,24 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import LoadgenError
-from autotune.load._http1 import Pool, RequestFailure, Target, short
+from autotune.load._hooks import hooks_for
+from autotune.load._http1 import Pool, Target
+from autotune.load._modes import Driver, driver_for
+from autotune.load._records import _PATHS, Abort, Api, RequestRecord, RunResult, SegmentControl
+from autotune.load._runner import _Runner
 from autotune.load._server_metrics import ServerSnapshot, fetch_metrics_text, parse_metrics
 
 if TYPE_CHECKING:
     import threading
 
     from autotune.traffic import RequestSpec, Schedule
-from autotune.load._records import (
-    _HEADERS,
-    _PATHS,
-    Abort,
-    Api,
-    RequestRecord,
-    RunResult,
-    SegmentControl,
-    staggered,
-)
-from autotune.load._sse import _body, _SseParser
 
 logger = logging.getLogger(__name__)
-
-
-class _Runner:
-    """State shared by all requests of one run."""
-
-    def __init__(
-        self,
-        pool: Pool,
-        *,
-        path: str,
-        model: str,
-        api: Api,
-        request_timeout_s: float,
-        stall_timeout_s: float,
-        t0: float,
-        total: int,
-        progress: Callable[[int, int], None] | None,
-        abort: Abort | None = None,
-    ) -> None:
-        self.pool = pool
-        self.path = path
-        self.model = model
-        self.api = api
-        self.request_timeout_s = request_timeout_s
-        self.stall_timeout_s = stall_timeout_s
-        self.t0 = t0
-        self.total = total
-        self.progress = progress
-        self.done = 0
-        self.live: dict[_SseParser, float] = {}  # parsers of requests in flight: send time
-        self.tokens_done = 0  # output tokens of finished successful requests
-        self.failed = 0
-        self.control: SegmentControl | None = None
-        self.stopped_at: float | None = None
-        self._next_boundary = 0
-        self.abort = abort
-        self.aborted: str | None = None
-        self.stop = asyncio.Event()
-        self.interrupted_at: float | None = None
-        self.complete_before: float | None = None
-
-    async def tick(self, every_s: float = 1.0) -> None:
-        """Ask the abort hook's ``tick(now)`` once every ``every_s`` (see :data:`Abort`)."""
-        tick = getattr(self.abort, "tick", None)
-        while tick is not None and not self.stop.is_set():
-            await asyncio.sleep(every_s)
-            if self.aborted is None:
-                why = tick(time.monotonic() - self.t0)
-                if why:
-                    self.aborted = why
-                    self.stop.set()
-
-    async def watch(self, interrupt: threading.Event, every_s: float = 0.1) -> None:
-        """Stop the run as soon as ``interrupt`` is set: no more sends, the requests in
-        flight cancelled (waiting for them could take a whole request's duration)."""
-        while not self.stop.is_set():
-            if interrupt.is_set():
-                now = time.monotonic() - self.t0
-                self.interrupted_at = now
-                self.complete_before = min(self.live.values(), default=now)
-                if self.stopped_at is None:
-                    self.stopped_at = now
-                self.stop.set()
-                return
-            await asyncio.sleep(every_s)
-
-    def _finished(self, rec: RequestRecord) -> None:
-        self.done += 1
-        if rec.error is not None:
-            self.failed += 1
-        if self.progress is not None:
-            self.progress(self.done, self.total)
-        control = self.control
-        if control is not None and self.stopped_at is None and self.done >= self._next_boundary:
-            self._next_boundary = self.done + max(1, control.segment_requests)
-            if self.done > 0:
-                now = time.monotonic() - self.t0
-                tokens = self.tokens_done + sum(p.cum for p in self.live)
-                if control.on_segment(now, tokens, self.failed):
-                    self.stopped_at = now
-        if self.abort is not None and self.aborted is None:
-            why = self.abort(rec, self.done, self.failed)
-            if why:
-                self.aborted = why
-                self.stop.set()
-
-    async def request(self, spec: RequestSpec) -> RequestRecord:
-        """Send one streaming request and record what came back."""
-        body = _body(spec, self.model, self.api)
-        head = self.pool.target.post_head(self.path, len(body), _HEADERS)
-        t0 = self.t0
-        clock = time.monotonic
-        sse = _SseParser(chat=self.api == "chat")
-        status: int | None = None
-        send = clock() - t0
-        self.live[sse] = send
-        try:
-            status = await self.pool.request(
-                head + body,
-                sse.feed,
-                timeout_s=self.request_timeout_s,
-                stall_s=self.stall_timeout_s,
-            )
-            sse.close()
-        except RequestFailure as f:
-            status = f.status if f.status is not None else status
-            return self._record(spec, send, clock() - t0, sse, status, f.reason, f.detail)
-        except OSError as exc:
-            detail = short(f"{type(exc).__name__}: {exc}")
-            return self._record(spec, send, clock() - t0, sse, status, "client_error", detail)
-        return self._record(spec, send, clock() - t0, sse, status, None, None)
-
-    def _record(
-        self,
-        spec: RequestSpec,
-        send: float,
-        end: float,
-        sse: _SseParser,
-        status: int | None,
-        error: str | None,
-        detail: str | None,
-    ) -> RequestRecord:
-        self.live.pop(sse, None)
-        if error is None:
-            self.tokens_done += sse.cum
-        times = sse.times
-        usage_total = sse.usage_total
-        rec = RequestRecord(
-            index=spec.index,
-            send_s=send,
-            first_token_s=times[0] if times else None,
-            end_s=end,
-            chunk_times_s=tuple(times),
-            chunk_tokens=tuple(sse.tokens),
-            prompt_tokens=sse.prompt_tokens,
-            output_tokens=(
-                usage_total if usage_total is not None and error is None else sum(sse.tokens)
-            ),
-            ok=error is None,
-            error=error,
-            detail=detail,
-            status=status,
-            sent_prompt_tokens=len(spec.prompt_token_ids),
-        )
-        self._finished(rec)
-        return rec
 
 
 @contextlib.contextmanager
@@ -234,36 +80,6 @@ def _raise_nofile(need: int) -> None:
                 need - 64,
                 need,
             )
-
-
-def _check(
-    schedule: Schedule,
-) -> tuple[Literal["open", "closed"], int | None, Sequence[RequestSpec]]:
-    mode = getattr(schedule, "mode", None)
-    requests = getattr(schedule, "requests", None)
-    conc = getattr(schedule, "concurrency", None)
-    if mode not in ("open", "closed") or requests is None:
-        raise LoadgenError(
-            f"not a replay schedule: {type(schedule).__name__}; build one with "
-            "autotune.traffic (Schedule with mode 'open' or 'closed')"
-        )
-    if conc is not None and conc < 1:
-        raise LoadgenError(f"schedule concurrency is {conc}; it must be >= 1 (or None)")
-    if mode == "closed" and conc is None:
-        raise LoadgenError("closed-loop schedule has concurrency=None; set the number of streams")
-    for spec in requests:
-        if spec.max_tokens < 1:
-            raise LoadgenError(
-                f"request {spec.index}: max_tokens is {spec.max_tokens}; it must be >= 1"
-            )
-        if mode == "open" and (
-            spec.send_at_s is None or not math.isfinite(spec.send_at_s) or spec.send_at_s < 0
-        ):
-            raise LoadgenError(
-                f"request {spec.index}: open-loop send_at_s is {spec.send_at_s}; "
-                "it must be a finite offset >= 0 s"
-            )
-    return mode, conc, requests
 
 
 async def _sample_metrics(
@@ -361,81 +177,38 @@ async def run_schedule(
     within 0.1 s of being set: the requests in flight are cancelled, and
     ``RunResult.interrupted_at_s``/``complete_before_s`` say when and up to when the
     records hold every token that arrived.
+
+    The mode is a driver (:mod:`autotune.load._modes`: :class:`OpenLoop`,
+    :class:`ClosedLoop`); progress, segments, the abort rule and the interrupt are hooks
+    that watch the run (:mod:`autotune.load._hooks`).
     """
-    mode, conc, specs = _check(schedule)
-    if mode != "closed" and (control is not None or refill is not None or stagger):
-        raise LoadgenError("control, refill and stagger apply to closed-loop schedules only")
+    driver = driver_for(schedule, control=control, refill=refill, stagger=stagger)
     if api not in _PATHS:
         raise LoadgenError(f"api is {api!r}; use 'completions' or 'chat'")
     base, target = _target(base_url, request_timeout_s, stall_timeout_s)
-    n = len(specs)
-    _raise_nofile((conc if conc is not None else n) + 64)
+    _raise_nofile(driver.connections() + 64)
+    hooks = hooks_for(progress=progress, total=len(driver.requests), control=control,
+                      abort=abort, interrupt=interrupt)
     records: dict[int, RequestRecord] = {}
-    samples: list[tuple[float, str]] = []
-    stop = asyncio.Event()
-    sampler: asyncio.Task[None] | None = None
-    if metrics_interval_s is not None and metrics_interval_s > 0:
-        first = asyncio.Event()
-        sampler = asyncio.create_task(
-            _sample_metrics(base, metrics_interval_s, samples, stop, first)
-        )
-        await first.wait()  # a "before" sample ahead of the first request
-    started_at = time.time()
-    t0 = time.monotonic()
-    pool = Pool(target, t0=t0)
-    runner = _Runner(
-        pool,
-        path=target.path.rstrip("/") + _PATHS[api],
-        model=model,
-        api=api,
-        request_timeout_s=request_timeout_s,
-        stall_timeout_s=stall_timeout_s,
-        t0=t0,
-        total=n,
-        progress=progress,
-        abort=abort,
-    )
-    runner.control = control
-    if control is not None:
-        runner._next_boundary = max(1, control.segment_requests)
-    try:
-        with _gc_relaxed():
-            if mode == "closed":
-                streams = conc or 1
-                heads = staggered(specs[:streams], streams) if stagger else list(specs[:streams])
-                feed = enumerate(_feed(heads, specs[streams:], refill, runner))
-                drive = asyncio.ensure_future(_closed(runner, feed, records, streams))
-            else:
-                drive = asyncio.ensure_future(_open(runner, specs, records, conc))
-            stopper = asyncio.ensure_future(runner.stop.wait())
-            watcher = (asyncio.ensure_future(runner.watch(interrupt))
-                       if interrupt is not None else None)
-            ticker = asyncio.ensure_future(runner.tick())
-            try:
-                await asyncio.wait((drive, stopper), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopper.cancel()
-                ticker.cancel()
-                if watcher is not None:
-                    watcher.cancel()
-                if not drive.done():  # aborted or interrupted: cancel what is in flight
-                    drive.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await drive
-            if not drive.cancelled():
-                drive.result()  # re-raise what the drive raised
-    finally:
-        wall = time.monotonic() - t0
-        pool.close()
-        if sampler is not None:
-            stop.set()
-            await sampler
+    async with _sampling(base, metrics_interval_s) as samples:
+        started_at = time.time()
+        t0 = time.monotonic()
+        pool = Pool(target, t0=t0)
+        runner = _Runner(pool, path=target.path.rstrip("/") + _PATHS[api], model=model,
+                         api=api, request_timeout_s=request_timeout_s,
+                         stall_timeout_s=stall_timeout_s, t0=t0, hooks=hooks)
+        try:
+            with _gc_relaxed():
+                await _drive(driver, runner, records)
+        finally:
+            wall = time.monotonic() - t0
+            pool.close()
     return RunResult(
         records=tuple(records[i] for i in sorted(records)),
         started_at=started_at,
         wall_s=wall,
-        mode=mode,
-        concurrency=conc,
+        mode=driver.mode,
+        concurrency=driver.concurrency,
         api=api,
         snapshots=_parse_samples(samples),
         stopped_at_s=runner.stopped_at,
@@ -445,65 +218,44 @@ async def run_schedule(
     )
 
 
-def _feed(first: Sequence[RequestSpec], rest: Sequence[RequestSpec],
-          refill: Callable[[int], Iterable[RequestSpec]] | None,
-          runner: _Runner) -> Iterator[RequestSpec]:
-    """The closed loop's requests in order: the schedule, then refills until stopped."""
-    yield from first
-    for spec in rest:
-        if runner.stopped_at is not None:
-            return
-        yield spec
-    nxt = (rest[-1].index if rest else first[-1].index if first else -1) + 1
-    while refill is not None and runner.stopped_at is None:
-        got = False
-        for spec in refill(nxt):
-            if runner.stopped_at is not None:
-                return
-            got = True
-            nxt = spec.index + 1
-            yield spec
-        if not got:
-            return
+async def _drive(driver: Driver, runner: _Runner, out: dict[int, RequestRecord]) -> None:
+    """Run ``driver`` with the hooks' tasks beside it until it is done or a hook ends the
+    run (``runner.stop``): then what is in flight is cancelled. Re-raises what it raised."""
+    drive = asyncio.ensure_future(driver.drive(runner, out))
+    stopper = asyncio.ensure_future(runner.stop.wait())
+    watchers = [asyncio.ensure_future(hook.watch(runner)) for hook in runner.hooks]
+    try:
+        await asyncio.wait((drive, stopper), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        for watcher in watchers:
+            watcher.cancel()
+        if not drive.done():  # aborted or interrupted: cancel what is in flight
+            drive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drive
+    if not drive.cancelled():
+        drive.result()  # re-raise what the drive raised
 
 
-async def _closed(
-    runner: _Runner, specs: Iterator[tuple[int, RequestSpec]], out: dict[int, RequestRecord],
-    streams: int,
-) -> None:
-    async def stream() -> None:
-        for i, spec in specs:  # one iterator shared by all streams: each takes the next
-            out[i] = await runner.request(spec)
-
-    async with asyncio.TaskGroup() as tg:
-        for _ in range(streams):
-            tg.create_task(stream())
-
-
-async def _open(
-    runner: _Runner,
-    specs: Sequence[RequestSpec],
-    out: dict[int, RequestRecord],
-    cap: int | None,
-) -> None:
-    sem = asyncio.Semaphore(cap) if cap is not None else None
-    order = sorted(range(len(specs)), key=lambda i: specs[i].send_at_s or 0.0)
-
-    async def one(i: int) -> None:
-        try:
-            out[i] = await runner.request(specs[i])
-        finally:
-            if sem is not None:
-                sem.release()
-
-    async with asyncio.TaskGroup() as tg:
-        for i in order:
-            delay = runner.t0 + (specs[i].send_at_s or 0.0) - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if sem is not None:
-                await sem.acquire()
-            tg.create_task(one(i))
+@contextlib.asynccontextmanager
+async def _sampling(base_url: str, interval_s: float | None
+                    ) -> AsyncIterator[list[tuple[float, str]]]:
+    """The /metrics texts taken every ``interval_s`` while the block runs (none when
+    ``interval_s`` is unset): one before it starts, one after it ends."""
+    samples: list[tuple[float, str]] = []
+    if interval_s is None or interval_s <= 0:
+        yield samples
+        return
+    stop = asyncio.Event()
+    first = asyncio.Event()
+    sampler = asyncio.create_task(_sample_metrics(base_url, interval_s, samples, stop, first))
+    await first.wait()  # a "before" sample ahead of the first request
+    try:
+        yield samples
+    finally:
+        stop.set()
+        await sampler
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -318,19 +318,7 @@ def build_schedule(
     scale = time_scale if time_scale is not None else load.time_scale
     if n < 1:
         raise TrafficError(f"num_requests must be >= 1 (got {n})")
-    table: np.ndarray | None = None
-    if token_ids is not None:
-        table = np.asarray(token_ids, dtype=np.int64)
-        if table.ndim != 1 or table.shape[0] < 2:
-            raise TrafficError(f"token_ids has {table.size} ids; prompts need at least 2")
-        token_offset, vocab_size = 0, int(table.shape[0])
-    if vocab_size is None:
-        raise TrafficError("build_schedule needs vocab_size or token_ids to draw prompt ids")
-    if token_offset < 0 or vocab_size - token_offset < 2:
-        raise TrafficError(
-            f"vocab_size {vocab_size} leaves no room for token ids >= token_offset "
-            f"{token_offset}; use the model's real vocabulary size"
-        )
+    table, token_offset, vocab_size = _token_range(token_ids, vocab_size, token_offset)
     for label, v in (
         ("max_input_tokens", max_input_tokens),
         ("max_output_tokens", max_output_tokens),
@@ -347,19 +335,65 @@ def build_schedule(
     prompts = _prompts(shape, inp, rng_prefix, rng_tok, token_offset, vocab_size, table)
 
     if mode == "closed":
-        streams = concurrency or load.concurrency
-        if streams is None and shape.concurrency is not None:
-            streams = max(1, round(shape.concurrency.mean))
-        if streams is None:
-            raise TrafficError(
-                f"a closed-loop replay of shape {shape.name!r} needs a concurrency (streams)"
-            )
-        reqs = tuple(
-            RequestSpec(index=i, prompt_token_ids=prompts[i], max_tokens=int(out[i]))
-            for i in range(n)
+        return _closed_schedule(shape, prompts, out, concurrency=concurrency, seed=seed)
+    times = _open_times(shape, n, rng_arr, rate_rps=rate_rps, arrival=arrival, scale=scale)
+    reqs = tuple(
+        RequestSpec(
+            index=i,
+            prompt_token_ids=prompts[i],
+            max_tokens=int(out[i]),
+            send_at_s=round(float(times[i]), 6),
         )
-        return Schedule(mode="closed", requests=reqs, concurrency=int(streams), seed=seed)
+        for i in range(times.shape[0])
+    )
+    cap = concurrency or load.concurrency
+    return Schedule(mode="open", requests=reqs, concurrency=cap, seed=seed)
 
+
+def _token_range(token_ids: Sequence[int] | None, vocab_size: int | None, token_offset: int
+                 ) -> tuple[np.ndarray | None, int, int]:
+    """Where prompt ids are drawn from: ``[token_offset, vocab_size)``, or positions in
+    the ``token_ids`` table (returned with offset 0 and its length)."""
+    table: np.ndarray | None = None
+    if token_ids is not None:
+        table = np.asarray(token_ids, dtype=np.int64)
+        if table.ndim != 1 or table.shape[0] < 2:
+            raise TrafficError(f"token_ids has {table.size} ids; prompts need at least 2")
+        token_offset, vocab_size = 0, int(table.shape[0])
+    if vocab_size is None:
+        raise TrafficError("build_schedule needs vocab_size or token_ids to draw prompt ids")
+    if token_offset < 0 or vocab_size - token_offset < 2:
+        raise TrafficError(
+            f"vocab_size {vocab_size} leaves no room for token ids >= token_offset "
+            f"{token_offset}; use the model's real vocabulary size"
+        )
+    return table, token_offset, vocab_size
+
+
+def _closed_schedule(shape: TrafficShape, prompts: Sequence[tuple[int, ...]], out: np.ndarray,
+                     *, concurrency: int | None, seed: int) -> Schedule:
+    """A closed loop: the requests in order, and its streams (asked, the load's, else the
+    recorded mean concurrency)."""
+    streams = concurrency or shape.load.concurrency
+    if streams is None and shape.concurrency is not None:
+        streams = max(1, round(shape.concurrency.mean))
+    if streams is None:
+        raise TrafficError(
+            f"a closed-loop replay of shape {shape.name!r} needs a concurrency (streams)"
+        )
+    reqs = tuple(
+        RequestSpec(index=i, prompt_token_ids=prompts[i], max_tokens=int(out[i]))
+        for i in range(out.shape[0])
+    )
+    return Schedule(mode="closed", requests=reqs, concurrency=int(streams), seed=seed)
+
+
+def _open_times(shape: TrafficShape, n: int, rng: np.random.Generator, *,
+                rate_rps: float | None, arrival: str | None, scale: float) -> np.ndarray:
+    """An open loop's send times: ``n`` arrivals of the process ``arrival`` at ``rate_rps``
+    (else the load's, else the recorded rate) stretched by ``scale``, cut at the load's
+    ``duration_s``."""
+    load = shape.load
     rate = rate_rps or load.rate_rps or shape.rate_rps
     if not rate or rate <= 0:
         raise TrafficError(
@@ -370,7 +404,7 @@ def build_schedule(
     kind = arrival or ("recorded" if has_profile and shape.rate_rps > 0 else "gamma")
     if kind not in ARRIVALS:
         raise TrafficError(f"arrival process {kind!r} is unknown; use one of {', '.join(ARRIVALS)}")
-    times = _arrival_times(shape, n, float(rate), kind, rng_arr) * scale  # type: ignore[arg-type]
+    times = _arrival_times(shape, n, float(rate), kind, rng) * scale  # type: ignore[arg-type]
     keep = n
     if load.duration_s is not None:
         keep = max(1, int(np.searchsorted(times, load.duration_s, side="right")))
@@ -378,17 +412,7 @@ def build_schedule(
             logger.info(
                 "open-loop schedule capped at %.1f s: %d of %d requests", load.duration_s, keep, n
             )
-    reqs = tuple(
-        RequestSpec(
-            index=i,
-            prompt_token_ids=prompts[i],
-            max_tokens=int(out[i]),
-            send_at_s=round(float(times[i]), 6),
-        )
-        for i in range(keep)
-    )
-    cap = concurrency or load.concurrency
-    return Schedule(mode="open", requests=reqs, concurrency=cap, seed=seed)
+    return times[:keep]
 
 
 def context_overflow(

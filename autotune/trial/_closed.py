@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -25,42 +25,7 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
     """Closed loop: one continuous run per repeat, cut into segments; warm-up until two
     segments agree with no kernel JIT in the last, measurement until the interval is
     within the precision (or a cap, or the pruner); the schedule refilled as needed."""
-    from autotune.load import replay
-    from autotune.measure import (
-        LogWatch,
-        SegmentRule,
-        SegmentWatch,
-        drift,
-        measure,
-        snapshot_metrics,
-    )
-
-    schedule = plan.schedule
-    rule = spec.rule or SegmentRule()
-    seg_n = spec.segment_requests or max(schedule.concurrency or 1, 16)
-    n_chunk = len(schedule.requests)
-
-    def chunk(k: int) -> Any:
-        return _schedule(spec, plan.max_len, seed=spec.seed + 1000 * k, mode=schedule.mode,
-                         concurrency=schedule.concurrency, num_requests=n_chunk)
-
-    def numbered(k: int) -> list[Any]:
-        return [replace(r, index=n_chunk * k + i) for i, r in enumerate(chunk(k).requests)]
-
-    # The next chunk is built in a thread ahead of need: built on the event loop it would
-    # stall every stream (140 ms for 1,280 requests of 512 tokens here).
-    prefetch = ThreadPoolExecutor(1, thread_name_prefix="autotune-schedule")
-    ahead: dict[int, Future[list[Any]]] = {1: prefetch.submit(numbered, 1)}
-
-    def refill(next_index: int) -> list[Any]:
-        ((k, fut),) = ahead.items()
-        ahead.clear()
-        ahead[k + 1] = prefetch.submit(numbered, k + 1)
-        got = fut.result()
-        if got and got[0].index != next_index:  # a schedule shorter than asked
-            got = [replace(r, index=next_index + i) for i, r in enumerate(got)]
-        return got
-
+    runs = _SegmentedRuns(spec, plan, server, outcome, phase, client_kw)
     results = []
     _ARMED.set()
     try:
@@ -68,62 +33,140 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
             if INTERRUPT.is_set():
                 outcome.stop = "interrupted"
                 break
-            phase("warming_up", f"segments of {seg_n} requests" if r == 0
-                  else f"repeat {r + 1}: one segment")
-            ctl = SegmentWatch(rule if r == 0 else replace(rule, warmup_max_segments=1),
-                               seg_n, LogWatch(server.log_path), spec.incumbent_low,
-                               spec.number, phase)
-            t_run = time.monotonic()
-            before = snapshot_metrics(server.base_url)
-            run = replay(schedule if r == 0 else chunk(100 + r), **client_kw, control=ctl,
-                         refill=refill, stagger=spec.stagger, metrics_interval_s=5.0,
-                         abort=_abort(spec, min(20, seg_n)), interrupt=INTERRUPT)
-            server.check_alive()
-            if _aborted(spec, run, outcome, server):
-                break
-            _count_prompt_tokens(outcome, run, before, snapshot_metrics(server.base_url))
-            wall = time.monotonic() - t_run
-            warm_s = min(ctl.warm_end if ctl.warm_end is not None else wall, wall)
-            if r == 0:
-                outcome.warmup_s = warm_s
-                outcome.warmup = {"seconds": round(warm_s, 2), "segments": len(ctl.warm_rates),
-                                  "converged": ctl.converged, "jit_in_last_segment": ctl.jit_last,
-                                  "jit_events": ctl.watch.events,
-                                  "jit_segments_measuring": ctl.jit_measuring,
-                                  "rates": [round(x, 1) for x in ctl.warm_rates]}
-            outcome.measure_s += max(0.0, wall - warm_s)
-            bounds = _complete(spec, run, ctl.bounds, r)
-            if run.interrupted_at_s is not None and len(bounds) < 2:
-                outcome.stop = "interrupted"  # before this repeat measured a whole segment
-                break
-            m = measure(run, slo=spec.slo, segments=bounds)
-            results.append(m)
-            outcome.segments += list(m.segment_tokens_per_s)
-            outcome.stop = ("interrupted" if run.interrupted_at_s is not None
-                            else ctl.stop or "schedule_end")
-            logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
-                        spec.number, r, m.output_tokens_per_s, outcome.stop,
-                        len(m.segment_tokens_per_s), outcome.warmup)
-            d = drift(m.segment_tokens_per_s)
-            if d is not None and d.significant and abs(d.relative) > rule.precision:
-                logger.warning(
-                    "trial %d: its measured segments moved %+.1f %% from the first half to the "
-                    "second (significant at 95 %%): the server was not steady when its warm-up "
-                    "ended (%s); a longer --warmup-max-s covers it%s", spec.number,
-                    100 * d.relative, "converged" if (outcome.warmup or {}).get("converged")
-                    else "at its cap",
-                    "" if spec.output_jitter > 0 else
-                    " (with --output-jitter 0, streams of equal lengths may also be falling "
-                    "back into step: docs/measurement.md, section 4)")
-            if ctl.stop == "pruned":
-                outcome.pruned = True
-                break
-            if run.interrupted_at_s is not None:
+            m = runs.repeat(r)
+            if m is not None:
+                results.append(m)
+            if runs.done:
                 break
     finally:
         _ARMED.clear()
-        prefetch.shutdown(wait=False, cancel_futures=True)
+        runs.refill.close()
     return results
+
+
+class _Refill:
+    """A closed loop's refills (``refill`` of :func:`autotune.load.run_schedule`): chunk k
+    of the shape's traffic (the schedule's length, seed ``seed + 1000 k``), numbered on
+    from the schedule. The next chunk is built in a thread ahead of need: built on the
+    event loop it would stall every stream (140 ms for 1,280 requests of 512 tokens)."""
+
+    def __init__(self, spec: TrialSpec, plan: _Plan) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.n_chunk = len(plan.schedule.requests)
+        self.prefetch = ThreadPoolExecutor(1, thread_name_prefix="autotune-schedule")
+        self.ahead: dict[int, Future[list[Any]]] = {1: self.prefetch.submit(self.numbered, 1)}
+
+    def chunk(self, k: int) -> Any:
+        """Chunk ``k`` of the traffic, as a schedule of the trial's mode and streams."""
+        schedule = self.plan.schedule
+        return _schedule(self.spec, self.plan.max_len, seed=self.spec.seed + 1000 * k,
+                         mode=schedule.mode, concurrency=schedule.concurrency,
+                         num_requests=self.n_chunk)
+
+    def numbered(self, k: int) -> list[Any]:
+        return [replace(r, index=self.n_chunk * k + i)
+                for i, r in enumerate(self.chunk(k).requests)]
+
+    def __call__(self, next_index: int) -> list[Any]:
+        ((k, fut),) = self.ahead.items()
+        self.ahead.clear()
+        self.ahead[k + 1] = self.prefetch.submit(self.numbered, k + 1)
+        got = fut.result()
+        if got and got[0].index != next_index:  # a schedule shorter than asked
+            got = [replace(r, index=next_index + i) for i, r in enumerate(got)]
+        return got
+
+    def close(self) -> None:
+        self.prefetch.shutdown(wait=False, cancel_futures=True)
+
+
+class _SegmentedRuns:
+    """The repeats of a closed-loop trial: each one continuous run, its sends stopped by
+    a :class:`autotune.measure.SegmentWatch` (warm-up on the first repeat only)."""
+
+    def __init__(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
+                 outcome: TrialOutcome, phase: Callable[[str, str], None],
+                 client_kw: dict[str, Any]) -> None:
+        from autotune.measure import SegmentRule
+
+        self.spec, self.plan, self.server, self.outcome = spec, plan, server, outcome
+        self.phase, self.client_kw = phase, client_kw
+        self.rule = spec.rule or SegmentRule()
+        self.seg_n = spec.segment_requests or max(plan.schedule.concurrency or 1, 16)
+        self.refill = _Refill(spec, plan)
+        self.done = False  # no repeat after this one (aborted, interrupted, pruned)
+
+    def repeat(self, r: int) -> Any:
+        """Repeat ``r``: its measurement, or None when it measured no whole segment."""
+        from autotune.load import replay
+        from autotune.measure import LogWatch, SegmentWatch, measure, snapshot_metrics
+
+        spec, server, outcome = self.spec, self.server, self.outcome
+        self.phase("warming_up", f"segments of {self.seg_n} requests" if r == 0
+                   else f"repeat {r + 1}: one segment")
+        ctl = SegmentWatch(self.rule if r == 0 else replace(self.rule, warmup_max_segments=1),
+                           self.seg_n, LogWatch(server.log_path), spec.incumbent_low,
+                           spec.number, self.phase)
+        t_run = time.monotonic()
+        before = snapshot_metrics(server.base_url)
+        run = replay(self.plan.schedule if r == 0 else self.refill.chunk(100 + r),
+                     **self.client_kw, control=ctl, refill=self.refill, stagger=spec.stagger,
+                     metrics_interval_s=5.0, abort=_abort(spec, min(20, self.seg_n)),
+                     interrupt=INTERRUPT)
+        server.check_alive()
+        if _aborted(spec, run, outcome, server):
+            self.done = True
+            return None
+        self.done = run.interrupted_at_s is not None  # an interrupted repeat is the last
+        _count_prompt_tokens(outcome, run, before, snapshot_metrics(server.base_url))
+        wall = time.monotonic() - t_run
+        warm_s = min(ctl.warm_end if ctl.warm_end is not None else wall, wall)
+        if r == 0:
+            self._record_warmup(ctl, warm_s)
+        outcome.measure_s += max(0.0, wall - warm_s)
+        bounds = _complete(spec, run, ctl.bounds, r)
+        if run.interrupted_at_s is not None and len(bounds) < 2:
+            outcome.stop = "interrupted"  # before this repeat measured a whole segment
+            return None
+        m = measure(run, slo=spec.slo, segments=bounds)
+        outcome.segments += list(m.segment_tokens_per_s)
+        outcome.stop = ("interrupted" if run.interrupted_at_s is not None
+                        else ctl.stop or "schedule_end")
+        logger.info("trial %d repeat %d: %s out tok/s (%s, %d segments, warm-up %s)",
+                    spec.number, r, m.output_tokens_per_s, outcome.stop,
+                    len(m.segment_tokens_per_s), outcome.warmup)
+        self._warn_drift(m.segment_tokens_per_s)
+        if ctl.stop == "pruned":
+            outcome.pruned = self.done = True
+        return m
+
+    def _record_warmup(self, ctl: Any, warm_s: float) -> None:
+        self.outcome.warmup_s = warm_s
+        self.outcome.warmup = {
+            "seconds": round(warm_s, 2), "segments": len(ctl.warm_rates),
+            "converged": ctl.converged, "jit_in_last_segment": ctl.jit_last,
+            "jit_events": ctl.watch.events, "jit_segments_measuring": ctl.jit_measuring,
+            "rates": [round(x, 1) for x in ctl.warm_rates]}
+
+    def _warn_drift(self, segments: Sequence[float]) -> None:
+        """A measurement whose segments moved between its halves: the warm-up ended early."""
+        from autotune.measure import drift
+
+        spec = self.spec
+        d = drift(segments)
+        if d is None or not d.significant or abs(d.relative) <= self.rule.precision:
+            return
+        logger.warning(
+            "trial %d: its measured segments moved %+.1f %% from the first half to the "
+            "second (significant at 95 %%): the server was not steady when its warm-up "
+            "ended (%s); a longer --warmup-max-s covers it%s", spec.number,
+            100 * d.relative,
+            "converged" if self.outcome.warmup and self.outcome.warmup.get("converged")
+            else "at its cap",
+            "" if spec.output_jitter > 0 else
+            " (with --output-jitter 0, streams of equal lengths may also be falling "
+            "back into step: docs/measurement.md, section 4)")
 
 
 def _complete(spec: TrialSpec, run: Any, bounds: list[float], repeat: int) -> list[float]:
