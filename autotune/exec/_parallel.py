@@ -41,7 +41,7 @@ class Executor(Protocol):
 
     slots: int
 
-    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> Any: ...
+    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> object: ...
 
     def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]: ...
 
@@ -102,14 +102,27 @@ def _call(fn: Callable[..., TrialOutcome], spec: TrialSpec,
     return fn(spec)
 
 
-def _remote_trial(fn: Callable[..., TrialOutcome], spec: TrialSpec, queue: Any) -> TrialOutcome:
+#: What a worker sends the driver for each phase: ``(number, phase, elapsed_s, detail)``,
+#: the arguments of a :data:`PhaseReporter`.
+Phase = tuple[int, str, float, str]
+
+
+class _PhaseQueue(Protocol):
+    """The worker's side of the phase queue (a ``ray.util.queue.Queue``)."""
+
+    def put_nowait(self, item: Phase) -> None: ...
+
+
+def _remote_trial(fn: Callable[..., TrialOutcome], spec: TrialSpec,
+                  queue: _PhaseQueue | None) -> TrialOutcome:
     """In a Ray worker: run the trial, sending its phases to the driver through ``queue``."""
     if queue is None:
         return _call(fn, spec, None)
 
     def report(number: int, phase: str, elapsed_s: float, detail: str) -> None:
         try:  # phases are for displays: losing one must never fail the trial
-            queue.put_nowait((number, phase, elapsed_s, detail))
+            item: Phase = (number, phase, elapsed_s, detail)
+            queue.put_nowait(item)
         except Exception:
             logger.debug("trial %d: phase %s not delivered", number, phase, exc_info=True)
 
@@ -119,7 +132,7 @@ def _remote_trial(fn: Callable[..., TrialOutcome], spec: TrialSpec, queue: Any) 
 @dataclass
 class _Flight:
     spec: TrialSpec
-    ref: Any
+    ref: object  # Ray's ObjectRef of the task: it returns the TrialOutcome
     on_phase: PhaseReporter | None = None
     node: str = ""  # the Ray node id and the GPUs the driver reserved there
     gpus: tuple[int, ...] = ()
@@ -256,7 +269,7 @@ class RayExecutor:
             return None
         return Node(gpus=self.pool.largest_node, gpu_memory_gib=self._gpu_memory_gib)
 
-    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> Any:
+    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> object:
         queue = self._phase_queue() if on_phase is not None else None
         options, node, gpus = dict(self._options), "", cast(tuple[int, ...], ())
         if self.pool is not None:

@@ -126,7 +126,8 @@ class SimulatedExecutor(StudyCallback):
             on_phase(spec.number, "starting", 0.0, " ".join(spec.flags))
         result = self.evaluate(self.params.pop(spec.number, {}), spec)
         if isinstance(result, str):
-            return TrialOutcome(number=spec.number, ok=False, reason=result or FailureReason.CRASH,
+            return TrialOutcome(number=spec.number, ok=False,
+                                reason=FailureReason(result or FailureReason.CRASH),
                                 message=f"simulated failure: {result}", wall_s=wall, gpus=gpus)
         if on_phase is not None:
             on_phase(spec.number, "measuring", wall / 2, "simulated")

@@ -16,9 +16,11 @@ if TYPE_CHECKING:
         start_phases,
     )
     from autotune.trial._capacity import (
+        CapacityRecord,
         CapacityResult,
         CapacitySearch,
         Level,
+        LevelRecord,
         flat_note,
         search_capacity,
     )
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
         INTERRUPT,
         TrialOutcome,
         TrialSpec,
+        WarmupRecord,
         interrupt,
         model_max_len,
     )
@@ -70,13 +73,16 @@ __all__ = [
     "INTERRUPT",
     "LEVEL_SPAN",
     "STEADY_SPANS",
+    "CapacityRecord",
     "CapacityResult",
     "CapacitySearch",
     "Level",
     "LevelPlan",
+    "LevelRecord",
     "OpenRun",
     "TrialOutcome",
     "TrialSpec",
+    "WarmupRecord",
     "capacity_spec",
     "compile_seconds",
     "cut_bounds",
@@ -102,9 +108,11 @@ __all__ = [
 __getattr__ = lazy_exports(__name__, {
     "autotune.engine": ("compile_seconds", "start_phases"),
     "autotune.trial._capacity": (
+        "CapacityRecord",
         "CapacityResult",
         "CapacitySearch",
         "Level",
+        "LevelRecord",
         "flat_note",
         "search_capacity",
     ),
@@ -126,6 +134,7 @@ __getattr__ = lazy_exports(__name__, {
         "INTERRUPT",
         "TrialOutcome",
         "TrialSpec",
+        "WarmupRecord",
         "interrupt",
         "model_max_len",
     ),

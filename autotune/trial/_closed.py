@@ -110,7 +110,8 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
                     "trial %d: its measured segments moved %+.1f %% from the first half to the "
                     "second (significant at 95 %%): the server was not steady when its warm-up "
                     "ended (%s); a longer --warmup-max-s covers it%s", spec.number,
-                    100 * d.relative, "converged" if (outcome.warmup or {}).get("converged")
+                    100 * d.relative,
+                    "converged" if outcome.warmup and outcome.warmup.get("converged")
                     else "at its cap",
                     "" if spec.output_jitter > 0 else
                     " (with --output-jitter 0, streams of equal lengths may also be falling "
