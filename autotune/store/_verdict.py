@@ -9,10 +9,13 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TypedDict
 
 from autotune.store._keys import _METRICS, A, State, interval_keys
 from autotune.store._trials import feasible, primary, readings, server_gpus_of
+
+if TYPE_CHECKING:
+    from autotune.events import ParamValue
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +216,29 @@ def verdict(study: Any) -> Verdict:
     return Verdict(rep, vals, base_rep, [primary(t) for t in j.defaults])
 
 
-def verdict_record(j: Judgement | None) -> dict[str, Any]:
+class VerdictRecord(TypedDict):
+    """``verdict_record()``: the ``autotune.verdict`` study attribute. A study with no
+    feasible trial has only the first five keys (the keys marked not required)."""
+
+    verdict: str  # "winner" | "defaults_best" | "unverified" | "none"
+    ratio_to_defaults: dict[str, float] | None  # {"median", "ci_low", "ci_high"}
+    winner_number: int | None
+    baseline_number: int | None
+    reason: str
+    candidate_number: NotRequired[int | None]
+    candidate_params: NotRequired[dict[str, ParamValue] | None]
+    candidate_gpus: NotRequired[int | None]
+    candidate_pruned: NotRequired[bool]
+    # {"candidate": [...], "defaults": [...]} (a pruned candidate's reading may be None)
+    readings: NotRequired[dict[str, list[float | None]]]
+    method: NotRequired[str | None]
+    start_spread: NotRequired[float | None]
+    starts_needed: NotRequired[dict[str, int | None] | None]  # per_config, recheck_starts
+    # the study adds the word on a lossy winner's quality (autotune.quality.quality_caveat)
+    quality: NotRequired[dict[str, object] | None]
+
+
+def verdict_record(j: Judgement | None) -> VerdictRecord:
     """``autotune.verdict`` (study attribute, study.json, best.json's ``verdict``,
     ``ratio_to_defaults`` and ``verdict_detail``)."""
     if j is None:

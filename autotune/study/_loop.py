@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from autotune.exec import Executor
     from autotune.quality import ProbeOutputs, ProbeSet, QualityThresholds
+    from autotune.store import VerdictRecord
     from autotune.traffic import TrafficShape
 from autotune.study._gputime import GpuTime
 from autotune.study._inputs import _retry_stopped, goodput_slo
@@ -221,7 +222,7 @@ class StudyLoop:
         record["quality"] = self._winner_quality(record)
         self.study.set_user_attr(A.VERDICT, record)
 
-    def _winner_quality(self, record: dict[str, Any]) -> dict[str, Any] | None:
+    def _winner_quality(self, record: VerdictRecord) -> dict[str, Any] | None:
         """The verdict's word on a winner that sets lossy knobs: judged, or why not."""
         from autotune.quality import quality_caveat
 
