@@ -14,6 +14,7 @@ from autotune.config import TuneSettings
 from autotune.credentials import redact
 from autotune.errors import StudyError
 from autotune.events import (
+    ParamValue,
     StudyCallback,
     StudyCallbacks,
     StudyEvent,
@@ -113,7 +114,7 @@ class TrialTemplate:
 @dataclass
 class _Flight:
     trial: optuna.Trial
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     launch: LaunchSpec
     baseline: bool
     spec: TrialSpec | None = None
