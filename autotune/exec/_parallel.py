@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from autotune.engine._launcher import DIR_ENV as PRELOAD_DIR_ENV
 from autotune.errors import AutotuneError
@@ -23,6 +23,9 @@ from autotune.hardware import cpu_count, gpu_memory_gib, gpu_names
 from autotune.parallelism import GpuPool, Node
 from autotune.store import FailureReason
 from autotune.trial import TrialOutcome, TrialSpec, run_trial
+
+if TYPE_CHECKING:
+    from ray.util.queue import Queue
 
 __all__ = ["Executor", "InlineExecutor", "RayExecutor"]
 
@@ -234,7 +237,8 @@ class RayExecutor:
         self.slots = slots
         self.gpus_per_trial = gpus_per_trial
         self._fn = fn
-        self._queue: Any = None  # a ray.util.queue.Queue for the trials' phases, made on use
+        # the trials' phases, made on use (False: Ray could not make one)
+        self._queue: Queue | Literal[False] | None = None
         options: dict[str, Any] = {}
         preload = os.environ.get(PRELOAD_DIR_ENV)
         if preload:  # the tuner's preloaded interpreters (a Ray started earlier lacks it)
@@ -287,7 +291,7 @@ class RayExecutor:
         if self.pool is not None and flight.gpus:
             self.pool.release(flight.node, flight.gpus)
 
-    def _phase_queue(self) -> Any:
+    def _phase_queue(self) -> Queue | None:
         if self._queue is None:
             try:
                 from ray.util.queue import Queue
