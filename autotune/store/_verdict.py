@@ -15,7 +15,10 @@ from autotune.store._keys import _METRICS, A, State, interval_keys
 from autotune.store._trials import feasible, primary, readings, server_gpus_of
 
 if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
     from autotune.events import ParamValue
+    from autotune.measure._stats import RatioInterval
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +27,9 @@ class Verdict(NamedTuple):
     """The config a study declares (the winner, or vLLM's defaults when no config is shown
     to beat them) and the defaults, each with the readings the verdict used."""
 
-    winner: Any  # FrozenTrial | None: the reading closest to the declared config's median
+    winner: FrozenTrial | None  # the reading closest to the declared config's median
     readings: list[float]
-    baseline: Any  # FrozenTrial | None: the first reading of vLLM's defaults
+    baseline: FrozenTrial | None  # the first reading of vLLM's defaults
     baseline_readings: list[float]
 
 
@@ -36,13 +39,13 @@ class Judgement:
 
     verdict: str  # "winner" | "defaults_best" | "unverified" (no defaults measured)
     reason: str
-    ratio: Any  # autotune.stats.RatioInterval | None
-    declared: list[Any]  # readings of the config best.json names
-    candidate: list[Any]  # readings of the best config other than the defaults
-    defaults: list[Any]  # readings of the defaults
+    ratio: RatioInterval | None
+    declared: list[FrozenTrial]  # readings of the config best.json names
+    candidate: list[FrozenTrial]  # readings of the best config other than the defaults
+    defaults: list[FrozenTrial]  # readings of the defaults
     # when no other config was measured feasible: the best one the pruner stopped (its
     # within-run figures give the ratio; it has no objective value of its own)
-    pruned: Any = None
+    pruned: FrozenTrial | None = None
     # defaults_best with a ratio above 1 that the starts could not show: how many starts
     # of each config would, at the measured start-to-start spread (autotune.stats.
     # starts_needed), and the --recheck-starts that gives them
