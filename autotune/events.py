@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import optuna
@@ -23,10 +23,13 @@ if TYPE_CHECKING:
     from autotune.engine import EngineInfo
     from autotune.results import TuneResult
     from autotune.space import SearchSpace
+    from autotune.traffic import TrafficShape
+    from autotune.trial import TrialOutcome
 
 __all__ = [
     "PHASES",
     "EventListener",
+    "ParamValue",
     "PhaseReporter",
     "StudyCallback",
     "StudyCallbacks",
@@ -43,6 +46,9 @@ PHASES = ("starting", "warming_up", "measuring", "capacity", "recheck", "quality
 #: ``(trial number, phase, seconds since the trial started, detail)``: how a trial reports
 #: its phases through the executor (see :meth:`autotune.exec.Executor.submit`).
 PhaseReporter = Callable[[int, str, float, str], None]
+
+#: A sampled value of a knob, as Optuna stores it (its distributions' choices).
+ParamValue = float | int | str | bool | None
 
 
 @dataclass
@@ -66,7 +72,7 @@ class StudyEvent:
     trial_ok: bool | None = None
     trial_value: float | None = None
     trial_reason: str | None = None
-    trial_params: dict[str, Any] = field(default_factory=dict)
+    trial_params: dict[str, ParamValue] = field(default_factory=dict)
     message: str = ""
 
 
@@ -77,7 +83,7 @@ class StudyContext:
     study: optuna.Study
     settings: TuneSettings
     space: SearchSpace
-    shape: Any  # autotune.traffic.TrafficShape
+    shape: TrafficShape
     model: Path
     engine: EngineInfo
     gpu_type: str
@@ -97,14 +103,14 @@ class TrialRecord:
     rules rejected: it never ran; ``violations`` says why)."""
 
     number: int
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     flags: tuple[str, ...]
     env: dict[str, str]
     state: str
     reason: str | None
     value: float | list[float] | None
     baseline: bool
-    outcome: Any = None
+    outcome: TrialOutcome | None = None
     violations: tuple[str, ...] = ()
 
     @property

@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from autotune.trial import CapacityResult, CapacitySearch, Level, search_capacity
+from dataclasses import fields
+
+from autotune.trial import (
+    CapacityRecord,
+    CapacityResult,
+    CapacitySearch,
+    Level,
+    LevelRecord,
+    search_capacity,
+)
 from autotune.errors import ConfigError
 from autotune.trial import LevelPlan, find_capacity, level_abort, recorded_rate
 from autotune.measure import Slo
@@ -36,6 +45,18 @@ def _monotone(true_scale: float, calls: list[float] | None = None):  # type: ign
 
 
 # --- the search (pure) ---------------------------------------------------------------------
+
+
+def test_capacity_records_name_the_keys_that_are_stored() -> None:
+    # outcome.capacity and its levels are stored (autotune.capacity, bench's JSON): the typed
+    # records name exactly the keys to_dict() writes (and the trial adds), as JSON
+    res = search_capacity(_monotone(2.5), recorded_rps=2.0)
+    d = res.to_dict(0.99)
+    added = {"level_s", "level_s_asked", "level_note", "start", "start_note"}  # by the trial
+    assert set(CapacityRecord.__annotations__) == set(d) | added and not added & set(d)
+    assert set(LevelRecord.__annotations__) == {f.name for f in fields(Level)} == set(
+        d["levels"][0])
+    assert json.loads(json.dumps(d)) == d and d["capacity_rps"] == pytest.approx(2.0 * res.low)
 
 
 @pytest.mark.parametrize("true_scale", [0.03, 0.3, 0.99, 1.0, 1.7, 5.0, 37.0])

@@ -13,7 +13,9 @@ from autotune.errors import LoadgenError
 from autotune.load import RequestRecord, RunResult
 from autotune.measure import (
     Measurement,
+    MeasurementRecord,
     Percentiles,
+    PercentilesRecord,
     ServerSnapshot,
     Slo,
     combine,
@@ -258,6 +260,18 @@ def test_flat_has_exactly_the_agreed_keys() -> None:
     assert {k for k in flat if not k.startswith("server_")} == FLAT_KEYS
     assert flat["server_generation_tokens"] == 500 and flat["server_generation_tokens_per_s"] == 50
     assert all(isinstance(v, float) and math.isfinite(v) for v in flat.values())
+
+
+def test_measurement_record_is_the_stored_json_with_the_models_keys() -> None:
+    # outcome.measurement is stored and read back (bench's JSON, the fault suite): its typed
+    # record names exactly the model's fields, and it is the model's own JSON dump
+    m = combine([measure(closed_run(gap=g)) for g in (0.01, 0.02)])
+    r = m.record()
+    assert set(MeasurementRecord.__annotations__) == set(Measurement.model_fields) == set(r)
+    assert set(PercentilesRecord.__annotations__) == set(Percentiles.model_fields)
+    assert set(r["ttft_s"]) == set(Percentiles.model_fields)
+    assert r == m.model_dump(mode="json") and isinstance(r["repeat_tokens_per_s"], list)
+    assert Measurement.model_validate(r) == m
 
 
 def test_combine_takes_medians_and_the_cv_across_repeats() -> None:

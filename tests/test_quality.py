@@ -27,6 +27,7 @@ from autotune.errors import AutotuneError, ConfigError, EngineError, SpaceError
 from autotune.quality import (
     ProbeOutputs,
     ProbeSet,
+    QualityRecord,
     QualityReport,
     QualitySpec,
     QualityThresholds,
@@ -121,6 +122,10 @@ def test_divergence_positions_and_logprob_diff_on_shared_prefix() -> None:
     assert r.shared_tokens == 9
     assert r.mean_abs_logprob_diff == pytest.approx(0.75 / 9)
     assert r.max_abs_logprob_diff == pytest.approx(0.5)
+    # what a trial stores (autotune.quality): the report's JSON, the typed record's keys
+    rec = r.record()
+    assert set(rec) == set(QualityRecord.__annotations__) == set(QualityReport.model_fields)
+    assert QualityReport.model_validate(rec) == r and rec["shared_tokens"] == 9
 
 
 def test_missing_logprobs_and_total_divergence() -> None:

@@ -14,7 +14,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from autotune.measure import fmt_interval
 from autotune.store import FailureReason
 
 if TYPE_CHECKING:
-    from autotune.trial import TrialOutcome, TrialSpec
+    from autotune.trial import CapacityRecord, LevelRecord, TrialOutcome, TrialSpec
 
 __all__ = ["bench_json", "bench_spec", "parse_bench", "register"]
 
@@ -151,7 +151,7 @@ def _capacity_fields(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
                          seed=args.seed, max_s=args.capacity_max_s)
 
 
-def _level_at_capacity(cap: dict[str, Any]) -> dict[str, Any] | None:
+def _level_at_capacity(cap: CapacityRecord) -> LevelRecord | None:
     """The passing level the capacity rests on, from ``CapacityResult.to_dict()`` (the
     rule of :meth:`autotune.capacity.CapacityResult.at_capacity`)."""
     return next((lv for lv in reversed(cap.get("levels", []))
@@ -324,7 +324,7 @@ def _bench(args: argparse.Namespace) -> int:
                                                             args.capacity_goodput):
         return 1
     m = outcome.metrics
-    w = outcome.warmup or {}
+    w: Mapping[str, object] = outcome.warmup or {}
     conv = "converged" if w.get("converged") else "NOT converged"
     comp = f" (compiling {outcome.compile_s:.1f} s)" if outcome.compile_s else ""
     if outcome.start_phases:
@@ -345,8 +345,8 @@ def _bench(args: argparse.Namespace) -> int:
     print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  ({ci}; CV "
           f"{m.get('cv', float('nan')):.1%} across "
           f"{'repeats' if args.repeats > 1 else 'segments'}{drift})")
-    rm = outcome.measurement or {}
-    if args.repeats > 1 and rm.get("repeat_tokens_per_s"):  # each repeat's own figures
+    rm = outcome.measurement  # each repeat's own figures:
+    if args.repeats > 1 and rm is not None and rm.get("repeat_tokens_per_s"):
         rates, srvs = rm["repeat_tokens_per_s"], rm.get("repeat_server") or []
         print("repeats          " + " / ".join(
             f"{v:,.1f}" + (f" (engine step {srvs[i]['step_ms']:.1f} ms)"
@@ -372,7 +372,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     print(cost_line(cost) if cost else no_price_line())
     if interrupted:
-        done = len((outcome.measurement or {}).get("repeat_tokens_per_s") or []) or 1
+        done = len((rm.get("repeat_tokens_per_s") if rm is not None else None) or []) or 1
         print(f"interrupted: the figures above are what was measured ({done} of "
               f"{args.repeats} repeat{'s' if args.repeats > 1 else ''}, whole segments only)",
               file=sys.stderr)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from autotune.engine._launcher import DIR_ENV as PRELOAD_DIR_ENV
 from autotune.errors import AutotuneError
@@ -23,6 +23,9 @@ from autotune.hardware import cpu_count, gpu_memory_gib, gpu_names
 from autotune.parallelism import GpuPool, Node
 from autotune.store import FailureReason
 from autotune.trial import TrialOutcome, TrialSpec, run_trial
+
+if TYPE_CHECKING:
+    from ray.util.queue import Queue
 
 __all__ = ["Executor", "InlineExecutor", "RayExecutor"]
 
@@ -41,7 +44,7 @@ class Executor(Protocol):
 
     slots: int
 
-    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> Any: ...
+    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> object: ...
 
     def wait(self, timeout_s: float | None = None) -> list[TrialOutcome]: ...
 
@@ -102,14 +105,27 @@ def _call(fn: Callable[..., TrialOutcome], spec: TrialSpec,
     return fn(spec)
 
 
-def _remote_trial(fn: Callable[..., TrialOutcome], spec: TrialSpec, queue: Any) -> TrialOutcome:
+#: What a worker sends the driver for each phase: ``(number, phase, elapsed_s, detail)``,
+#: the arguments of a :data:`PhaseReporter`.
+Phase = tuple[int, str, float, str]
+
+
+class _PhaseQueue(Protocol):
+    """The worker's side of the phase queue (a ``ray.util.queue.Queue``)."""
+
+    def put_nowait(self, item: Phase) -> None: ...
+
+
+def _remote_trial(fn: Callable[..., TrialOutcome], spec: TrialSpec,
+                  queue: _PhaseQueue | None) -> TrialOutcome:
     """In a Ray worker: run the trial, sending its phases to the driver through ``queue``."""
     if queue is None:
         return _call(fn, spec, None)
 
     def report(number: int, phase: str, elapsed_s: float, detail: str) -> None:
         try:  # phases are for displays: losing one must never fail the trial
-            queue.put_nowait((number, phase, elapsed_s, detail))
+            item: Phase = (number, phase, elapsed_s, detail)
+            queue.put_nowait(item)
         except Exception:
             logger.debug("trial %d: phase %s not delivered", number, phase, exc_info=True)
 
@@ -119,7 +135,7 @@ def _remote_trial(fn: Callable[..., TrialOutcome], spec: TrialSpec, queue: Any) 
 @dataclass
 class _Flight:
     spec: TrialSpec
-    ref: Any
+    ref: object  # Ray's ObjectRef of the task: it returns the TrialOutcome
     on_phase: PhaseReporter | None = None
     node: str = ""  # the Ray node id and the GPUs the driver reserved there
     gpus: tuple[int, ...] = ()
@@ -221,7 +237,8 @@ class RayExecutor:
         self.slots = slots
         self.gpus_per_trial = gpus_per_trial
         self._fn = fn
-        self._queue: Any = None  # a ray.util.queue.Queue for the trials' phases, made on use
+        # the trials' phases, made on use (False: Ray could not make one)
+        self._queue: Queue | Literal[False] | None = None
         options: dict[str, Any] = {}
         preload = os.environ.get(PRELOAD_DIR_ENV)
         if preload:  # the tuner's preloaded interpreters (a Ray started earlier lacks it)
@@ -256,7 +273,7 @@ class RayExecutor:
             return None
         return Node(gpus=self.pool.largest_node, gpu_memory_gib=self._gpu_memory_gib)
 
-    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> Any:
+    def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> object:
         queue = self._phase_queue() if on_phase is not None else None
         options, node, gpus = dict(self._options), "", cast(tuple[int, ...], ())
         if self.pool is not None:
@@ -274,7 +291,7 @@ class RayExecutor:
         if self.pool is not None and flight.gpus:
             self.pool.release(flight.node, flight.gpus)
 
-    def _phase_queue(self) -> Any:
+    def _phase_queue(self) -> Queue | None:
         if self._queue is None:
             try:
                 from ray.util.queue import Queue

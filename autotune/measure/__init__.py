@@ -31,7 +31,9 @@ if TYPE_CHECKING:
     )
     from autotune.measure._model import (
         Measurement,
+        MeasurementRecord,
         Percentiles,
+        PercentilesRecord,
         Slo,
     )
     from autotune.measure._segments import (
@@ -61,7 +63,9 @@ __all__ = [
     "Interval",
     "LogWatch",
     "Measurement",
+    "MeasurementRecord",
     "Percentiles",
+    "PercentilesRecord",
     "SegmentRule",
     "SegmentWatch",
     "ServerSnapshot",
@@ -93,7 +97,8 @@ __getattr__ = lazy_exports(__name__, {
     "autotune.load": ("ServerSnapshot", "parse_metrics", "scrape_metrics", "snapshot_metrics"),
     "autotune.measure._intervals": ("arrivals_note", "fmt_interval", "fmt_value", "rate_interval"),
     "autotune.measure._measure": ("combine", "measure", "meets_slo", "slo_misses"),
-    "autotune.measure._model": ("Measurement", "Percentiles", "Slo"),
+    "autotune.measure._model": ("Measurement", "MeasurementRecord", "Percentiles",
+                                  "PercentilesRecord", "Slo"),
     "autotune.measure._segments": ("LogWatch", "SegmentWatch", "tell_phase"),
     "autotune.measure._server": ("server_figures",),
     "autotune.measure._stats": (

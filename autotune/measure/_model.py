@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal, TypedDict, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -62,6 +62,52 @@ class Percentiles(BaseModel):
         return cls(mean=float(arr.mean()), p50=float(p50), p90=float(p90), p99=float(p99))
 
 
+class PercentilesRecord(TypedDict):
+    """``Percentiles`` as stored (``Measurement.record()``): the same keys."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+class MeasurementRecord(TypedDict):
+    """``Measurement`` as a trial returns and stores it (``TrialOutcome.measurement``,
+    bench's JSON): its JSON dump, tuples as lists; the same keys as the model's fields."""
+
+    output_tokens_per_s: float | None
+    requests_per_s: float | None
+    goodput_rps: float | None
+    error_rate: float | None
+    n_requests: int
+    n_ok: int
+    n_errors: int
+    errors: dict[str, int]
+    window_s: float | None
+    window_start_s: float | None
+    window_end_s: float | None
+    window_rule: Literal["steady", "whole_run", "none", "repeats"]
+    n_latency: int
+    ttft_s: PercentilesRecord
+    tpot_s: PercentilesRecord
+    itl_s: PercentilesRecord
+    e2e_s: PercentilesRecord
+    cv: float | None
+    cv_kind: Literal["subwindows", "repeats"] | None
+    repeats: int
+    repeat_tokens_per_s: list[float]
+    repeat_server: list[dict[str, float]]
+    repeat_segments: list[int]
+    total_output_tokens: int
+    server: dict[str, float]
+    output_tokens_per_s_ci_low: float | None
+    output_tokens_per_s_ci_high: float | None
+    segment_tokens_per_s: list[float]
+    segment_kind: Literal["segments", "subwindows"] | None
+    ci_method: str | None
+    interval_note: str
+
+
 class Measurement(BaseModel):
     """What one run (or the median of repeats) measured. None means "could not be measured"."""
 
@@ -108,10 +154,14 @@ class Measurement(BaseModel):
     # an open loop whose segments' spread follows its arrivals says so (arrivals_note)
     interval_note: str = ""
 
+    def record(self) -> MeasurementRecord:
+        """The JSON form a trial returns (``TrialOutcome.measurement``)."""
+        return cast(MeasurementRecord, self.model_dump(mode="json"))
+
     def flat(self) -> dict[str, float]:
         """Finite floats for trackers: throughputs, counts, pXX of each latency, cv,
         window_s and ``server_*``; a figure that is None or not finite is left out."""
-        out: dict[str, Any] = {
+        out: dict[str, float | int | None] = {
             "output_tokens_per_s": self.output_tokens_per_s,
             "output_tokens_per_s_ci_low": self.output_tokens_per_s_ci_low,
             "output_tokens_per_s_ci_high": self.output_tokens_per_s_ci_high,

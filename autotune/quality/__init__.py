@@ -29,6 +29,7 @@ from autotune.quality._caveat import caveat_line, quality_caveat
 from autotune.quality._client import ProbeOutputs, arun_probe, run_probe
 from autotune.quality._compare import (
     QUALITY_KEYS,
+    QualityRecord,
     QualityReport,
     QualityThresholds,
     compare,
@@ -51,6 +52,7 @@ __all__ = [
     "ProbeOutputs",
     "ProbeServer",
     "ProbeSet",
+    "QualityRecord",
     "QualityReport",
     "QualitySpec",
     "QualityThresholds",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Final
+from typing import Final, TypedDict, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,6 +29,20 @@ QUALITY_KEYS: Final[dict[str, str]] = {
 # Comparing outputs
 
 
+class QualityRecord(TypedDict):
+    """``QualityReport`` as a trial returns and stores it (``TrialOutcome.quality``, the
+    ``autotune.quality`` attribute): the same keys as the model's fields."""
+
+    n_prompts: int
+    exact_match_rate: float
+    first_divergence_mean: float
+    first_divergence_p10: float
+    mean_abs_logprob_diff: float | None
+    max_abs_logprob_diff: float | None
+    output_tokens: float
+    shared_tokens: int
+
+
 class QualityReport(BaseModel):
     """How far a candidate's greedy outputs are from the reference's.
 
@@ -50,6 +64,10 @@ class QualityReport(BaseModel):
     max_abs_logprob_diff: float | None
     output_tokens: float  # mean reference continuation length (what divergence is out of)
     shared_tokens: int  # tokens that entered the logprob difference
+
+    def record(self) -> QualityRecord:
+        """The JSON form a trial returns (``TrialOutcome.quality``)."""
+        return cast(QualityRecord, self.model_dump(mode="json"))
 
     def flat(self) -> dict[str, float]:
         """Finite figures as floats named ``quality_<field>`` (trial metrics, MLflow)."""

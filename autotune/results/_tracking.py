@@ -446,7 +446,8 @@ class MlflowCallback(StudyCallback):
 
     def _log(self, event: StudyEvent, record: TrialRecord) -> str | None:
         tags = dict(self._tags)
-        if record.rejected:
+        outcome: dict[str, object]
+        if record.outcome is None:  # rejected by the space's rules: it never ran
             metrics: dict[str, float] = {}
             log_path, outcome = None, {"violations": list(record.violations)}
         else:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         Heartbeat,
         Heartbeats,
         Owner,
+        OwnerRecord,
         fail_stale_trials,
     )
     from autotune.store._keys import (
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         set_constraints,
     )
     from autotune.store._verdict import (
+        VerdictRecord,
         judge_study,
         pareto_front,
         pareto_trials,
@@ -90,7 +92,9 @@ __all__ = [
     "Heartbeat",
     "Heartbeats",
     "Owner",
+    "OwnerRecord",
     "State",
+    "VerdictRecord",
     "baseline_trial",
     "best_trial",
     "fail_stale_trials",
@@ -121,7 +125,8 @@ __all__ = [
 # Each name is imported from its module on first use: importing the package (or one
 # of its modules) loads nothing else.
 __getattr__ = lazy_exports(__name__, {
-    "autotune.store._heartbeats": ("Heartbeat", "Heartbeats", "Owner", "fail_stale_trials"),
+    "autotune.store._heartbeats": ("Heartbeat", "Heartbeats", "Owner", "OwnerRecord",
+                                      "fail_stale_trials"),
     "autotune.store._keys": (
         "A",
         "FailureReason",
@@ -147,6 +152,7 @@ __getattr__ = lazy_exports(__name__, {
         "set_constraints",
     ),
     "autotune.store._verdict": (
+        "VerdictRecord",
         "judge_study",
         "pareto_front",
         "pareto_trials",

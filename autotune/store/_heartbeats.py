@@ -11,7 +11,7 @@ import threading
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 if TYPE_CHECKING:
     import optuna
@@ -28,6 +28,15 @@ class Heartbeat:
 
     interval_s: int = 10
     grace_s: int = 120
+
+
+class OwnerRecord(TypedDict):
+    """``Owner.record()``: the ``autotune.owner`` attribute of a running trial."""
+
+    host: str
+    pid: int
+    started: int | None
+    token: str
 
 
 @dataclass(frozen=True)
@@ -49,13 +58,15 @@ class Owner:
         pid = os.getpid()
         return cls(socket.gethostname(), pid, process_start_ticks(pid), uuid.uuid4().hex[:12])
 
-    def record(self) -> dict[str, Any]:
-        return asdict(self)
+    def record(self) -> OwnerRecord:
+        return cast(OwnerRecord, asdict(self))
 
     @classmethod
-    def of(cls, t: Any) -> Owner | None:
+    def of(cls, t: optuna.trial.FrozenTrial) -> Owner | None:
         """The owner a trial records; None for trials written before owners were."""
         raw = t.user_attrs.get(A.OWNER)
+        if not isinstance(raw, dict):
+            return None
         try:
             return cls(str(raw["host"]), int(raw["pid"]),
                        None if raw.get("started") is None else int(raw["started"]),

@@ -9,10 +9,16 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TypedDict
 
 from autotune.store._keys import _METRICS, A, State, interval_keys
 from autotune.store._trials import feasible, primary, readings, server_gpus_of
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from autotune.events import ParamValue
+    from autotune.measure._stats import RatioInterval
 
 logger = logging.getLogger(__name__)
 
@@ -21,9 +27,9 @@ class Verdict(NamedTuple):
     """The config a study declares (the winner, or vLLM's defaults when no config is shown
     to beat them) and the defaults, each with the readings the verdict used."""
 
-    winner: Any  # FrozenTrial | None: the reading closest to the declared config's median
+    winner: FrozenTrial | None  # the reading closest to the declared config's median
     readings: list[float]
-    baseline: Any  # FrozenTrial | None: the first reading of vLLM's defaults
+    baseline: FrozenTrial | None  # the first reading of vLLM's defaults
     baseline_readings: list[float]
 
 
@@ -33,13 +39,13 @@ class Judgement:
 
     verdict: str  # "winner" | "defaults_best" | "unverified" (no defaults measured)
     reason: str
-    ratio: Any  # autotune.stats.RatioInterval | None
-    declared: list[Any]  # readings of the config best.json names
-    candidate: list[Any]  # readings of the best config other than the defaults
-    defaults: list[Any]  # readings of the defaults
+    ratio: RatioInterval | None
+    declared: list[FrozenTrial]  # readings of the config best.json names
+    candidate: list[FrozenTrial]  # readings of the best config other than the defaults
+    defaults: list[FrozenTrial]  # readings of the defaults
     # when no other config was measured feasible: the best one the pruner stopped (its
     # within-run figures give the ratio; it has no objective value of its own)
-    pruned: Any = None
+    pruned: FrozenTrial | None = None
     # defaults_best with a ratio above 1 that the starts could not show: how many starts
     # of each config would, at the measured start-to-start spread (autotune.stats.
     # starts_needed), and the --recheck-starts that gives them
@@ -213,7 +219,29 @@ def verdict(study: Any) -> Verdict:
     return Verdict(rep, vals, base_rep, [primary(t) for t in j.defaults])
 
 
-def verdict_record(j: Judgement | None) -> dict[str, Any]:
+class VerdictRecord(TypedDict):
+    """``verdict_record()``: the ``autotune.verdict`` study attribute. A study with no
+    feasible trial has only the first five keys (the keys marked not required)."""
+
+    verdict: str  # "winner" | "defaults_best" | "unverified" | "none"
+    ratio_to_defaults: dict[str, float] | None  # {"median", "ci_low", "ci_high"}
+    winner_number: int | None
+    baseline_number: int | None
+    reason: str
+    candidate_number: NotRequired[int | None]
+    candidate_params: NotRequired[dict[str, ParamValue] | None]
+    candidate_gpus: NotRequired[int | None]
+    candidate_pruned: NotRequired[bool]
+    # {"candidate": [...], "defaults": [...]} (a pruned candidate's reading may be None)
+    readings: NotRequired[dict[str, list[float | None]]]
+    method: NotRequired[str | None]
+    start_spread: NotRequired[float | None]
+    starts_needed: NotRequired[dict[str, int | None] | None]  # per_config, recheck_starts
+    # the study adds the word on a lossy winner's quality (autotune.quality.quality_caveat)
+    quality: NotRequired[dict[str, object] | None]
+
+
+def verdict_record(j: Judgement | None) -> VerdictRecord:
     """``autotune.verdict`` (study attribute, study.json, best.json's ``verdict``,
     ``ratio_to_defaults`` and ``verdict_detail``)."""
     if j is None:

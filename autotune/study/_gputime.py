@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from autotune.store import (
     A,
@@ -26,7 +26,23 @@ def _slot_label(outcome: TrialOutcome) -> str:
     return f"cpu:{outcome.hostname}" if outcome.hostname else "cpu"
 
 
-def trial_time(outcome: TrialOutcome) -> dict[str, Any]:
+Phase = Literal["start_s", "compile_s", "warmup_s", "measure_s", "other_s"]
+_PHASES: tuple[Phase, ...] = ("start_s", "compile_s", "warmup_s", "measure_s", "other_s")
+
+
+class TimeRecord(TypedDict):
+    """``trial_time()``: the ``autotune.time`` attribute of a trial (seconds)."""
+
+    start_s: float
+    compile_s: float  # of start_s
+    warmup_s: float
+    measure_s: float
+    other_s: float
+    slot: str  # "gpu0", "gpu2-3", "cpu:<host>"
+    start_phases: dict[str, float]  # of start_s, by phase (autotune.trial.start_phases)
+
+
+def trial_time(outcome: TrialOutcome) -> TimeRecord:
     """Where a trial's wall time went (seconds) and on which slot (``autotune.time``)."""
     start = float(outcome.start_s or 0.0)
     other = max(0.0, outcome.wall_s - start - outcome.warmup_s - outcome.measure_s)
@@ -52,7 +68,7 @@ class GpuTime:
         t = trial_time(outcome)
         for label in ([f"gpu{g}" for g in outcome.gpus] if outcome.gpus else [str(t["slot"])]):
             acc = self._slot(label)
-            for k in ("start_s", "compile_s", "warmup_s", "measure_s", "other_s"):
+            for k in _PHASES:
                 acc[k] = acc.get(k, 0.0) + float(t[k])
 
     def add_kernels(self, seconds: float, gpus: Sequence[int]) -> None:

@@ -60,14 +60,15 @@ def _why_infeasible(outcome: TrialOutcome, settings: TuneSettings, slo: float, e
             f"{k}={m.get(SLO_KEYS[k], float('nan')):.3g}s>{limit:g}s"
             for k, limit in settings.slo.items() if m.get(SLO_KEYS[k], math.inf) > limit))
     if err > 0:
-        errors = dict((outcome.measurement or {}).get("errors") or {})
+        rm = outcome.measurement
+        errors = dict((rm.get("errors") if rm is not None else None) or {})
         total = sum(errors.values()) or 1
         kinds = ", ".join(f"{k} {n / total:.0%}"
                           for k, n in sorted(errors.items(), key=lambda kv: -kv[1]))
         why.append(f"error rate {m.get('error_rate', 0):.1%} > {settings.max_error_rate:.1%}"
                    + (f" (failed requests: {kinds})" if kinds else ""))
     if quality > 0:
-        q = outcome.quality or {}
+        q = outcome.quality
         why.append(f"quality below --quality {settings.quality}: " + (
             f"agreement {q.get('exact_match_rate', float('nan')):.1%}" if q
             else outcome.quality_note or "no quality figures"))
@@ -86,7 +87,7 @@ def _record_outcome(trial: optuna.Trial, outcome: TrialOutcome) -> None:
         trial.set_user_attr(A.LOG, outcome.log_path)
     if outcome.metrics:
         trial.set_user_attr(A.METRICS, outcome.metrics)
-    errors = (outcome.measurement or {}).get("errors")
+    errors = outcome.measurement.get("errors") if outcome.measurement is not None else None
     if errors:
         trial.set_user_attr(A.REQUEST_ERRORS, dict(errors))
     if outcome.warmup is not None:

@@ -14,6 +14,7 @@ from autotune.config import TuneSettings
 from autotune.credentials import redact
 from autotune.errors import StudyError
 from autotune.events import (
+    ParamValue,
     StudyCallback,
     StudyCallbacks,
     StudyEvent,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
     from autotune.exec import Executor
     from autotune.quality import ProbeOutputs, ProbeSet, QualityThresholds
+    from autotune.store import VerdictRecord
     from autotune.traffic import TrafficShape
 from autotune.study._gputime import GpuTime
 from autotune.study._inputs import _retry_stopped, goodput_slo
@@ -112,7 +114,7 @@ class TrialTemplate:
 @dataclass
 class _Flight:
     trial: optuna.Trial
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     launch: LaunchSpec
     baseline: bool
     spec: TrialSpec | None = None
@@ -221,7 +223,7 @@ class StudyLoop:
         record["quality"] = self._winner_quality(record)
         self.study.set_user_attr(A.VERDICT, record)
 
-    def _winner_quality(self, record: dict[str, Any]) -> dict[str, Any] | None:
+    def _winner_quality(self, record: VerdictRecord) -> dict[str, Any] | None:
         """The verdict's word on a winner that sets lossy knobs: judged, or why not."""
         from autotune.quality import quality_caveat
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from autotune.events import PhaseReporter, StudyCallback, StudyEvent
+from autotune.events import ParamValue, PhaseReporter, StudyCallback, StudyEvent
 from autotune.parallelism import GpuPool, Node
 from autotune.store import FailureReason
 from autotune.trial import TrialOutcome, TrialSpec
@@ -15,9 +14,9 @@ __all__ = ["SimulatedExecutor", "TimelineEntry"]
 
 #: ``evaluate(params, spec)``: the trial's metrics (Measurement.flat() keys), or a failure
 #: reason (a :class:`~autotune.store.FailureReason` value) when the config "fails to start".
-Evaluate = Callable[[dict[str, Any], TrialSpec], "dict[str, float] | str"]
+Evaluate = Callable[[dict[str, ParamValue], TrialSpec], "dict[str, float] | str"]
 #: ``duration(params, spec)``: the trial's simulated wall time (seconds)
-Duration = Callable[[dict[str, Any], TrialSpec], float]
+Duration = Callable[[dict[str, ParamValue], TrialSpec], float]
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class SimulatedExecutor(StudyCallback):
         self.wall_s = wall_s
         self.gpu_memory_gib = gpu_memory_gib
         self.duration = duration
-        self.params: dict[int, dict[str, Any]] = {}
+        self.params: dict[int, dict[str, ParamValue]] = {}
         self.clock = 0.0
         self.timeline: list[TimelineEntry] = []
         self._pending: list[_Flight] = []
@@ -126,7 +125,8 @@ class SimulatedExecutor(StudyCallback):
             on_phase(spec.number, "starting", 0.0, " ".join(spec.flags))
         result = self.evaluate(self.params.pop(spec.number, {}), spec)
         if isinstance(result, str):
-            return TrialOutcome(number=spec.number, ok=False, reason=result or FailureReason.CRASH,
+            return TrialOutcome(number=spec.number, ok=False,
+                                reason=FailureReason(result or FailureReason.CRASH),
                                 message=f"simulated failure: {result}", wall_s=wall, gpus=gpus)
         if on_phase is not None:
             on_phase(spec.number, "measuring", wall / 2, "simulated")

@@ -16,9 +16,11 @@ if TYPE_CHECKING:
         start_phases,
     )
     from autotune.trial._capacity import (
+        CapacityRecord,
         CapacityResult,
         CapacitySearch,
         Level,
+        LevelRecord,
         flat_note,
         search_capacity,
     )
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
         INTERRUPT,
         TrialOutcome,
         TrialSpec,
+        WarmupRecord,
         interrupt,
         model_max_len,
     )
@@ -71,13 +74,16 @@ __all__ = [
     "INTERRUPT",
     "LEVEL_SPAN",
     "STEADY_SPANS",
+    "CapacityRecord",
     "CapacityResult",
     "CapacitySearch",
     "Level",
     "LevelPlan",
+    "LevelRecord",
     "OpenRun",
     "TrialOutcome",
     "TrialSpec",
+    "WarmupRecord",
     "capacity_spec",
     "compile_seconds",
     "cut_bounds",
@@ -104,9 +110,11 @@ __all__ = [
 __getattr__ = lazy_exports(__name__, {
     "autotune.engine": ("compile_seconds", "start_phases"),
     "autotune.trial._capacity": (
+        "CapacityRecord",
         "CapacityResult",
         "CapacitySearch",
         "Level",
+        "LevelRecord",
         "flat_note",
         "search_capacity",
     ),
@@ -129,6 +137,7 @@ __getattr__ = lazy_exports(__name__, {
         "INTERRUPT",
         "TrialOutcome",
         "TrialSpec",
+        "WarmupRecord",
         "interrupt",
         "model_max_len",
     ),

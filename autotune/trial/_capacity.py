@@ -24,13 +24,16 @@ most one step and never makes it inconsistent.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal, NotRequired, TypedDict, cast
 
 from autotune.errors import ConfigError
 
-__all__ = ["CapacityResult", "CapacitySearch", "Level", "flat_note", "search_capacity"]
+__all__ = ["CapacityRecord", "CapacityResult", "CapacitySearch", "Level", "LevelRecord",
+           "flat_note", "search_capacity"]
+
+Status = Literal["found", "levels", "time", "capped", "none"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,51 @@ class CapacitySearch:
             raise ConfigError(f"capacity max levels is {self.max_levels}; a bracket needs >= 2")
 
 
+class LevelRecord(TypedDict):
+    """``Level.to_dict()``: one load level as stored (``outcome.capacity["levels"]``)."""
+
+    scale: float
+    offered_rps: float
+    passed: bool
+    goodput_fraction: float
+    error_rate: float
+    offered: int
+    output_tokens_per_s: float | None
+    ttft_p99_s: float | None
+    tpot_p99_s: float | None
+    e2e_p99_s: float | None
+    seconds: float
+    stopped_early: bool
+    note: str
+    jit_compiled: bool
+    reruns: int
+    finished: int
+    missed_by: dict[str, int]
+
+
+class CapacityRecord(TypedDict):
+    """``CapacityResult.to_dict()``: the bracket and every level as stored
+    (``TrialOutcome.capacity``, the ``autotune.capacity`` attribute). A trial adds how
+    long its levels ran and where the search started (the keys marked not required)."""
+
+    recorded_rps: float
+    low: float | None
+    high: float | None
+    flat_misses_rps: list[float] | None
+    status: Status
+    capacity_rps: float | None
+    ci_low_rps: float | None
+    ci_high_rps: float | None
+    levels: list[LevelRecord]
+    # the bracket's top is the warm-up's (absent in records written before it was kept)
+    high_from_warmup: NotRequired[bool]
+    level_s: NotRequired[float]
+    level_s_asked: NotRequired[float]
+    level_note: NotRequired[str]
+    start: NotRequired[float]
+    start_note: NotRequired[str]
+
+
 @dataclass(frozen=True)
 class Level:
     """One probe: the load at ``scale`` x the recorded rate and what the server did."""
@@ -87,8 +135,8 @@ class Level:
     # request over two thresholds counts in both): which SLO binds
     missed_by: dict[str, int] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> LevelRecord:
+        return cast(LevelRecord, asdict(self))
 
     def outcome(self) -> str:
         """"pass (99.3% within SLOs)", or for a level stopped once it could no longer pass,
@@ -115,7 +163,7 @@ class CapacityResult:
     # found: bracket within tolerance; levels: probes spent first; time: the time cap
     # ended the search first (--capacity-max-s); capped: passed at max_scale; none: failed
     # at min_scale
-    status: Literal["found", "levels", "time", "capped", "none"] = "levels"
+    status: Status = "levels"
     levels: list[Level] = field(default_factory=list)
     # ``high`` is the warm-up's: the server fell behind the arrivals there (no level failed
     # below it)
@@ -170,7 +218,7 @@ class CapacityResult:
                 f"{r:.3g} req/s), interval [{self.low * r:.3g}, {hi}] req/s{top}, "
                 f"{self.status}, {len(self.levels)} levels")
 
-    def to_dict(self, goodput: float | None = None) -> dict[str, Any]:
+    def to_dict(self, goodput: float | None = None) -> CapacityRecord:
         flat = self.flat_misses(goodput) if goodput is not None else None
         return {"recorded_rps": self.recorded_rps, "low": self.low, "high": self.high,
                 "flat_misses_rps": list(flat) if flat else None,
@@ -180,7 +228,7 @@ class CapacityResult:
                 "levels": [lv.to_dict() for lv in self.levels]}
 
 
-def flat_note(flat: Any) -> str:
+def flat_note(flat: Sequence[float]) -> str:
     """What a ``flat_misses`` range means, for the capacity line and the report."""
     return (f"from {flat[0]:,.3g} to {flat[1]:,.3g} req/s every level missed the SLOs for "
             "about the share the goodput bar allows: the misses barely grow with the load "

@@ -18,12 +18,15 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ConfigError, LoadgenError
 from autotune.load import Abort, RequestRecord, replay
 from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, snapshot_metrics
 from autotune.trial._capacity import CapacityResult, CapacitySearch, Level, search_capacity
+
+if TYPE_CHECKING:
+    from autotune.trial._spec import WarmupRecord
 
 __all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
            "find_capacity", "fit_level", "level_abort", "recorded_rate", "request_seconds",
@@ -134,15 +137,15 @@ def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]
         f"{LEVEL_SPAN:g} of them to judge a sustained rate, not a burst")
 
 
-def start_after_warmup(search: CapacitySearch, warmup: dict[str, Any] | None
+def start_after_warmup(search: CapacitySearch, warmup: WarmupRecord | None
                        ) -> tuple[CapacitySearch, str]:
     """The search to run after a warm-up at ``search.start``: when the server fell behind
     those arrivals (``warmup["overloaded"]``, it served ``served_share`` of the offered
     tokens), the levels from there down to that share would all fail, each after a long
     wait for its first misses to end: start at the power of two at or below the share
     instead (at least ``min_scale``), and say so ("" when unchanged)."""
-    share = (warmup or {}).get("served_share")
-    if not (warmup or {}).get("overloaded") or not isinstance(share, (int, float)):
+    share = warmup.get("served_share") if warmup is not None else None
+    if not (warmup and warmup.get("overloaded")) or not isinstance(share, (int, float)):
         return search, ""
     start = search.start * 2.0 ** math.floor(math.log2(max(share, 1e-9)))
     start = max(search.min_scale, start)
@@ -154,7 +157,7 @@ def start_after_warmup(search: CapacitySearch, warmup: dict[str, Any] | None
         f"{start:.3g}x")
 
 
-def warmup_bound(search: CapacitySearch, warmup: dict[str, Any] | None,
+def warmup_bound(search: CapacitySearch, warmup: WarmupRecord | None,
                  slo: Slo | None) -> float | None:
     """The scale the capacity search may take as its bracket's top from the start: the
     warm-up's (``search.start``) when the server fell behind those arrivals there
@@ -163,8 +166,7 @@ def warmup_bound(search: CapacitySearch, warmup: dict[str, Any] | None,
     SLO a growing queue breaks (a TTFT or end-to-end limit: the wait counts in both). None
     otherwise: a queue that grows by half the arrivals misses such a limit within any
     level, so a level there would only spend the time cap to fail."""
-    w = warmup or {}
-    if not w.get("overloaded") or w.get("jit_in_last_segment"):
+    if warmup is None or not warmup.get("overloaded") or warmup.get("jit_in_last_segment"):
         return None
     if slo is None or (slo.ttft_s is None and slo.e2e_s is None):
         return None

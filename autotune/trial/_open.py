@@ -9,12 +9,16 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.engine import VllmServer
 from autotune.trial._closed import _abort, _aborted, _count_prompt_tokens
 from autotune.trial._replay import _Plan, _schedule
 from autotune.trial._spec import TrialOutcome, TrialSpec
+
+if TYPE_CHECKING:
+    from autotune.trial._capacity import CapacityRecord
+    from autotune.trial._open_loop import OpenRun
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +72,7 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
     if spec.warmup_requests is not None:  # asked for: the fixed warm-up (0: none)
         _warm_up_open(spec, plan, server, outcome, phase, client_kw)
         return watch
-    rate = spec.capacity.start * recorded
+    rate = spec.capacity_search().start * recorded
     phase("warming_up", f"the shape's arrivals at {rate:.3g} req/s until steady state")
     seg_s = min(WARM_SEGMENT_S, level_plan.level_s / 2)
     # arrivals for the whole cap and one segment more: the cap, not the schedule, ends it
@@ -88,7 +92,7 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
 
 
 def _open_run(spec: TrialSpec, sched: Any, rule: Any, seg_s: float, watch: Any,
-              phase: Callable[[str, str], None], *, measure: bool, rate: float) -> Any:
+              phase: Callable[[str, str], None], *, measure: bool, rate: float) -> OpenRun:
     """The segment hook of an open-loop run at ``rate`` req/s (autotune._open_loop)."""
     from autotune.trial._open_loop import OpenRun
 
@@ -118,12 +122,12 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     watch = _warm_up_capacity(spec, plan, server, outcome, phase, client_kw, recorded,
                               level_plan)
     asked_s = level_plan.level_s
-    warm = outcome.warmup or {}
+    warm = outcome.warmup
     # a request's duration measured behind a queue is the queue's: no stretch from it
-    level_plan, stretched = fit_level(level_plan, None if warm.get("overloaded")
+    level_plan, stretched = fit_level(level_plan, None if warm is None or warm.get("overloaded")
                                       else warm.get("request_s"))
-    search, lower = start_after_warmup(spec.capacity, warm)
-    failed_at = warmup_bound(spec.capacity, warm, spec.slo)
+    search, lower = start_after_warmup(spec.capacity_search(), warm)
+    failed_at = warmup_bound(spec.capacity_search(), warm, spec.slo)
     if failed_at is not None:
         lower += (f"; the bracket's top is {failed_at * recorded:.3g} req/s, where the "
                   "server fell behind")
@@ -152,22 +156,22 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
-    outcome.capacity = {**res.to_dict(spec.capacity.goodput), "level_s": level_plan.level_s,
-                        "level_s_asked": asked_s, "level_note": stretched,
-                        "start": search.start, "start_note": lower}
+    cap = res.to_dict(spec.capacity_search().goodput)
+    outcome.capacity = cap = {**cap, "level_s": level_plan.level_s, "level_s_asked": asked_s,
+                              "level_note": stretched, "start": search.start,
+                              "start_note": lower}
     outcome.stop = f"capacity_{res.status}"
     outcome.message = res.summary()
     logger.info("trial %d: %s", spec.number, outcome.message)
     if m is None:  # no level met the SLOs: measured, but no capacity (infeasible)
         outcome.ok = True
-        outcome.metrics = {**_capacity_metrics(outcome.capacity, outcome.gpus,
-                                               spec.server_gpus),
+        outcome.metrics = {**_capacity_metrics(cap, outcome.gpus, spec.server_gpus),
                            "measure_s": round(outcome.measure_s, 3)}
         return []
     return [m]
 
 
-def _capacity_metrics(cap: dict[str, Any], gpus: tuple[int, ...] | None,
+def _capacity_metrics(cap: CapacityRecord, gpus: tuple[int, ...] | None,
                       server_gpus: int = 1) -> dict[str, float]:
     """capacity_rps (the objective), its interval, output tokens/s at capacity and the
     servers and GPUs the recorded traffic needs (recorded rate / capacity; GPUs: the
@@ -175,20 +179,20 @@ def _capacity_metrics(cap: dict[str, Any], gpus: tuple[int, ...] | None,
     recorded = float(cap["recorded_rps"])
     out: dict[str, float] = {"capacity_recorded_rps": recorded,
                              "capacity_levels": float(len(cap["levels"]))}
-    if cap.get("ci_high_rps") is not None:
-        out["capacity_rps_ci_high"] = float(cap["ci_high_rps"])
-    rps = cap.get("capacity_rps")
-    if rps is None or rps <= 0:
+    if (high := cap.get("ci_high_rps")) is not None:
+        out["capacity_rps_ci_high"] = float(high)
+    rps, low = cap.get("capacity_rps"), cap["low"]
+    if rps is None or rps <= 0 or low is None:  # a capacity > 0 has a low end
         return out
     servers = recorded / rps
     out.update({"capacity_rps": float(rps), "capacity_rps_ci_low": float(rps),
-                "capacity_scale": float(cap["low"]), "servers_needed": servers,
+                "capacity_scale": float(low), "servers_needed": servers,
                 "gpus_needed": servers * max(1, server_gpus, len(gpus or ()))})
-    at = [lv for lv in cap["levels"] if lv["passed"] and lv["scale"] == cap["low"]]
+    at = [lv for lv in cap["levels"] if lv["passed"] and lv["scale"] == low]
     if at:
         out["capacity_goodput_fraction"] = float(at[-1]["goodput_fraction"])
-        if at[-1]["output_tokens_per_s"] is not None:
-            out["output_tokens_per_s_at_capacity"] = float(at[-1]["output_tokens_per_s"])
+        if (tok := at[-1]["output_tokens_per_s"]) is not None:
+            out["output_tokens_per_s_at_capacity"] = float(tok)
     return out
 
 
@@ -230,9 +234,9 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
             return results
         _count_prompt_tokens(outcome, run, before, snapshot_metrics(server.base_url))
         if r == 0 and not fixed:
-            outcome.warmup = {**ctl.warmup_record(), "jit_events": watch.events,
-                              "jit_segments_measuring": ctl.jit_measuring}
-            outcome.warmup_s = float(outcome.warmup["seconds"])
+            warm = outcome.warmup = {**ctl.warmup_record(), "jit_events": watch.events,
+                                     "jit_segments_measuring": ctl.jit_measuring}
+            outcome.warmup_s = float(warm["seconds"])
         bounds = cut_bounds(ctl.bounds, ctl.cut)
         m = measure(run, slo=spec.slo, segments=bounds if len(bounds) >= 2 else None)
         results.append(m)

@@ -22,9 +22,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.measure import rate_interval, tell_phase
+
+if TYPE_CHECKING:
+    from autotune.trial._spec import WarmupRecord
 
 __all__ = ["STEADY_SPANS", "OpenRun", "cut_bounds", "idle_note"]
 
@@ -194,7 +197,7 @@ class OpenRun:
     def _tell(self, phase: str, detail: str) -> None:
         tell_phase(self.on_segment, self.number, phase, detail)
 
-    def warmup_record(self) -> dict[str, Any]:
+    def warmup_record(self) -> WarmupRecord:
         """``TrialOutcome.warmup`` of this run."""
         little = self.steady_in_flight()
         return {"seconds": round(self.warm_end if self.warm_end is not None

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.errors import ConfigError
 from autotune.load import build_prompts, model_vocab_size
 from autotune.trial._spec import TrialSpec, model_max_len
 
@@ -31,6 +32,9 @@ class _Plan:
 def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Any:
     """The shape's replay with prompts exact for this model's tokenizer and the API
     (:mod:`autotune.prompts`); a request that does not fit ``max_len`` is clipped to fit."""
+    if spec.shape is None:
+        raise ConfigError(f"trial {spec.number} has no traffic shape to replay; give the "
+                          "TrialSpec one (shape=load_shape(path))")
     return build_prompts(spec.shape, model=spec.model, api=spec.api,
                          max_total_tokens=max_len, output_jitter=spec.output_jitter, **kwargs)
 

@@ -9,9 +9,18 @@ import logging
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 
 from autotune.config import OUTPUT_JITTER
+from autotune.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: this module stays as light as the records it holds
+    from autotune.measure import MeasurementRecord, SegmentRule, Slo
+    from autotune.quality import ProbeOutputs, ProbeSet, QualityRecord
+    from autotune.store import FailureReason
+    from autotune.traffic import TrafficShape
+    from autotune.trial._capacity import CapacityRecord, CapacitySearch
+    from autotune.trial._levels import LevelPlan
 
 logger = logging.getLogger(__name__)
 INTERRUPT = threading.Event()
@@ -31,6 +40,29 @@ def interrupt() -> bool:
     return True
 
 
+class WarmupRecord(TypedDict):
+    """``TrialOutcome.warmup`` (the ``autotune.warmup`` attribute): how the warm-up ended.
+    Every loop writes the first four keys; the closed loop adds the JIT counts and the
+    warm-up segments' rates, the open loop also its steady state (the keys marked not
+    required)."""
+
+    seconds: float
+    segments: int
+    converged: bool
+    jit_in_last_segment: bool
+    jit_events: NotRequired[int]  # kernels the server log showed JIT-compiled in the warm-up
+    jit_segments_measuring: NotRequired[int]  # measured segments (levels) that compiled one
+    rates: NotRequired[list[float]]  # the warm-up segments' rates (tok/s)
+    # the open loop's steady state (autotune.trial.OpenRun.warmup_record)
+    rate_rps: NotRequired[float]
+    request_s: NotRequired[float | None]
+    requests_in_flight: NotRequired[int]
+    steady_in_flight: NotRequired[float | None]
+    overloaded: NotRequired[bool]
+    served_share: NotRequired[float | None]
+    rule: NotRequired[Literal["steady_state"]]
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     """Everything a worker needs to run one trial (picklable, sent to Ray workers)."""
@@ -39,11 +71,11 @@ class TrialSpec:
     model: str
     flags: tuple[str, ...]
     env: dict[str, str]
-    shape: Any  # autotune.traffic.TrafficShape
+    shape: TrafficShape | None  # None: a trial that replays nothing (a simulated executor)
     seed: int = 0
     warmup_requests: int | None = None  # None: 2 x concurrency, at most a quarter of the schedule
     repeats: int = 1
-    slo: Any = None  # autotune.measure.Slo | None
+    slo: Slo | None = None
     api: str = "completions"
     num_requests: int | None = None
     concurrency: int | None = None
@@ -57,16 +89,16 @@ class TrialSpec:
     # executor reserves for it, and what the GPUs the traffic needs are counted in
     server_gpus: int = 1
     cpu_kv_cache_gib: float = 1.0
-    quality_probe: Any = None  # autotune.quality.ProbeSet: probe this trial's server
-    quality_reference: Any = None  # autotune.quality.ProbeOutputs to compare with
+    quality_probe: ProbeSet | None = None  # probe this trial's server
+    quality_reference: ProbeOutputs | None = None  # the reference's outputs to compare with
     # -- issue 14: segmented warm-up and measurement, the pruner (docs/measurement.md) --
     log_path: str | None = None  # the server log's own path (default: in log_dir by number)
     # Closed loop: one continuous run cut into segments of segment_requests completions
     # (None: max(concurrency, 16)); warm-up and measurement end by ``rule``
-    # (autotune.stats.SegmentRule; None: its defaults). Open loop: warm-up replay, then
+    # (None: SegmentRule's defaults). Open loop: warm-up replay, then
     # the schedule, with the interval over sub-windows.
     segment_requests: int | None = None
-    rule: Any = None  # autotune.stats.SegmentRule
+    rule: SegmentRule | None = None
     # The pruner: the incumbent's interval low end (output tokens/s); a trial whose own
     # interval lies wholly below it is stopped as a clear loser (reason "pruned").
     incumbent_low: float | None = None
@@ -78,9 +110,16 @@ class TrialSpec:
     # (the outcome then says why in one line); None: always run to the end
     abort_failed_fraction: float | None = 0.5
     # -- issue 15: --objective capacity: a bracketing search over the arrival-rate scale on
-    # this one server (autotune.capacity.CapacitySearch, autotune.levels.LevelPlan)
-    capacity: Any = None
-    capacity_plan: Any = None
+    # this one server
+    capacity: CapacitySearch | None = None
+    capacity_plan: LevelPlan | None = None
+
+    def capacity_search(self) -> CapacitySearch:
+        """The bracketing search of an ``--objective capacity`` trial."""
+        if self.capacity is None:
+            raise ConfigError(f"trial {self.number} has no capacity search (spec.capacity); "
+                              "set one to run load levels")
+        return self.capacity
 
 
 @dataclass
@@ -89,9 +128,9 @@ class TrialOutcome:
 
     number: int
     ok: bool
-    reason: str | None = None  # a FailureReason value when not ok
+    reason: FailureReason | None = None  # why, when not ok
     message: str = ""
-    measurement: dict[str, Any] | None = None  # Measurement.model_dump()
+    measurement: MeasurementRecord | None = None  # Measurement.record()
     metrics: dict[str, float] = field(default_factory=dict)  # Measurement.flat()
     start_s: float | None = None  # launch to healthy
     # of start_s: seconds vLLM logged compiling (torch.compile, "... took X s in total");
@@ -107,14 +146,13 @@ class TrialOutcome:
     engine_version: str = ""
     hostname: str = ""
     node_id: str = ""  # the Ray node that ran the trial ("" outside Ray)
-    quality: dict[str, Any] | None = None  # QualityReport.model_dump() of a probed trial
+    quality: QualityRecord | None = None  # QualityReport.record() of a probed trial
     quality_note: str = ""  # why a lossy trial has no quality figures
     gpus: tuple[int, ...] | None = None
     # -- issue 14: time account (seconds; start_s above), warm-up, segments, stop --
     warmup_s: float = 0.0
     measure_s: float = 0.0
-    # {"seconds", "segments", "converged", "jit_in_last_segment", ...} (autotune.warmup)
-    warmup: dict[str, Any] | None = None
+    warmup: WarmupRecord | None = None
     segments: list[float] = field(default_factory=list)  # measured segment rates (tok/s)
     # why measuring stopped: precise | cap | pruned | failing | schedule_end | interrupted
     stop: str | None = None
@@ -124,12 +162,12 @@ class TrialOutcome:
     prompt_tokens_sent: int = 0
     prompt_tokens_server: float | None = None
     # --objective capacity: CapacityResult.to_dict() (the bracket and every load level)
-    capacity: dict[str, Any] | None = None
+    capacity: CapacityRecord | None = None
     # measured on a server an earlier trial started (run_trials_on_one_server): start_s 0,
     # the start is that trial's
     server_reused: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.engine import (
     VllmServer,
@@ -32,6 +32,9 @@ from autotune.trial._closed import _measure_segments, _time_metrics
 from autotune.trial._open import _capacity_metrics, _measure_capacity, _measure_open
 from autotune.trial._replay import _Plan, _plan
 from autotune.trial._spec import TrialOutcome, TrialSpec
+
+if TYPE_CHECKING:
+    from autotune.quality import ProbeOutputs, ProbeSet
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +68,8 @@ def _assigned_gpus(spec: TrialSpec) -> tuple[int, ...] | None:
 _PORT_ATTEMPTS = 3
 
 
-def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -> None:
+def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome,
+                   probe: ProbeSet, reference: ProbeOutputs) -> None:
     """Run the quality probe on the trial's server and compare it with the reference.
 
     Speculative decoding with a synthetic rejection sampler (random-weight runs) accepts
@@ -80,14 +84,14 @@ def _probe_quality(spec: TrialSpec, server: VllmServer, outcome: TrialOutcome) -
                                 "not produce the model's own tokens")
         return
     try:
-        out = run_probe(server.base_url, server.served_model_name, spec.quality_probe)
+        out = run_probe(server.base_url, server.served_model_name, probe)
         server.check_alive()
     except (EngineError, EngineCrashedError) as exc:
         outcome.quality_note = f"quality probe failed: {exc}"
         logger.warning("trial %d: %s", spec.number, outcome.quality_note)
         return
-    report = compare(spec.quality_reference, out)
-    outcome.quality = report.model_dump(mode="json")
+    report = compare(reference, out)
+    outcome.quality = report.record()
     outcome.metrics.update(report.flat())
 
 
@@ -103,7 +107,7 @@ def _crash_or_error(server: VllmServer, exc: AutotuneError, outcome: TrialOutcom
         outcome.reason = FailureReason.CRASH
         outcome.message = str(exc)
     except EngineCrashedError as dead:
-        outcome.reason = dead.reason
+        outcome.reason = FailureReason(dead.reason)
         outcome.message = f"{dead} (while measuring: {exc})"
 
 
@@ -133,7 +137,7 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
         outcome.message = "interrupted before a segment was measured"
         return
     m = combine(results) if len(results) > 1 else results[0]
-    outcome.measurement = m.model_dump(mode="json")
+    outcome.measurement = m.record()
     outcome.metrics = m.flat()
     # what the shape asked for over every request served in the measured runs, beside the
     # server's own count over the same runs (server_prompt_tokens_run)
@@ -155,7 +159,7 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
         outcome.quality_note = "quality probe skipped: the pruner stopped the trial"
     elif spec.quality_probe is not None and spec.quality_reference is not None:
         phase("quality", f"{len(spec.quality_probe.prompts)} greedy prompts")
-        _probe_quality(spec, server, outcome)
+        _probe_quality(spec, server, outcome, spec.quality_probe, spec.quality_reference)
 
 
 def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOutcome:
@@ -257,25 +261,25 @@ class _OneServer:
         drain(self.server.base_url, _IDLE_WAIT_S)
         self.server.check_serving()
 
-    def lost(self, outcome: TrialOutcome) -> tuple[str, str] | None:
+    def lost(self, outcome: TrialOutcome) -> tuple[FailureReason | None, str] | None:
         """After ``outcome`` failed: (reason, message) for the trials after it when the
         server is gone (never started, or died), None while it still serves."""
         if not self.up:
-            return (str(outcome.reason),
+            return (outcome.reason,
                     f"the server these trials share did not start (trial {outcome.number}): "
                     f"{outcome.message}")
         try:
             self.server.check_serving()
         except EngineCrashedError as exc:
-            return (exc.reason, f"the server these trials share died during or after trial "
-                                f"{outcome.number}, before this one: {exc}")
+            return (FailureReason(exc.reason), "the server these trials share died during or "
+                    f"after trial {outcome.number}, before this one: {exc}")
         return None
 
 
 def _record_failure(exc: Exception, server: VllmServer, outcome: TrialOutcome) -> None:
     """A trial's error as data (call it in the ``except`` block: it reads the traceback)."""
     if isinstance(exc, EngineStartError | EngineCrashedError):
-        outcome.reason = exc.reason
+        outcome.reason = FailureReason(exc.reason)
         outcome.message = str(exc)
     elif isinstance(exc, AutotuneError):
         _crash_or_error(server, exc, outcome)
@@ -334,7 +338,7 @@ def run_trials_on_one_server(
             except Exception as exc:  # noqa: BLE001 - data: _record_failure logs it
                 _record_failure(exc, one.server, outcome)
                 plans.append(None)
-        gone: tuple[str, str] | None = None
+        gone: tuple[FailureReason | None, str] | None = None
         for i, (spec, plan, outcome) in enumerate(zip(specs, plans, outcomes, strict=True)):
             begun[i] = time.monotonic() if i else t0
             if plan is not None and gone is not None:
