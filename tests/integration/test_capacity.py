@@ -20,10 +20,8 @@ from autotune.trial import (
     find_capacity,
     recorded_rate,
 )
+from tests._capacity import SHAPE
 from tests.conftest import REPO, needs_vllm
-
-SHAPE = REPO / "traffic" / "example-chat.json"  # recorded 5.53 req/s, outputs p50 43
-
 
 # --- the search (pure) ---------------------------------------------------------------------
 

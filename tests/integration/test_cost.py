@@ -8,7 +8,7 @@ from autotune.cost import (
     Rate,
     study_cost,
 )
-from tests.unit.test_cost import PRICES, TRAFFIC  # noqa: F401
+from tests._cost import PRICES, TRAFFIC
 
 
 def test_report_shows_cost_with_intervals(tmp_path: Path) -> None:

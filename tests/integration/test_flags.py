@@ -14,12 +14,9 @@ from autotune.engine._flags import (
     engine_surface,
     flag_table,
 )
-from autotune.space import ModelFacts, load_space
+from autotune.space import load_space
+from tests._flags import FACTS, REPO, SPACES
 from tests.conftest import needs_vllm
-
-REPO = Path(__file__).resolve().parents[2]
-SPACES = sorted((REPO / "search_spaces").glob("*.yaml"))
-FACTS = ModelFacts(hybrid=True, mtp=True, device="cuda")  # every knob active
 
 
 def _space(tmp: Path, knob: str) -> Path:

@@ -3,21 +3,11 @@ project's own runs or how its GPU host was obtained; it names file and line."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "check_history.py"
-
-
-def _mod():
-    spec = importlib.util.spec_from_file_location("check_history", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests._history_check import SCRIPT, _mod
 
 
 def test_the_repository_tells_no_run_history() -> None:

@@ -14,15 +14,7 @@ from autotune.load import ERROR_REASONS, RunResult, replay, run_schedule
 from autotune.measure import measure, snapshot_metrics
 from autotune.testing.stub_server import FAULTS, StubConfig, StubServer, fault_token
 from autotune.traffic import RequestSpec, Schedule
-
-PROMPT = (11, 12, 13, 14, 15)
-
-
-def closed(
-    n: int, *, conc: int, max_tokens: int = 12, prompt: tuple[int, ...] = PROMPT
-) -> Schedule:
-    reqs = tuple(RequestSpec(i, prompt, max_tokens) for i in range(n))
-    return Schedule(mode="closed", requests=reqs, concurrency=conc)
+from tests._loadgen import PROMPT, closed
 
 
 @pytest.fixture(scope="module")
@@ -243,17 +235,6 @@ def test_metrics_sampled_during_the_run_give_server_figures(stub: StubServer) ->
 
 
 # --- the SSE parser on its own ---------------------------------------------------------------
-
-STREAM = (
-    b": keep-alive comment\r\n\r\n"
-    b"event: message\r\n"
-    b'data: {"choices":[{"index":0,"text":" a","finish_reason":null}],'
-    b'"usage":{"prompt_tokens":3,"completion_tokens":2}}\r\n\r\n'
-    b'data:{"choices":[{"index":0,"text":" b","finish_reason":"length"}],'
-    b'"usage":{"prompt_tokens":3,"completion_tokens":5}}\n\n'
-    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5}}\n\n'
-    b"data: [DONE]\n\n"
-)
 
 
 def test_metrics_failures_are_clear_and_never_stop_a_run(stub: StubServer) -> None:

@@ -8,10 +8,8 @@ import sys
 from pathlib import Path
 
 from autotune.traffic import LoadSpec, load_shape, save_shape
+from tests._objective import OPEN
 from tests.conftest import REPO
-
-OPEN = REPO / "traffic" / "azure-conv-2k.json"  # fitted from a trace: open loop, 5.53 req/s
-CLOSED = REPO / "traffic" / "example-chat.json"  # closed loop, 8 streams
 
 
 def test_tune_refuses_throughput_on_a_fitted_trace_before_any_server(tmp_path: Path) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.traffic import context_overflow, load_shape
-
-REPO = Path(__file__).resolve().parents[2]
+from tests._preflight import REPO, _package
 
 
 def test_shape_clip_cli_makes_the_shape_fit(tmp_path: Path) -> None:
@@ -23,17 +22,6 @@ def test_shape_clip_cli_makes_the_shape_fit(tmp_path: Path) -> None:
     clipped = load_shape(out)
     assert clipped.input_tokens.max + clipped.output_tokens.max <= 2048
     assert context_overflow(clipped, context=2048)[0] == 0
-
-
-def _package(root: Path) -> Path:
-    """A package laid out like vLLM's start-up modules, not compiled."""
-    from autotune.study import BYTECODE_PROBES
-
-    pkg = root / "fakevllm"
-    for rel in BYTECODE_PROBES:
-        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
-        (pkg / rel).write_text("X = 1\n")
-    return pkg
 
 
 def test_bytecode_check_reads_the_interpreters_flag(tmp_path: Path) -> None:

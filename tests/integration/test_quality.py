@@ -37,12 +37,8 @@ from autotune.quality import (
     quality_violation,
     run_probe,
 )
-from autotune.traffic import LoadSpec, constant_shape
+from tests._quality import SHAPE, VOCAB, _small_probe
 from tests.conftest import needs_vllm
-
-VOCAB = 4096
-SHAPE = constant_shape(700, 64, load=LoadSpec(mode="closed", concurrency=4))
-
 
 # ---------------------------------------------------------------------------------------------
 # build_probe
@@ -137,11 +133,6 @@ class FakeCompletions:
 def fake() -> Iterator[FakeCompletions]:
     with FakeCompletions() as f:
         yield f
-
-
-def _small_probe(**kw: Any) -> ProbeSet:
-    return build_probe(SHAPE, vocab_size=VOCAB,
-                       spec=QualitySpec(n_prompts=6, max_input_tokens=12, output_tokens=5, **kw))
 
 
 def test_run_probe_sends_greedy_logprob_requests(fake: FakeCompletions) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-BOUNDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
-
 
 def test_cli_errors_are_one_line_and_change_nothing(tmp_path: Any, capsys: Any) -> None:
     from autotune.cli import main

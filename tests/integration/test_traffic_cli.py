@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.traffic.test_traffic_cli import REPO, _run  # noqa: F401
+from tests._traffic_cli import REPO, _run
 
 
 def test_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,8 +18,8 @@ from autotune.trial import (
     recorded_rate,
     search_capacity,
 )
+from tests._capacity import SHAPE
 from tests.conftest import REPO
-from tests.integration.test_capacity import SHAPE  # noqa: F401
 
 
 def _level(scale: float, passed: bool) -> Level:

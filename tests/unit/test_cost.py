@@ -24,11 +24,9 @@ from autotune.cost import (
     study_cost,
 )
 from autotune.errors import AutotuneError
+from tests._cost import PRICES, TRAFFIC
 
 ROOT = Path(__file__).resolve().parents[2]
-PRICES = Prices(gpu_hour_usd=2.5, api_input_usd_per_m=0.3, api_output_usd_per_m=1.2, growth=2)
-TRAFFIC = TrafficLoad(mean_rps=2.0, peak_rps=3.0, mean_input_tokens=500.0,
-                      mean_output_tokens=250.0)
 
 
 def test_throughput_config_by_hand() -> None:

@@ -13,7 +13,7 @@ from autotune.engine._flags import (
     flag_table,
 )
 from autotune.space import load_space
-from tests.integration.test_flags import FACTS, REPO, SPACES  # noqa: F401
+from tests._flags import FACTS, REPO, SPACES
 
 
 def _v(s: str) -> tuple[int, ...]:

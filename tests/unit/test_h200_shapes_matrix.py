@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_h200_shapes_matrix import HERE, _cell, _tput, _w, matrix, steps  # noqa: F401
+from tests._h200_shapes_matrix import HERE, _cell, _tput, _w, matrix, steps
 
 
 def _cap(c: float, hi: float | None) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_history_check import _mod  # noqa: F401
+from tests._history_check import _mod
 
 
 @pytest.mark.parametrize("line", [

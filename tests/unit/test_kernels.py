@@ -28,7 +28,7 @@ from autotune.kernels import (
     tuned_moe_folder,
 )
 from autotune.traffic import load_shape
-from tests.integration.test_kernels import (  # noqa: F401
+from tests._kernels import (
     CASESTUDY,
     NANO,
     STAND_IN,

@@ -24,8 +24,8 @@ from autotune.kernels import (
     with_guard_keys,
     write_moe_config,
 )
-from tests.integration.test_kernels import CASESTUDY, NANO, STAND_IN
-from tests.integration.test_kernels_guard import TRAFFIC, TUNED  # noqa: F401
+from tests._kernels import CASESTUDY, NANO, STAND_IN
+from tests._kernels_guard import TRAFFIC, TUNED
 
 
 def vllm_pick(configs: Mapping[int, dict[str, int]], m: int) -> dict[str, int]:
@@ -203,7 +203,7 @@ def test_a_folder_written_before_guard_keys_is_rewritten_with_them(tmp_path: Pat
 def test_the_studys_progress_note_says_when_the_default_is_kept(tmp_path: Path) -> None:
     from autotune.kernels._study import bind_tuned_kernels
     from autotune.space import ModelFacts
-    from tests.integration.test_kernels import _bind_kw, _space
+    from tests._kernels import _bind_kw, _space
 
     space = _space(ModelFacts.from_model_dir(STAND_IN, device="cuda", gpu_arch="sm90"))
     notes: list[str] = []

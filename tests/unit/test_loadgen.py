@@ -7,7 +7,7 @@ import pytest
 from autotune.errors import LoadgenError
 from autotune.load import _SseParser, replay
 from autotune.traffic import RequestSpec, Schedule
-from tests.integration.test_loadgen import PROMPT, STREAM, closed  # noqa: F401
+from tests._loadgen import PROMPT, STREAM, closed
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from autotune.config import CAPACITY_DEFAULT_SLO, TuneSettings
 from autotune.errors import ConfigError
 from autotune.study import is_open_loop, replayed_shape, resolve_objective
 from autotune.traffic import load_shape
-from tests.integration.test_objective import CLOSED, OPEN  # noqa: F401
+from tests._objective import CLOSED, OPEN
 
 
 def _settings(shape: Path, **kw: object) -> TuneSettings:

@@ -11,7 +11,7 @@ from autotune.errors import ShapeError, SpaceError
 from autotune.space import load_space
 from autotune.study import check_context
 from autotune.traffic import LoadSpec, clip_shape, constant_shape, context_overflow, load_shape
-from tests.integration.test_preflight import REPO, _package  # noqa: F401
+from tests._preflight import REPO, _package
 
 
 def _model(tmp: Path, ctx: int) -> Path:

@@ -28,8 +28,8 @@ from autotune.quality import (
     reference_params,
 )
 from autotune.space import ModelFacts, load_space
+from tests._quality import SHAPE, VOCAB, _small_probe
 from tests.conftest import REPO
-from tests.integration.test_quality import SHAPE, VOCAB, _small_probe  # noqa: F401
 
 
 def _outputs(tokens: list[list[int]], logprobs: list[list[float | None]] | None = None,

@@ -16,7 +16,7 @@ from autotune.rollout import (
     side_figures,
 )
 from autotune.traffic import Histogram
-from tests.integration.test_rollout_logic import BOUNDS  # noqa: F401
+from tests._rollout_logic import BOUNDS
 
 
 def _hist(values: list[float]) -> Histogram:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_study_verdict import _H200, _H200_WARM, study  # noqa: F401
+from tests._study_verdict import _H200, _H200_WARM
 
 
 def test_compile_seconds_are_read_from_the_server_log(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.trial import run_trials_on_one_server
-from tests.integration.test_trial_one_server import _fake  # noqa: F401
+from tests._trial_one_server import _fake
 
 
 def test_trials_that_disagree_on_the_server_are_a_one_line_error(tmp_path: Path) -> None:

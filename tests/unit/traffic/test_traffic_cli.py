@@ -9,14 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
+from tests._traffic_cli import REPO, _run
 
 
 def test_fit_show_diff(
