@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install Debian's Prometheus server (the `prometheus` binary) for the tests of
-# `autotune shape from-prometheus` and `watch --prometheus` (tests/test_prometheus.py starts
+# `autotune shape from-prometheus` and `watch --prometheus` (tests/integration/test_prometheus.py starts
 # its own on 127.0.0.1; the package's system service is not used, and not started here).
 # Idempotent: skipped when a `prometheus` binary is on PATH; where apt-get is not ours to
 # run, it says so and the tests skip.

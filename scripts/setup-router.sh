@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install vLLM's router (the `vllm-router` wheel from PyPI: a Rust load balancer with an admin
 # API, /add_worker, /remove_worker, /list_workers) into the project's virtualenv, for
-# `autotune rollout` and its tests (tests/test_rollout.py). Idempotent: skipped when the
+# `autotune rollout` and its tests (tests/integration/test_rollout.py). Idempotent: skipped when the
 # `vllm-router` command is already there. Its Python dependencies (aiohttp, fastapi, uvicorn,
 # orjson, requests, setproctitle) come with vLLM, so nothing else is resolved again.
 set -euo pipefail

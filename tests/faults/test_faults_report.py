@@ -20,7 +20,7 @@ pytestmark = pytest.mark.faults
 def test_all_infeasible_study_says_why_then_resumed_report(lab: Lab) -> None:
     # every third request fails with HTTP 500 in the first two servers; the third serves
     # (a third, not a half: from half of the requests failing on, a trial stops early as
-    # 'aborted', tested in tests/test_trial_abort.py)
+    # 'aborted', tested in tests/integration/test_trial_abort.py)
     space = lab.space("fail:3,fail:3,ok")
     rc, out, err = run_cli(lab.argv(space, trials=2))
     assert rc == 1, err[-3000:]

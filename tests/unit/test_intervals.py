@@ -1,0 +1,89 @@
+"""Intervals of a rate that mean what they say (autotune.intervals; pure)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.measure import arrivals_note, fmt_interval, rate_interval
+from autotune.measure import mean_interval
+
+
+def test_symmetric_segments_keep_the_t_interval() -> None:
+    segs = [100.0, 104.0, 98.0, 101.0, 97.0, 103.0]
+    lo, hi, how = rate_interval(100.5, segs)
+    iv = mean_interval(segs)
+    assert how == "t" and iv is not None
+    assert lo == pytest.approx(100.5 - (iv.high - iv.low) / 2)
+    assert hi == pytest.approx(100.5 + (iv.high - iv.low) / 2)
+
+
+def test_a_bursty_open_loop_never_reads_below_zero() -> None:
+    # five sub-windows of a bursty open loop: one caught a burst (the normal approximation
+    # gave [-7.0, 114.5] out tok/s on such a trace)
+    segs = [12.0, 9.0, 180.0, 14.0, 54.0]
+    rate = sum(segs) / len(segs)
+    iv = mean_interval(segs)
+    assert iv is not None and rate - (iv.high - iv.low) / 2 < 0  # what the t-interval says
+    lo, hi, how = rate_interval(rate, segs)
+    assert how == "log-t" and lo is not None and hi is not None
+    assert 0 < lo < rate < hi and math.isclose(lo * hi, rate * rate)  # a factor around it
+
+
+def test_a_segment_that_served_nothing_gets_a_bootstrap_interval() -> None:
+    segs = [0.0, 0.0, 150.0, 10.0, 5.0]
+    lo, hi, how = rate_interval(33.0, segs)
+    assert how == "bootstrap" and lo is not None and hi is not None
+    assert 0.0 <= lo < 33.0 < hi
+    assert rate_interval(33.0, segs) == (lo, hi, how)  # seeded: the same every time
+
+
+@pytest.mark.parametrize("rate, segs", [(None, [1.0, 2.0]), (5.0, [1.0]), (5.0, []),
+                                        (float("nan"), [1.0, 2.0]),
+                                        (5.0, [float("nan"), 1.0])])
+def test_no_interval_without_a_rate_or_two_segments(rate: float | None,
+                                                    segs: list[float]) -> None:
+    assert rate_interval(rate, segs) == (None, None, None)
+
+
+def test_all_zero_segments_give_a_zero_interval() -> None:
+    lo, hi, _ = rate_interval(0.0, [0.0, 0.0, 0.0])
+    assert lo == 0.0 and hi == 0.0
+
+
+def test_the_arrivals_note_says_when_the_spread_is_the_traffic() -> None:
+    offered = [40.0, 30.0, 400.0, 50.0, 120.0]  # tokens/s the arrivals asked for
+    served = [42.0, 28.0, 390.0, 55.0, 118.0]  # an idle server serves what arrives
+    note = arrivals_note(served, offered)
+    assert "comes from the arrivals" in note and "correlation" in note
+    # a steady offer with a server that wobbles: the spread is the server's
+    assert arrivals_note([90.0, 130.0, 70.0, 120.0, 95.0],
+                         [100.0, 101.0, 99.0, 100.0, 100.0]) == ""
+    assert arrivals_note([1.0, 2.0], [1.0, 2.0]) == ""  # too few segments
+
+
+def test_intervals_print_unambiguously() -> None:
+    assert fmt_interval(-7.0, 114.5) == "[-7.0, 114.5]"
+    assert fmt_interval(1234.5, 2000.0) == "[1,234.5, 2,000.0]"
+    assert fmt_interval(1.0, 2.0, ".3f") == "[1.000, 2.000]"
+    assert fmt_interval(None, 2.0) == ""
+    assert fmt_interval(0.0864, 5.53) == "[0.0864, 5.5]"  # a slow server's capacity, not 0.1
+
+
+def test_an_idle_server_under_bursty_arrivals_measures_the_traffic() -> None:
+    # measure() of an open loop whose arrivals come in bursts: the server serves each
+    # request as it arrives (10 tokens over 0.1 s), so the sub-windows follow the bursts
+    from autotune.load import RunResult
+    from autotune.measure import measure
+    from tests.unit.test_measure import rec
+
+    sends = [0.0, 0.1, 0.2, 5.0, 20.0, 20.05, 20.1, 20.15, 20.2, 20.25, 20.3, 20.35, 33.0,
+             47.0, 47.1, 49.9]
+    recs = tuple(rec(i, t, out=10) for i, t in enumerate(sends))
+    run = RunResult(records=recs, started_at=0.0, wall_s=50.2, mode="open", concurrency=None)
+    m = measure(run, warmup_s=0.0)
+    assert m.output_tokens_per_s is not None and m.output_tokens_per_s > 0
+    assert m.output_tokens_per_s_ci_low is not None and m.output_tokens_per_s_ci_low >= 0
+    assert m.ci_method in ("log-t", "bootstrap")
+    assert "comes from the arrivals" in m.interval_note
