@@ -126,11 +126,13 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     # a request's duration measured behind a queue is the queue's: no stretch from it
     level_plan, stretched = fit_level(level_plan, None if warm is None or warm.get("overloaded")
                                       else warm.get("request_s"))
-    search, lower = start_after_warmup(spec.capacity_search(), warm)
-    failed_at = warmup_bound(spec.capacity_search(), warm, spec.slo)
+    asked = spec.capacity_search()
+    search, lower = start_after_warmup(asked, warm)
+    failed_at = warmup_bound(asked, warm, spec.slo)
     if failed_at is not None:
-        lower += (f"; the bracket's top is {failed_at * recorded:.3g} req/s, where the "
-                  "server fell behind")
+        top = (f"the bracket's top is {failed_at * recorded:.3g} req/s, where the server "
+               "fell behind")
+        lower = f"{lower}; {top}" if lower else top
     for line in (stretched, lower):
         if line:
             logger.info("trial %d: %s", spec.number, line)
@@ -156,7 +158,7 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
-    cap = res.to_dict(spec.capacity_search().goodput)
+    cap = res.to_dict(asked.goodput)
     outcome.capacity = cap = {**cap, "level_s": level_plan.level_s, "level_s_asked": asked_s,
                               "level_note": stretched, "start": search.start,
                               "start_note": lower}
