@@ -124,10 +124,11 @@ class TuneSettings(BaseModel):
     recheck_starts: int = Field(default=2, ge=1, le=20)  # fresh starts per re-checked config
     # --objective capacity (autotune.capacity): the bracketing search over the arrival rate
     capacity_goodput: float = Field(default=0.99, gt=0, le=1)  # share within the SLOs
-    capacity_tolerance: float = Field(default=0.1, gt=0, lt=1)  # bracket high/low - 1
+    capacity_tolerance: float = Field(default=0.25, gt=0, lt=1)  # bracket high/low - 1
     capacity_level_s: float = Field(default=10.0, gt=0)  # seconds of arrivals per level
     # the load levels of one trial stop once the next would end after this many seconds
-    capacity_max_s: float = Field(default=90.0, gt=0)
+    # (None: no time cap; the search runs until its bracket is within the tolerance)
+    capacity_max_s: float | None = Field(default=None, gt=0)
     capacity_start: float = Field(default=1.0, gt=0)  # first scale of the recorded rate
     capacity_max_levels: int = Field(default=10, ge=2, le=100)
     # what it is worth (autotune.cost): no price is built in; None leaves cost out

@@ -55,6 +55,7 @@ SLOW_FILES = {
     "tests/e2e/test_study_e2e.py": 494,
     "tests/integration/test_capacity.py": 336,
     "tests/e2e/test_retune_trace.py": 420,
+    "tests/integration/test_capacity_ranks.py": 240,
     "tests/faults/test_faults_tuner.py": 269,
     "tests/integration/test_quality.py": 253,
     "tests/integration/test_parallel.py": 216,
@@ -186,7 +187,8 @@ def postgres() -> Iterator[Any]:
 @pytest.fixture
 def shared_traces() -> Path:
     """The folder of the public trace excerpts, committed with their sources and licences:
-    azure2023_conv.csv, mooncake_fast25_conversation.jsonl, burstgpt1_head54.csv."""
+    azure2023_conv.csv, azure2023_code.csv, mooncake_fast25_conversation.jsonl,
+    burstgpt1_head54.csv."""
     return TRACES
 
 

@@ -93,14 +93,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_option(cap, "--capacity-goodput",
                help="share of offered requests that must meet the SLOs (default 0.99)")
     add_option(cap, "--capacity-tolerance",
-               help="bisect until the bracket is within this fraction (default 0.1)")
+               help="search until the bracket is within this fraction (default 0.25)")
     add_option(cap, "--capacity-level-s",
-               help="seconds of arrivals per load level, at least (default 10; stretched to "
-                    "3 of the shape's request durations measured in the warm-up, at most "
-                    "4x, so that a level judges a sustained rate)")
+               help="seconds of arrivals per load level, at least (default 10, and at least "
+                    "40 requests from the busiest stretch of the recorded arrivals; "
+                    "stretched to 3 of the shape's request durations measured in the "
+                    "warm-up, at most 4x, so that a level judges a sustained rate)")
     add_option(cap, "--capacity-max-s",
-               help="the load levels stop once the next would end after this many seconds; "
-                    "the bracket is then as narrow as they made it (default 90)")
+               help="a time cap: the load levels stop once the next would end after this "
+                    "many seconds, the bracket then as wide as they left it (default: none; "
+                    "the search runs until the bracket is within --capacity-tolerance)")
     add_option(cap, "--capacity-start",
                help="first level, as a scale of the recorded rate (default 1.0)")
     add_option(cap, "--capacity-max-levels", help="load levels at most (default 10)")

@@ -135,22 +135,28 @@ OPTIONS: tuple[Option, ...] = (
                 "its offered requests met every --slo (failed requests count as misses) "
                 "and no more than --max-error-rate failed (default 0.99)"),
     Option("--capacity-tolerance", "capacity_tolerance", "measure", metavar="FRACTION",
-           help="--objective capacity: bisect until the bracket [highest passing rate, "
-                "lowest failing rate] is within this fraction (default 0.1 = 10 %%)"),
+           help="--objective capacity: search until the bracket [highest passing rate, "
+                "lowest failing rate] is within this fraction (default 0.25: the two ends "
+                "at most 1.25x apart; each halving of it costs about one more level)"),
     Option("--capacity-level-s", "capacity_level_s", "measure", metavar="SECONDS",
            help="--objective capacity: seconds of open-loop arrivals per load level, at "
-                "least (at least 10 requests; default 10); stretched to 3 of the shape's "
+                "least (default 10; and at least 40 requests, from the busiest stretch of "
+                "the recorded arrivals that holds them); stretched to 3 of the shape's "
                 "request durations as the warm-up measured them (at most 4x), so that a "
                 "level judges a sustained rate, not a burst; a level stops early once it "
                 "cannot pass"),
     Option("--capacity-max-s", "capacity_max_s", "measure", metavar="SECONDS",
-           help="--objective capacity: the load levels of one trial stop once the next "
-                "would end after this many seconds (default 90: a trial in minutes); the "
-                "bracket is then as narrow as they made it (status 'time'); raise it for a "
-                "tighter bracket"),
+           help="--objective capacity: a time cap on the load levels of one trial: they "
+                "stop once the next would end after this many seconds. Default: none, the "
+                "search runs until its bracket is within --capacity-tolerance (or "
+                "--capacity-max-levels are spent). A cap that ends it sooner leaves a wider "
+                "or open bracket (status 'time'): the trial says so and the verdict gives "
+                "no ratio from it"),
     Option("--capacity-start", "capacity_start", "measure", metavar="SCALE",
-           help="--objective capacity: the first level, as a scale of the recorded rate "
-                "(default 1.0; passes double it, fails halve it until bracketed)"),
+           help="--objective capacity: the warm-up's and the first level's rate, as a scale "
+                "of the recorded rate (default 1.0; a warm-up that fell behind moves the "
+                "first level to just below what the server served; then steps of 1.25x, "
+                "1.56x, then 2x up after a pass, down after a fail, until bracketed)"),
     Option("--capacity-max-levels", "capacity_max_levels", "measure", metavar="N",
            help="--objective capacity: load levels per trial at most (default 10)"),
     Option("--repeats", "repeats", "measure",

@@ -259,7 +259,8 @@ def tune(
                          owner=inputs.owner, heartbeat=inputs.heartbeat)
         try:
             subs.on_study_start(loop.event(
-                "study_started", message=f"{n_finished(study)} finished trial(s) already"), ctx)
+                "study_started", message=f"{n_finished(study)} finished trial(s) already"
+                + capacity_terms(settings)), ctx)
             _run(loop, inputs, subs)
         except Exception:
             _drop_if_empty(study, inputs)
@@ -270,6 +271,21 @@ def tune(
     result = write_results(ctx)
     subs.on_study_end(loop.event("study_finished"), result)
     return result
+
+
+def capacity_terms(settings: TuneSettings) -> str:
+    """What a capacity study judges, for its first line ("" for another objective): the
+    SLOs (and whether they are the defaults), the goodput bar and the bracket's width."""
+    from autotune.config import CAPACITY_DEFAULT_SLO
+
+    if settings.objective != "capacity":
+        return ""
+    slo = settings.slo or {}
+    terms = ", ".join(f"{k}={v:g}s" for k, v in slo.items())
+    default = (" (the defaults; --slo sets yours)" if slo == CAPACITY_DEFAULT_SLO else "")
+    return (f"; capacity: a load level passes when {settings.capacity_goodput:.0%} of its "
+            f"requests meet {terms}{default}; each trial searches until its bracket is "
+            f"within {1 + settings.capacity_tolerance:.3g}x")
 
 
 def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:

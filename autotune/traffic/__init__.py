@@ -56,6 +56,7 @@ from autotune.traffic._replay import (
     RequestSpec,
     Schedule,
     build_schedule,
+    busiest_stretch,
     context_overflow,
     ideal_prefix_hit_fraction,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "TrafficShape",
     "auth_from_env",
     "build_schedule",
+    "busiest_stretch",
     "clip_shape",
     "compute_fingerprint",
     "constant_shape",

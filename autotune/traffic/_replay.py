@@ -27,6 +27,7 @@ __all__ = [
     "RequestSpec",
     "Schedule",
     "build_schedule",
+    "busiest_stretch",
     "context_overflow",
     "ideal_prefix_hit_fraction",
 ]
@@ -195,8 +196,38 @@ def _burstiness_cv(shape: TrafficShape) -> float:
     return 1.0
 
 
+def busiest_stretch(profile: Sequence[float], window_s: float, count: float) -> float:
+    """Where the busiest stretch of a recorded rate profile that holds ``count`` expected
+    arrivals begins, in expected arrivals from the profile's start: the stretch of the
+    shortest duration (the highest mean rate), the profile taken as repeating (a stretch may
+    wrap around its end). 0 when ``count`` holds the whole profile or more.
+
+    A capacity level replays this stretch: whatever its number of requests, it meets the
+    recording's worst burst at that size instead of whichever windows the profile starts
+    with (a quiet first minute read a bursty trace's capacity high)."""
+    prof = np.maximum(np.asarray(profile, dtype=np.float64), 1e-12)
+    per = prof * window_s
+    total = float(per.sum())
+    if not (count > 0 and window_s > 0) or count >= total * (1 - 1e-9):
+        return 0.0
+    cum = np.concatenate(([0.0], np.cumsum(np.tile(per, 2))))  # twice: stretches that wrap
+    edges = np.arange(cum.size, dtype=np.float64) * window_s
+    # for a piecewise-constant rate the shortest stretch starts or ends on a window's edge
+    starts = cum[: prof.size]
+    from_start = np.interp(starts + count, cum, edges) - edges[: prof.size]
+    ends = np.arange(1, cum.size)
+    begin = cum[ends] - count
+    ok = (begin >= 0) & (begin < total)
+    to_end = edges[ends][ok] - np.interp(begin[ok], cum, edges)
+    i, j = int(np.argmin(from_start)), int(np.argmin(to_end)) if to_end.size else -1
+    if j >= 0 and to_end[j] < from_start[i]:
+        return float(begin[ok][j])
+    return float(starts[i])
+
+
 def _arrival_times(
-    shape: TrafficShape, n: int, rate: float, arrival: Arrival, rng: np.random.Generator
+    shape: TrafficShape, n: int, rate: float, arrival: Arrival, rng: np.random.Generator,
+    busiest: bool = False,
 ) -> np.ndarray:
     if arrival == "recorded":
         a = shape.arrivals
@@ -209,12 +240,19 @@ def _arrival_times(
         cum = np.concatenate(([0.0], np.cumsum(prof * a.window_s)))
         total = cum[-1]
         period = prof.shape[0] * a.window_s
-        # unit-rate Poisson in "expected count" time, mapped through the recorded profile
-        lam = np.concatenate(([0.0], np.cumsum(rng.exponential(1.0, size=n - 1))))
-        cycles = np.floor(lam / total)
-        rem = lam - cycles * total
-        idx = np.clip(np.searchsorted(cum, rem, side="right") - 1, 0, prof.shape[0] - 1)
-        t = cycles * period + a.window_s * idx + (rem - cum[idx]) / np.maximum(prof[idx], 1e-12)
+
+        def profile_time(lam: np.ndarray) -> np.ndarray:
+            cycles = np.floor(lam / total)
+            rem = lam - cycles * total
+            idx = np.clip(np.searchsorted(cum, rem, side="right") - 1, 0, prof.shape[0] - 1)
+            return (cycles * period + a.window_s * idx
+                    + (rem - cum[idx]) / np.maximum(prof[idx], 1e-12))
+
+        # unit-rate Poisson in "expected count" time, mapped through the recorded profile,
+        # from the busiest stretch that holds the n arrivals when asked (busiest_stretch)
+        lam0 = busiest_stretch(a.rate_profile, a.window_s, float(n)) if busiest else 0.0
+        lam = lam0 + np.concatenate(([0.0], np.cumsum(rng.exponential(1.0, size=n - 1))))
+        t = profile_time(lam) - profile_time(np.array([lam0]))[0]
         return t * (shape.rate_rps / rate)
     if arrival == "gamma":
         cv = _burstiness_cv(shape)
@@ -289,6 +327,7 @@ def build_schedule(
     arrival: str | None = None,
     token_seed: int | None = None,
     output_jitter: float = 0.0,
+    busiest: bool = False,
 ) -> Schedule:
     """A deterministic request schedule for ``shape`` (same arguments, same schedule).
 
@@ -308,7 +347,9 @@ def build_schedule(
     loop only): each request's output length times a factor drawn uniformly from
     ``[1 - j, 1 + j]`` (its own generator: every other draw stays the same), so that
     streams of equal lengths cannot lock into step with one another
-    (docs/measurement.md, section 4).
+    (docs/measurement.md, section 4). ``busiest`` (recorded arrivals only): the arrivals
+    start where the recording's busiest stretch that holds the ``n`` requests begins
+    (:func:`busiest_stretch`), not at the recording's start: a capacity level's traffic.
     """
     load = shape.load
     mode = mode or load.mode
@@ -336,7 +377,8 @@ def build_schedule(
 
     if mode == "closed":
         return _closed_schedule(shape, prompts, out, concurrency=concurrency, seed=seed)
-    times = _open_times(shape, n, rng_arr, rate_rps=rate_rps, arrival=arrival, scale=scale)
+    times = _open_times(shape, n, rng_arr, rate_rps=rate_rps, arrival=arrival, scale=scale,
+                        busiest=busiest)
     reqs = tuple(
         RequestSpec(
             index=i,
@@ -389,7 +431,8 @@ def _closed_schedule(shape: TrafficShape, prompts: Sequence[tuple[int, ...]], ou
 
 
 def _open_times(shape: TrafficShape, n: int, rng: np.random.Generator, *,
-                rate_rps: float | None, arrival: str | None, scale: float) -> np.ndarray:
+                rate_rps: float | None, arrival: str | None, scale: float,
+                busiest: bool = False) -> np.ndarray:
     """An open loop's send times: ``n`` arrivals of the process ``arrival`` at ``rate_rps``
     (else the load's, else the recorded rate) stretched by ``scale``, cut at the load's
     ``duration_s``."""
@@ -404,7 +447,8 @@ def _open_times(shape: TrafficShape, n: int, rng: np.random.Generator, *,
     kind = arrival or ("recorded" if has_profile and shape.rate_rps > 0 else "gamma")
     if kind not in ARRIVALS:
         raise TrafficError(f"arrival process {kind!r} is unknown; use one of {', '.join(ARRIVALS)}")
-    times = _arrival_times(shape, n, float(rate), kind, rng) * scale  # type: ignore[arg-type]
+    times = _arrival_times(shape, n, float(rate), kind, rng,  # type: ignore[arg-type]
+                           busiest) * scale
     keep = n
     if load.duration_s is not None:
         keep = max(1, int(np.searchsorted(times, load.duration_s, side="right")))

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from autotune.trial._open_loop import (
         STEADY_SPANS,
         OpenRun,
+        backlog_grows,
         cut_bounds,
         idle_note,
     )
@@ -84,6 +85,7 @@ __all__ = [
     "TrialOutcome",
     "TrialSpec",
     "WarmupRecord",
+    "backlog_grows",
     "capacity_spec",
     "compile_seconds",
     "cut_bounds",
@@ -131,7 +133,8 @@ __getattr__ = lazy_exports(__name__, {
         "warmup_bound",
     ),
     "autotune.trial._open": ("_capacity_metrics",),
-    "autotune.trial._open_loop": ("OpenRun", "STEADY_SPANS", "cut_bounds", "idle_note"),
+    "autotune.trial._open_loop": ("OpenRun", "STEADY_SPANS", "backlog_grows", "cut_bounds",
+                                  "idle_note"),
     "autotune.trial._replay": ("_plan", "model_vocab_size"),
     "autotune.trial._spec": (
         "INTERRUPT",

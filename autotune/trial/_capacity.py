@@ -7,11 +7,16 @@ search runs on one running server: each probe replays the shape's open-loop arri
 ``s`` x the recorded rate for a bounded time (:mod:`autotune.trial`) and says pass or
 fail; this module only decides where to probe next:
 
-1. probe ``start`` (1.0: the recorded rate); when the warm-up before the search already
-   saw the server fall behind the arrivals at some scale (``failed_at``), that scale is the
-   bracket's top from the start and step 2 runs only downwards;
-2. a pass doubles the scale until a level fails (or ``max_scale``: capacity at least
-   that); a fail halves it until a level passes (or ``min_scale``: no capacity);
+1. probe ``start`` (1.0: the recorded rate, or where the warm-up put the capacity); when
+   the warm-up before the search already saw the server fall behind the arrivals at some
+   scale (``failed_at``), that scale is the bracket's top from the start;
+2. step from there until a pass and a fail bracket the capacity (or ``max_scale``:
+   capacity at least that; ``min_scale``: no capacity): up after a pass, down after a
+   fail, by ``step`` first and then by the square of the last step, at most 2x. With no
+   idea where the capacity is, ``step`` is 2 (doubling); when the warm-up put the start
+   just under it, it is ``1 + tolerance`` (1.25, 1.56, 2, 2, ...): a capacity within that
+   step is bracketed within the tolerance by the second level, a far one is still reached
+   by doubling. A step up never passes the middle of a bracket the warm-up topped;
 3. bisect the bracket [highest pass, lowest fail] at its geometric mean until
    ``high / low - 1 <= tolerance`` or ``max_levels`` probes are spent.
 
@@ -43,10 +48,13 @@ class CapacitySearch:
     goodput: float = 0.99  # share of the offered requests that must meet every SLO
     max_error_rate: float = 0.05  # share of the offered requests that may fail
     start: float = 1.0  # the first scale of the recorded rate
-    tolerance: float = 0.1  # stop when high / low - 1 <= tolerance
+    tolerance: float = 0.25  # stop when high / low - 1 <= tolerance (a bracket 1.25x wide)
     min_scale: float = 1.0 / 64
     max_scale: float = 64.0
     max_levels: int = 10  # probes (load levels) per search, at most
+    # the first step up or down from ``start`` (then squared, at most 2): 2 without a clue
+    # where the capacity is; 1 + tolerance from a start the warm-up put just under it
+    step: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.goodput <= 1.0:
@@ -64,6 +72,8 @@ class CapacitySearch:
                               "(0, 1), e.g. 0.1")
         if self.max_levels < 2:
             raise ConfigError(f"capacity max levels is {self.max_levels}; a bracket needs >= 2")
+        if not 1.0 < self.step <= 2.0:
+            raise ConfigError(f"capacity step is {self.step}; use a factor in (1, 2]")
 
 
 class LevelRecord(TypedDict):
@@ -205,18 +215,46 @@ class CapacityResult:
             return None
         return min(band), max(band)
 
-    def summary(self) -> str:
-        """One line for logs and trial messages."""
+    def summary(self, search: CapacitySearch | None = None, max_s: float | None = None) -> str:
+        """One line for logs and trial messages; with the search it ran (and its time cap,
+        ``max_s``), why the bracket is not within the tolerance when it is not."""
         r = self.recorded_rps
         if self.low is None:
-            return (f"no load level met the SLOs: even {self.high or 0:.3g}x the recorded "
+            line = (f"no load level met the SLOs: even {self.high or 0:.3g}x the recorded "
                     f"rate ({(self.high or 0) * r:.3g} req/s) failed ({len(self.levels)} levels)")
-        hi = (f"{self.high * r:.3g}" if self.high is not None else "inf")
-        top = (" (its top: the warm-up, where the server fell behind the arrivals)"
-               if self.high_from_warmup else "")
-        return (f"capacity {self.low * r:.3g} req/s ({self.low:.3g}x the recorded "
-                f"{r:.3g} req/s), interval [{self.low * r:.3g}, {hi}] req/s{top}, "
-                f"{self.status}, {len(self.levels)} levels")
+        elif self.high is None:
+            line = (f"capacity at least {self.low * r:.3g} req/s ({self.low:.3g}x the "
+                    f"recorded {r:.3g} req/s; no level failed), {self.status}, "
+                    f"{len(self.levels)} levels")
+        else:
+            top = (" (its top: the warm-up, where the server fell behind the arrivals)"
+                   if self.high_from_warmup else "")
+            line = (f"capacity {self.low * r:.3g} req/s ({self.low:.3g}x the recorded "
+                    f"{r:.3g} req/s), interval [{self.low * r:.3g}, {self.high * r:.3g}] "
+                    f"req/s{top}, {self.status}, {len(self.levels)} levels")
+        why = self.reason(search, max_s) if search is not None else ""
+        return f"{line}: {why}" if why else line
+
+    def reason(self, search: CapacitySearch, max_s: float | None = None) -> str:
+        """Why the bracket is not closed within ``search.tolerance`` ("" when it is): what
+        ended the search first, and what to change."""
+        width = f"{1.0 + search.tolerance:.3g}x"
+        if self.status == "found":
+            return ""
+        if self.status == "time":
+            cap = f"--capacity-max-s {max_s:g}" if max_s is not None else "--capacity-max-s"
+            return (f"the time cap ({cap}) ended the search before the bracket was within "
+                    f"{width}; leave the cap out (the search then takes as long as that "
+                    "resolution needs) or raise it")
+        if self.status == "levels":
+            return (f"--capacity-max-levels {search.max_levels} levels were spent before the "
+                    f"bracket was within {width}; raise it")
+        if self.status == "capped":
+            return (f"the server still met the SLOs at the highest rate searched "
+                    f"({search.max_scale:g}x the recorded rate): its capacity is at least "
+                    "that, no bracket above it")
+        return (f"even the lowest rate searched ({search.min_scale:.3g}x the recorded rate) "
+                "missed the SLOs")
 
     def to_dict(self, goodput: float | None = None) -> CapacityRecord:
         flat = self.flat_misses(goodput) if goodput is not None else None
@@ -235,6 +273,14 @@ def flat_note(flat: Sequence[float]) -> str:
             "there, so the capacity can land anywhere in that range from one server start to "
             "the next; an SLO the traffic meets with more room, or a lower "
             "--capacity-goodput, makes it sharper")
+
+
+def _open(res: CapacityResult, s: CapacitySearch) -> bool:
+    """Whether the search still steps rather than bisects: no pass yet, no fail yet, or
+    only the warm-up's top above a pass while that bracket is wider than the tolerance."""
+    if res.low is None or res.high is None:
+        return True
+    return res.high_from_warmup and res.high / res.low - 1.0 > s.tolerance
 
 
 class _OutOfTime(Exception):
@@ -286,20 +332,23 @@ def _bracket(probe: Callable[[float], Level], s: CapacitySearch, res: CapacityRe
             on_level(lv, res)
         return lv.passed
 
-    scale = s.start
+    scale, step = s.start, s.step
     passed = run(scale)
-    # expand until a pass and a fail bracket the capacity
-    while len(res.levels) < s.max_levels and (res.low is None or res.high is None):
+    # step (up after a pass, down after a fail) until a pass and a fail bracket the capacity
+    while len(res.levels) < s.max_levels and _open(res, s):
         if passed:
             if scale >= s.max_scale:
                 res.status = "capped"
                 return res
-            scale = min(scale * 2.0, s.max_scale)
+            scale = min(scale * step, s.max_scale)
+            if res.high is not None and res.low is not None:  # the warm-up's top
+                scale = min(scale, math.sqrt(res.low * res.high))
         else:
             if scale <= s.min_scale:
                 res.status = "none"
                 return res
-            scale = max(scale / 2.0, s.min_scale)
+            scale = max(scale / step, s.min_scale)
+        step = min(2.0, step * step)
         passed = run(scale)
     # bisect (geometric) inside the bracket
     while res.low is not None and res.high is not None:

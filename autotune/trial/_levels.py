@@ -28,7 +28,7 @@ from autotune.trial._capacity import CapacityResult, CapacitySearch, Level, sear
 if TYPE_CHECKING:
     from autotune.trial._spec import WarmupRecord
 
-__all__ = ["CAPACITY_MAX_S", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
+__all__ = ["LEVEL_MIN_REQUESTS", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
            "find_capacity", "fit_level", "level_abort", "recorded_rate", "request_seconds",
            "run_level", "start_after_warmup", "warmup_bound"]
 
@@ -58,8 +58,10 @@ def recorded_rate(shape: Any) -> float:
 
 #: seconds of arrivals per load level, at least (a level lasts LEVEL_SPAN requests)
 LEVEL_S = 10.0
-#: the load levels of one capacity search, at most this many seconds (--capacity-max-s)
-CAPACITY_MAX_S = 90.0
+#: requests per load level, at least: at the 99 % goodput bar a level of 40 passes only with
+#: no request missing an SLO, i.e. a miss rate under ~7 % at 95 % confidence (the rule of
+#: three); 10 passed with a miss rate of up to 26 %, and pass or fail was a coin toss
+LEVEL_MIN_REQUESTS = 40
 
 
 @dataclass(frozen=True)
@@ -67,12 +69,13 @@ class LevelPlan:
     """How long each load level runs."""
 
     level_s: float = LEVEL_S  # seconds of arrivals per level, at least
-    min_requests: int = 10
+    min_requests: int = LEVEL_MIN_REQUESTS
     max_requests: int = 2000
     drain_timeout_s: float = 120.0  # wait at most this long for an idle server after a level
     seed: int = 0
-    # the levels of one search stop once the next would end after this many seconds (None:
-    # no cap): an open-loop trial in minutes, its bracket as narrow as the levels made it
+    # the levels of one search stop once the next would end after this many seconds (None,
+    # the default: no cap; the search runs until its bracket is within the tolerance): the
+    # bracket is then as narrow as the levels made it, and the trial says so
     max_s: float | None = None
 
     def requests(self, rate_rps: float) -> int:
@@ -140,29 +143,31 @@ def fit_level(plan: LevelPlan, request_s: float | None) -> tuple[LevelPlan, str]
 def start_after_warmup(search: CapacitySearch, warmup: WarmupRecord | None
                        ) -> tuple[CapacitySearch, str]:
     """The search to run after a warm-up at ``search.start``: when the server fell behind
-    those arrivals (``warmup["overloaded"]``, it served ``served_share`` of the offered
-    tokens), the levels from there down to that share would all fail, each after a long
-    wait for its first misses to end: start at the power of two at or below the share
-    instead (at least ``min_scale``), and say so ("" when unchanged)."""
+    those arrivals (``warmup["overloaded"]``: its backlog only grew) it served
+    ``served_share`` of what arrived, about its saturation rate, which no rate within the
+    SLOs exceeds: start one step of the tolerance below it (at least ``min_scale``) and
+    step by the tolerance from there, so that a capacity just under saturation is
+    bracketed in two levels; say so ("" when unchanged)."""
     share = warmup.get("served_share") if warmup is not None else None
     if not (warmup and warmup.get("overloaded")) or not isinstance(share, (int, float)):
         return search, ""
-    start = search.start * 2.0 ** math.floor(math.log2(max(share, 1e-9)))
-    start = max(search.min_scale, start)
+    step = 1.0 + max(search.tolerance, 0.1)  # a finer first step would creep
+    start = search.start * max(share, 1e-9) / step
+    start = max(search.min_scale, float(f"{start:.3g}"))
     if start >= search.start:
         return search, ""
-    return dataclasses.replace(search, start=start), (
+    return dataclasses.replace(search, start=start, step=min(step, 2.0)), (
         f"the server fell behind the arrivals at {search.start:g}x the recorded rate in the "
-        f"warm-up (it served {share:.0%} of the offered tokens): the levels start at "
-        f"{start:.3g}x")
+        f"warm-up (its backlog grew; it served {share:.0%} of what arrived): the levels start "
+        f"at {start:.3g}x, a step below that")
 
 
 def warmup_bound(search: CapacitySearch, warmup: WarmupRecord | None,
                  slo: Slo | None) -> float | None:
     """The scale the capacity search may take as its bracket's top from the start: the
     warm-up's (``search.start``) when the server fell behind those arrivals there
-    (``warmup["overloaded"]``: it served less than half the offered tokens from 20 s on,
-    so its queue only grew) and no kernel was still compiling in its last segment, under an
+    (``warmup["overloaded"]``: its backlog grew through the last 20 s, latencies not far
+    within the SLOs) and no kernel was still compiling in its last segment, under an
     SLO a growing queue breaks (a TTFT or end-to-end limit: the wait counts in both). None
     otherwise: a queue that grows by half the arrivals misses such a limit within any
     level, so a level there would only spend the time cap to fail."""
@@ -175,7 +180,7 @@ def warmup_bound(search: CapacitySearch, warmup: WarmupRecord | None,
 
 def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,
                   level_s: float, max_levels: int, seed: int = 0,
-                  max_s: float | None = CAPACITY_MAX_S) -> dict[str, Any]:
+                  max_s: float | None = None) -> dict[str, Any]:
     """The ``TrialSpec`` fields of a capacity measurement (``capacity``, ``capacity_plan``):
     what ``tune --objective capacity`` and ``bench --capacity`` pass to a trial."""
     search = CapacitySearch(goodput=goodput, max_error_rate=max_error_rate, start=start,
@@ -226,6 +231,22 @@ def _pct(p: Any) -> float | None:
     return p.p99 if p is not None else None
 
 
+def level_schedule(build: Build, plan: LevelPlan, rate: float, token_seed: int | None) -> Any:
+    """A level's arrivals at a mean of ``rate`` req/s, from the busiest stretch of the
+    recording: ``plan.requests(rate)`` of them, more when that stretch runs faster than the
+    mean so that they still last ``plan.level_s`` seconds (a burst at 4x the mean rate
+    sends 40 requests in a quarter of the time; without a time cap)."""
+    n = plan.requests(rate)
+    kw = {"seed": plan.seed, "mode": "open", "rate_rps": rate, "time_scale": 1.0,
+          "token_seed": token_seed, "busiest": True}
+    schedule = build(num_requests=n, **kw)
+    span = max((r.send_at_s or 0.0) for r in schedule.requests)
+    if plan.max_s is None and 0 < span < plan.level_s and n < plan.max_requests:
+        more = min(plan.max_requests, math.ceil(n * plan.level_s / span))
+        schedule = build(num_requests=more, **kw)
+    return schedule
+
+
 def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dict[str, Any],
               slo: Slo | None, search: CapacitySearch, plan: LevelPlan,
               token_seed: int | None = None) -> tuple[Level, Measurement | None]:
@@ -234,9 +255,7 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dic
     level's number) gives its prompts their own words, so that no level is served from a
     prefix cache filled by an earlier one (the shape's sharing within the level stays)."""
     rate = scale * recorded_rps
-    n = plan.requests(rate)
-    schedule = build(seed=plan.seed, mode="open", num_requests=n, rate_rps=rate,
-                     time_scale=1.0, token_seed=token_seed)
+    schedule = level_schedule(build, plan, rate, token_seed)
     if schedule.concurrency is not None:
         # no cap on requests in flight: a client-side queue would hide the server's queue
         # from the latencies (they count from the send), and so the capacity

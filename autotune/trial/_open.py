@@ -78,7 +78,8 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
     # arrivals for the whole cap and one segment more: the cap, not the schedule, ends it
     n = int(min(50_000, max(16, math.ceil(rate * (rule.warmup_max_s + seg_s)))))
     sched = _schedule(spec, plan.max_len, seed=spec.seed + 10_000, mode="open",
-                      num_requests=n, rate_rps=rate, time_scale=1.0, token_seed=0)
+                      num_requests=n, rate_rps=rate, time_scale=1.0, token_seed=0,
+                      busiest=True)
     if sched.concurrency is not None:  # no client-side cap, as the levels
         sched = replace(sched, concurrency=None)
     t0 = time.monotonic()
@@ -99,7 +100,7 @@ def _open_run(spec: TrialSpec, sched: Any, rule: Any, seg_s: float, watch: Any,
     return OpenRun(send_at=[float(r.send_at_s or 0.0) for r in sched.requests],
                    output=[r.max_tokens for r in sched.requests], rate_rps=rate, rule=rule,
                    segment_s=seg_s, measure=measure, jit=watch.jit_since_last,
-                   number=spec.number, on_segment=phase)
+                   number=spec.number, on_segment=phase, slo=spec.slo)
 
 
 def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
@@ -144,10 +145,16 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     def on_level(lv: Any, res: Any) -> None:
         logger.info("trial %d level %d: %.3gx = %.3g req/s %s", spec.number,
                     len(res.levels), lv.scale, lv.offered_rps, lv.outcome())
-        hi = f"{res.high * res.recorded_rps:.3g}" if res.high is not None else "?"
-        lo = f"{res.low * res.recorded_rps:.3g}" if res.low is not None else "?"
+        r = res.recorded_rps
+        if res.low is not None and res.high is not None:
+            bracket = (f"bracket [{res.low * r:.3g}, {res.high * r:.3g}] req/s, "
+                       f"{res.high / res.low:.3g}x wide")
+        elif res.low is not None:
+            bracket = f"at least {res.low * r:.3g} req/s, no level failed yet"
+        else:
+            bracket = f"below {(res.high or 0) * r:.3g} req/s, no level passed yet"
         phase("capacity", f"level {len(res.levels)}: {lv.offered_rps:.3g} req/s "
-              f"{lv.outcome()}; bracket [{lo}, {hi}] req/s")
+              f"{lv.outcome()}; {bracket}")
 
     t_run = time.monotonic()
     phase("capacity", f"level 1 at {search.start:.3g}x {recorded:.3g} req/s")
@@ -163,7 +170,7 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
                               "level_note": stretched, "start": search.start,
                               "start_note": lower}
     outcome.stop = f"capacity_{res.status}"
-    outcome.message = res.summary()
+    outcome.message = res.summary(search, level_plan.max_s)
     logger.info("trial %d: %s", spec.number, outcome.message)
     if m is None:  # no level met the SLOs: measured, but no capacity (infeasible)
         outcome.ok = True

@@ -19,6 +19,7 @@ Private to :mod:`autotune.trial`: :class:`OpenRun` is the abort hook of the repl
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,17 +30,25 @@ from autotune.measure import rate_interval, tell_phase
 if TYPE_CHECKING:
     from autotune.trial._spec import WarmupRecord
 
-__all__ = ["STEADY_SPANS", "OpenRun", "cut_bounds", "idle_note"]
+__all__ = ["STEADY_SPANS", "OpenRun", "backlog_grows", "cut_bounds", "idle_note"]
 
 logger = logging.getLogger(__name__)
 
-#: a server that serves less than this share of the offered tokens, two segments running,
-#: has fallen behind the arrivals: the warm-up ends (overloaded) instead of waiting for a
-#: steady state that never comes
-OVERLOAD_SHARE = 0.5
+#: a server falls behind the arrivals when its backlog (requests sent and not finished)
+#: grows through the last OVERLOAD_WINDOW_S seconds, in both halves of them (a burst that
+#: the server absorbs raises the backlog and lets it fall again; a server that cannot keep
+#: up only adds to it), by at least OVERLOAD_GROWTH requests and a quarter of where it
+#: stood: the warm-up then ends (overloaded) instead of waiting for a steady state that
+#: never comes. Tokens served against the offered rate are no such test: a recorded trace's
+#: arrivals come in bursts and lulls, and a lull reads as a server that served too little
+OVERLOAD_WINDOW_S = 20.0
+OVERLOAD_GROWTH = 4
 #: ... judged after this many seconds at the earliest: before, a server that is catching up
 #: (kernels still compiling, the first long requests) reads as one that fell behind
 OVERLOAD_MIN_S = 20.0
+#: a server whose finished requests all met the SLOs with this much room (latency at most
+#: this share of each limit), none in flight beyond it, is never called overloaded
+COMFORT_SHARE = 0.5
 #: an open loop's warm-up lasts this many request durations: after one, every request in
 #: flight arrived under load; the second lets the population settle (and queues that the
 #: first burst built drain or stay)
@@ -65,6 +74,7 @@ class OpenRun:
     jit: Callable[[], bool] | None = None
     on_segment: Callable[[str, str], None] | None = None  # (phase, detail)
     number: int = 0
+    slo: Any = None  # autotune.measure.Slo: a server well within it is never overloaded
     records: list[Any] = field(default_factory=list)
     finished: set[int] = field(default_factory=set)
     seg_start: float = 0.0
@@ -79,6 +89,9 @@ class OpenRun:
     request_s: float | None = None
     in_flight: int = 0  # requests in flight at the warm-up's end
     overloaded: bool = False  # the warm-up ended because the server fell behind
+    # (run time, requests sent and not finished): once a second and at each segment's end
+    backlog: list[tuple[float, int]] = field(default_factory=list)
+    warm_edges: list[float] = field(default_factory=list)  # the warm-up segments' ends
     stop: str | None = None  # warm (warm-up only) | precise | cap
     stopped_at: float | None = None
     cut: float | None = None  # the earliest send of a request in flight at the stop
@@ -103,6 +116,8 @@ class OpenRun:
         """Between completions (``autotune.loadgen.Abort``): a segment that has run past a
         cap ends now, so the warm-up and measurement caps hold while no request finishes
         (segments otherwise end on a completion)."""
+        if self.warm_end is None:
+            self.backlog.append((now, self._sent_by(now) - len(self.finished)))
         if self.stop is not None or now - self.seg_start < self.segment_s:
             return None
         if self.warm_end is None:
@@ -115,43 +130,70 @@ class OpenRun:
         """Little's law: the requests in flight the shape holds in steady state."""
         return None if self.request_s is None else self.rate_rps * self.request_s
 
-    def offered_tokens_per_s(self) -> float:
-        """The output tokens/s the arrivals ask for (rate x mean output length)."""
-        return self.rate_rps * (sum(self.output) / len(self.output)) if self.output else 0.0
-
-    def _overloaded(self) -> bool:
-        """The server served less than OVERLOAD_SHARE of what arrives over the segments
-        after the first (which holds the ramp), from OVERLOAD_MIN_S on: it will not
-        reach a steady state at this rate (its queue only grows), so waiting for one
-        wastes the warm-up's cap."""
-        share = self.served_share()
-        # segments end on completions: a server far behind finishes few, so count time
-        self.overloaded = (self.seg_start >= OVERLOAD_MIN_S and share is not None
-                           and share < OVERLOAD_SHARE)
+    def _overloaded(self, now: float) -> bool:
+        """The server fell behind the arrivals (:data:`OVERLOAD_WINDOW_S`): its backlog grew
+        through the last seconds, from OVERLOAD_MIN_S on, and its latencies are not far
+        within the SLOs. It will not reach a steady state at this rate (its queue only
+        grows), so waiting for one wastes the warm-up's cap."""
+        self.overloaded = (now >= OVERLOAD_MIN_S and not self.comfortable(now)
+                           and backlog_grows(self.backlog, now))
         return self.overloaded
 
+    def comfortable(self, now: float) -> bool:
+        """Every request finished in the last OVERLOAD_WINDOW_S seconds met each SLO limit
+        with room (at most COMFORT_SHARE of it), and none in flight has been waiting
+        longer than that share of what the SLOs allow it. False without an SLO."""
+        from autotune.measure import slo_misses
+
+        slo = self.slo
+        if slo is None or all(x is None for x in (slo.ttft_s, slo.tpot_s, slo.e2e_s)):
+            return False
+        tight = type(slo)(**{k: (None if getattr(slo, k) is None
+                                 else getattr(slo, k) * COMFORT_SHARE)
+                             for k in ("ttft_s", "tpot_s", "e2e_s")})
+        recent = [r for r in self.records
+                  if r.end_s is not None and r.end_s >= now - OVERLOAD_WINDOW_S]
+        if not recent or any(slo_misses(r, tight) for r in recent):
+            return False
+        sent = self._sent_by(now)
+        for i in range(sent):
+            if i in self.finished:
+                continue
+            allowed = (slo.e2e_s if slo.e2e_s is not None else
+                       (slo.ttft_s or 0.0) + (slo.tpot_s or 0.0) * max(0, self.output[i] - 1))
+            if allowed > 0 and now - self.send_at[i] > COMFORT_SHARE * allowed:
+                return False
+        return True
+
     def served_share(self) -> float | None:
-        """The warm-up's served tokens/s after its first segment over the offered rate."""
-        offered = self.offered_tokens_per_s()
-        if len(self.warm_rates) < 2 or offered <= 0:
+        """The warm-up's served output tokens over the tokens asked for by the requests
+        that arrived, after its first segment (which holds the ramp): about 1 for a
+        server that keeps up, the share of the arrivals it can serve for one that fell
+        behind. The arrivals actually sent are the denominator, not the mean rate: a
+        recorded trace's lull is not a server that served too little."""
+        if len(self.warm_rates) < 2 or len(self.warm_edges) < 2:
             return None
-        later = self.warm_rates[1:]
-        return sum(later) / len(later) / offered
+        t0, t1 = self.warm_edges[0], self.warm_edges[-1]
+        served = sum(r * (b - a) for r, a, b in zip(self.warm_rates[1:], self.warm_edges,
+                                                   self.warm_edges[1:], strict=False))
+        asked = sum(o for s, o in zip(self.send_at, self.output, strict=False) if t0 < s <= t1)
+        return served / asked if asked > 0 else None
 
     def _sent_by(self, t: float) -> int:
-        return sum(1 for s in self.send_at if s <= t)
+        return bisect.bisect_right(self.send_at, t)
 
     def _warm_segment(self, now: float, rate: float) -> str | None:
         from autotune.trial._levels import request_seconds
 
         self.warm_rates.append(rate)
+        self.warm_edges.append(now)
         self.jit_last = self.jit() if self.jit is not None else False
         self.request_s = request_seconds(self.records, self.output)
         self.in_flight = self._sent_by(now) - len(self.finished)
-        overloaded = self._overloaded()
-        share = self.served_share()
+        self.backlog.append((now, self.in_flight))
+        overloaded = self._overloaded(now)
         steady = (self.request_s is not None and now >= STEADY_SPANS * self.request_s
-                  and not self.jit_last and share is not None and share >= OVERLOAD_SHARE)
+                  and not self.jit_last and not backlog_grows(self.backlog, now))
         capped = now >= self.rule.warmup_max_s or overloaded
         little = self.steady_in_flight()
         detail = (f"segment {len(self.warm_rates)}: {rate:,.1f} tok/s, {self.in_flight} "
@@ -213,6 +255,33 @@ class OpenRun:
                 "served_share": None if (share := self.served_share()) is None
                 else round(share, 3),
                 "rule": "steady_state"}
+
+
+def backlog_grows(samples: Sequence[tuple[float, int]], now: float,
+                  window_s: float = OVERLOAD_WINDOW_S) -> bool:
+    """Whether the backlog (``(time, requests sent and not finished)`` samples) grew
+    through the last ``window_s`` seconds: in each half of them (least-squares slopes above
+    0, so a burst that rises and drains again is not a trend), by at least
+    :data:`OVERLOAD_GROWTH` requests and a quarter of where it stood. Needs samples over at
+    least 80 % of the window (the load generator takes one a second)."""
+    pts = [(t, n) for t, n in samples if t >= now - window_s]
+    if len(pts) < 6 or pts[-1][0] - pts[0][0] < 0.8 * window_s:
+        return False
+    mid = (pts[0][0] + pts[-1][0]) / 2
+    halves = [[p for p in pts if p[0] <= mid], [p for p in pts if p[0] >= mid]]
+    if any(len(h) < 3 or _slope(h) <= 0 for h in halves):
+        return False
+    grown = _slope(pts) * (pts[-1][0] - pts[0][0])
+    start = min(n for _, n in halves[0])
+    return grown >= max(OVERLOAD_GROWTH, 0.25 * start)
+
+
+def _slope(pts: Sequence[tuple[float, int]]) -> float:
+    """The least-squares slope of ``n`` over ``t`` (0 for points all at one time)."""
+    mt = sum(t for t, _ in pts) / len(pts)
+    mn = sum(n for _, n in pts) / len(pts)
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    return sum((t - mt) * (n - mn) for t, n in pts) / var if var > 0 else 0.0
 
 
 def cut_bounds(bounds: Sequence[float], cut: float | None) -> list[float]:

@@ -253,11 +253,11 @@ def test_each_level_sends_the_same_traffic_in_its_own_words() -> None:
     from autotune.traffic import build_schedule, load_shape
 
     shape = load_shape(SHAPE)
-    sent: list[Schedule] = []
+    built: dict[Any, Schedule] = {}  # the schedule each level sent (its last build)
 
     def build(**kw: Any) -> Schedule:
         s = build_schedule(shape, vocab_size=1000, **kw)  # type: ignore[arg-type]
-        sent.append(s)
+        built[kw["token_seed"]] = s
         return s
 
     cfg = StubConfig(max_running=8, chunk_interval_s=0.002)
@@ -267,6 +267,7 @@ def test_each_level_sends_the_same_traffic_in_its_own_words() -> None:
             client_kw={"base_url": stub.base_url, "model": cfg.model}, slo=Slo(ttft_s=1.0),
             search=CapacitySearch(tolerance=0.5, max_levels=3),
             plan=LevelPlan(level_s=1.0, min_requests=8))
+    sent = list(built.values())
     assert len(sent) == len(res.levels) >= 2
     words = [{r.prompt_token_ids for r in s.requests} for s in sent]
     for i in range(len(words)):

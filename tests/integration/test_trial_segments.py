@@ -340,7 +340,10 @@ def test_capacity_levels_are_stretched_to_outlast_the_shapes_requests(
     assert cap["level_note"].startswith(f"levels of {cap['level_s']:g} s of arrivals")
     lv = cap["levels"][0]  # 5.53 req/s: passes, all its arrivals sent
     assert lv["finished"] == lv["offered"] and lv["missed_by"] == {}
-    assert lv["passed"] and lv["offered"] == LevelPlan(level_s=cap["level_s"]).requests(
-        lv["offered_rps"]) > LevelPlan(level_s=2.0).requests(lv["offered_rps"])
+    # at least the plan's requests, and as many as last the stretched level at the rate of
+    # the recording's busiest stretch
+    assert lv["passed"] and lv["offered"] >= LevelPlan(level_s=cap["level_s"]).requests(
+        lv["offered_rps"])
+    assert lv["seconds"] >= 0.8 * cap["level_s"]
 
 

@@ -75,6 +75,31 @@ def test_search_starts_at_start_and_doubles_then_bisects() -> None:
     assert res.status == "found" and len(res.levels) == len(calls)
 
 
+def test_a_start_near_the_capacity_steps_by_the_tolerance_then_doubles() -> None:
+    calls: list[float] = []
+    res = search_capacity(_monotone(3.0, calls), recorded_rps=1.0,
+                          search=CapacitySearch(tolerance=0.25, step=1.25))
+    # steps up of 1.25x, 1.5625x, then 2x (the square of the last, at most 2): pass, pass,
+    # pass, fail
+    assert calls[:4] == pytest.approx([1.0, 1.25, 1.953125, 3.90625])
+    assert all(1.953125 < c < 3.90625 for c in calls[4:])  # then only inside the bracket
+    assert res.status == "found" and len(res.levels) == len(calls)
+    assert res.low is not None and res.high is not None and res.high / res.low <= 1.25
+    with pytest.raises(ConfigError, match="capacity step"):
+        CapacitySearch(step=1.0)
+
+
+@pytest.mark.parametrize("true_scale", [0.85, 0.9, 0.99])
+def test_a_start_just_under_the_capacity_closes_the_bracket_in_two_levels(
+        true_scale: float) -> None:
+    # the warm-up puts the first level one tolerance step below the server's saturation:
+    # a capacity within that step is bracketed 1.25x wide by the next level
+    res = search_capacity(_monotone(true_scale), recorded_rps=1.0,
+                          search=CapacitySearch(start=0.8, tolerance=0.25, step=1.25))
+    assert res.status == "found" and len(res.levels) == 2
+    assert (res.low, res.high) == (0.8, pytest.approx(1.0))
+
+
 def test_never_passing_ends_at_min_scale_with_no_capacity() -> None:
     res = search_capacity(lambda s: _level(s, False), recorded_rps=4.0,
                           search=CapacitySearch(min_scale=1 / 8, max_levels=20))
@@ -82,6 +107,8 @@ def test_never_passing_ends_at_min_scale_with_no_capacity() -> None:
     assert res.high == pytest.approx(1 / 8)
     assert [lv.scale for lv in res.levels] == [1.0, 0.5, 0.25, 0.125]
     assert "no load level met the SLOs" in res.summary()
+    assert "even the lowest rate searched (0.125x" in res.summary(CapacitySearch(
+        min_scale=1 / 8))
 
 
 def test_always_passing_is_capped_at_max_scale() -> None:
@@ -90,13 +117,19 @@ def test_always_passing_is_capped_at_max_scale() -> None:
     assert res.status == "capped" and res.high is None and res.ci_high_rps is None
     assert res.low == 8.0 and res.capacity_rps == pytest.approx(12.0)
     assert [lv.scale for lv in res.levels] == [1.0, 2.0, 4.0, 8.0]
+    why = res.summary(CapacitySearch(max_scale=8.0))
+    assert "capacity at least 12 req/s" in why and "still met the SLOs" in why
+    assert "?" not in why and "inf" not in why
 
 
 def test_level_budget_leaves_a_wider_bracket() -> None:
-    res = search_capacity(_monotone(3.0), recorded_rps=1.0,
+    res = search_capacity(_monotone(1.3), recorded_rps=1.0,
                           search=CapacitySearch(tolerance=0.001, max_levels=4))
     assert res.status == "levels" and len(res.levels) == 4
-    assert res.low is not None and res.high is not None and res.low <= 3.0 < res.high
+    assert res.low is not None and res.high is not None and res.low <= 1.3 < res.high
+    assert [lv.scale for lv in res.levels] == pytest.approx([1.0, 2.0, 2 ** 0.5, 2 ** 0.25])
+    assert "--capacity-max-levels 4 levels were spent" in res.summary(
+        CapacitySearch(tolerance=0.001, max_levels=4))
 
 
 def test_noisy_edge_keeps_a_consistent_bracket() -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.trial import STEADY_SPANS, OpenRun, cut_bounds
+from autotune.trial import STEADY_SPANS, OpenRun, backlog_grows, cut_bounds
 from autotune.trial import CapacitySearch, Level, search_capacity
-from autotune.measure import SegmentRule
+import pytest
+
+from autotune.measure import SegmentRule, Slo
 
 
 @dataclass
@@ -23,11 +25,29 @@ class Rec:
     def first_token_s(self) -> float:
         return self.send_s + 0.2
 
+    @property
+    def chunk_times_s(self) -> list[float]:
+        return [self.first_token_s, self.end_s]
+
 
 def _feed(run: OpenRun, recs: list[Rec]) -> str | None:
     for k, r in enumerate(recs, 1):
         why = run(r, k, 0)
         if why:
+            return why
+    return None
+
+
+def _feed_ticking(run: OpenRun, recs: list[Rec]) -> str | None:
+    """As the load generator does: each completion in order of its end, and the clock's
+    tick once a second in between (the backlog is sampled there)."""
+    t = 1.0
+    for k, r in enumerate(sorted(recs, key=lambda r: r.end_s), 1):
+        while t <= r.end_s:
+            if why := run.tick(t):
+                return why
+            t += 1.0
+        if why := run(r, k, 0):
             return why
     return None
 
@@ -117,6 +137,8 @@ def test_the_capacity_search_stops_at_its_time_cap_with_the_bracket_so_far() -> 
     res = search_capacity(probe, recorded_rps=1.0, search=CapacitySearch(), room=room)
     assert res.status == "time" and len(probed) == 3  # 1, 2, 4 (the first needs no room)
     assert (res.low, res.high) == (2.0, 4.0)
+    assert "the time cap (--capacity-max-s 90) ended the search" in res.summary(
+        CapacitySearch(), 90.0)
     unlimited = search_capacity(probe, recorded_rps=1.0, search=CapacitySearch())
     assert unlimited.status == "found" and len(unlimited.levels) > 3
 
@@ -138,17 +160,19 @@ def test_a_server_that_falls_behind_ends_the_warm_up_and_the_levels_start_lower(
     from autotune.trial import start_after_warmup
 
     # arrivals ask for 2 req/s x 100 tokens = 200 tok/s; the server finishes a request
-    # every 2 s (50 tok/s): it falls behind, its queue only grows
+    # every 2 s (50 tok/s): it falls behind, its backlog grows 1.5 requests a second
     recs = [Rec(i, i * 0.5, 3.0 + 2.0 * i) for i in range(200)]
-    run = OpenRun(send_at=[r.send_s for r in recs], output=[100] * len(recs), rate_rps=2.0,
+    run = OpenRun(send_at=[i * 0.5 for i in range(200)], output=[100] * 200, rate_rps=2.0,
                   rule=SegmentRule(warmup_max_s=120.0), segment_s=5.0)
-    assert _feed(run, recs) == "warm"
+    assert _feed_ticking(run, recs) == "warm"
     assert run.overloaded and not run.converged
-    assert run.warm_end is not None and run.warm_end < 25.0  # not the 120-s cap
+    assert run.warm_end is not None and run.warm_end < 30.0  # not the 120-s cap
     warm = run.warmup_record()
     assert warm["overloaded"] and 0.2 <= warm["served_share"] <= 0.3
     search, why = start_after_warmup(CapacitySearch(), warm)
-    assert search.start in (0.125, 0.25) and search.start <= warm["served_share"]
+    # one tolerance step below the share served (the server's saturation)
+    assert search.start == pytest.approx(warm["served_share"] / 1.25, rel=0.01)
+    assert search.step == 1.25  # and steps by the tolerance from there
     assert "fell behind" in why and f"{search.start:.3g}x" in why
     # a warm-up that kept up changes nothing
     same = CapacitySearch()
@@ -156,10 +180,57 @@ def test_a_server_that_falls_behind_ends_the_warm_up_and_the_levels_start_lower(
     assert start_after_warmup(same, None) == (same, "")
 
 
+def test_a_lull_in_the_arrivals_is_not_a_server_that_fell_behind() -> None:
+    # recorded arrivals at a mean of 2 req/s come in a burst and a long lull: the server
+    # serves every request in 1 s (nothing queues), so it served far less than the mean
+    # rate asks for, and its backlog never grows: not overloaded, the warm-up converges
+    sends = [i * 0.25 for i in range(40)] + [60.0 + i * 2.0 for i in range(60)]
+    recs = [Rec(i, t, t + 1.0) for i, t in enumerate(sends)]
+    slo = Slo(ttft_s=2.0, tpot_s=0.1)
+    run = OpenRun(send_at=sends, output=[100] * len(sends), rate_rps=2.0,
+                  rule=SegmentRule(warmup_max_s=120.0), segment_s=5.0, slo=slo)
+    assert _feed_ticking(run, recs) == "warm"
+    assert not run.overloaded and run.converged
+
+
+def test_a_burst_the_server_absorbs_is_not_a_trend() -> None:
+    # the backlog rises for 10 s (a burst) and drains: the first half of the window grows,
+    # the second shrinks
+    burst = [(float(t), min(t, 20 - t) * 2) for t in range(0, 21)]
+    assert not backlog_grows(burst, 20.0)
+    growing = [(float(t), 3 + t) for t in range(0, 21)]
+    assert backlog_grows(growing, 20.0)
+    assert not backlog_grows(growing[:5], 4.0)  # too few samples to call a trend
+    flat = [(float(t), 10 + (t % 2)) for t in range(0, 21)]
+    assert not backlog_grows(flat, 20.0)
+
+
+def test_a_server_far_within_its_slos_is_never_overloaded() -> None:
+    # the backlog grows (a batch that fills up: 0.8 more in flight each second), but every
+    # request meets the SLOs with room (TTFT 0.2 s of 2 s, TPOT under 10 ms of 100 ms)
+    sends = [i * 0.25 for i in range(400)]
+    recs = [Rec(i, t, t + 1.0 + t / 4, output_tokens=1000) for i, t in enumerate(sends)]
+    slo = Slo(ttft_s=2.0, tpot_s=0.1)
+
+    def judged(slo: Slo | None) -> OpenRun:
+        run = OpenRun(send_at=sends, output=[1000] * len(sends), rate_rps=4.0,
+                      rule=SegmentRule(warmup_max_s=60.0), segment_s=100.0, slo=slo)
+        _feed_ticking(run, [r for r in recs if r.end_s <= 30.0])
+        return run
+
+    run = judged(slo)
+    assert backlog_grows(run.backlog, 30.0)
+    assert run.comfortable(30.0) and not run._overloaded(30.0)
+    # the same run judged without an SLO: its growing backlog calls it overloaded
+    assert judged(None)._overloaded(30.0)
+    # a request waiting in flight past half what the SLOs allow it spoils the comfort
+    assert not run.comfortable(200.0)
+
+
 def test_a_level_at_a_low_rate_fits_the_time_cap() -> None:
     from autotune.trial import LevelPlan
 
-    assert LevelPlan(level_s=10.0).requests(0.0864) == 10  # no cap: at least 10 requests
+    assert LevelPlan(level_s=10.0).requests(0.0864) == 40  # no cap: at least 40 requests
     capped = LevelPlan(level_s=10.0, max_s=90.0)
     assert capped.requests(0.0864) == 4 and capped.seconds(0.0864) <= 45.0 + 1 / 0.0864
     assert capped.requests(5.0) == 50  # at a normal rate the cap changes nothing
@@ -209,7 +280,9 @@ def test_a_warm_up_that_fell_behind_is_the_brackets_top() -> None:
                      goodput_fraction=1.0 if scale <= 0.2 else 0.5, error_rate=0.0)
 
     res = search_capacity(probe, recorded_rps=5.53, search=search, failed_at=1.0)
-    assert probed[:2] == [1.0 / 64, 0.125]  # bisects [1/64, 1]: no doubling up from 1/64
+    # steps up from 1/64 (doubling), never past the middle of [pass, 1x]
+    assert probed[:3] == pytest.approx([1.0 / 64, 2.0 / 64, 4.0 / 64])
+    assert all(b <= (a * 1.0) ** 0.5 + 1e-12 for a, b in zip(probed, probed[1:]) if b > a)
     assert max(probed) < 1.0 and res.status == "found"
     assert res.low is not None and res.high is not None and 0.125 <= res.low <= 0.2 < res.high
     assert not res.high_from_warmup  # a level failed below the warm-up's scale

@@ -1,0 +1,83 @@
+"""Capacity that ranks, on real CPU vLLM servers: on a bursty public trace fitted and clipped
+as a user does it, vLLM's defaults against a config that must have far less capacity
+(one sequence at a time) each get a closed bracket within the tolerance, and the verdict
+ranks them, its interval (from the brackets) excluding 1. SQLite Optuna and MLflow in
+tmp_path; no Ray (tested elsewhere) to keep CI time down.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import needs_vllm
+
+#: vLLM's defaults against one sequence at a time: nothing else differs
+SPACE = """\
+name: ranks
+description: the batch limit alone, so that one config must have far less capacity
+fixed_flags: ["--max-model-len", "2048", "-O0"]
+knobs:
+  max_num_seqs:
+    type: categorical
+    choices: [1, 256]
+    flag: --max-num-seqs
+"""
+
+
+def _cli(cwd: Path, *argv: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autotune", *argv], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_the_defaults_outrank_one_sequence_at_a_time_on_a_bursty_trace(
+        tiny_hybrid: Path, shared_traces: Path, tmp_path: Path) -> None:
+    import optuna
+
+    fitted, clipped = tmp_path / "code.json", tmp_path / "code-clipped.json"
+    for argv in (("shape", "fit", str(shared_traces / "azure2023_code.csv"), "-o", str(fitted)),
+                 ("shape", "clip", str(fitted), "--scale-input", "0.125",
+                  "--max-total-tokens", "2048", "-o", str(clipped))):
+        proc = _cli(tmp_path, *argv, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    space = tmp_path / "ranks.yaml"
+    space.write_text(SPACE)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    proc = _cli(tmp_path, "tune", "--model", str(tiny_hybrid), "--shape", str(clipped),
+                "--space", str(space), "--trials", "2", "--enqueue", '{"max_num_seqs": 1}',
+                "--recheck", "0", "--no-quality-probe", "--no-ray", "--storage", storage,
+                "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--study-name", "ranks",
+                "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    # the study says what it judges before it starts: the default SLOs, the bar, the width
+    assert "ttft_p99=2s, tpot_p99=0.1s (the defaults" in proc.stdout, out[-3000:]
+    assert "within 1.25x" in proc.stdout
+
+    study = optuna.load_study(study_name="ranks", storage=storage)
+    assert study.user_attrs["autotune.settings"]["objective"] == "capacity"  # auto
+    trials = {("defaults" if t.user_attrs.get("autotune.baseline") else "one"): t
+              for t in study.trials if t.user_attrs.get("autotune.state") == "ok"}
+    assert set(trials) == {"defaults", "one"}, [t.user_attrs for t in study.trials]
+    for t in trials.values():  # each bracket closed, at most 1.25x wide
+        cap = t.user_attrs["autotune.capacity"]
+        assert cap["status"] == "found", (cap["status"], t.user_attrs.get("autotune.message"))
+        assert cap["high"] is not None and cap["high"] / cap["low"] <= 1.25 + 1e-9
+        assert len(cap["levels"]) >= 2
+    low = {k: t.user_attrs["autotune.capacity"]["ci_low_rps"] for k, t in trials.items()}
+    high = {k: t.user_attrs["autotune.capacity"]["ci_high_rps"] for k, t in trials.items()}
+    assert high["one"] < low["defaults"], (low, high)  # the brackets do not overlap
+
+    verdict = study.user_attrs["autotune.verdict"]
+    assert verdict["verdict"] == "defaults_best", verdict
+    ratio = verdict["ratio_to_defaults"]
+    assert ratio is not None and ratio["ci_high"] < 1.0, verdict  # ranked, 1 excluded
+    assert ratio["ci_low"] == pytest.approx(low["one"] / high["defaults"], rel=1e-6)
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    assert best["verdict"] == "defaults_best"
