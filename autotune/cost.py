@@ -23,6 +23,7 @@ from autotune.errors import ConfigError
 
 __all__ = [
     "HOURS_PER_MONTH",
+    "CapacityNeed",
     "ConfigCost",
     "GpuNeed",
     "Prices",
@@ -30,6 +31,7 @@ __all__ = [
     "StudyCost",
     "TrafficLoad",
     "best_cost",
+    "capacity_need",
     "config_cost",
     "cost_from_best",
     "cost_line",
@@ -87,6 +89,9 @@ class Rate:
     # the measured interval reached 0 (a noisy reading): the low end shown is the lowest
     # reading, and the high end of every cost is unbounded
     open_low: bool = False
+    # a capacity whose search found no failing level: the rate is a lower bound (``high``
+    # is only the highest reading), so every GPU count and cost is an upper bound
+    open_high: bool = False
 
     def tokens_per_s(self, x: float) -> float | None:
         """Output tokens/s at a value of this rate (None when that cannot be known)."""
@@ -125,6 +130,33 @@ class GpuNeed:
 
 
 @dataclass(frozen=True)
+class CapacityNeed:
+    """Servers (and GPUs) a recorded rate needs, from a capacity bracket: ``servers`` =
+    rate / the highest passing rate, the sizing figure and an upper bound ("at most": the
+    server passed that load); ``servers_low`` = rate / the lowest failing rate, the least it
+    can be (None when no level failed: then fewer may do, by how much is not measured)."""
+
+    servers: float
+    gpus: float
+    servers_low: float | None
+    gpus_low: float | None
+
+
+def capacity_need(*, recorded_rps: float, capacity_rps: float, high_rps: float | None,
+                  gpus_per_server: float = 1.0) -> CapacityNeed | None:
+    """The :class:`CapacityNeed` of ``recorded_rps`` on servers whose capacity is
+    ``capacity_rps`` (a bracket's low end, or a median of them) below a lowest failing
+    rate ``high_rps`` (None or inf: no level failed). None without a rate or a capacity."""
+    if not (recorded_rps > 0 and capacity_rps > 0 and math.isfinite(capacity_rps)):
+        return None
+    servers = recorded_rps / capacity_rps
+    low = (min(servers, recorded_rps / high_rps)
+           if high_rps is not None and math.isfinite(high_rps) and high_rps > 0 else None)
+    return CapacityNeed(servers=servers, gpus=servers * gpus_per_server, servers_low=low,
+                        gpus_low=low * gpus_per_server if low is not None else None)
+
+
+@dataclass(frozen=True)
 class ConfigCost:
     """What one configuration costs. ``usd_per_m_output_tokens``: at full use of its
     servers; ``gpus``: "mean"/"peak" x "now"/"growth" (empty without a recorded rate);
@@ -147,6 +179,11 @@ class ConfigCost:
     api_discount_low: float | None = None
     api_discount_high: float | None = None
     break_even_utilisation: float | None = None
+    # from a capacity (``Rate.basis``): its GPUs and costs rest on a passing level's rate,
+    # so they are upper bounds ("at most"); ``open_high``: no level failed, so nothing
+    # bounds them below (their low ends are None, or 0 GPUs)
+    at_most: bool = False
+    open_high: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,6 +232,8 @@ def _need(rps: float, rate: Rate, gpus_per_server: int) -> GpuNeed:
                 if math.isfinite(g) else -1)
 
     g, g_lo, g_hi = gpus(rate.value), gpus(rate.high), gpus(rate.low)
+    if rate.open_high:  # no level failed: fewer may do, by how much is not measured
+        g_lo = 0.0
     return GpuNeed(rps=rps, gpus=g, gpus_low=g_lo, gpus_high=g_hi, whole=whole(g),
                    whole_low=whole(g_lo), whole_high=whole(g_hi))
 
@@ -227,6 +266,8 @@ def config_cost(*, rate: Rate, prices: Prices, traffic: TrafficLoad,
     tok, tok_lo, tok_hi = (rate.tokens_per_s(rate.value), rate.tokens_per_s(rate.low),
                            rate.tokens_per_s(rate.high))
     usd, usd_lo, usd_hi = per_m(tok), per_m(tok_hi), per_m(tok_lo)
+    if rate.open_high:  # no failing level: nothing bounds the cost below
+        usd_lo = None
     gpus: dict[str, dict[str, GpuNeed]] = {}
     month = month_g = None
     month_iv: tuple[float, float] | None = None
@@ -256,12 +297,14 @@ def config_cost(*, rate: Rate, prices: Prices, traffic: TrafficLoad,
         usd_per_server_month=server_hour * HOURS_PER_MONTH, gpus=gpus,
         usd_per_month=month, usd_per_month_growth=month_g, usd_per_month_interval=month_iv,
         api_discount=disc, api_discount_low=disc_lo, api_discount_high=disc_hi,
-        break_even_utilisation=even,
+        break_even_utilisation=even, at_most=rate.basis == "capacity", open_high=rate.open_high,
     )  # fmt: skip
 
 
 def _saving(best: ConfigCost, defaults: ConfigCost, prices: Prices) -> dict[str, float]:
     out: dict[str, float] = {}
+    if best.open_high or defaults.open_high:  # a bound minus a figure is no figure
+        return out
     if best.gpus and defaults.gpus:
         for when in ("now", "growth"):
             out[f"gpus_peak_{when}"] = float(defaults.gpus["peak"][when].whole
@@ -288,6 +331,11 @@ def study_cost(*, best: Rate, defaults: Rate | None, prices: Prices, traffic: Tr
             notes.append(f"the 95 % interval of {who}'s reading reaches 0 (too noisy a "
                          "measurement): the high ends of its costs are unbounded; those shown "
                          "rest on its lowest reading")
+    for who, r in (("the declared config", best), ("vLLM's defaults", defaults)):
+        if r is not None and r.open_high:
+            notes.append(f"the capacity search of {who} found no failing load level: its "
+                         "capacity is a lower bound, so its GPUs and costs are upper bounds "
+                         "(fewer may do) and no saving is computed")
     if not traffic.has_rate:
         notes.append("the traffic shape records no arrival rate: GPUs for the traffic and "
                      "the monthly bill need a shape fitted from a timestamped trace")
@@ -336,7 +384,8 @@ def rate_of(metrics: Mapping[str, Any], readings: Sequence[float], value: float,
         per_req = tok / rps if tok and rps else None
     return Rate(basis="capacity" if capacity else "throughput", value=value, low=low,
                 high=high, output_tokens_per_request=per_req,
-                open_low=ci_low is not None and ci_low <= 0)
+                open_low=ci_low is not None and ci_low <= 0,
+                open_high=capacity and ci_high is None)
 
 
 def cost_from_best(best: Mapping[str, Any], *, prices: Prices, traffic: TrafficLoad,
@@ -383,35 +432,59 @@ def no_price_line() -> str:
 
 def _usd(x: float | None, digits: int = 3) -> str:
     if x is None:
-        return "?"
+        return "not known"
     return f"${x:,.0f}" if abs(x) >= 100 else f"${x:.{digits}g}"
 
 
-def _whole_iv(n: GpuNeed) -> str:
-    return "" if n.whole_low == n.whole_high == n.whole else f" ({n.whole_low}-{n.whole_high})"
+def _span(c: ConfigCost) -> str:
+    # from a capacity the range spans each start's bracket and the spread of the starts:
+    # its top may pass the figure, an upper bound for the start it rests on
+    return "starts and brackets: " if c.at_most else ""
+
+
+def _whole_iv(n: GpuNeed, c: ConfigCost) -> str:
+    if c.open_high:
+        return " (fewer may do: no load level failed)"
+    return ("" if n.whole_low == n.whole_high == n.whole
+            else f" ({_span(c)}{n.whole_low}-{n.whole_high})")
 
 
 def _config_part(c: ConfigCost, unit: str) -> str:
-    s = (f"{_usd(c.usd_per_m_output_tokens)}/M out tok ({_usd(c.usd_per_m_output_tokens_low)}-"
-         f"{_usd(c.usd_per_m_output_tokens_high)})")
+    """A config's price and fleet; from a capacity "at most" each (a passing level's rate)."""
+    most = "at most " if c.at_most else ""
+    if c.usd_per_m_output_tokens is None:
+        s = "USD per million output tokens not known"
+    else:
+        lo, hi = c.usd_per_m_output_tokens_low, c.usd_per_m_output_tokens_high
+        iv = (f" ({_span(c)}{_usd(lo)}-{_usd(hi)})" if lo is not None and hi is not None
+              else f" (up to {_usd(hi)}; nothing bounds it below)" if hi is not None else "")
+        s = f"{most}{_usd(c.usd_per_m_output_tokens)}/M out tok{iv}"
     if c.gpus:
         p = c.gpus["peak"]
         now, grown = p["now"], p["growth"]
-        s += (f", {now.whole} {unit}(s) at peak{_whole_iv(now)}, {grown.whole} with growth"
-              f"{_whole_iv(grown)}, {_usd(c.usd_per_month)}/month")
+        s += (f", {most}{now.whole} {unit}(s) at peak{_whole_iv(now, c)}, {most}{grown.whole} "
+              f"with growth{_whole_iv(grown, c)}, {most}{_usd(c.usd_per_month)}/month")
     return s
 
 
 def _api_part(b: ConfigCost) -> str:
-    """Discount or premium at full use (with its interval) and the break-even utilisation."""
-    d, lo, hi = b.api_discount or 0.0, b.api_discount_low or 0.0, b.api_discount_high or 0.0
+    """Discount or premium at full use (with its interval) and the break-even utilisation;
+    from a capacity (an upper bound on the cost) a discount is at least, a break-even at
+    most what it says."""
+    d, lo, hi = b.api_discount or 0.0, b.api_discount_low or 0.0, b.api_discount_high
+    if hi is None and not b.open_high:
+        hi = 0.0
     even = b.break_even_utilisation or 0.0
+    least, most = ("at least ", "at most ") if b.at_most else ("", "")
     if d >= 0:
-        text = f"discount {d:.0%} at full use ({lo:.0%} to {hi:.0%})"
+        top = f"{hi:.0%}" if hi is not None else "more: no load level failed"
+        text = f"discount {least}{d:.0%} at full use ({lo:.0%} to {top})"
     else:  # a premium: its interval as premiums, smallest first
-        text = f"premium {-d:.0%} at full use ({-hi:.0%} to {-lo:.0%})"
-    return text + (f"; breaks even at {even:.0%} utilisation" if even <= 1 else
-                   f"; never breaks even (it would need {even:.0%} utilisation)")
+        low_end = f"{-hi:.0%}" if hi is not None else "less: no load level failed"
+        text = f"premium {most}{-d:.0%} at full use ({low_end} to {-lo:.0%})"
+    less = " or less" if most else ""
+    return text + (f"; breaks even at {even:.0%} utilisation{less}" if even <= 1 else
+                   f"; never breaks even (it would need {even:.0%} utilisation{less})")
 
 
 def cost_line(cost: Mapping[str, Any] | StudyCost) -> str:

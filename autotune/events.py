@@ -63,7 +63,9 @@ class StudyEvent:
     running: int
     best_value: float | None = None
     best_number: int | None = None
-    best_ci_low: float | None = None  # the best trial's throughput interval, when measured
+    # the best trial's interval (per GPU), when measured: its throughput's, or its capacity
+    # bracket (``best_ci_high`` None with a low end: no level failed, a lower bound)
+    best_ci_low: float | None = None
     best_ci_high: float | None = None
     baseline_value: float | None = None
     elapsed_s: float = 0.0
@@ -71,6 +73,8 @@ class StudyEvent:
     trial_number: int | None = None
     trial_ok: bool | None = None
     trial_value: float | None = None
+    trial_ci_low: float | None = None  # the finished trial's interval, as ``best_ci_*``
+    trial_ci_high: float | None = None
     trial_reason: str | None = None
     trial_params: dict[str, ParamValue] = field(default_factory=dict)
     message: str = ""

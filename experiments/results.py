@@ -8,8 +8,8 @@ Each row is `id: text`. Ratios are autotune's own (autotune.measure.ratio_to_def
 method on log readings, between-start variance pooled, 95 %). A study's verdict is judged
 again here with the rule autotune applies today (autotune.store.judge_study): when every
 config was re-checked all its starts count; otherwise the fresh starts give the estimate
-and the spread is pooled over every start. Where the rule in force at the run gave another
-answer, both are printed.
+and the spread is pooled over every start; a capacity's interval is widened by its
+brackets. Where the rule in force at the run gave another answer, both are printed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.measure import ratio_to_defaults
+from autotune.measure import Interval, ratio_to_defaults
 
 H = Path(__file__).resolve().parent
 TRUST, SHAPES = H / "h200-trust", H / "h200-shapes"
@@ -52,6 +52,23 @@ def fmt_ratio(r: Any) -> str:
     return f"{r.median:.3f}x [{r.ci_low:.3f}, {r.ci_high:.3f}] (df {r.df})"
 
 
+def brackets(folder: Path, values: list[float]) -> list[Interval] | None:
+    """A capacity study's bracket of each reading, per GPU as its value (None for another
+    objective): the verdict's interval is never narrower than they resolve."""
+    rows = {float(r["value"]): r for r in csv.DictReader((folder / "trials.csv").open())
+            if r["state"] == "ok" and r.get("metric.capacity_rps")}
+    if not rows:
+        return None
+    out = []
+    for v in values:
+        r = rows[v]
+        per = v / float(r["metric.capacity_rps"])  # the value is per GPU, metrics per server
+        hi = r.get("metric.capacity_rps_ci_high")
+        out.append(Interval(v, float(r["metric.capacity_rps_ci_low"]) * per,
+                            float(hi) * per if hi else math.inf))
+    return out
+
+
 def judge(folder: Path) -> tuple[Any, str, int, int]:
     """Today's rule on a committed study: (ratio, verdict, starts of candidate, of defaults)."""
     ds, df_, cs, cf = study(folder)
@@ -59,12 +76,14 @@ def judge(folder: Path) -> tuple[Any, str, int, int]:
     cand_flags = {r["flags"] for r in rows if r["state"] == "ok" and r["baseline"] != "True"
                   and float(r["value"]) in cs + cf}
     rest = others(folder, cand_flags)
+    c, d = (cs + cf, ds + df_) if df_ and cf and not rest else (cf or cs, df_ or ds)
+    cb, db = brackets(folder, c), brackets(folder, d)
+    br = {"config": cb, "defaults": db} if cb is not None and db is not None else None
     if df_ and cf and not rest:  # every config re-checked: all starts count
-        r = ratio_to_defaults(cs + cf, ds + df_)
-        n_c, n_d = len(cs + cf), len(ds + df_)
+        r = ratio_to_defaults(c, d, brackets=br)
     else:
-        r = ratio_to_defaults(cf or cs, df_ or ds, spread=[cs + cf, ds + df_, *rest])
-        n_c, n_d = len(cf or cs), len(df_ or ds)
+        r = ratio_to_defaults(c, d, spread=[cs + cf, ds + df_, *rest], brackets=br)
+    n_c, n_d = len(c), len(d)
     verdict = "WINNER" if r.ci_low > 1 else "defaults remain best"
     return r, verdict, n_c, n_d
 

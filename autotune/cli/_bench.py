@@ -162,7 +162,8 @@ def _level_at_capacity(cap: CapacityRecord) -> LevelRecord | None:
 
 def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool:
     """The levels and the capacity line; False when no level met the SLOs."""
-    from autotune.cli._tune import capacity_line
+    from autotune.measure import fmt_value
+    from autotune.report import capacity_line
 
     cap: dict[str, Any] = outcome.capacity or {}
     m: dict[str, float] = outcome.metrics
@@ -170,10 +171,11 @@ def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool
         print(cap["level_note"])
     for i, lv in enumerate(cap.get("levels", []), 1):
         tok = lv["output_tokens_per_s"]
-        print(f"level {i}: {lv['scale']:.3g}x = {lv['offered_rps']:,.3g} req/s "
+        print(f"level {i}: {lv['scale']:.3g}x = {fmt_value(lv['offered_rps'])} req/s "
               f"{'pass' if lv['passed'] else 'FAIL'}: {lv['goodput_fraction']:.1%} of "
               f"{lv['offered']} requests within the SLOs, {lv['error_rate']:.1%} failed, "
-              f"{'?' if tok is None else f'{tok:,.1f}'} out tok/s, {lv['seconds']:.1f} s"
+              f"{'output tokens/s not recorded' if tok is None else f'{fmt_value(tok)} out tok/s'}"
+              f", {lv['seconds']:.1f} s"
               + (f" ({lv['note']})" if lv["note"] else ""))
     if m.get("capacity_rps") is None:
         print(f"no capacity: {outcome.message}", file=sys.stderr)
@@ -183,7 +185,8 @@ def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool
         "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
         "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
         "recorded_rps": m["capacity_recorded_rps"], "gpus_needed": m.get("gpus_needed"),
-        "goodput_bar": goodput, "slo": slo, "flat_misses_rps": cap.get("flat_misses_rps")}))
+        "goodput_bar": goodput, "slo": slo, "flat_misses_rps": cap.get("flat_misses_rps"),
+        "search": cap.get("status")}))
     print("latencies below: the level at capacity")
     return True
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from autotune.config import DEFAULT_STORAGE
+from autotune.measure import fmt_value
 
 EXIT_OK = 0
 EXIT_NOTHING = 1  # no tuned study (or no feasible trial) to answer from
@@ -136,28 +136,23 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
               f"shape: {where} ({hit.shape_fingerprint}) at distance {hit.distance:.3g} "
               f"(verdict: {hit.verdict}, {drift})", file=out)
     reading = (f" (median of {len(hit.readings)} readings: "
-               + ", ".join(f"{v:,.1f}" for v in hit.readings) + ")"
+               + ", ".join(fmt_value(v) for v in hit.readings) + ")"
                if len(hit.readings) > 1 else "")
+    # a capacity search that found no failing level measured a lower bound
+    least = ("at least " if hit.objective == "capacity"
+             and hit.metrics.get("capacity_rps_ci_high") is None else "")
     print(f"study {hit.study}, trial {hit.trial}{' (vLLM defaults)' if hit.is_baseline else ''}:"
-          f" {hit.value:,.1f} {hit.metric}{reading}", file=out)
+          f" {least}{fmt_value(hit.value)} {hit.metric}{reading}", file=out)
     if hit.study_verdict:
         from autotune.cli._tune import _verdict_line
 
         print(_verdict_line(hit.study_verdict), file=out)
-    m = hit.metrics
-    if hit.objective == "capacity" and m.get("gpus_needed") is not None:
-        lo = m.get("capacity_rps_ci_low", float("nan"))
-        whose = ("bracket" if math.isclose(lo, hit.value) else
-                 f"the median of the readings; trial {hit.trial}'s bracket")
-        print(f"capacity: {hit.value:,.3g} req/s within the SLOs ({whose} "
-              f"[{lo:,.3g}, "
-              f"{m.get('capacity_rps_ci_high', float('nan')):,.3g}] req/s), "
-              f"{m.get('output_tokens_per_s_at_capacity', float('nan')):,.1f} out tok/s there; "
-              f"GPUs needed for the recorded {m.get('capacity_recorded_rps', float('nan')):,.3g} "
-              f"req/s: {m['gpus_needed'] * m.get('capacity_rps', hit.value) / hit.value:.2f}",
-              file=out)  # the trial's figure, rescaled to the declared (median) capacity
-    print(f"model {hit.model}, engine {hit.engine_version or '?'}, GPU {hit.gpu_type}",
-          file=out)
+    if hit.objective == "capacity" and hit.metrics.get("gpus_needed") is not None:
+        from autotune.report import capacity_line
+
+        print(capacity_line(_capacity_of(hit)), file=out)
+    print(f"model {hit.model}, engine {hit.engine_version or 'version not recorded'}, "
+          f"GPU {hit.gpu_type}", file=out)
     print(f"params: {json.dumps(hit.params)}", file=out)
     if hit.quality:
         print("quality: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(hit.quality.items())),
@@ -177,6 +172,21 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
         print("this shape drifted from every tuned one: 'autotune retune --shape ... --model "
               "... --space ...' tunes for it, warm-started from this study", file=out)
     return served
+
+
+def _capacity_of(hit: Any) -> dict[str, Any]:
+    """best.json's ``capacity`` keys (those :func:`autotune.report.capacity_line` reads)
+    from a hit's trial metrics, at the declared capacity: the hit's value is per GPU (the
+    median of its readings), the metrics are its trial's server's."""
+    m = hit.metrics
+    per_server = m["gpus_needed"] / m["servers_needed"] if m.get("servers_needed") else 1.0
+    value = hit.value * per_server
+    rec = m.get("capacity_recorded_rps")
+    return {"capacity_rps": value, "capacity_rps_ci_low": m.get("capacity_rps_ci_low"),
+            "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
+            "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
+            "recorded_rps": rec,
+            "gpus_needed": rec / value * per_server if rec and value > 0 else None}
 
 
 def _best(args: argparse.Namespace) -> int:
@@ -253,7 +263,7 @@ def _retune(args: argparse.Namespace) -> int:
                 print(line, file=out)
         if not plan.drifted and not args.force:
             print(f"keep the current best (study {hit.study}, trial {hit.trial}: "
-                  f"{hit.value:,.1f} {hit.metric}):\n  {hit.serve_command}", file=out)
+                  f"{fmt_value(hit.value)} {hit.metric}):\n  {hit.serve_command}", file=out)
             return EXIT_OK
         ws = plan.warm_start
         if ws is not None:

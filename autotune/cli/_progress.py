@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
-from autotune.measure import fmt_interval, fmt_value
+from autotune.measure import fmt_interval, fmt_ratio, fmt_value
 
 __all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display"]
 
@@ -28,7 +28,7 @@ PHASE_LABELS = {"starting": "starting", "warming_up": "warming up", "measuring":
 
 def fmt_duration(s: float | None) -> str:
     if s is None:
-        return "?"
+        return "not known yet"
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
@@ -52,7 +52,8 @@ class ProgressState:
     total: int = 0
     best_value: float | None = None
     best_number: int | None = None
-    best_ci: tuple[float, float] | None = None
+    # the best's interval; its high end None: a capacity no level bounded (a lower bound)
+    best_ci: tuple[float, float | None] | None = None
     baseline_value: float | None = None
     eta_s: float | None = None
     elapsed_s: float = 0.0
@@ -67,7 +68,7 @@ class ProgressState:
         self.done, self.total = e.done, e.total
         self.best_value, self.best_number = e.best_value, e.best_number
         lo, hi = getattr(e, "best_ci_low", None), getattr(e, "best_ci_high", None)
-        self.best_ci = (lo, hi) if lo is not None and hi is not None else None
+        self.best_ci = (lo, hi) if lo is not None else None
         self.baseline_value, self.eta_s, self.elapsed_s = e.baseline_value, e.eta_s, e.elapsed_s
         now = self.clock()
         self.at = now
@@ -96,8 +97,12 @@ class ProgressState:
             return "best -"
         from rich.markup import escape  # "[a, b]" would read as a markup tag
 
-        ci = f" {escape(fmt_interval(*self.best_ci))}" if self.best_ci else ""
-        ratio = (f", {self.best_value / self.baseline_value:.2f}x defaults"
+        if self.best_ci is not None and self.best_ci[1] is None:  # no failing level
+            return (f"best at least {fmt_value(self.best_value)} {label} (trial "
+                    f"{self.best_number}: no load level failed)")
+        ci = (f" {escape(fmt_interval(self.best_ci[0], self.best_ci[1]))}" if self.best_ci
+              else "")
+        ratio = (f", {fmt_ratio(self.best_value / self.baseline_value)} defaults"
                  if self.baseline_value else "")
         return f"best {fmt_value(self.best_value)}{ci} {label} (trial {self.best_number}{ratio})"
 
@@ -119,8 +124,13 @@ class ProgressState:
 
     def head(self, label: str) -> str:
         return (f"[{self.done}/{self.total} done, {self.n_running()} running | "
-                f"{self.best_text(label)} | elapsed {fmt_duration(self.elapsed_now())}, left "
-                f"~{fmt_duration(self.eta_now())}]")
+                f"{self.best_text(label)} | elapsed {fmt_duration(self.elapsed_now())}, "
+                f"{self.left_text()}]")
+
+    def left_text(self) -> str:
+        """"left ~3m00s", or before the first trial ends "time left not known yet"."""
+        eta = self.eta_now()
+        return f"left ~{fmt_duration(eta)}" if eta is not None else "time left not known yet"
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -207,9 +217,13 @@ class ProgressDisplay(StudyCallback):
 
         msg = escape((e.message or "").split("\n", 1)[0][:300])
         if e.trial_value is not None and e.trial_reason is None:
+            if getattr(e, "trial_ci_low", None) is not None and \
+                    getattr(e, "trial_ci_high", None) is None:  # a capacity with no top
+                return (f"[green]at least {fmt_value(e.trial_value)} {self.label}[/] (no load "
+                        "level failed: a lower bound)")
             what = f"[green]{fmt_value(e.trial_value)} {self.label}[/]"
             if e.baseline_value:
-                what += f" ({e.trial_value / e.baseline_value:.2f}x defaults)"
+                what += f" ({fmt_ratio(e.trial_value / e.baseline_value)} defaults)"
             return what
         if e.trial_reason == "pruned":  # a clear loser the pruner cut short: not a failure
             return "[cyan]pruned[/]" + (f": {msg}" if msg else "")
@@ -250,7 +264,7 @@ class ProgressDisplay(StudyCallback):
             table.add_row(str(n), s.phase_label(n), fmt_duration(now - r.since),
                           _params(r.params))
         info = (f"{s.best_text(self.label)}   elapsed {fmt_duration(s.elapsed_now())}, "
-                f"left ~{fmt_duration(s.eta_now())}")
+                f"{s.left_text()}")
         parts = [self._bar, info] if self._bar is not None else [info]
         return Group(*parts, table)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import signal
 import sys
 from pathlib import Path
@@ -18,8 +17,9 @@ from typing import Any, TextIO
 from autotune.cli._options import _GROUPS, OPTIONS, _argparse_kwargs
 from autotune.config import TuneSettings
 from autotune.errors import ConfigError
-from autotune.measure import fmt_interval, fmt_value
+from autotune.measure import fmt_interval, fmt_ratio, fmt_value
 from autotune.quality._caveat import caveat_line
+from autotune.report import capacity_line, needed_text
 
 
 def add_tune_options(p: argparse.ArgumentParser) -> None:
@@ -121,34 +121,61 @@ def _best_line(b: dict[str, Any], objective: str) -> str:
     that first measured the config, as the verdict line does), the value, the ratio."""
     from autotune.store import objective_label
 
-    ratio = f" = {b['ratio_to_baseline']:.2f}x vLLM defaults" if b.get("ratio_to_baseline") else ""
+    ratio = (f" = {fmt_ratio(b['ratio_to_baseline'])} vLLM defaults" if b.get("ratio_to_baseline")
+             else "")
     of = (f" (re-check of trial {b['recheck_of']})" if b.get("recheck_of") is not None
           and b["recheck_of"] != b["trial"] else "")
     n = len(b.get("readings") or [])
     median = f", the median of {n} readings" if n > 1 else ""
-    return (f"best: trial {b['trial']}{of}: {fmt_value(b['objective']['value'])} "
+    # a capacity search that found no failing level measured a lower bound
+    least = "at least " if (b.get("capacity") or {}).get("bracket_closed") is False else ""
+    return (f"best: trial {b['trial']}{of}: {least}{fmt_value(b['objective']['value'])} "
             f"{objective_label(objective)}{_per_gpu(b)}{median}{ratio}")
 
 
 def _per_gpu(b: dict[str, Any]) -> str:
-    """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.4 servers, 2.8 GPUs)"."""
+    """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.40 servers, 2.80 GPUs)";
+    from a capacity, "needs at most 1.40 server(s) (...), at most 2.80 GPU(s) (...)"."""
     g = b.get("gpus")
     if not g:  # a best.json written before autotune counted GPUs per server
         return ""
     n = int(g.get("per_server") or 1)
-    need = (f"; the recorded traffic needs {g['servers_needed']:.2f} server(s), "
-            f"{g['gpus_needed']:.2f} GPU(s)" if g.get("servers_needed") is not None else "")
+    need = ""
+    if g.get("servers_needed") is None:
+        pass
+    elif g.get("needed_is") == "at_most":  # a passing level's rate: an upper bound
+        need = (f"; the recorded traffic needs "
+                f"{needed_text(g['servers_needed'], g.get('servers_needed_low'), 'server(s)')}"
+                f", {needed_text(g['gpus_needed'], g.get('gpus_needed_low'), 'GPU(s)')}")
+    else:
+        need = (f"; the recorded traffic needs {fmt_value(g['servers_needed'])} server(s), "
+                f"{fmt_value(g['gpus_needed'])} GPU(s)")
     return f" per GPU (a server of {n} GPU{'s' if n > 1 else ''}{need})"
+
+
+def _ratio_text(v: dict[str, Any]) -> str:
+    """"1.094x the defaults (95 % interval [0.847, 1.412])", a capacity bound's "at least
+    1.234x the defaults (a bound, not a ratio)", or "no ratio to the defaults"."""
+    r, bound = v.get("ratio_to_defaults"), v.get("ratio_bound")
+    if r:
+        return (f"{fmt_ratio(r['median'])} the defaults (95 % interval "
+                f"{fmt_interval(r['ci_low'], r['ci_high'], '.3f')})")
+    if bound:
+        return (f"{bound['kind'].replace('_', ' ')} {fmt_ratio(bound['value'])} the defaults "
+                "(a bound, not a ratio)")
+    return "no ratio to the defaults"
 
 
 def _verdict_line(v: dict[str, Any]) -> str:
     """The verdict for people: who won, by how much, how sure."""
-    from autotune.measure import WITHIN_RUN_ONLY
+    from autotune.measure import CAPACITY_BRACKETS, WITHIN_RUN_ONLY
 
     r = v.get("ratio_to_defaults")
-    ci = (f"{r['median']:.3f}x the defaults (95 % interval "
-          f"{fmt_interval(r['ci_low'], r['ci_high'], '.3f')})" if r else "no ratio to the defaults")
-    if v.get("method") == WITHIN_RUN_ONLY and not v.get("candidate_pruned"):
+    ci = _ratio_text(v)
+    if not r and v.get("reason") and v.get("candidate_number") is not None:
+        # a capacity without a ratio: which trial's search was cut, where, and the fix
+        ci = f"{ci}; {v['reason']}" if v.get("ratio_bound") else v["reason"]
+    if v.get("method") in (WITHIN_RUN_ONLY, CAPACITY_BRACKETS) and not v.get("candidate_pruned"):
         # one start of each (--recheck 0): the interval holds no start-to-start spread
         ci += ("; one server start of each, no fresh-server re-check: add it with --resume "
                "--recheck 1")
@@ -159,7 +186,8 @@ def _verdict_line(v: dict[str, Any]) -> str:
             who += f" ({n} GPUs per server)"
         return f"verdict: WINNER{who}: {ci}"
     if v.get("verdict") == "defaults_best":
-        if v.get("candidate_number") is None and not r:  # nothing else measured feasible
+        if v.get("candidate_number") is None and not r and not v.get("ratio_bound"):
+            # nothing else measured feasible
             return (f"verdict: vLLM's defaults remain best for this shape "
                     f"({v.get('reason') or 'no other config was measured'})")
         how = (" (pruned as a clear loser; within-run figures)" if v.get("candidate_pruned")
@@ -175,29 +203,6 @@ def _verdict_line(v: dict[str, Any]) -> str:
         return (f"verdict: vLLM's defaults remain best for this shape; best other config"
                 f"{who}: {ci}{more}")
     return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"
-
-
-def capacity_line(c: dict[str, Any]) -> str:
-    """best.json's ``capacity`` in one line (what operators size a fleet by), and a note
-    when the capacity is chance within a range (``CapacityResult.flat_misses``)."""
-    from autotune.trial import flat_note
-
-    def num(x: Any, fmt: str = ",.3g") -> str:
-        return format(x, fmt) if isinstance(x, (int, float)) else "?"
-
-    lo = c.get("capacity_rps_ci_low")
-    # a median over fresh starts is no bracket's lower end: say whose bracket follows
-    whose = ("bracket" if isinstance(lo, (int, float)) and math.isclose(lo, c["capacity_rps"])
-             else "the median over starts; the bracket of the reading it rests on")
-    return (f"capacity: {num(c['capacity_rps'])} req/s within the SLOs "
-            f"({whose} [{num(lo)}, "
-            f"{num(c.get('capacity_rps_ci_high'))}] req/s, >= {c['goodput_bar']:.0%} of "
-            f"requests within {', '.join(f'{k}={v:g}s' for k, v in c['slo'].items())}); "
-            f"{num(c.get('output_tokens_per_s_at_capacity'), ',.1f')} out tok/s at that rate; "
-            f"GPUs needed for the recorded {num(c['recorded_rps'])} req/s: "
-            f"{num(c.get('gpus_needed'), '.2f')}"
-            + (f"\nnote: {flat_note(c['flat_misses_rps'])}" if c.get("flat_misses_rps")
-               else ""))
 
 
 def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:

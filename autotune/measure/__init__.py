@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     )
     from autotune.measure._intervals import (
         arrivals_note,
+        fmt_bracket,
         fmt_interval,
         fmt_value,
         rate_interval,
@@ -45,12 +46,16 @@ if TYPE_CHECKING:
         server_figures,
     )
     from autotune.measure._stats import (
+        CAPACITY_BRACKETS,
         MAX_STARTS_NEEDED,
         WITHIN_RUN_ONLY,
         Interval,
+        RatioBound,
         SegmentRule,
+        bracket_bound,
         decide_verdict,
         drift,
+        fmt_ratio,
         mean_interval,
         ratio_to_defaults,
         relative_half_width,
@@ -58,6 +63,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "CAPACITY_BRACKETS",
     "MAX_STARTS_NEEDED",
     "WITHIN_RUN_ONLY",
     "Interval",
@@ -66,15 +72,19 @@ __all__ = [
     "MeasurementRecord",
     "Percentiles",
     "PercentilesRecord",
+    "RatioBound",
     "SegmentRule",
     "SegmentWatch",
     "ServerSnapshot",
     "Slo",
     "arrivals_note",
+    "bracket_bound",
     "combine",
     "decide_verdict",
     "drift",
+    "fmt_bracket",
     "fmt_interval",
+    "fmt_ratio",
     "fmt_value",
     "mean_interval",
     "measure",
@@ -95,19 +105,24 @@ __all__ = [
 # of its modules) loads nothing else.
 __getattr__ = lazy_exports(__name__, {
     "autotune.load": ("ServerSnapshot", "parse_metrics", "scrape_metrics", "snapshot_metrics"),
-    "autotune.measure._intervals": ("arrivals_note", "fmt_interval", "fmt_value", "rate_interval"),
+    "autotune.measure._intervals": ("arrivals_note", "fmt_bracket", "fmt_interval", "fmt_value",
+                                    "rate_interval"),
     "autotune.measure._measure": ("combine", "measure", "meets_slo", "slo_misses"),
     "autotune.measure._model": ("Measurement", "MeasurementRecord", "Percentiles",
                                   "PercentilesRecord", "Slo"),
     "autotune.measure._segments": ("LogWatch", "SegmentWatch", "tell_phase"),
     "autotune.measure._server": ("server_figures",),
     "autotune.measure._stats": (
+        "CAPACITY_BRACKETS",
         "Interval",
         "MAX_STARTS_NEEDED",
+        "RatioBound",
         "SegmentRule",
         "WITHIN_RUN_ONLY",
+        "bracket_bound",
         "decide_verdict",
         "drift",
+        "fmt_ratio",
         "mean_interval",
         "ratio_to_defaults",
         "relative_half_width",

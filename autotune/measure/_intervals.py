@@ -19,7 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as _st
 
-__all__ = ["SKEW_LIMIT", "arrivals_note", "fmt_interval", "fmt_value", "rate_interval"]
+__all__ = ["SKEW_LIMIT", "arrivals_note", "fmt_bracket", "fmt_interval", "fmt_value",
+           "rate_interval"]
 
 #: segments whose sample skewness is beyond this (either way) are skewed: their interval is
 #: taken on the log scale (a bursty open loop's sub-windows; a closed loop's rarely are)
@@ -84,9 +85,17 @@ def arrivals_note(served: Sequence[float], offered: Sequence[float]) -> str:
 
 
 def fmt_value(v: float) -> str:
-    """A figure for people: one decimal from 1 up (1,234.5 tok/s), three significant
-    digits below (a capacity of 0.0864 req/s reads 0.0864, not 0.1)."""
-    return format(v, ",.1f") if abs(v) >= 1 or v == 0 or not math.isfinite(v) else format(v, ".3g")
+    """A figure for people, the one rule for every rate, capacity and count of GPUs that
+    autotune prints (the summary, ``autotune best``, the progress, the report): three
+    significant digits, and every digit left of the point, with thousands separators
+    (0.0864, 0.321, 2.57, 17.6, 176, 7,611 req/s or tok/s): a slow server's 0.0864 req/s
+    never reads 0.1, and 7,611 tok/s never 7.61e+03."""
+    if not math.isfinite(v) or v == 0:
+        return format(v, ".0f") if v == 0 else str(v)
+    r = float(format(v, ".3g"))  # 9.996 rounds up to 10.0: its decimals are those of 10
+    if abs(r) >= 100:
+        return format(round(v), ",d")
+    return format(v, f".{2 - math.floor(math.log10(abs(r)))}f")
 
 
 def fmt_interval(low: float | None, high: float | None, spec: str | None = None) -> str:
@@ -96,3 +105,12 @@ def fmt_interval(low: float | None, high: float | None, spec: str | None = None)
         return ""
     f = fmt_value if spec is None else (lambda x: format(x, spec))
     return f"[{f(low)}, {f(high)}]"
+
+
+def fmt_bracket(low: float | None, high: float | None, unit: str = "req/s") -> str:
+    """A capacity bracket [highest passing rate, lowest failing rate], the same wherever
+    it prints: "[0.321, 2.57] req/s" (:func:`fmt_value` at each end); an end no level gave
+    reads "none passed" or "none failed" ("[14.3, none failed] req/s": a lower bound)."""
+    lo = fmt_value(low) if low is not None else "none passed"
+    hi = fmt_value(high) if high is not None and math.isfinite(high) else "none failed"
+    return f"[{lo}, {hi}] {unit}"

@@ -8,7 +8,9 @@
   and when a trial is a clear loser (the pruner), as one pure decision per segment;
 * :func:`ratio_to_defaults`: the interval of a config's throughput ratio to vLLM's
   defaults over readings on separate server starts (delta method on the log scale with
-  the between-start variance pooled over the re-checked configs), and the verdict.
+  the between-start variance pooled over the re-checked configs), and the verdict;
+  a capacity's brackets set how narrow that interval can be, and an open bracket gives
+  only a bound (:func:`bracket_bound`).
 
 ``docs/measurement.md`` says why each rule is what it is.
 """
@@ -24,14 +26,18 @@ import numpy as np
 from scipy import stats as _st
 
 __all__ = [
+    "CAPACITY_BRACKETS",
     "RAMP_FACTOR",
     "Drift",
     "Interval",
+    "RatioBound",
     "RatioInterval",
     "SegmentRule",
     "Verdict",
+    "bracket_bound",
     "decide_verdict",
     "drift",
+    "fmt_ratio",
     "mean_interval",
     "ratio_to_defaults",
     "relative_half_width",
@@ -211,9 +217,59 @@ class RatioInterval:
     # freedom (None for within-run intervals): what :func:`starts_needed` works from
     log_sd: float | None = None
     df: int | None = None
+    # capacity: the variance one start of each config adds to the log ratio through the
+    # search's resolution (each config's mean squared log bracket width / 12, summed)
+    log_bracket_var: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high}
+
+
+@dataclass(frozen=True)
+class RatioBound:
+    """All a capacity ratio can say when a bracket is open (a search that found no failing
+    level): ``at_least`` (the config's capacity has no top) or ``at_most`` (the defaults')."""
+
+    kind: Literal["at_least", "at_most"]
+    value: float
+
+    def as_dict(self) -> dict[str, str | float]:
+        return {"kind": self.kind, "value": self.value}
+
+
+def _open(iv: Interval) -> bool:
+    return not math.isfinite(iv.high)
+
+
+def _mean_log(xs: Sequence[float]) -> float:
+    return float(np.log(np.asarray(xs, dtype=float)).mean())
+
+
+def bracket_bound(config: Sequence[Interval], defaults: Sequence[Interval]
+                  ) -> RatioBound | None:
+    """The bound on a capacity ratio when one side's brackets are open (``high`` inf: the
+    search ended before a level failed, so the capacity is at least ``low``): the config's
+    open gives ``at_least`` exp(mean log low_c - mean log high_d), the defaults' open
+    ``at_most`` exp(mean log high_c - mean log low_d). None when both sides are closed (a
+    ratio, not a bound) or both have an open bracket (nothing bounds the ratio), or a side
+    has no bracket with a low end > 0."""
+    if not config or not defaults or any(not iv.low > 0 for iv in (*config, *defaults)):
+        return None
+    c_open, d_open = any(map(_open, config)), any(map(_open, defaults))
+    if c_open == d_open:
+        return None
+    if c_open:
+        return RatioBound("at_least", math.exp(_mean_log([iv.low for iv in config])
+                                               - _mean_log([iv.high for iv in defaults])))
+    return RatioBound("at_most", math.exp(_mean_log([iv.high for iv in config])
+                                          - _mean_log([iv.low for iv in defaults])))
+
+
+def _bracket_var(brackets: Sequence[Interval]) -> float:
+    """The variance of a log capacity within its bracket, one start's: the mean squared
+    log width / 12 (uniform on the log scale between the passing and the failing level)."""
+    widths = [math.log(iv.high / iv.low) for iv in brackets if iv.low > 0]
+    return sum(w * w for w in widths) / len(widths) / 12.0 if widths else 0.0
 
 
 def ratio_to_defaults(
@@ -223,6 +279,7 @@ def ratio_to_defaults(
     others: Sequence[Sequence[float]] = (),
     within: Mapping[str, Interval | None] | None = None,
     spread: Sequence[Sequence[float]] | None = None,
+    brackets: Mapping[str, Sequence[Interval]] | None = None,
     confidence: float = CONFIDENCE,
 ) -> RatioInterval | None:
     """Interval of mean(config) / mean(defaults) from readings on separate server starts.
@@ -243,10 +300,22 @@ def ratio_to_defaults(
     config's readings on all its starts, search readings included (a search reading picked
     for being high only widens its config's spread), so one fresh start each is not
     mistaken for "no start-to-start noise measured".
+
+    ``brackets`` (a capacity: ``{"config": [...], "defaults": [...]}``, the bracket
+    [highest pass, lowest fail] of each reading) sets the resolution: with one start each
+    the interval is every ratio the brackets allow, [low_c / high_d, high_c / low_d]
+    (method :data:`CAPACITY_BRACKETS`); with repeated starts each config adds its mean
+    squared log bracket width / 12 over its starts to the variance. An open bracket (no
+    failing level) gives no ratio (None; :func:`bracket_bound` gives its bound).
     """
     c, d = _finite(config), _finite(defaults)
     c, d = c[c > 0], d[d > 0]
     if c.size == 0 or d.size == 0:
+        return None
+    cb, db = (list(brackets.get("config") or []), list(brackets.get("defaults") or [])
+              ) if brackets is not None else ([], [])
+    if brackets is not None and (not cb or not db or any(
+            _open(iv) or not iv.low > 0 for iv in (*cb, *db))):
         return None
     est = float(np.log(c).mean() - np.log(d).mean())
     ss, df = 0.0, 0
@@ -258,13 +327,28 @@ def ratio_to_defaults(
             logs = np.log(group)
             ss += float(((logs - logs.mean()) ** 2).sum())
             df += group.size - 1
+    bv = 0.0
     if df > 0:
         s2 = ss / df
-        se = math.sqrt(s2 * (1 / c.size + 1 / d.size))
-        q = float(_st.t.ppf(0.5 + confidence / 2, df))
+        var = s2 * (1 / c.size + 1 / d.size)
         method = f"delta method on log readings, between-start variance pooled (df={df})"
         if spread is not None:
             method += " over every config's starts, search readings included"
+        if brackets is not None:
+            # a start's reading is its bracket's low end: the true capacity lies anywhere
+            # up to the lowest failing level, so the mean over starts is no finer than that
+            wc, wd = _bracket_var(cb), _bracket_var(db)
+            var += wc / c.size + wd / d.size
+            bv = wc + wd
+            method += ", widened by the capacity brackets"
+        se = math.sqrt(var)
+        q = float(_st.t.ppf(0.5 + confidence / 2, df))
+    elif brackets is not None:
+        lo = _mean_log([iv.low for iv in cb]) - _mean_log([iv.high for iv in db])
+        hi = _mean_log([iv.high for iv in cb]) - _mean_log([iv.low for iv in db])
+        return RatioInterval(median=math.exp(est), ci_low=math.exp(min(lo, est)),
+                             ci_high=math.exp(max(hi, est)), method=CAPACITY_BRACKETS,
+                             n_config=int(c.size), n_defaults=int(d.size))
     else:
         ivs = within or {}
         ci, di = ivs.get("config"), ivs.get("defaults")
@@ -282,11 +366,19 @@ def ratio_to_defaults(
     return RatioInterval(median=math.exp(est), ci_low=math.exp(lo), ci_high=math.exp(hi),
                          method=method, n_config=int(c.size), n_defaults=int(d.size),
                          log_sd=math.sqrt(ss / df) if df > 0 else None,
-                         df=df if df > 0 else None)
+                         df=df if df > 0 else None, log_bracket_var=bv)
+
+
+def fmt_ratio(r: float) -> str:
+    """A ratio to vLLM's defaults for people, everywhere it prints: three decimals and an
+    x (1.094x), so that a gain of a few tenths of a percent stays visible."""
+    return f"{r:.3f}x"
 
 
 # the ratio's method when no config was started twice (a study without its re-check)
 WITHIN_RUN_ONLY = "within-run intervals only (no repeated server start)"
+# the same for a capacity: the interval is every ratio the two brackets allow
+CAPACITY_BRACKETS = "capacity brackets (one start each)"
 
 # beyond this many starts of each config the answer is "not worth it", not a number
 MAX_STARTS_NEEDED = 50
@@ -296,23 +388,25 @@ def starts_needed(ratio: RatioInterval | None, *, confidence: float = CONFIDENCE
                   max_starts: int = MAX_STARTS_NEEDED) -> int | None:
     """Starts of each of the two configs that would show ``ratio.median`` above 1, if the
     start-to-start spread stays as measured (``ratio.log_sd``): the least ``n`` with
-    ``t(df_n) * log_sd * sqrt(2 / n) < log(median)``, where ``df_n`` is the pooled degrees
-    of freedom with both configs at ``n`` starts (the other re-checked configs' share
-    kept). None when no number of starts would: the ratio is at most 1, the interval came
-    from within-run figures alone (no start-to-start spread measured), or it would take
-    more than ``max_starts``. A planning figure: the spread itself is estimated from few
-    starts."""
+    ``t(df_n) * sqrt((2 log_sd^2 + log_bracket_var) / n) < log(median)``, where ``df_n``
+    is the pooled degrees of freedom with both configs at ``n`` starts (the other
+    re-checked configs' share kept) and ``log_bracket_var`` a capacity's bracket
+    resolution per start. None when no number of starts would: the ratio is at most 1, the
+    interval came from within-run figures alone (no start-to-start spread measured), or it
+    would take more than ``max_starts``. A planning figure: the spread itself is estimated
+    from few starts."""
     if (ratio is None or ratio.log_sd is None or ratio.df is None or ratio.median <= 1.0
             or not math.isfinite(ratio.median)):
         return None
     gap = math.log(ratio.median)
-    if ratio.log_sd <= 0:
+    per_start = 2 * ratio.log_sd ** 2 + ratio.log_bracket_var  # the log ratio's, n = 1
+    if per_start <= 0:
         return max(ratio.n_config, ratio.n_defaults)
     rest = ratio.df - (ratio.n_config - 1) - (ratio.n_defaults - 1)  # the other configs'
     for n in range(2, max_starts + 1):
         df = rest + 2 * (n - 1)
         q = float(_st.t.ppf(0.5 + confidence / 2, df))
-        if q * ratio.log_sd * math.sqrt(2 / n) < gap:
+        if q * math.sqrt(per_start / n) < gap:
             return n
     return None
 
@@ -336,8 +430,8 @@ def decide_verdict(ratio: RatioInterval | None, *, candidate_is_defaults: bool =
                        "candidate have no reading)")
     if ratio.ci_low > 1.0:
         return Verdict("winner", ratio,
-                       f"{ratio.median:.3f}x the defaults, 95 % interval "
+                       f"{fmt_ratio(ratio.median)} the defaults, 95 % interval "
                        f"[{ratio.ci_low:.3f}, {ratio.ci_high:.3f}] lies above 1")
     return Verdict("defaults_best", ratio,
-                   f"best ratio {ratio.median:.3f}x, 95 % interval [{ratio.ci_low:.3f}, "
+                   f"best ratio {fmt_ratio(ratio.median)}, 95 % interval [{ratio.ci_low:.3f}, "
                    f"{ratio.ci_high:.3f}] does not lie above 1: vLLM's defaults remain best")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.report._capacity import capacity_line, needed_text, open_search_text
 from autotune.report._data import ReportData, TrialRow, load_report_data, trial_row
 from autotune.report._html import SECTIONS, log_excerpt, render_html, write_html
 from autotune.report._why import explain_no_winner, failure_summary, one_line_message
@@ -19,11 +20,14 @@ __all__ = [
     "SECTIONS",
     "ReportData",
     "TrialRow",
+    "capacity_line",
     "explain_no_winner",
     "failure_summary",
     "load_report_data",
     "log_excerpt",
+    "needed_text",
     "one_line_message",
+    "open_search_text",
     "render_html",
     "trial_row",
     "write_report",

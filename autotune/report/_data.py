@@ -182,8 +182,11 @@ def _shape(attrs: dict[str, Any], out_dir: Path | None) -> tuple[dict[str, Any] 
                 f"{path} now has fingerprint {obj.get('fingerprint')}, the study was tuned "
                 f"for {fp}: the file changed since")
             return obj, note
-    return None, (f"the shape file {raw} is not readable here; the study was tuned for "
-                  f"shape fingerprint {attrs.get('autotune.shape_fingerprint', '?')}")
+    fp = attrs.get("autotune.shape_fingerprint")
+    return None, ((f"the shape file {raw} is not readable here" if raw else
+                   "the study recorded no shape file and its out dir holds no shape.json")
+                  + (f"; the study was tuned for shape fingerprint {fp}" if fp else
+                     "; nor did it record the shape's fingerprint"))
 
 
 def _bootstrap_ratio(win: list[float], base: list[float], seed: int = 0,

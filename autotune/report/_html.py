@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.credentials import redact
+from autotune.measure import fmt_bracket, fmt_interval, fmt_ratio, fmt_value
 from autotune.report._cost import cost_html, why_no_cost
 from autotune.report._data import ReportData, TrialRow
 from autotune.report._figures import FIGURES, leaders
@@ -60,6 +61,11 @@ def _fmt(x: float | None, spec: str = ",.1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _num(x: float | None) -> str:
+    """A rate, capacity or count (:func:`autotune.measure.fmt_value`); "-" when unknown."""
+    return "-" if x is None else fmt_value(x)
+
+
 def _table(head: list[str], rows: list[list[str]]) -> str:
     """``rows`` cells are already HTML."""
     h = "".join(f"<th>{_e(c)}</th>" for c in head)
@@ -75,6 +81,7 @@ def _verdict_html(d: ReportData) -> str:
         return f'<p class="big">No verdict: no trial met the constraints.</p>' \
                f"<p>{_e(explain_no_winner(d.trials, d.settings))}</p>"
     r = v.get("ratio_to_defaults") or {}
+    bound = v.get("ratio_bound") or {}
     win = v.get("winner_number")
     what = ("vLLM's defaults are the best config found" if v.get("verdict") == "defaults_best"
             else f"trial #{win} beats vLLM's defaults" if v.get("verdict") == "winner"
@@ -82,17 +89,26 @@ def _verdict_html(d: ReportData) -> str:
                  f"{v.get('reason', '')}")
     parts = [f'<p class="big">{_e(what)}</p>']
     if r.get("median") is not None:
-        ci = (f" (95 % interval {r['ci_low']:.2f}x - {r['ci_high']:.2f}x)"
+        ci = (f" (95 % interval {fmt_interval(r['ci_low'], r['ci_high'], '.3f')})"
               if r.get("ci_low") is not None and r.get("ci_high") is not None
               else " (no interval: a single reading on one side)")
-        parts.append(f"<p>ratio to vLLM's defaults: <b>{r['median']:.2f}x</b>{_e(ci)}</p>")
+        parts.append(f"<p>ratio to vLLM's defaults: <b>{_e(fmt_ratio(r['median']))}</b>"
+                     f"{_e(ci)}</p>")
+        if v.get("method"):
+            parts.append(_note(f"how: {v['method']}"))
         need = v.get("starts_needed") or {}
         if need.get("per_config") is not None and v.get("start_spread") is not None:
             parts.append(_note(
                 f"not shown either way: at the measured start-to-start SD of "
-                f"{v['start_spread'] * 100:.1f} %, showing {r['median']:.2f}x would take about "
-                f"{need['per_config']} server starts of each config (rerun the study with "
+                f"{v['start_spread'] * 100:.1f} %, showing {fmt_ratio(r['median'])} would take "
+                f"about {need['per_config']} server starts of each config (rerun the study with "
                 f"--resume --recheck-starts {need['recheck_starts']})"))
+    elif bound.get("value") is not None:
+        parts.append(f"<p>ratio to vLLM's defaults: <b>{_e(bound['kind'].replace('_', ' '))} "
+                     f"{_e(fmt_ratio(bound['value']))}</b> (a bound, not a ratio)</p>")
+        parts.append(_note(str(v.get("reason") or "")))
+    elif v.get("candidate_number") is not None and v.get("reason"):
+        parts.append(_note(str(v["reason"])))  # e.g. both capacities lower bounds
     else:
         parts.append(_note("no ratio to the defaults: vLLM's defaults were not measured "
                            "(--no-baseline) or did not meet the constraints"))
@@ -101,7 +117,7 @@ def _verdict_html(d: ReportData) -> str:
         params = ", ".join(f"{k}={v}" for k, v in row.params.items()) or "vLLM defaults"
         n = row.server_gpus
         parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} per GPU "
-                     f"{_fmt(v.get('winner_value', row.value))} (one server uses {n} "
+                     f"{_num(v.get('winner_value', row.value))} (one server uses {n} "
                      f"GPU{'s' if n > 1 else ''})</p>")
     q = v.get("quality") or {}
     if q:
@@ -128,17 +144,37 @@ def _shape_html(d: ReportData) -> str:
         rows.append([_e(key.replace("_", " "))] + [_e(_fmt(x.get(k), ",.0f"))
                                                    for k in ("mean", "p50", "p90", "p99", "max")])
     arr = s.get("arrivals") or {}
-    load = s.get("load") or {}
     extra = (f"<p>{_fmt(s.get('requests'), ',.0f')} requests over "
-             f"{_fmt(s.get('duration_s'), ',.0f')} s recorded ({_fmt(s.get('rate_rps'), '.2f')} "
-             f"req/s, peak {_fmt(arr.get('peak_rate_rps'), '.2f')}, inter-arrival CV "
-             f"{_fmt(arr.get('interarrival_cv'), '.2f')}); replayed as "
-             f"{_e(load.get('mode', '?'))} loop, "
-             f"{_e(load.get('concurrency') or load.get('rate_rps') or '?')} "
-             f"{'streams' if load.get('mode') == 'closed' else 'req/s'}, "
-             f"{_e(load.get('requests', '?'))} requests.</p>")
+             f"{_fmt(s.get('duration_s'), ',.0f')} s recorded ({_num(s.get('rate_rps'))} "
+             f"req/s, peak {_num(arr.get('peak_rate_rps'))}, inter-arrival CV "
+             f"{_fmt(arr.get('interarrival_cv'), '.2f')}); {_e(replay_text(s))}.</p>")
     return (_table(["tokens", "mean", "p50", "p90", "p99", "max"], rows) + extra
             + (_note(d.shape_note) if d.shape_note else ""))
+
+
+def replay_text(shape: dict[str, Any]) -> str:
+    """How a shape's load replays, in words: "replayed as open loop at the recorded 5.53
+    req/s, 1,000 requests", "replayed as closed loop, 64 streams, 500 requests"."""
+    load = shape.get("load") or {}
+    n = load.get("requests")
+    reqs = f", {n:,} requests" if isinstance(n, int) else ""
+    if load.get("mode") == "closed":
+        c = load.get("concurrency")
+        return (f"replayed as closed loop, {c} streams{reqs}" if c is not None else
+                f"replayed as closed loop (its streams not recorded){reqs}")
+    if load.get("mode") != "open":
+        return "its replay (open or closed loop) is not recorded in the shape"
+    scale = float(load.get("time_scale") or 1.0)
+    rate, recorded = load.get("rate_rps"), shape.get("rate_rps")
+    if rate:
+        at = f"at {fmt_value(float(rate) / scale)} req/s"
+    elif recorded:
+        at = (f"at the recorded {fmt_value(recorded)} req/s" if scale == 1.0 else
+              f"at {fmt_value(float(recorded) / scale)} req/s (the recorded "
+              f"{fmt_value(recorded)} req/s, time scale {scale:g})")
+    else:
+        at = "at its recorded arrival times (the shape records no mean rate)"
+    return f"replayed as open loop {at}{reqs}"
 
 
 def _read_tail(path: str | None, limit: int = 400_000) -> str:
@@ -185,7 +221,7 @@ def _latency_html(d: ReportData) -> str:
         return ""
     head = ["config", d.metric] + [f"{m} {p}" for m in ("TTFT", "TPOT", "E2E")
                                    for p in ("p50", "p99")]
-    body = [[_e(t.label), _e(_fmt(t.value))] +
+    body = [[_e(t.label), _e(_num(t.value))] +
             [_e(_fmt(t.metrics.get(f"{m}_{p}_s"), ".4f")) for m in ("ttft", "tpot", "e2e")
              for p in ("p50", "p99")] for t in rows]
     return _table(head, body)
@@ -194,6 +230,7 @@ def _latency_html(d: ReportData) -> str:
 def _capacity_html(d: ReportData) -> str:
     """--objective capacity: each leader's load levels in the order they ran, with which SLO
     their misses exceeded (the figures behind the bracket, and behind a flat-misses note)."""
+    from autotune.report._capacity import open_search_text
     from autotune.trial import flat_note
 
     out = []
@@ -203,14 +240,17 @@ def _capacity_html(d: ReportData) -> str:
             continue
         rec = float(cap.get("recorded_rps") or 0.0)
         lo, hi = cap.get("low"), cap.get("high")
-        bracket = (f"[{_fmt(lo * rec, ',.3g') if lo is not None else 'none passed'}, "
-                   f"{_fmt(hi * rec, ',.3g') if hi is not None else 'none failed'}] req/s")
+        bracket = fmt_bracket(lo * rec if lo is not None else None,
+                              hi * rec if hi is not None else None)
+        status = cap.get("status")
+        how = (open_search_text(status) if lo is not None and hi is None
+               else _STATUS.get(str(status), f"search status {status}") if status
+               else "search status not recorded")
         length = (f"; levels of {cap['level_s']:g} s of arrivals"
                   + (f" (asked {cap['level_s_asked']:g})"
                      if cap.get("level_s_asked") not in (None, cap["level_s"]) else "")
                   if cap.get("level_s") else "")
-        out.append(f"<h3>{_e(t.label)}: bracket {_e(bracket)}, {_e(cap.get('status', '?'))}"
-                   f"{_e(length)}</h3>")
+        out.append(f"<h3>{_e(t.label)}: bracket {_e(bracket)}, {_e(how)}{_e(length)}</h3>")
         if cap.get("flat_misses_rps"):
             out.append(_note(flat_note(cap["flat_misses_rps"])))
         rows = []
@@ -221,10 +261,10 @@ def _capacity_html(d: ReportData) -> str:
                 "stopped early" if lv.get("stopped_early") else "",
                 "a kernel compiled during it" if lv.get("jit_compiled") else "",
                 "run again (failed while a kernel compiled)" if lv.get("reruns") else "") if x)
-            rows.append([str(i), _e(_fmt(lv.get("offered_rps"), ",.3g")),
+            rows.append([str(i), _e(_num(lv.get("offered_rps"))),
                          "pass" if lv.get("passed") else "<b>fail</b>",
                          _e(_fmt(100 * (lv.get("goodput_fraction") or 0.0), ".1f") + " %"),
-                         _e(f"{ended if ended is not None else '?'} / {lv.get('offered', '?')}"),
+                         _e(_ended(ended, lv.get("offered"))),
                          _e(over or ("-" if ended is not None else "not recorded")),
                          _e(_fmt(lv.get("ttft_p99_s"), ".3f")),
                          _e(_fmt(lv.get("tpot_p99_s"), ".3f")),
@@ -233,6 +273,19 @@ def _capacity_html(d: ReportData) -> str:
                            "misses over", "TTFT p99 s", "TPOT p99 s", "seconds", "note"],
                           rows))
     return "".join(out)
+
+
+#: a capacity search's status, in words (the open ones: ``open_search_text``)
+_STATUS = {"found": "within the tolerance", "levels": "its level budget spent",
+           "time": "its time cap reached", "capped": "passed at its top scale",
+           "none": "failed at its lowest scale"}
+
+
+def _ended(ended: int | None, offered: int | None) -> str:
+    """A level's "ended / offered" cell; levels stored before ``finished`` say so."""
+    if offered is None:
+        return "not recorded"
+    return f"{ended} / {offered}" if ended is not None else f"not recorded / {offered}"
 
 
 def _gpu_html(d: ReportData) -> str:
@@ -261,8 +314,10 @@ def _dur(s: float) -> str:
 def _header(d: ReportData) -> str:
     a = d.attrs
     meta = " | ".join(_e(x) for x in (
-        f"model {a.get('autotune.model', '?')}", f"space {a.get('autotune.space', '?')}",
-        f"{a.get('autotune.engine_version', '?')} on {a.get('autotune.gpu_type', '?')}",
+        f"model {a.get('autotune.model', 'not recorded')}",
+        f"space {a.get('autotune.space', 'not recorded')}",
+        f"{a.get('autotune.engine_version', 'engine version not recorded')} on "
+        f"{a.get('autotune.gpu_type', 'a GPU not recorded')}",
         f"{len(d.trials)} trials ({len(d.feasible)} feasible, {len(d.infeasible)} infeasible, "
         f"{len(d.failed)} failed)" + (f", {d.priors} prior" if d.priors else ""),
         f"storage {redact(d.storage)}",

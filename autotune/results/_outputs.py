@@ -187,21 +187,31 @@ def _serve_command(model: Path, t: Any) -> str:
 def capacity_record(t: Any, value: float, settings: Any) -> dict[str, Any]:
     """best.json's ``capacity``: the declared capacity (the median of its readings), the
     bracket of the reading it rests on, output tokens/s there, and the GPUs (servers on a
-    CPU) the recorded traffic needs: recorded rate / capacity x GPUs per server."""
+    CPU) the recorded traffic needs: recorded rate / capacity x GPUs per server, an upper
+    bound (``needed_is`` "at_most"), and recorded rate / the bracket's top, the least it
+    can be (``gpus_needed_low``; None when no level failed: ``bracket_closed`` false)."""
+    from autotune.cost import capacity_need
+
     m = dict(t.user_attrs.get(A.METRICS, {}))
     cap = dict(t.user_attrs.get(A.CAPACITY) or {})
     recorded = float(m.get("capacity_recorded_rps") or cap.get("recorded_rps") or 0.0)
     per_server = (m["gpus_needed"] / m["servers_needed"]
                   if m.get("servers_needed") else 1.0)
-    servers = recorded / value if value > 0 else None
+    high = m.get("capacity_rps_ci_high")
+    need = capacity_need(recorded_rps=recorded, capacity_rps=value, high_rps=high,
+                         gpus_per_server=per_server)
     return {
         "capacity_rps": value,
         "capacity_rps_ci_low": m.get("capacity_rps_ci_low"),
-        "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
+        "capacity_rps_ci_high": high,
+        "bracket_closed": high is not None,
         "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
         "recorded_rps": recorded,
-        "servers_needed": servers,
-        "gpus_needed": servers * per_server if servers is not None else None,
+        "servers_needed": need.servers if need else None,
+        "gpus_needed": need.gpus if need else None,
+        "servers_needed_low": need.servers_low if need else None,
+        "gpus_needed_low": need.gpus_low if need else None,
+        "needed_is": "at_most",
         "goodput_bar": settings.capacity_goodput,
         "slo": dict(settings.slo),
         "search": cap.get("status"),
@@ -214,28 +224,41 @@ def gpus_record(t: Any, value: float, settings: Any, shape: Any) -> dict[str, An
     """best.json's ``gpus``: the GPUs one server of the declared config uses and, where
     the shape has a recorded arrival rate, the servers (and GPUs) that rate needs. ``value``
     is the declared objective per GPU: capacity (req/s) -> recorded rate / a server's
-    capacity; throughput -> the rate's output tokens/s (rate x mean output length) / a
-    server's; goodput -> recorded rate / a server's goodput. A closed-loop shape has no
-    rate: its traffic ran on one server."""
+    capacity, at most (``needed_is`` "at_most"; at least recorded rate / the bracket's top,
+    ``servers_needed_low``); throughput -> the rate's output tokens/s (rate x mean output
+    length) / a server's; goodput -> recorded rate / a server's goodput (``needed_is``
+    "estimate"). A closed-loop shape has no rate: its traffic ran on one server."""
+    from autotune.cost import capacity_need
+    from autotune.measure import fmt_value
     from autotune.trial import recorded_rate
 
     n = server_gpus_of(t)
+    capacity = settings.objective == "capacity"
     out: dict[str, Any] = {"per_server": n, "servers_needed": None, "gpus_needed": None,
+                           "servers_needed_low": None, "gpus_needed_low": None,
+                           "needed_is": "at_most" if capacity else "estimate",
                            "basis": "a closed-loop shape: its traffic ran on one server"}
     try:
         rate = recorded_rate(shape)
     except AutotuneError:
         return out
     per_server = value * n
-    if settings.objective == "capacity":
-        demand, basis = rate, f"the recorded {rate:.3g} req/s / a server's capacity"
-    elif settings.objective == "goodput":
-        demand, basis = rate, f"the recorded {rate:.3g} req/s / a server's goodput"
+    if capacity:
+        need = capacity_need(recorded_rps=rate, capacity_rps=per_server,
+                             high_rps=(t.user_attrs.get(A.METRICS) or {}).get(
+                                 "capacity_rps_ci_high"), gpus_per_server=n)
+        if need is not None:
+            out.update(servers_needed=need.servers, gpus_needed=need.gpus,
+                       servers_needed_low=need.servers_low, gpus_needed_low=need.gpus_low,
+                       basis=f"the recorded {fmt_value(rate)} req/s / a server's capacity")
+        return out
+    if settings.objective == "goodput":
+        demand, basis = rate, f"the recorded {fmt_value(rate)} req/s / a server's goodput"
     else:
         mean_out = float(shape.output_tokens.mean)
         demand = rate * mean_out
-        basis = (f"the recorded {rate:.3g} req/s x {mean_out:.0f} output tokens / a server's "
-                 "output tokens/s")
+        basis = (f"the recorded {fmt_value(rate)} req/s x {mean_out:.0f} output tokens / a "
+                 "server's output tokens/s")
     if per_server > 0:
         servers = demand / per_server
         out.update(servers_needed=servers, gpus_needed=servers * n, basis=basis)

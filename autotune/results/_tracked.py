@@ -168,7 +168,8 @@ def _tracked_hit(client: Any, run: Any, uri: str) -> RegistryHit | None:
 
 def _tracked_verdict(best: dict[str, Any], parent: Any) -> dict[str, Any] | None:
     """The study's verdict from its best.json, else from the study run's tag and
-    ``ratio_to_defaults_*`` metrics (:meth:`autotune.tracking.Tracker.log_verdict`)."""
+    ``ratio_to_defaults_*`` or ``ratio_at_least``/``ratio_at_most`` metrics
+    (:meth:`autotune.tracking.Tracker.log_verdict`)."""
     if best.get("verdict"):
         return {**(best.get("verdict_detail") or {}), "verdict": best["verdict"],
                 "ratio_to_defaults": best.get("ratio_to_defaults")}
@@ -178,7 +179,10 @@ def _tracked_verdict(best: dict[str, Any], parent: Any) -> dict[str, Any] | None
     keys = ("median", "ci_low", "ci_high")
     ratio = ({k: float(m[f"ratio_to_defaults_{k}"]) for k in keys}
              if all(f"ratio_to_defaults_{k}" in m for k in keys) else None)
-    return {"verdict": parent.data.tags[A.VERDICT], "ratio_to_defaults": ratio}
+    bound = next(({"kind": kind, "value": float(m[f"ratio_{kind}"])}
+                  for kind in ("at_least", "at_most") if f"ratio_{kind}" in m), None)
+    return {"verdict": parent.data.tags[A.VERDICT], "ratio_to_defaults": ratio,
+            "ratio_bound": bound}
 
 
 def find_best_tracked(*, tracking_uri: str, shape: TrafficShape, model: str | None = None,

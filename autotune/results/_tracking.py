@@ -358,10 +358,14 @@ class MlflowTracker:
 
     def log_verdict(self, verdict: Mapping[str, Any]) -> None:
         """The study run's record of a verdict (``autotune.verdict``): metrics
-        ``ratio_to_defaults_*`` and ``starts_needed_per_config``, tag ``autotune.verdict``."""
+        ``ratio_to_defaults_*`` (or a capacity's bound, ``ratio_at_least`` or
+        ``ratio_at_most``) and ``starts_needed_per_config``, tag ``autotune.verdict``."""
         ratio = verdict.get("ratio_to_defaults") or {}
         self.log_study_metrics({f"ratio_to_defaults_{k}": float(v)
                                 for k, v in ratio.items() if v is not None})
+        bound = verdict.get("ratio_bound") or {}
+        if bound.get("value") is not None:  # an open capacity bracket: a bound, no ratio
+            self.log_study_metrics({f"ratio_{bound['kind']}": float(bound["value"])})
         need = verdict.get("starts_needed") or {}
         if need.get("per_config") is not None:  # defaults_best, but not shown either way
             self.log_study_metrics({"starts_needed_per_config": float(need["per_config"])})

@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     )
     from autotune.store._verdict import (
         VerdictRecord,
+        capacity_cut,
         judge_study,
         pareto_front,
         pareto_trials,
@@ -97,6 +98,7 @@ __all__ = [
     "VerdictRecord",
     "baseline_trial",
     "best_trial",
+    "capacity_cut",
     "fail_stale_trials",
     "failures_by_reason",
     "feasible",
@@ -153,6 +155,7 @@ __getattr__ = lazy_exports(__name__, {
     ),
     "autotune.store._verdict": (
         "VerdictRecord",
+        "capacity_cut",
         "judge_study",
         "pareto_front",
         "pareto_trials",

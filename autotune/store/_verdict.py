@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from autotune.events import ParamValue
-    from autotune.measure._stats import RatioInterval
+    from autotune.measure._stats import Interval, RatioBound, RatioInterval
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,9 @@ class Judgement:
     # starts_needed), and the --recheck-starts that gives them
     starts_needed: int | None = None
     recheck_starts_needed: int | None = None
+    # a capacity whose search found no failing level on one side: all the brackets say
+    # (the ratio is at least / at most this); ``ratio`` is then None
+    bound: RatioBound | None = None
 
 
 def _fresh(ts: list[Any]) -> list[Any]:
@@ -64,30 +67,76 @@ def study_objective(study: Any) -> str:
     return str(objective) if objective in _METRICS else "throughput"
 
 
-def _within(ts: list[Any], objective: str = "throughput") -> Any:
+def _within(ts: list[Any]) -> Any:
     """The within-run interval of a config's first reading (autotune.stats.Interval):
-    output tokens/s, or a capacity study's bracket [highest pass, lowest fail]."""
+    its output tokens/s."""
     from autotune.measure._stats import Interval
 
     m = ts[0].user_attrs.get(A.METRICS) or {}
-    lo_key, hi_key = interval_keys(objective)
-    lo, hi = m.get(lo_key), m.get(hi_key)
-    if objective == "capacity" and hi is None:
-        # no failing level (the search stopped at its time cap or its top scale): the
-        # capacity is at least its low end, and nothing bounds it above
-        hi = math.inf
+    lo, hi = m.get("output_tokens_per_s_ci_low"), m.get("output_tokens_per_s_ci_high")
     if lo is None or hi is None:
         return None
     n = server_gpus_of(ts[0])  # the value is per GPU; the metrics are the server's
     return Interval(primary(ts[0]), lo / n, hi / n)
 
 
-def _lower_bound_only(t: Any, objective: str) -> bool:
-    """A capacity reading whose search found no failing level: a lower bound."""
-    if objective != "capacity":
-        return False
-    hi = (t.user_attrs.get(A.METRICS) or {}).get(interval_keys(objective)[1])
-    return not (isinstance(hi, (int, float)) and math.isfinite(hi))
+def _brackets(ts: list[Any]) -> list[Interval]:
+    """Each capacity reading's bracket per GPU, [highest pass, lowest fail]: ``high`` inf
+    when no level failed (the search stopped at its time cap, level budget or top scale:
+    the capacity is at least ``low``, and nothing bounds it above)."""
+    from autotune.measure._stats import Interval
+
+    out = []
+    for t in ts:
+        m = t.user_attrs.get(A.METRICS) or {}
+        lo, hi = (m.get(k) for k in interval_keys("capacity"))
+        n, v = server_gpus_of(t), primary(t)  # the value is per GPU; the metrics the server's
+        low = lo / n if isinstance(lo, (int, float)) and lo > 0 else v
+        high = (hi / n if isinstance(hi, (int, float)) and math.isfinite(hi) and hi > 0
+                else math.inf)
+        out.append(Interval(v, low, high))
+    return out
+
+
+#: a capacity search's status (``autotune.capacity``) -> where it ended without a failing
+#: level, and what measures beyond it
+_CUT = {
+    "time": ("its time cap (--capacity-max-s)",
+             "raise --capacity-max-s (or shorten the levels, --capacity-level-s)"),
+    "levels": ("its level budget (--capacity-max-levels)", "raise --capacity-max-levels"),
+    "capped": ("its top scale (64x the recorded rate, or --capacity-start when higher)",
+               "start the search higher (--capacity-start) or replay a faster copy of the "
+               "shape (autotune shape clip --rate-scale F)"),
+}
+_CUT_UNKNOWN = ("its time cap or its top scale (not recorded which)",
+                "raise --capacity-max-s or --capacity-start")
+
+
+def capacity_cut(status: str | None) -> tuple[str, str]:
+    """(where a capacity search that found no failing level ended, what measures beyond
+    it) for its ``autotune.capacity`` status: ``time``, ``levels`` or ``capped``."""
+    return _CUT.get(str(status or ""), _CUT_UNKNOWN)
+
+
+def _open_reason(cut: list[Any], bound: RatioBound | None) -> str:
+    """Why a capacity verdict has no ratio: which trials' searches ended before a failing
+    level, where, the bound the brackets still give, and what measures beyond them."""
+    from autotune.measure._stats import fmt_ratio
+
+    where: dict[tuple[str, str], list[int]] = {}
+    for t in cut:
+        where.setdefault(capacity_cut((t.user_attrs.get(A.CAPACITY) or {}).get("status")),
+                         []).append(t.number)
+    ends = "; ".join(f"trial{'s' if len(ns) > 1 else ''} {', '.join(map(str, sorted(ns)))} at "
+                     f"{at}" for (at, _), ns in where.items())
+    fixes = "; ".join(dict.fromkeys(fix for _, fix in where))
+    says = ("nothing bounds the ratio (both sides' capacities have no top)" if bound is None
+            else f"the brackets say only that the ratio is "
+                 f"{bound.kind.replace('_', ' ')} {fmt_ratio(bound.value)}")
+    return (f"no ratio to the defaults: a capacity search ended before any load level failed "
+            f"({ends}), so that capacity is a lower bound only, and lower bounds rank nothing "
+            f"however many starts agree: {says}, and no winner comes from a bound; to measure "
+            f"it, {fixes}: vLLM's defaults remain best")
 
 
 def judge_study(study: Any) -> Judgement | None:
@@ -105,7 +154,9 @@ def judge_study(study: Any) -> Judgement | None:
     feasible trial."""
     from autotune.measure._stats import (
         MAX_STARTS_NEEDED,
+        bracket_bound,
         decide_verdict,
+        fmt_ratio,
         ratio_to_defaults,
         starts_needed,
     )
@@ -134,28 +185,23 @@ def judge_study(study: Any) -> Judgement | None:
                          "nothing to compare with", None, cand, cand, [])
     if not cand:
         return _judge_pruned(study, base_use)
-    lower = [t.number for t in (*cand, *base_use) if _lower_bound_only(t, objective)]
-    if lower:
-        return Judgement("defaults_best", (
-            "no ratio to the defaults: the capacity search of trial(s) "
-            f"{', '.join(map(str, sorted(lower)))} ended before a failing level bracketed it "
-            "(its time cap or top scale), so those capacities are lower bounds only, and "
-            "lower bounds rank nothing however many starts: raise --capacity-max-s (or "
-            "lower --capacity-level-s): vLLM's defaults remain best"),
-            None, base_use, cand, base_use)
+    brackets = None
+    if objective == "capacity":
+        cb, db = _brackets(cand), _brackets(base_use)
+        cut = [t for t, iv in zip((*cand, *base_use), (*cb, *db), strict=True)
+               if not math.isfinite(iv.high)]
+        if cut:
+            bound = bracket_bound(cb, db)
+            return Judgement("defaults_best", _open_reason(cut, bound), None, base_use, cand,
+                             base_use, bound=bound)
+        brackets = {"config": cb, "defaults": db}
     ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
                               others=[[primary(t) for t in ts] for ts in pool if ts is not cand],
-                              within={"config": _within(cand, objective),
-                                      "defaults": _within(base_use, objective)},
-                              spread=spread)
+                              within={"config": _within(cand), "defaults": _within(base_use)},
+                              spread=spread, brackets=brackets)
     v = decide_verdict(ratio)
     n = starts_needed(ratio) if v.verdict == "defaults_best" else None
     reason, recheck = v.reason, None
-    if ratio is None and objective == "capacity":
-        reason = ("no ratio to the defaults: a capacity search ended before a failing level "
-                  "bracketed it (its time cap or top scale), so that capacity is only a lower "
-                  "bound and one start of each shows nothing: raise --capacity-max-s, or add "
-                  "fresh starts (--recheck 1): vLLM's defaults remain best")
     if (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
             and ratio.log_sd is not None):
         at = f"; at the measured start-to-start SD ({math.expm1(ratio.log_sd) * 100:.1f} %)"
@@ -163,11 +209,11 @@ def judge_study(study: Any) -> Judgement | None:
             # each config's re-check adds --recheck-starts fresh starts; its search reading
             # counts as one more start only when every config was re-checked
             recheck = n - 1 if search_counts else n
-            reason += (f"{at} showing {ratio.median:.3f}x would take about {n} starts of "
+            reason += (f"{at} showing {fmt_ratio(ratio.median)} would take about {n} starts of "
                        f"each config (rerun with --resume --recheck-starts {recheck})")
         else:
             reason += (f"{at} more than {MAX_STARTS_NEEDED} starts of each config would not "
-                       f"show {ratio.median:.3f}x")
+                       f"show {fmt_ratio(ratio.median)}")
     return Judgement(v.verdict, reason, ratio, cand if v.verdict == "winner" else base_use,
                      cand, base_use, starts_needed=n, recheck_starts_needed=recheck)
 
@@ -235,6 +281,9 @@ class VerdictRecord(TypedDict):
     # {"candidate": [...], "defaults": [...]} (a pruned candidate's reading may be None)
     readings: NotRequired[dict[str, list[float | None]]]
     method: NotRequired[str | None]
+    # a capacity whose search found no failing level: {"kind": "at_least" | "at_most",
+    # "value": x}, what the brackets still say (``ratio_to_defaults`` is then None)
+    ratio_bound: NotRequired[dict[str, str | float] | None]
     start_spread: NotRequired[float | None]
     starts_needed: NotRequired[dict[str, int | None] | None]  # per_config, recheck_starts
     # the study adds the word on a lossy winner's quality (autotune.quality.quality_caveat)
@@ -266,6 +315,7 @@ def verdict_record(j: Judgement | None) -> VerdictRecord:
                                    [_pruned_value(j.pruned)] if j.pruned is not None else []),
                      "defaults": [primary(t) for t in j.defaults]},
         "method": j.ratio.method if j.ratio is not None else None,
+        "ratio_bound": j.bound.as_dict() if j.bound is not None else None,
         "start_spread": (math.expm1(j.ratio.log_sd)
                          if j.ratio is not None and j.ratio.log_sd is not None else None),
         "starts_needed": ({"per_config": j.starts_needed,

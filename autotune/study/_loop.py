@@ -182,7 +182,8 @@ class StudyLoop:
                                         total=self.target, running=0)
         return replace(last, kind="study_stopped", running=len(self.flights),
                        elapsed_s=time.monotonic() - self.started, trial_number=None,
-                       trial_ok=None, trial_value=None, trial_reason=None, trial_params={},
+                       trial_ok=None, trial_value=None, trial_ci_low=None, trial_ci_high=None,
+                       trial_reason=None, trial_params={},
                        message="")
 
     def _phase(self, number: int, phase: str, elapsed_s: float, detail: str) -> None:
@@ -409,6 +410,8 @@ class StudyLoop:
         event = self.event(
             "trial_finished", trial_number=outcome.number, trial_ok=outcome.ok,
             trial_value=value[0] if isinstance(value, list) else value, trial_reason=reason,
+            trial_ci_low=_per_gpu_metric(f.trial, interval_keys(self.settings.objective)[0]),
+            trial_ci_high=_per_gpu_metric(f.trial, interval_keys(self.settings.objective)[1]),
             trial_params=f.params,
             message=one_line_message(str(f.trial.user_attrs.get(A.MESSAGE) or outcome.message),
                                      reason, 500),

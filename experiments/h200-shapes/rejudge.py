@@ -111,9 +111,10 @@ def rejudge(results: Path, key: str) -> str:
         sys.exit(f"study:{key}: no feasible trial in {db}")
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
+    run = summary.get("verdict_at_run") or old  # judged again before: the run's stays
     best["rejudged"] = {"by": f"experiments/h200-shapes/rejudge.py at {rev}",
-                        "verdict_at_run": old.get("verdict"),
-                        "ratio_at_run": old.get("ratio_to_defaults")}
+                        "verdict_at_run": run.get("verdict"),
+                        "ratio_at_run": run.get("ratio_to_defaults")}
     if not (sd / "best-at-run.json").exists():
         write_json_atomic(sd / "best-at-run.json", best_old)
     write_json_atomic(best_p, best)

@@ -97,7 +97,7 @@ def test_committed_study_exports_valid_k8s() -> None:
     assert pod["prometheus.io/scrape"] == "true" and pod["prometheus.io/port"] == "8000"
     ann = dep["metadata"]["annotations"]
     assert ann["autotune.io/verdict"] == "winner"
-    assert ann["autotune.io/ratio-to-defaults"].startswith("1.610 (95 % interval 1.016-2.553)")
+    assert ann["autotune.io/ratio-to-defaults"].startswith("1.610 (95 % interval 1.011-2.566)")
     assert "stand-in" in ann["autotune.io/stand-in"]
     assert "stand-in" in out.text.splitlines()[1]  # the file's header says it too
     vol = dep["spec"]["template"]["spec"]["volumes"][0]

@@ -407,7 +407,7 @@ def test_cli_best(reg: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> No
                  "--model", "tiny-hybrid"]) == 0
     out = capsys.readouterr().out
     assert "tuned for this exact shape" in out and "study a-512, trial 1" in out
-    assert "1,475.0 output_tokens_per_s (median of 2 readings: 1,500.0, 1,450.0)" in out
+    assert "1,475 output_tokens_per_s (median of 2 readings: 1,500, 1,450)" in out
     assert "quality: quality_score=0.91" in out
     assert f"vllm serve {reg['model']}" in out
 

@@ -129,7 +129,7 @@ def test_gpu_filter_and_a_plain_text_answer(store: dict[str, Any],
     assert main(["best", "--shape", str(REPO / "traffic" / "azure-conv-2k.json"),
                  "--tracking-uri", store["uri"], "--gpu", "H200"]) == 0
     out = capsys.readouterr().out
-    assert "study h200-azure, trial 1: 11,000.0 output_tokens_per_s" in out
+    assert "study h200-azure, trial 1: 11,000 output_tokens_per_s" in out
     assert "vllm serve /models/nemotron3-nano-30b --max-model-len 2048 --max-num-seqs 128" in out
 
 

@@ -191,7 +191,7 @@ def test_report_in_the_browser(tmp_path: Path) -> None:
         label = page.hover_a_point("plot-history")
         assert "trial #1" in label or "defaults" in label
         assert page.page.locator("#plot-history .errorbar").count() > 0  # the intervals
-        assert "1.31x" in page.text("#verdict") and "1.12x - 1.50x" in page.text("#verdict")
+        assert "1.310x" in page.text("#verdict") and "[1.120, 1.500]" in page.text("#verdict")
         assert "unrecognized arguments: --no-such-flag" in page.text("#failures")
         assert "stalled 97%" in page.text("#failures")
         assert "Pareto front" in page.text("#plot-pareto")

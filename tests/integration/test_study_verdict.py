@@ -134,7 +134,7 @@ def test_a_real_winner_is_declared_and_clear_losers_are_pruned(tmp_path: Path, f
     assert {t.number for t in d.trials if t.state == "pruned"} == {t.number for t in pruned}
     html = (out / "report.html").read_text()
     assert "trial #1 beats vLLM&#x27;s defaults" in html or "trial #1 beats vLLM's" in html
-    assert f"{r['median']:.2f}x" in html
+    assert f"{r['median']:.3f}x" in html  # as the summary's verdict line prints it
 
 
 def test_a_gap_within_the_noise_leaves_the_defaults_best(tmp_path: Path, fake_model: Path) -> None:

@@ -64,11 +64,31 @@ def test_the_arrivals_note_says_when_the_spread_is_the_traffic() -> None:
 
 
 def test_intervals_print_unambiguously() -> None:
-    assert fmt_interval(-7.0, 114.5) == "[-7.0, 114.5]"
-    assert fmt_interval(1234.5, 2000.0) == "[1,234.5, 2,000.0]"
+    assert fmt_interval(-7.0, 114.5) == "[-7.00, 114]"
+    assert fmt_interval(1234.5, 2000.0) == "[1,234, 2,000]"
     assert fmt_interval(1.0, 2.0, ".3f") == "[1.000, 2.000]"
     assert fmt_interval(None, 2.0) == ""
-    assert fmt_interval(0.0864, 5.53) == "[0.0864, 5.5]"  # a slow server's capacity, not 0.1
+    # both ends by one rule: a slow server's capacity is not 0.1, its top not 5.5
+    assert fmt_interval(0.0864, 5.53) == "[0.0864, 5.53]"
+
+
+def test_every_rate_prints_by_one_rule() -> None:
+    """Three significant digits and every digit left of the point, thousands separated:
+    the rule of the summary, ``autotune best``, the progress and the report."""
+    from autotune.measure import fmt_bracket, fmt_value
+
+    cases = {0.0864: "0.0864", 0.321: "0.321", 2.567: "2.57", 17.64: "17.6", 176.4: "176",
+             7611.1: "7,611", 12345.6: "12,346", 0.0: "0", 1.0: "1.00", 5.53042: "5.53",
+             # rounding that adds a digit takes the next decade's decimals
+             9.996: "10.0", 99.96: "100", 0.09996: "0.100"}
+    for v, want in cases.items():
+        assert fmt_value(v) == want, (v, fmt_value(v))
+    assert "e" not in fmt_value(1.234e-6) and fmt_value(1.234e-6) == "0.00000123"
+    assert fmt_value(math.inf) == "inf"
+    # a bracket reads the same wherever it prints, an end no level gave in words
+    assert fmt_bracket(0.321, 2.567) == "[0.321, 2.57] req/s"
+    assert fmt_bracket(14.34, None) == fmt_bracket(14.34, math.inf) == "[14.3, none failed] req/s"
+    assert fmt_bracket(None, 0.0864) == "[none passed, 0.0864] req/s"
 
 
 def test_an_idle_server_under_bursty_arrivals_measures_the_traffic() -> None:

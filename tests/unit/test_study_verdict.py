@@ -98,15 +98,15 @@ def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck(
     b = {"trial": 3, "recheck_of": 2, "objective": {"value": 18.6}, "readings": [18.6],
          "ratio_to_baseline": 1.54}
     assert _best_line(b, "capacity") == ("best: trial 3 (re-check of trial 2): 18.6 req/s "
-                                         "capacity = 1.54x vLLM defaults")
+                                         "capacity = 1.540x vLLM defaults")
     b = {"trial": 1, "recheck_of": None, "objective": {"value": 7611.1},
          "readings": [7676.3, 7546.0]}
-    assert _best_line(b, "throughput").startswith("best: trial 1: 7,611.1 ")
+    assert _best_line(b, "throughput").startswith("best: trial 1: 7,611 ")
     assert _best_line(b, "throughput").endswith(", the median of 2 readings")
     # per GPU, with the GPUs of one server and what the recorded traffic needs
     b["gpus"] = {"per_server": 2, "servers_needed": 1.5, "gpus_needed": 3.0}
     assert _best_line(b, "throughput") == (
-        "best: trial 1: 7,611.1 out tok/s per GPU (a server of 2 GPUs; the recorded traffic "
+        "best: trial 1: 7,611 out tok/s per GPU (a server of 2 GPUs; the recorded traffic "
         "needs 1.50 server(s), 3.00 GPU(s)), the median of 2 readings")
 
 
@@ -127,38 +127,23 @@ def test_a_median_capacity_does_not_read_as_its_own_brackets_lower_end():
 def test_capacities_that_are_lower_bounds_rank_nothing_however_many_starts():
     # every start of each config passed its first level and the search's time cap ended it
     # there: identical readings (no spread), but lower bounds only: no ratio, no winner
-    import optuna
-    from optuna.distributions import IntDistribution
-    from optuna.trial import TrialState, create_trial
+    from autotune.store import judge_study, verdict_record
+    from tests._capacity_study import capacity_study
 
-    from autotune.store import judge_study
-
-    def capacity_study(readings: list[tuple[int | None, float, float | None, int | None]]
-                       ) -> optuna.Study:
-        """(max_num_seqs or None for the defaults, capacity, bracket top, recheck_of)"""
-        study = optuna.create_study(direction="maximize")
-        study.set_user_attr("autotune.settings", {"objective": "capacity"})
-        for seqs, value, hi, recheck_of in readings:
-            attrs: dict[str, object] = {"autotune.state": "ok", "autotune.metrics": {
-                "capacity_rps": value, "capacity_rps_ci_low": value,
-                "capacity_rps_ci_high": hi}}
-            if seqs is None:
-                attrs["autotune.baseline"] = True
-            if recheck_of is not None:
-                attrs["autotune.recheck_of"] = recheck_of
-            study.add_trial(create_trial(
-                state=TrialState.COMPLETE, value=value, user_attrs=attrs,
-                params={} if seqs is None else {"max_num_seqs": seqs},
-                distributions={} if seqs is None else {"max_num_seqs": IntDistribution(1, 64)}))
-        return study
-
-    lower = capacity_study([(None, 0.0864, None, r) for r in (None, 0, 0)]
-                           + [(17, 0.3457, None, r) for r in (None, 3, 3)])
+    lower = capacity_study([(None, 0.0864, None, r, "time") for r in (None, 0, 0)]
+                           + [(17, 0.3457, None, r, "time") for r in (None, 3, 3)])
     j = judge_study(lower)
     assert j is not None and j.verdict == "defaults_best" and j.ratio is None
-    assert "lower bounds rank nothing" in j.reason and "trial(s) 0, 1, 2, 3, 4, 5" in j.reason
+    assert j.bound is None  # both sides open: nothing bounds the ratio
+    assert "lower bounds rank nothing" in j.reason
+    assert "trials 0, 1, 2, 3, 4, 5 at its time cap (--capacity-max-s)" in j.reason
+    assert "raise --capacity-max-s" in j.reason
+    rec = verdict_record(j)
+    assert rec["ratio_to_defaults"] is None and rec["ratio_bound"] is None
     # closed brackets (a failing level above each) do give the ratio
-    closed = capacity_study([(None, v, 2 * v, r) for r, v in ((None, 1.0), (0, 1.02), (0, 0.98))]
-                            + [(17, v, 2 * v, r) for r, v in ((None, 4.0), (3, 4.1), (3, 3.9))])
+    closed = capacity_study([(None, v, 2 * v, r, "found") for r, v in ((None, 1.0), (0, 1.02),
+                                                                      (0, 0.98))]
+                            + [(17, v, 2 * v, r, "found") for r, v in ((None, 4.0), (3, 4.1),
+                                                                      (3, 3.9))])
     j = judge_study(closed)
     assert j is not None and j.ratio is not None and j.verdict == "winner"

@@ -1,0 +1,72 @@
+"""A capacity for people, the same in the study's summary, ``autotune best`` and the
+report: the bracket, and the GPUs the recorded traffic needs as what they are, an upper
+bound (a passing level's rate) with the least the bracket allows, never a point figure
+made from a lower bound."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.measure import fmt_bracket, fmt_interval, fmt_value
+
+__all__ = ["capacity_line", "needed_text", "open_search_text"]
+
+
+def needed_text(at_most: float, low: float | None, unit: str = "") -> str:
+    """Servers or GPUs needed from a capacity: "at most 0.386 GPU(s) (the bracket puts it
+    in [0.354, 0.386])", or with no failing level "at most 0.386 GPU(s) (no load level
+    failed: fewer may do)"."""
+    head = f"at most {fmt_value(at_most)}{' ' + unit if unit else ''}"
+    if low is None:
+        return f"{head} (no load level failed: fewer may do)"
+    return f"{head} (the bracket puts it in {fmt_interval(low, at_most)})"
+
+
+def open_search_text(status: str | None) -> str:
+    """Why a capacity has no top: where its search ended before a level failed, and what
+    measures beyond it (``autotune.capacity``'s status)."""
+    from autotune.store import capacity_cut
+
+    where, fix = capacity_cut(status)
+    return f"no load level failed before the search ended at {where}: a lower bound; {fix}"
+
+
+def _num(x: Any) -> float | None:
+    return (float(x) if isinstance(x, (int, float)) and not isinstance(x, bool)
+            and math.isfinite(x) else None)
+
+
+def capacity_line(c: Mapping[str, Any]) -> str:
+    """best.json's ``capacity`` in one line (what operators size a fleet by), and a note
+    when the capacity is chance within a range (``CapacityResult.flat_misses``). Reads
+    the keys of a ``capacity`` block; ``goodput_bar``, ``slo`` and ``search`` may be
+    missing (``autotune best`` answers from a trial's metrics)."""
+    from autotune.trial import flat_note
+
+    value = float(c["capacity_rps"])
+    lo, hi = _num(c.get("capacity_rps_ci_low")), _num(c.get("capacity_rps_ci_high"))
+    # a median over fresh starts is no bracket's lower end: say whose bracket follows
+    whose = ("bracket" if lo is not None and math.isclose(lo, value)
+             else "the median over starts; the bracket of the reading it rests on")
+    bar = (f", >= {c['goodput_bar']:.0%} of requests within "
+           f"{', '.join(f'{k}={v:g}s' for k, v in c['slo'].items())}"
+           if c.get("goodput_bar") is not None and c.get("slo") else "")
+    tok = _num(c.get("output_tokens_per_s_at_capacity"))
+    at = (f"{fmt_value(tok)} out tok/s at that rate" if tok is not None
+          else "output tokens/s at that rate not recorded")
+    rec, gpus = _num(c.get("recorded_rps")), _num(c.get("gpus_needed"))
+    if rec is not None and gpus is not None:
+        # the least the bracket allows: rate / its top (gpus_needed is rate / value)
+        least = gpus * value / hi if hi is not None and hi > 0 else None
+        need = f"GPUs needed for the recorded {fmt_value(rec)} req/s: {needed_text(gpus, least)}"
+    else:
+        need = "GPUs needed: not known (no recorded arrival rate)"
+    line = (f"capacity: {'' if hi is not None else 'at least '}{fmt_value(value)} req/s within "
+            f"the SLOs ({whose} {fmt_bracket(lo, hi)}"
+            + ("" if hi is not None else f": {open_search_text(c.get('search'))}")
+            + f"{bar}); {at}; {need}")
+    if c.get("flat_misses_rps"):
+        line += f"\nnote: {flat_note(c['flat_misses_rps'])}"
+    return line
