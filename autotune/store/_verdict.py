@@ -102,7 +102,8 @@ def _brackets(ts: list[Any]) -> list[Interval]:
 #: level, and what measures beyond it
 _CUT = {
     "time": ("its time cap (--capacity-max-s)",
-             "raise --capacity-max-s (or shorten the levels, --capacity-level-s)"),
+             "leave --capacity-max-s out (the search then runs until its bracket is within "
+             "--capacity-tolerance) or raise it"),
     "levels": ("its level budget (--capacity-max-levels)", "raise --capacity-max-levels"),
     "capped": ("its top scale (64x the recorded rate, or --capacity-start when higher)",
                "start the search higher (--capacity-start) or replay a faster copy of the "
@@ -118,9 +119,17 @@ def capacity_cut(status: str | None) -> tuple[str, str]:
     return _CUT.get(str(status or ""), _CUT_UNKNOWN)
 
 
-def _open_reason(cut: list[Any], bound: RatioBound | None) -> str:
-    """Why a capacity verdict has no ratio: which trials' searches ended before a failing
-    level, where, the bound the brackets still give, and what measures beyond them."""
+def _cut_short(t: Any, bracket: Interval) -> bool:
+    """A capacity reading whose search was cut short: no failing level (an open bracket), or
+    a cap (time, levels) that ended it before its bracket was within the tolerance."""
+    status = (t.user_attrs.get(A.CAPACITY) or {}).get("status")
+    return not math.isfinite(bracket.high) or status in ("time", "levels")
+
+
+def _open_reason(cut: list[Any], bound: RatioBound | None,
+                 allowed: tuple[float, float] | None = None) -> str:
+    """Why a capacity verdict has no ratio: which trials' searches were cut short, where,
+    the bound (or range) the brackets still give, and what measures beyond them."""
     from autotune.measure._stats import fmt_ratio
 
     where: dict[tuple[str, str], list[int]] = {}
@@ -130,13 +139,30 @@ def _open_reason(cut: list[Any], bound: RatioBound | None) -> str:
     ends = "; ".join(f"trial{'s' if len(ns) > 1 else ''} {', '.join(map(str, sorted(ns)))} at "
                      f"{at}" for (at, _), ns in where.items())
     fixes = "; ".join(dict.fromkeys(fix for _, fix in where))
-    says = ("nothing bounds the ratio (both sides' capacities have no top)" if bound is None
-            else f"the brackets say only that the ratio is "
-                 f"{bound.kind.replace('_', ' ')} {fmt_ratio(bound.value)}")
-    return (f"no ratio to the defaults: a capacity search ended before any load level failed "
-            f"({ends}), so that capacity is a lower bound only, and lower bounds rank nothing "
-            f"however many starts agree: {says}, and no winner comes from a bound; to measure "
+    if bound is not None:
+        says = (f"the brackets say only that the ratio is "
+                f"{bound.kind.replace('_', ' ')} {fmt_ratio(bound.value)}")
+    elif allowed is not None:
+        says = (f"the brackets allow any ratio from {fmt_ratio(allowed[0])} to "
+                f"{fmt_ratio(allowed[1])}")
+    else:
+        says = "nothing bounds the ratio (both sides' capacities have no top)"
+    return (f"no ratio to the defaults: a capacity search was cut short before its bracket "
+            f"was within the tolerance ({ends}), and a search cut short ranks nothing "
+            f"however many starts agree: {says}, and no winner comes from it; to measure "
             f"it, {fixes}: vLLM's defaults remain best")
+
+
+def _allowed(config: list[Interval], defaults: list[Interval]) -> tuple[float, float] | None:
+    """Every ratio two sides' closed brackets allow (geometric means over their starts)."""
+    if any(not (iv.low > 0 and math.isfinite(iv.high)) for iv in (*config, *defaults)):
+        return None
+
+    def gm(xs: list[float]) -> float:
+        return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+    return (gm([iv.low for iv in config]) / gm([iv.high for iv in defaults]),
+            gm([iv.high for iv in config]) / gm([iv.low for iv in defaults]))
 
 
 def judge_study(study: Any) -> Judgement | None:
@@ -189,11 +215,12 @@ def judge_study(study: Any) -> Judgement | None:
     if objective == "capacity":
         cb, db = _brackets(cand), _brackets(base_use)
         cut = [t for t, iv in zip((*cand, *base_use), (*cb, *db), strict=True)
-               if not math.isfinite(iv.high)]
+               if _cut_short(t, iv)]
         if cut:
             bound = bracket_bound(cb, db)
-            return Judgement("defaults_best", _open_reason(cut, bound), None, base_use, cand,
-                             base_use, bound=bound)
+            allowed = _allowed(cb, db)
+            return Judgement("defaults_best", _open_reason(cut, bound, allowed), None,
+                             base_use, cand, base_use, bound=bound)
         brackets = {"config": cb, "defaults": db}
     ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
                               others=[[primary(t) for t in ts] for ts in pool if ts is not cand],

@@ -37,7 +37,7 @@ def _cli(cwd: Path, *argv: str, timeout: int = 900) -> subprocess.CompletedProce
 @needs_vllm
 @pytest.mark.slow
 def test_the_defaults_outrank_one_sequence_at_a_time_on_a_bursty_trace(
-        tiny_hybrid: Path, shared_traces: Path, tmp_path: Path) -> None:
+        tiny_llama: Path, shared_traces: Path, tmp_path: Path) -> None:
     import optuna
 
     fitted, clipped = tmp_path / "code.json", tmp_path / "code-clipped.json"
@@ -49,7 +49,7 @@ def test_the_defaults_outrank_one_sequence_at_a_time_on_a_bursty_trace(
     space = tmp_path / "ranks.yaml"
     space.write_text(SPACE)
     storage = f"sqlite:///{tmp_path}/optuna.db"
-    proc = _cli(tmp_path, "tune", "--model", str(tiny_hybrid), "--shape", str(clipped),
+    proc = _cli(tmp_path, "tune", "--model", str(tiny_llama), "--shape", str(clipped),
                 "--space", str(space), "--trials", "2", "--enqueue", '{"max_num_seqs": 1}',
                 "--recheck", "0", "--no-quality-probe", "--no-ray", "--storage", storage,
                 "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--study-name", "ranks",

@@ -126,8 +126,8 @@ def test_a_cut_search_says_which_trial_where_the_bound_and_the_fix() -> None:
     assert rec["ratio_to_defaults"] is None
     assert rec["ratio_bound"] == {"kind": "at_least", "value": pytest.approx(18.60 / 13.15)}
     assert "trial 1 at its time cap (--capacity-max-s)" in j.reason
-    assert "at least 1.414x" in j.reason and "no winner comes from a bound" in j.reason
-    assert "raise --capacity-max-s" in j.reason
+    assert "at least 1.414x" in j.reason and "no winner comes from it" in j.reason
+    assert "leave --capacity-max-s out" in j.reason
     # the defaults passed at the top scale: at most high_c / low_d
     study = capacity_study([(None, 12.06, None, None, "capped"),
                             (17, 18.60, 20.28, None, "found")])
@@ -140,6 +140,23 @@ def test_a_cut_search_says_which_trial_where_the_bound_and_the_fix() -> None:
                             (17, 18.60, None, None, "levels")])
     j = judge_study(study)
     assert j is not None and "--capacity-max-levels" in j.reason
+
+
+def test_a_closed_bracket_that_a_cap_cut_short_gives_no_ratio() -> None:
+    # the candidate's bracket closed, [18.60, 29.76] (1.6x wide), but its time cap ended the
+    # search before it was within the tolerance: no ratio, the range the brackets allow
+    study = capacity_study([(None, 12.06, 13.15, None, "found"),
+                            (17, 18.60, 29.76, None, "time")])
+    j = judge_study(study)
+    assert j is not None and j.verdict == "defaults_best" and j.ratio is None
+    assert "trial 1 at its time cap" in j.reason and "cut short" in j.reason
+    assert f"from {18.60 / 13.15:.3f}x to {29.76 / 12.06:.3f}x" in j.reason
+    # the same brackets from a search that reached its tolerance give a ratio
+    study = capacity_study([(None, 12.06, 13.15, None, "found"),
+                            (17, 18.60, 29.76, None, "found")])
+    j = judge_study(study)
+    assert j is not None and j.ratio is not None and j.ratio.ci_low == pytest.approx(
+        18.60 / 13.15)
 
 
 def test_fresh_starts_keep_the_delta_method_widened_by_the_brackets() -> None:
@@ -193,7 +210,8 @@ def test_gpus_needed_are_at_most_the_passing_levels_and_say_so() -> None:
                                output_tokens_per_s_at_capacity=None))
     assert cut.startswith("capacity: at least 14.3 req/s within the SLOs (bracket [14.3, none "
                           "failed] req/s: no load level failed before the search ended at its "
-                          "time cap (--capacity-max-s): a lower bound; raise --capacity-max-s")
+                          "time cap (--capacity-max-s): a lower bound; leave --capacity-max-s "
+                          "out")
     assert "output tokens/s at that rate not recorded" in cut
     assert cut.endswith("at most 0.386 (no load level failed: fewer may do)")
     assert "?" not in line + cut
