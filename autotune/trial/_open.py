@@ -84,7 +84,7 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
         sched = replace(sched, concurrency=None)
     t0 = time.monotonic()
     ctl = _open_run(spec, sched, rule, seg_s, watch, phase, measure=False, rate=rate)
-    replay(sched, **client_kw, abort=ctl)
+    replay(sched, **client_kw, abort=_both(ctl, _abort(spec)))  # a dead server ends it
     server.check_alive()
     drain(client_kw["base_url"], level_plan.drain_timeout_s)
     outcome.warmup_s = time.monotonic() - t0
