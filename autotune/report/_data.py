@@ -101,7 +101,13 @@ class ReportData:
 
     @property
     def failed(self) -> list[TrialRow]:
-        return [t for t in self.trials if t.state not in ("ok", "infeasible", "running")]
+        return [t for t in self.trials
+                if t.state not in ("ok", "infeasible", "running", "pruned")]
+
+    @property
+    def pruned(self) -> list[TrialRow]:
+        """Stopped early by the pruner as clear losers: measured, not failed."""
+        return [t for t in self.trials if t.state == "pruned"]
 
     @property
     def infeasible(self) -> list[TrialRow]:

@@ -164,16 +164,19 @@ def log_excerpt(t: TrialRow) -> str:
 
 
 def _failures_html(d: ReportData) -> str:
-    bad = d.failed + d.infeasible
+    bad = d.failed + d.pruned + d.infeasible
     if not bad:
         return _note("every trial was measured and met the constraints")
+    # the server log says nothing of why a trial was infeasible, rejected or pruned (a
+    # pruned one's tail is its server stopping): the message is the reason
+    no_log = ("infeasible", "rejected", "pruned")
     rows = []
     for t in sorted(bad, key=lambda t: t.number):
         msg = t.message.split("\n--- server log tail ---", 1)[0]
-        excerpt = log_excerpt(t) if t.state not in ("infeasible", "rejected") else ""
+        excerpt = log_excerpt(t) if t.state not in no_log else ""
         rows.append([_e(t.label), _e(t.reason or t.state), _e(msg[:600]),
                      f"<pre>{_e(excerpt)}</pre>" if excerpt else
-                     ("" if t.state in ("infeasible", "rejected")
+                     ("" if t.state in no_log
                       else _e(f"log not readable here ({t.log_path or 'no log'})"))])
     return _table(["trial", "reason", "message", "server log (the lines that classified it)"],
                   rows)
@@ -264,7 +267,8 @@ def _header(d: ReportData) -> str:
         f"model {a.get('autotune.model', '?')}", f"space {a.get('autotune.space', '?')}",
         f"{a.get('autotune.engine_version', '?')} on {a.get('autotune.gpu_type', '?')}",
         f"{len(d.trials)} trials ({len(d.feasible)} feasible, {len(d.infeasible)} infeasible, "
-        f"{len(d.failed)} failed)" + (f", {d.priors} prior" if d.priors else ""),
+        f"{len(d.failed)} failed" + (f", {len(d.pruned)} pruned" if d.pruned else "") + ")"
+        + (f", {d.priors} prior" if d.priors else ""),
         f"storage {redact(d.storage)}",
         f"report written {datetime.now(UTC).isoformat(timespec='seconds')}",
     ))

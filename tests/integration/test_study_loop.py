@@ -17,7 +17,7 @@ from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 from autotune.store import A, FailureReason, n_finished
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor
-from autotune.trial import TrialSpec
+from autotune.trial import TrialOutcome, TrialSpec
 from tests.conftest import REPO
 
 
@@ -182,3 +182,45 @@ def test_a_lossy_winner_on_random_weights_is_declared_unjudged(model: Path,
     assert "NOT JUDGED" in caveat_line(result.verdict["quality"])
     assert _verdict_line(result.verdict).startswith("verdict: WINNER")
     assert result.report is not None and "quality NOT judged" in result.report.read_text()
+
+
+def test_a_pruned_trial_is_counted_apart_from_failures_with_the_pruner_s_reason(
+        model: Path, tmp_path: Path) -> None:
+    """A trial the pruner stopped is no failure: the counts say 'pruned' on their own, and
+    the report's failure lines give the pruner's reason, not its server's shutdown log."""
+    import re
+
+    from autotune.cli._tune import summary_lines
+
+    log = tmp_path / "trial-server.log"
+    log.write_text("INFO 12:00:01 Started server process [4242]\n"
+                   "INFO 12:00:09 Shutting down\nINFO 12:00:09 Waiting for application "
+                   "shutdown.\nINFO 12:00:09 Application shutdown complete.\n")
+
+    def value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | TrialOutcome:
+        if int(params.get("max_num_seqs", 16)) == 64:  # a clear loser, stopped early
+            return TrialOutcome(number=0, ok=True, pruned=True, stop="pruned",
+                                segments=[50.0, 51.0, 49.0], log_path=str(log),
+                                metrics={"output_tokens_per_s": 50.0, "error_rate": 0.0,
+                                         "output_tokens_per_s_ci_low": 48.0,
+                                         "output_tokens_per_s_ci_high": 52.0})
+        return {"output_tokens_per_s": 100.0, "ttft_p99_s": 0.5, "error_rate": 0.0}
+
+    sim = SimulatedExecutor(value)
+    result = tune(_settings(model, tmp_path, trials=2, recheck=0,
+                            enqueue=[{"max_num_seqs": 64}]),
+                  executor=sim, tracker=False, callbacks=[sim])
+    assert (result.n_trials, result.n_failed, result.n_pruned) == (2, 0, 1)
+    summary = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert (summary["failed"], summary["pruned"]) == (0, 1)
+    counts = summary_lines(result, "throughput")[0]
+    assert "2 trials, 1 feasible, 0 failed, 1 pruned" in counts, counts
+    assert "why not feasible" not in counts
+    assert result.report is not None
+    page = result.report.read_text()
+    assert re.search(r"1 failed|failed: pruned", page) is None
+    assert "0 failed, 1 pruned" in page
+    failures = page.split('id="failures"', 1)[1].split("</section>", 1)[0]
+    assert "lay below the incumbent" in failures  # the pruner's reason
+    assert "shutdown" not in failures.lower()  # not the server's stopping
+

@@ -79,22 +79,33 @@ def test_summary_counts_trials_the_budget_left_unstarted_apart_from_failures():
 
     from autotune.cli._tune import _trial_counts
 
-    # the ninth H200 session's study: the enqueued recipe never started
-    r = SimpleNamespace(n_trials=5, n_ok=4, n_failed=1, failures_by_reason={"budget": 1})
+    # an H200 study whose enqueued recipe the budget never started
+    r = SimpleNamespace(n_trials=5, n_ok=4, n_failed=1, n_pruned=0,
+                        failures_by_reason={"budget": 1})
     assert _trial_counts(r) == ("5 trials, 4 feasible, 0 failed; 1 not run (queued when the "
                                 "--budget ended the search)")
-    r = SimpleNamespace(n_trials=4, n_ok=1, n_failed=2,
-                        failures_by_reason={"start_failed": 1, "slo": 1, "pruned": 1})
-    assert _trial_counts(r) == "4 trials, 1 feasible, 2 failed; why not feasible: pruned 1, " \
-        "slo 1, start_failed 1"
-    r = SimpleNamespace(n_trials=1, n_ok=1, n_failed=0, failures_by_reason={})
+    r = SimpleNamespace(n_trials=1, n_ok=1, n_failed=0, n_pruned=0, failures_by_reason={})
     assert _trial_counts(r) == "1 trials, 1 feasible, 0 failed"  # README's example line
+
+
+def test_summary_counts_pruned_trials_apart_from_failures():
+    from types import SimpleNamespace
+
+    from autotune.cli._tune import _trial_counts
+
+    # one config failed to start, one missed the SLOs, one the pruner stopped
+    r = SimpleNamespace(n_trials=4, n_ok=1, n_failed=1, n_pruned=1,
+                        failures_by_reason={"start_failed": 1, "slo": 1, "pruned": 1})
+    line = _trial_counts(r)
+    assert line.startswith("4 trials, 1 feasible, 1 failed, 1 pruned (stopped early"), line
+    assert line.endswith("why not feasible: slo 1, start_failed 1"), line
+    assert "pruned 1" not in line
 
 
 def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck():
     from autotune.cli._tune import _best_line
 
-    # the tenth H200 session's azure study said "WINNER trial 2" and "best: trial 3"
+    # an H200 azure study said "WINNER trial 2" and "best: trial 3" of one config
     b = {"trial": 3, "recheck_of": 2, "objective": {"value": 18.6}, "readings": [18.6],
          "ratio_to_baseline": 1.54}
     assert _best_line(b, "capacity") == ("best: trial 3 (re-check of trial 2): 18.6 req/s "
