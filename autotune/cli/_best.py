@@ -158,8 +158,10 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
               f"GPUs needed for the recorded {m.get('capacity_recorded_rps', float('nan')):,.3g} "
               f"req/s: {m['gpus_needed'] * m.get('capacity_rps', hit.value) / hit.value:.2f}",
               file=out)  # the trial's figure, rescaled to the declared (median) capacity
-    print(f"model {hit.model}, engine {hit.engine_version or '?'}, GPU {hit.gpu_type}",
-          file=out)
+    from autotune.hardware import is_cpu
+
+    where = "a CPU server" if is_cpu(hit.gpu_type) else f"GPU {hit.gpu_type}"
+    print(f"model {hit.model}, engine {hit.engine_version or '?'}, {where}", file=out)
     print(f"params: {json.dumps(hit.params)}", file=out)
     if hit.quality:
         print("quality: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(hit.quality.items())),

@@ -131,10 +131,16 @@ def _best_line(b: dict[str, Any], objective: str) -> str:
 
 
 def _per_gpu(b: dict[str, Any]) -> str:
-    """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.4 servers, 2.8 GPUs)"."""
+    """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.4 servers, 2.8 GPUs)";
+    on the CPU build " per server (the recorded traffic needs 1.4 servers)"."""
+    from autotune.hardware import is_cpu
+
     g = b.get("gpus")
     if not g:  # a best.json written before autotune counted GPUs per server
         return ""
+    if is_cpu((b.get("engine") or {}).get("device")):  # no GPU to count
+        return " per server" + (f" (the recorded traffic needs {g['servers_needed']:.2f} "
+                                "server(s))" if g.get("servers_needed") is not None else "")
     n = int(g.get("per_server") or 1)
     need = (f"; the recorded traffic needs {g['servers_needed']:.2f} server(s), "
             f"{g['gpus_needed']:.2f} GPU(s)" if g.get("servers_needed") is not None else "")

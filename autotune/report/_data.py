@@ -92,6 +92,15 @@ class ReportData:
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def unit(self) -> str:
+        """What figures are per and time is counted on: "GPU", or "server" for a study on
+        the CPU build of vLLM (no GPU to count)."""
+        from autotune.hardware import unit_of
+        from autotune.store import A
+
+        return unit_of(str(self.attrs.get(A.GPU) or ""))
+
+    @property
     def measured(self) -> list[TrialRow]:
         return [t for t in self.trials if t.value is not None]
 

@@ -234,7 +234,8 @@ def gpu_time_figure(d: ReportData) -> Any:
                                   "<extra></extra>")
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="minutes")
-    return _layout(fig, "where the (GPU) time went", 340)
+    return _layout(fig, "where the server time went" if d.unit == "server" else
+                   "where the (GPU) time went", 340)
 
 
 FIGURES = {

@@ -100,9 +100,10 @@ def _verdict_html(d: ReportData) -> str:
     if row is not None:
         params = ", ".join(f"{k}={v}" for k, v in row.params.items()) or "vLLM defaults"
         n = row.server_gpus
-        parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} per GPU "
-                     f"{_fmt(v.get('winner_value', row.value))} (one server uses {n} "
-                     f"GPU{'s' if n > 1 else ''})</p>")
+        per = ("per server" if d.unit == "server" else  # a CPU server: no GPU to count
+               f"per GPU (one server uses {n} GPU{'s' if n > 1 else ''})")
+        parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} {per}: "
+                     f"{_fmt(v.get('winner_value', row.value))}</p>")
     q = v.get("quality") or {}
     if q:
         knobs = ", ".join(f"{k}={x}" for k, x in (q.get("lossy_knobs") or {}).items())
@@ -244,8 +245,10 @@ def _gpu_html(d: ReportData) -> str:
     total = sum(sum(x for k, x in v.items() if k != "compile_s") for v in d.gpu_time.values())
     start = sum(v.get("start_s", 0.0) for v in d.gpu_time.values())
     comp = sum(v.get("compile_s", 0.0) for v in d.gpu_time.values())
-    text = (f"<p>{_dur(total)} of GPU time in all (GPU-seconds: a trial on four GPUs "
-            f"counts four times its wall time); server starts took "
+    what = ("of server time in all" if d.unit == "server" else
+            "of GPU time in all (GPU-seconds: a trial on four GPUs counts four times its wall "
+            "time)")
+    text = (f"<p>{_dur(total)} {what}; server starts took "
             f"{_dur(start)} ({start / total:.0%})"
             + (f", of which vLLM compiling {_dur(comp)}" if comp else "")
             + ".</p>" if total > 0 else "")
@@ -297,13 +300,21 @@ _WHY_NO_FIGURE = {
 }
 
 
+def _titles(d: ReportData) -> dict[str, str]:
+    """:data:`SECTIONS`, in the words of the study's hardware (the CPU build: no GPU)."""
+    if d.unit == "server":
+        return {**SECTIONS, "gpu-time": "Server-time account"}
+    return dict(SECTIONS)
+
+
 def render_html(d: ReportData) -> str:
     """The whole page as one string (plotly.js inlined in the first figure)."""
     import plotly.io as pio
 
     first = True
     body = []
-    for key, title in SECTIONS.items():
+    titles = _titles(d)
+    for key, title in titles.items():
         parts = [f'<section id="{key}"><h2>{_e(title)}</h2>']
         if key in _TEXT:
             parts.append(_TEXT[key](d))
@@ -319,7 +330,7 @@ def render_html(d: ReportData) -> str:
         parts.append("</section>")
         body.append("".join(parts))
     settings = json.dumps(d.settings, indent=2, sort_keys=True, default=str)
-    nav = "".join(f'<a href="#{k}">{_e(v)}</a>' for k, v in SECTIONS.items())
+    nav = "".join(f'<a href="#{k}">{_e(v)}</a>' for k, v in titles.items())
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>autotune report: {_e(d.study_name)}</title><style>{_CSS}</style></head>"

