@@ -106,11 +106,16 @@ def _verdict_html(d: ReportData) -> str:
                      f"{_fmt(v.get('winner_value', row.value))}</p>")
     q = v.get("quality") or {}
     if q:
+        from autotune.quality import quality_figure
+
         knobs = ", ".join(f"{k}={x}" for k, x in (q.get("lossy_knobs") or {}).items())
+        figure = quality_figure(q.get("figures"))
         parts.append(_note(f"lossy knobs ({knobs}): quality judged: {q.get('reason')}"
-                           if q.get("judged") else
-                           f"quality NOT judged: the winner sets lossy knobs ({knobs}) and "
-                           f"{q.get('reason')}. Its figure is a throughput result, not a "
+                           + (f"; {figure}" if figure else "") if q.get("judged") else
+                           f"quality NOT judged: {q.get('subject') or 'the winner'} sets lossy "
+                           f"knobs ({knobs}) and {q.get('reason')}"
+                           + (f"; its probe: {figure}" if figure else "")
+                           + f". Its figure is a throughput result, not a "
                            f"recommendation: {q.get('check')}"))
     if d.verdict_source == "computed":
         parts.append(_note("computed by this report from the stored readings (median of each "

@@ -259,8 +259,9 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         "verdict_detail": {k: v for k, v in record.items()
                            if k not in ("verdict", "ratio_to_defaults")},
         "params": dict(best_t.params),
-        # a lossy winner's accuracy: judged, or plainly not (autotune.quality.quality_caveat)
-        "quality": record.get("quality"),
+        # a lossy winner's accuracy: judged, or plainly not (autotune.quality.quality_caveat);
+        # when the defaults remain best the verdict's word is on another config than this
+        "quality": record.get("quality") if record.get("verdict") != "defaults_best" else None,
         "serve_command": _serve_command(ctx.model, best_t),
         "metrics": dict(best_t.user_attrs.get(A.METRICS, {})),
         # the objective is per GPU (the server's figure / its GPUs); metrics are the server's

@@ -253,3 +253,50 @@ def test_a_cpu_study_speaks_of_servers_not_gpus(model: Path, tmp_path: Path,
         assert words not in text, (words, text)
         assert words not in page, words
 
+
+def _lossy_space(tmp_path: Path) -> Path:
+    space = tmp_path / "lossy.yaml"
+    space.write_text("name: lossy\nknobs:\n  quantization:\n    type: categorical\n"
+                     "    choices: [none, fp8]\n    flag: --quantization\n"
+                     "    omit_when: none\n    default: none\n    lossy: true\n")
+    return space
+
+
+def _with_probe(tput: float) -> dict[str, Any]:
+    """A measurement of a lossy config whose probe kept 31 of 32 greedy outputs."""
+    return {"metrics": {"output_tokens_per_s": tput, "ttft_p99_s": 0.5, "error_rate": 0.0},
+            "quality": {"n_prompts": 32, "exact_match_rate": 31 / 32,
+                        "first_divergence_mean": 30.5, "first_divergence_p10": 30.0,
+                        "mean_abs_logprob_diff": 0.01, "max_abs_logprob_diff": 0.2,
+                        "output_tokens": 32.0, "shared_tokens": 900}}
+
+
+@pytest.mark.parametrize("fp8_tput, subject", [(200.0, "the winner"),
+                                               (80.0, "the best other config (trial 1)")])
+def test_a_lossy_candidate_s_quality_figure_is_printed_with_the_verdict(
+        model: Path, tmp_path: Path, fp8_tput: float, subject: str) -> None:
+    """The verdict's candidate sets a lossy knob: the summary gives its probe's figure with
+    the verdict, whether it won or vLLM's defaults remain best."""
+    from autotune.cli._tune import summary_lines
+
+    def value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | TrialOutcome:
+        if params.get("quantization") == "fp8":
+            return TrialOutcome(number=0, ok=True, **_with_probe(fp8_tput))
+        return {"output_tokens_per_s": 100.0, "ttft_p99_s": 0.5, "error_rate": 0.0}
+
+    sim = SimulatedExecutor(value)
+    result = tune(_settings(model, tmp_path, space=_lossy_space(tmp_path), trials=2,
+                            recheck=1, recheck_starts=2, enqueue=[{"quantization": "fp8"}]),
+                  executor=sim, tracker=False, callbacks=[sim])
+    lines = summary_lines(result, "throughput")
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("verdict:"))
+    quality = lines[verdict + 1]
+    assert quality.startswith(f"quality: NOT JUDGED: {subject} sets lossy knobs "
+                              "(quantization=fp8)"), quality
+    assert "31 of 32 greedy outputs unchanged" in quality
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    if subject == "the winner":
+        assert best["quality"]["figures"]["n_prompts"] == 32
+    else:  # best.json declares the defaults: the word on the other config is not theirs
+        assert best["params"] == {} or best["is_baseline"]
+        assert best["quality"] is None
