@@ -30,7 +30,7 @@ from autotune.store import (
     latest_study,
     open_storage,
 )
-from autotune.study._preflight import check_before_trial_0
+from autotune.study._preflight import check_before_trial_0, check_vocab_size
 
 if TYPE_CHECKING:
 
@@ -221,7 +221,8 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
             f"--model {settings.model}: no config.json there; point it at a local model "
             "directory (make a tiny one with 'autotune model tiny models/tiny')"
         )
-    model_vocab_size(model)  # the prompts need it: checked before any store is opened
+    check_vocab_size(settings.model)  # the prompts need it, named as the user gave it
+    model_vocab_size(model)  # checked before any store is opened
     shape = load_shape(settings.shape)
     settings = resolve_objective(settings, shape)  # --objective auto, or refused here
     if settings.objective != "capacity":  # an open loop with --concurrency N: closed loop
