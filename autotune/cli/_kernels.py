@@ -100,8 +100,8 @@ def _moe(args: argparse.Namespace) -> int:
         # the flag a field came from, where it is not the field's name
         flags = {"mtp_depths": "--mtp-depth", "budget_s": "--budget"}
         problems = "; ".join(
-            f"{flags.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))} "
-            f"{e.get('input')!r}: {e['msg']}" if e["loc"] else e["msg"] for e in exc.errors())
+            f"{flags.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))}: "
+            f"{e['msg']}" if e["loc"] else e["msg"] for e in exc.errors())
         raise ConfigError(f"autotune kernels moe: {problems}") from None
 
     def show(p: Progress) -> None:

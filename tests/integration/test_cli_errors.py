@@ -58,4 +58,4 @@ def test_a_model_without_vocab_size_is_refused_with_the_value_to_add(
 def test_kernels_moe_names_its_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _err(capsys, "kernels", "moe", "--model", str(_model(tmp_path)), "--shape", SHAPE,
                "--out", str(tmp_path / "k"), "--budget", "-3")
-    assert "--budget -3.0: Input should be greater than 0" in err and "budget-s" not in err
+    assert "--budget: Input should be greater than 0" in err and "budget-s" not in err
