@@ -138,10 +138,10 @@ def _per_gpu(b: dict[str, Any]) -> str:
     g = b.get("gpus")
     if not g:  # a best.json written before autotune counted GPUs per server
         return ""
-    if is_cpu((b.get("engine") or {}).get("device")):  # no GPU to count
+    n = int(g.get("per_server") or 1)
+    if is_cpu((b.get("engine") or {}).get("device")) and n == 1:  # no GPU to count
         return " per server" + (f" (the recorded traffic needs {g['servers_needed']:.2f} "
                                 "server(s))" if g.get("servers_needed") is not None else "")
-    n = int(g.get("per_server") or 1)
     need = (f"; the recorded traffic needs {g['servers_needed']:.2f} server(s), "
             f"{g['gpus_needed']:.2f} GPU(s)" if g.get("servers_needed") is not None else "")
     return f" per GPU (a server of {n} GPU{'s' if n > 1 else ''}{need})"

@@ -94,10 +94,12 @@ class ReportData:
     @property
     def unit(self) -> str:
         """What figures are per and time is counted on: "GPU", or "server" for a study on
-        the CPU build of vLLM (no GPU to count)."""
+        the CPU build of vLLM whose trials ran on no GPU (nothing to count)."""
         from autotune.hardware import unit_of
         from autotune.store import A
 
+        if any(t.slot.startswith("gpu") for t in self.trials):
+            return "GPU"
         return unit_of(str(self.attrs.get(A.GPU) or ""))
 
     @property
