@@ -86,25 +86,24 @@ def _recorded_store(folder: Path, key: str) -> str | None:
     return value if isinstance(value, str) and value and "***" not in value else None
 
 
+def _folder_store(folder: Path, file: str, key: str) -> str:
+    folder = Path(folder).expanduser()
+    if not (folder / file).exists():
+        recorded = _recorded_store(folder, key)
+        if recorded:
+            return recorded
+    return _sqlite_url(folder / file)
+
+
 def folder_storage(folder: Path) -> str:
     """The Optuna storage of a study's output folder: its ``autotune.db``, else the storage
     its study.json names (a study that kept it elsewhere), else ``autotune.db`` there."""
-    folder = Path(folder).expanduser()
-    if not (folder / STORAGE_FILE).exists():
-        recorded = _recorded_store(folder, "storage")
-        if recorded:
-            return recorded
-    return _sqlite_url(folder / STORAGE_FILE)
+    return _folder_store(folder, STORAGE_FILE, "storage")
 
 
 def folder_tracking(folder: Path) -> str:
     """The MLflow store of a study's output folder, as :func:`folder_storage` finds it."""
-    folder = Path(folder).expanduser()
-    if not (folder / TRACKING_FILE).exists():
-        recorded = _recorded_store(folder, "tracking_uri")
-        if recorded:
-            return recorded
-    return _sqlite_url(folder / TRACKING_FILE)
+    return _folder_store(folder, TRACKING_FILE, "tracking_uri")
 
 
 def storage_url(value: str | Path) -> str:

@@ -29,12 +29,8 @@ def _value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float]:
 
 
 @pytest.fixture
-def model(tmp_path: Path) -> Path:
-    d = tmp_path / "model"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(
-        {"model_type": "llama", "vocab_size": 1000, "max_position_embeddings": 2048}))
-    return d
+def model(fake_model: Path) -> Path:
+    return fake_model
 
 
 def _study(model: Path, out: Path, tracker: Any = None, **kw: Any) -> tuple[Any, str]:
