@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -9,13 +10,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from autotune.credentials import redact
 from autotune.errors import ConfigError
 
 __all__ = ["CAPACITY_DEFAULT_SLO", "DEFAULT_OUT_ROOT", "DEFAULT_STORAGE", "SLO_KEYS",
-           "TuneSettings", "parse_slo"]
+           "STORAGE_FILE", "TRACKING_FILE", "TuneSettings", "folder_storage",
+           "folder_tracking", "parse_slo", "storage_url", "store_where", "tracking_url"]
 
 DEFAULT_OUT_ROOT = Path("experiments")
 DEFAULT_STORAGE = "sqlite:///experiments/autotune.db"
+#: the stores' files in a study's --out folder (where its stores are unless --storage and
+#: --tracking-uri say otherwise)
+STORAGE_FILE = "autotune.db"
+TRACKING_FILE = "mlflow.db"
+_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 # --slo keys -> the Measurement.flat() metric they bound (seconds).
 SLO_KEYS = {
@@ -62,6 +70,76 @@ def parse_slo(text: str | None) -> dict[str, float]:
     return out
 
 
+def _sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path.expanduser().resolve()}"
+
+
+def _recorded_store(folder: Path, key: str) -> str | None:
+    """The store (``storage`` or ``tracking_uri``) that the study.json in ``folder`` names:
+    a study that kept its stores elsewhere (``--storage``, or before stores followed
+    ``--out``). None without one, or when it is redacted (a password was left out)."""
+    try:
+        data = json.loads((folder / "study.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, str) and value and "***" not in value else None
+
+
+def _folder_store(folder: Path, file: str, key: str) -> str:
+    folder = Path(folder).expanduser()
+    if not (folder / file).exists():
+        recorded = _recorded_store(folder, key)
+        if recorded:
+            return recorded
+    return _sqlite_url(folder / file)
+
+
+def folder_storage(folder: Path) -> str:
+    """The Optuna storage of a study's output folder: its ``autotune.db``, else the storage
+    its study.json names (a study that kept it elsewhere), else ``autotune.db`` there."""
+    return _folder_store(folder, STORAGE_FILE, "storage")
+
+
+def folder_tracking(folder: Path) -> str:
+    """The MLflow store of a study's output folder, as :func:`folder_storage` finds it."""
+    return _folder_store(folder, TRACKING_FILE, "tracking_uri")
+
+
+def storage_url(value: str | Path) -> str:
+    """A ``--storage`` value as an Optuna storage URL: a URL as it is, a SQLite file
+    (``.db``, ``.sqlite``) as ``sqlite:///`` its absolute path, any other path as a study's
+    output folder (:func:`folder_storage`)."""
+    text = str(value)
+    if "://" in text:
+        return text
+    path = Path(text)
+    return _sqlite_url(path) if path.suffix in _SQLITE_SUFFIXES else folder_storage(path)
+
+
+def tracking_url(value: str | Path) -> str:
+    """A ``--tracking-uri`` value: a URL as it is, a SQLite file as ``sqlite:///`` its
+    absolute path, a study's output folder (one with ``mlflow.db`` or ``study.json``) as
+    its MLflow store; any other path as it is (MLflow reads it as a file store)."""
+    text = str(value)
+    if "://" in text:
+        return text
+    path = Path(text)
+    if path.suffix in _SQLITE_SUFFIXES:
+        return _sqlite_url(path)
+    if (path / TRACKING_FILE).exists() or (path / "study.json").exists():
+        return folder_tracking(path)
+    return text
+
+
+def store_where(url: str) -> str:
+    """A store URL for a message: a SQLite file by its absolute path (a relative one is
+    relative to this working directory, which a reader may not know), no password."""
+    if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
+        return _sqlite_url(Path(url[len("sqlite:///"):]))
+    return redact(url)
+
+
 class TuneSettings(BaseModel):
     """Everything ``autotune tune`` needs; unknown keys are rejected."""
 
@@ -71,6 +149,8 @@ class TuneSettings(BaseModel):
     shape: Path
     space: Path
     trials: int = Field(default=20, ge=1, le=100_000)
+    # not given: in --out (OUT/autotune.db, OUT/mlflow.db), else the shared
+    # experiments/autotune.db and experiments/mlflow.db (_stores)
     storage: str = DEFAULT_STORAGE
     tracking_uri: str | None = None  # None: sqlite:///<out root>/mlflow.db
     experiment: str = "autotune"
@@ -135,6 +215,26 @@ class TuneSettings(BaseModel):
     gpu_hour_price: float | None = Field(default=None, gt=0)  # USD per GPU-hour
     api_price: list[float] | None = None  # USD per million input, output tokens
     growth: float = Field(default=1.0, gt=0)  # traffic multiplier (2 = it doubles)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stores(cls, data: Any) -> Any:
+        """The stores follow ``--out``: a study given ``--out DIR`` and no ``--storage`` /
+        ``--tracking-uri`` keeps them in DIR (:func:`folder_storage`), so that whatever
+        reads DIR finds them; a folder or file given as a store is its SQLite URL."""
+        if not isinstance(data, dict):
+            return data
+        out, storage, tracking = data.get("out"), data.get("storage"), data.get("tracking_uri")
+        folder = Path(out) if isinstance(out, (str, Path)) else None
+        if storage is None:
+            storage = folder_storage(folder) if folder is not None else DEFAULT_STORAGE
+        elif isinstance(storage, (str, Path)):
+            storage = storage_url(storage)
+        if tracking is None:
+            tracking = folder_tracking(folder) if folder is not None else None
+        elif isinstance(tracking, (str, Path)):
+            tracking = tracking_url(tracking)
+        return {**data, "storage": storage, "tracking_uri": tracking}
 
     @model_validator(mode="before")
     @classmethod

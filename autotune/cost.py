@@ -61,14 +61,15 @@ class Prices:
     growth: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("gpu_hour_usd", "growth"):
+        # the messages name the options people type, not these fields
+        for name, flag in (("gpu_hour_usd", "--gpu-hour-price"), ("growth", "--growth")):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
-                raise ConfigError(f"{name} must be a positive number (got {v})")
-        for name in ("api_input_usd_per_m", "api_output_usd_per_m"):
+                raise ConfigError(f"{flag} {v:g}: give a positive number")
+        for name, part in (("api_input_usd_per_m", "input"), ("api_output_usd_per_m", "output")):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
-                raise ConfigError(f"{name} must be a number >= 0 (got {v})")
+                raise ConfigError(f"--api-price: the {part} price {v:g} must be a number >= 0")
 
     @property
     def has_api(self) -> bool:
@@ -547,9 +548,10 @@ def prices_of(settings: Any) -> Prices | None:
     if gpu is None:
         return None
     api = parse_api_price(getattr(settings, "api_price", None))
+    growth = getattr(settings, "growth", None)  # 0 is given, and refused: not "unset"
     return Prices(gpu_hour_usd=float(gpu), api_input_usd_per_m=api[0] if api else None,
                   api_output_usd_per_m=api[1] if api else None,
-                  growth=float(getattr(settings, "growth", None) or 1.0))
+                  growth=float(growth) if growth is not None else 1.0)
 
 
 def server_gpus(gpus_per_trial: int | None, device: str) -> tuple[int, str]:

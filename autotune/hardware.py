@@ -10,8 +10,24 @@ import os
 import subprocess
 from functools import lru_cache
 
-__all__ = ["cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_memory_gib", "gpu_names", "gpu_type",
-           "nvidia_smi", "process_start_ticks"]
+__all__ = ["CPU", "cpu_count", "cpu_has_avx512", "gpu_arch", "gpu_memory_gib", "gpu_names",
+           "gpu_type", "is_cpu", "nvidia_smi", "process_start_ticks", "unit_of"]
+
+#: the device (vLLM's ``current_platform``) and the GPU type a study records on the CPU
+#: build of vLLM (``autotune.gpu_type``, best.json's ``engine.device``)
+CPU = "cpu"
+
+
+def is_cpu(kind: str | None) -> bool:
+    """Whether a recorded device or GPU type ("cpu", "cuda", "NVIDIA H200") is the CPU
+    build's: its server is a CPU server, with no GPU to count or bill by."""
+    return (kind or "").strip().lower() == CPU
+
+
+def unit_of(kind: str | None) -> str:
+    """What a figure is per and what time is counted on: "GPU", or "server" on the CPU
+    build (a CPU server counts as one unit, as in :mod:`autotune.cost`)."""
+    return "server" if is_cpu(kind) else "GPU"
 
 
 def _query_gpus(field: str) -> list[str]:

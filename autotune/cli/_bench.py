@@ -206,10 +206,11 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     already (benches that share one server share its log); default: ``--log``, claimed
     here (a taken name gets a -N suffix)."""
     from autotune.config import CAPACITY_DEFAULT_SLO, OUTPUT_JITTER, parse_slo
+    from autotune.cost import prices_of
     from autotune.errors import ConfigError
     from autotune.measure import SegmentRule
     from autotune.space import dummy_routing_warning
-    from autotune.study import goodput_slo
+    from autotune.study import check_vocab_size, goodput_slo
     from autotune.traffic import load_shape
     from autotune.trial import TrialSpec
 
@@ -240,6 +241,8 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
             raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
     if not (args.model / "config.json").exists():
         raise ConfigError(f"--model {args.model}: no config.json there")
+    check_vocab_size(args.model)
+    prices_of(args)  # a bad --gpu-hour-price or --growth stops here, not after the measurement
     warning = dummy_routing_warning(args.model, flags, env)
     if warning:
         print(warning, file=sys.stderr)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.config import DEFAULT_STORAGE
+from autotune.config import DEFAULT_STORAGE, storage_url, store_where, tracking_url
 from autotune.measure import fmt_value
 
 EXIT_OK = 0
@@ -37,10 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                       help="only studies of this model (path, or its folder name)")
     best.add_argument("--gpu", default=None,
                       help="only studies run on this GPU type (e.g. H200; case-insensitive)")
-    best.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL")
+    best.add_argument("--storage", default=DEFAULT_STORAGE,
+                      help="Optuna storage URL, or a study's output folder (the --out of "
+                           "'autotune tune': its stores are there)")
     best.add_argument("--tracking-uri", default=None, metavar="URI",
-                      help="answer from an MLflow store instead (e.g. sqlite:///PATH/mlflow.db "
-                           "or http://host:5000): the trial runs tagged "
+                      help="answer from an MLflow store instead (e.g. sqlite:///PATH/mlflow.db, "
+                           "http://host:5000 or a study's output folder): the trial runs tagged "
                            "autotune.best_for_shape=<the shape's fingerprint>; exact shape only")
     best.add_argument("--json", action="store_true", help="print the hit as JSON")
     best.set_defaults(func=_best)
@@ -151,8 +153,11 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
         from autotune.report import capacity_line
 
         print(capacity_line(_capacity_of(hit)), file=out)
+    from autotune.hardware import is_cpu
+
+    where = "a CPU server" if is_cpu(hit.gpu_type) else f"GPU {hit.gpu_type}"
     print(f"model {hit.model}, engine {hit.engine_version or 'version not recorded'}, "
-          f"GPU {hit.gpu_type}", file=out)
+          f"{where}", file=out)
     print(f"params: {json.dumps(hit.params)}", file=out)
     if hit.quality:
         print("quality: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(hit.quality.items())),
@@ -194,13 +199,14 @@ def _best(args: argparse.Namespace) -> int:
     from autotune.traffic import load_shape
 
     shape = load_shape(args.shape)
+    storage = storage_url(args.storage)
     if args.tracking_uri:
         from autotune.results import find_best_tracked
 
-        hit = find_best_tracked(tracking_uri=args.tracking_uri, shape=shape, model=args.model,
-                                gpu=args.gpu)
+        uri = tracking_url(args.tracking_uri)
+        hit = find_best_tracked(tracking_uri=uri, shape=shape, model=args.model, gpu=args.gpu)
         if hit is None:
-            print(f"autotune: no MLflow run in {args.tracking_uri} is tagged "
+            print(f"autotune: no MLflow run in {store_where(uri)} is tagged "
                   f"autotune.best_for_shape={shape.fingerprint} (shape {shape.name}"
                   f"{', model ' + args.model if args.model else ''}"
                   f"{', GPU ' + args.gpu if args.gpu else ''}); tune it with 'autotune tune "
@@ -208,9 +214,9 @@ def _best(args: argparse.Namespace) -> int:
                   "the nearest tuned shape in the Optuna storage (--storage)", file=sys.stderr)
             return EXIT_NOTHING
     else:
-        hit = find_best(storage=args.storage, shape=shape, model=args.model, gpu=args.gpu)
+        hit = find_best(storage=storage, shape=shape, model=args.model, gpu=args.gpu)
     if hit is None:
-        print(f"autotune: {explain_miss(storage=args.storage, model=args.model, gpu=args.gpu)}",
+        print(f"autotune: {explain_miss(storage=storage, model=args.model, gpu=args.gpu)}",
               file=sys.stderr)
         return EXIT_NOTHING
     if args.json:
@@ -239,15 +245,23 @@ def _retune(args: argparse.Namespace) -> int:
         shape = load_shape(args.shape)
         model = str(Path(args.model).expanduser().resolve())
         space = load_space(args.space, facts=_facts(model))
-        plan = plan_retune(storage=args.storage, shape=shape, model=model, gpu=args.gpu,
-                           top_k=args.top_k, space=space, force=args.force,
-                           objective=settings.objective,
-                           pareto_latency=settings.pareto_latency,
-                           include_baseline=not settings.baseline)
+        # the earlier studies: in the new study's storage (--storage, or --out's), else, with
+        # neither given, in the shared one where studies without --out keep theirs
+        looked = [settings.storage]
+        if args.storage is None and settings.storage != DEFAULT_STORAGE:
+            looked.append(DEFAULT_STORAGE)
+        plan = None
+        for storage in looked:
+            plan = plan_retune(storage=storage, shape=shape, model=model, gpu=args.gpu,
+                               top_k=args.top_k, space=space, force=args.force,
+                               objective=settings.objective,
+                               pareto_latency=settings.pareto_latency,
+                               include_baseline=not settings.baseline)
+            if plan is not None:
+                break
         if plan is None:
-            print(f"autotune: nothing to re-tune from: "
-                  f"{explain_miss(storage=args.storage, model=model, gpu=args.gpu)}",
-                  file=sys.stderr)
+            why = "; ".join(explain_miss(storage=s, model=model, gpu=args.gpu) for s in looked)
+            print(f"autotune: nothing to re-tune from: {why}", file=sys.stderr)
             return EXIT_NOTHING
         hit = plan.hit
         tuned = hit.shape_path or hit.shape_fingerprint

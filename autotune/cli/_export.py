@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from autotune.config import DEFAULT_STORAGE
+from autotune.config import DEFAULT_STORAGE, storage_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="a study's best.json or its output folder (or give --study-name)")
     p.add_argument("--study-name", default=None,
                    help="export from the Optuna storage instead: this study's declared config")
-    p.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL")
+    p.add_argument("--storage", default=DEFAULT_STORAGE,
+                   help="Optuna storage URL, or a study's output folder (its stores are there)")
     p.add_argument("--trial", type=int, default=None,
                    help="with --study-name: this trial's config instead of the declared one")
     p.add_argument("--format", dest="fmt", choices=("k8s", "compose", "serve"), default="k8s")
@@ -70,7 +71,8 @@ def _export(args: argparse.Namespace) -> int:
     if args.replicas is not None and args.replicas < 0:
         raise ConfigError(f"--replicas {args.replicas}: give 0 or more")
     src = (from_best_json(args.source) if args.source is not None else
-           from_study(storage=args.storage, study_name=args.study_name, trial=args.trial))
+           from_study(storage=storage_url(args.storage), study_name=args.study_name,
+                      trial=args.trial))
     shape = None
     if args.shape is not None:
         from autotune.traffic import load_shape

@@ -97,8 +97,11 @@ def _moe(args: argparse.Namespace) -> int:
             budget_s=args.budget, tp=args.tp, seed=args.seed, reuse=not args.fresh,
             min_gain=args.min_gain, guard_keys=not args.no_guard_keys)
     except ValidationError as exc:
-        problems = "; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}"
-                             for e in exc.errors())
+        # the flag a field came from, where it is not the field's name
+        flags = {"mtp_depths": "--mtp-depth", "budget_s": "--budget"}
+        problems = "; ".join(
+            f"{flags.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))}: "
+            f"{e['msg']}" if e["loc"] else e["msg"] for e in exc.errors())
         raise ConfigError(f"autotune kernels moe: {problems}") from None
 
     def show(p: Progress) -> None:

@@ -60,17 +60,21 @@ OPTIONS: tuple[Option, ...] = (
            help="search space YAML (search_spaces/cpu.yaml, hybrid-mtp.yaml, ...)"),
     Option("--trials", "trials", "what",
            help="finished trials the study should have (the baseline counts)"),
-    Option("--storage", "storage", "where",
-           help="Optuna storage URL (SQLite file, or PostgreSQL for many workers)"),
+    # no default of their own: the stores follow --out (TuneSettings._stores)
+    Option("--storage", "storage", "where", parse=lambda v: v,
+           help="Optuna storage URL (SQLite file, or PostgreSQL for many workers; a folder "
+                "means its autotune.db). Default: OUT/autotune.db with --out, else "
+                "experiments/autotune.db"),
     Option("--tracking-uri", "tracking_uri", "where",
-           help="MLflow store (default sqlite:///$PWD/experiments/mlflow.db; or an "
-                "http://host:5000 tracking server)"),
+           help="MLflow store (an http://host:5000 tracking server, or a SQLite file). "
+                "Default: OUT/mlflow.db with --out, else experiments/mlflow.db"),
     Option("--experiment", "experiment", "where", help="MLflow experiment name"),
     Option("--study-name", "study_name", "where",
            help="study name (default SPACE-SHAPE-TIMESTAMP)"),
     Option("--out", "out", "where",
-           help="output folder for best.json, trials.csv, logs (default "
-                "experiments/<study-name>/)"),
+           help="output folder for best.json, trials.csv, logs and, unless --storage and "
+                "--tracking-uri say otherwise, the study's stores (default "
+                "experiments/<study-name>/, stores in experiments/)"),
     Option("--resume", "resume", "where", action="store_true",
            help="continue a killed study (the newest one in --storage unless --study-name "
                 "is given); finished trials are kept"),

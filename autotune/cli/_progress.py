@@ -19,7 +19,8 @@ from typing import Any
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 from autotune.measure import fmt_interval, fmt_ratio, fmt_value
 
-__all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display"]
+__all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display",
+           "stores_line"]
 
 #: phase (:data:`autotune.events.PHASES`) -> what the display calls it
 PHASE_LABELS = {"starting": "starting", "warming_up": "warming up", "measuring": "measuring",
@@ -133,6 +134,15 @@ class ProgressState:
         return f"left ~{fmt_duration(eta)}" if eta is not None else "time left not known yet"
 
 
+def stores_line(storage: str, tracking_uri: str) -> str:
+    """Where a study's stores are: 'stores: Optuna sqlite:////abs/autotune.db, MLflow
+    sqlite:////abs/mlflow.db' (absolute paths, no password)."""
+    from autotune.config import store_where
+
+    mlflow = f", MLflow {store_where(tracking_uri)}" if tracking_uri else ""
+    return f"stores: Optuna {store_where(storage)}{mlflow}"
+
+
 def _params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "vLLM defaults"
 
@@ -154,9 +164,12 @@ class ProgressDisplay(StudyCallback):
         self._live: Any = None
         self._bar: Any = None
         self._task: Any = None
+        self.stores = ""  # where the study's stores are (stores_line), once it started
 
     # -- the study's hooks -------------------------------------------------------------------
     def on_study_start(self, event: StudyEvent, context: StudyContext) -> None:
+        self.stores = stores_line(context.settings.storage, context.tracking_uri)
+        self.console.print(self.stores, highlight=False, soft_wrap=True, markup=False)
         self(event)
 
     def on_note(self, event: StudyEvent) -> None:
@@ -173,6 +186,8 @@ class ProgressDisplay(StudyCallback):
         if result is not None:
             self(event)
         self.close()
+        if self.stores:  # where to --resume, browse or report from, however it ended
+            self.console.print(self.stores, highlight=False, soft_wrap=True, markup=False)
 
     # -- events ------------------------------------------------------------------------------
     def __call__(self, e: Any) -> None:

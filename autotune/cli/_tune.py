@@ -135,21 +135,26 @@ def _best_line(b: dict[str, Any], objective: str) -> str:
 
 def _per_gpu(b: dict[str, Any]) -> str:
     """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.40 servers, 2.80 GPUs)";
-    from a capacity, "needs at most 1.40 server(s) (...), at most 2.80 GPU(s) (...)"."""
+    from a capacity, "needs at most 1.40 server(s) (...), at most 2.80 GPU(s) (...)"; on the
+    CPU build " per server (...)", no GPU to count."""
+    from autotune.hardware import is_cpu
+
     g = b.get("gpus")
     if not g:  # a best.json written before autotune counted GPUs per server
         return ""
     n = int(g.get("per_server") or 1)
-    need = ""
+    servers = gpus = ""
     if g.get("servers_needed") is None:
         pass
     elif g.get("needed_is") == "at_most":  # a passing level's rate: an upper bound
-        need = (f"; the recorded traffic needs "
-                f"{needed_text(g['servers_needed'], g.get('servers_needed_low'), 'server(s)')}"
-                f", {needed_text(g['gpus_needed'], g.get('gpus_needed_low'), 'GPU(s)')}")
+        servers = needed_text(g["servers_needed"], g.get("servers_needed_low"), "server(s)")
+        gpus = needed_text(g["gpus_needed"], g.get("gpus_needed_low"), "GPU(s)")
     else:
-        need = (f"; the recorded traffic needs {fmt_value(g['servers_needed'])} server(s), "
-                f"{fmt_value(g['gpus_needed'])} GPU(s)")
+        servers = f"{fmt_value(g['servers_needed'])} server(s)"
+        gpus = f"{fmt_value(g['gpus_needed'])} GPU(s)"
+    if is_cpu((b.get("engine") or {}).get("device")) and n == 1:  # no GPU to count
+        return " per server" + (f" (the recorded traffic needs {servers})" if servers else "")
+    need = f"; the recorded traffic needs {servers}, {gpus}" if servers else ""
     return f" per GPU (a server of {n} GPU{'s' if n > 1 else ''}{need})"
 
 
@@ -222,7 +227,6 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
                       warm_start: Any = None, quiet: bool = False) -> int:
     """The tail ``tune`` and ``retune`` share: run the study (SIGTERM stops it like Ctrl-C)
     with the progress display, then print the result; exit 0 when a config won, else 1."""
-    from autotune.cli._cost import cost_lines
     from autotune.store import objective_label
     from autotune.study import tune
 
@@ -243,39 +247,41 @@ def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
     if as_json:
         print(json.dumps(result.best, indent=2), file=out)
         return 0 if result.best else 1
-    print(f"\nstudy {result.study_name}: {_trial_counts(result)}", file=out)
-    for line in _mlflow_lines(result):
-        print(line, file=out)
+    print("\n".join(summary_lines(result, settings.objective)), file=out)
+    return 0 if result.best is not None else 1
+
+
+def summary_lines(result: Any, objective: str) -> list[str]:
+    """What ``tune`` prints once the study ends: the trial counts, then the verdict and the
+    declared config (or why no trial met the constraints) and where the results are."""
+    from autotune.cli._cost import cost_lines
+
+    lines = [f"\nstudy {result.study_name}: {_trial_counts(result)}", *_mlflow_lines(result)]
     report = f"\nreport: {result.report} (opens offline in a browser)" if result.report else ""
     if result.best is None:
-        print(f"no trial met the constraints: {result.explanation}", file=out)
-        print(f"every trial's reason and message: {result.out_dir}/trials.csv{report}",
-              file=out)
-        return 1
+        return [*lines, f"no trial met the constraints: {result.explanation}",
+                f"every trial's reason and message: {result.out_dir}/trials.csv{report}"]
     b = result.best
-    print(_verdict_line(result.verdict), file=out)
+    lines.append(_verdict_line(result.verdict))
     if caveat := caveat_line(result.verdict.get("quality")):
-        print(caveat, file=out)
-    print(_best_line(b, settings.objective), file=out)
+        lines.append(caveat)
+    lines.append(_best_line(b, objective))
     if b.get("capacity"):
-        print(capacity_line(b["capacity"]), file=out)
-    for line in cost_lines(b):
-        print(line, file=out)
-    print(f"params: {json.dumps(b['params'])}", file=out)
-    print(f"serve command:\n  {b['serve_command']}", file=out)
+        lines.append(capacity_line(b["capacity"]))
+    lines += cost_lines(b)
+    lines += [f"params: {json.dumps(b['params'])}", f"serve command:\n  {b['serve_command']}"]
     from autotune.deploy import STAND_IN_NOTE, deployable
 
     dep = deployable(b.get("flags") or [], b.get("env") or {})
     if dep.stand_in:  # the command above is as the trials ran it; a deployment drops these
-        print(f"note: {STAND_IN_NOTE}; 'autotune export {result.out_dir} --format serve' "
-              f"prints it without {', '.join(dep.dropped)}", file=out)
-    for line in _gpu_time_lines(result.gpu_time):
-        print(line, file=out)
-    print(f"written: {result.out_dir / 'best.json'}", file=out)
-    print(f"browse: mlflow ui --backend-store-uri {result.tracking_uri}", file=out)
+        lines.append(f"note: {STAND_IN_NOTE}; 'autotune export {result.out_dir} --format "
+                     f"serve' prints it without {', '.join(dep.dropped)}")
+    lines += _gpu_time_lines(result.gpu_time)
+    lines += [f"written: {result.out_dir / 'best.json'}",
+              f"browse: mlflow ui --backend-store-uri {result.tracking_uri}"]
     if result.report:
-        print(f"report: {result.report} (opens offline in a browser)", file=out)
-    return 0
+        lines.append(f"report: {result.report} (opens offline in a browser)")
+    return lines
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -305,13 +311,18 @@ def _mlflow_lines(result: Any) -> list[str]:
 
 def _trial_counts(result: Any) -> str:
     """'5 trials, 4 feasible, 0 failed; 1 not run (queued when the --budget ended the
-    search)', '3 trials, 1 feasible, 1 failed; why not feasible: oom 1, slo 1': trials the
-    budget left unstarted are not failures, and each reason is counted (failed, pruned and
+    search)', '3 trials, 1 feasible, 1 failed; why not feasible: oom 1, slo 1', '6 trials,
+    3 feasible, 0 failed, 2 pruned (...)': trials the budget left unstarted and trials the
+    pruner stopped early are not failures, and each reason is counted (failed and
     infeasible trials)."""
     reasons = dict(result.failures_by_reason or {})
     not_run = int(reasons.pop("budget", 0))
+    reasons.pop("pruned", None)  # counted on their own below
     failed = max(0, int(result.n_failed) - not_run)
     text = f"{result.n_trials} trials, {result.n_ok} feasible, {failed} failed"
+    if result.n_pruned:
+        text += (f", {result.n_pruned} pruned (stopped early: measured below the best so far, "
+                 "not failed)")
     if reasons:
         text += "; why not feasible: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
     if not_run:

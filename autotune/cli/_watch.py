@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.cli._from_prometheus import add_connection_args, client_from_args
 from autotune.cli._shape import _resolve, parse_duration
-from autotune.config import DEFAULT_STORAGE
+from autotune.config import DEFAULT_STORAGE, storage_url, store_where
 from autotune.errors import ConfigError
 
 EXIT_OK = 0
@@ -70,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="where the window shapes and watch.jsonl go "
                    "(default: experiments/watch/<UTC time>)")
     p.add_argument("--storage", default=DEFAULT_STORAGE,
-                   help="Optuna storage, to read --tuned STUDY's shape")
+                   help="Optuna storage (or a study's output folder), to read --tuned "
+                        "STUDY's shape")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow store (default sqlite:///experiments/mlflow.db)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
@@ -99,7 +100,8 @@ def _tuned(ref: str, storage: str) -> tuple[Any, str | None, str | None]:
                     f"{info.shape_path!r}, which does not exist here; pass the shape file")
             return load_shape(info.shape_path), info.shape_path, info.model
     raise ConfigError(f"--tuned {ref!r} is neither a shape file, a name in traffic/, nor a "
-                      f"study in {storage}; pass a shape JSON file or a study name")
+                      f"study in {store_where(storage)}; pass a shape JSON file or a study "
+                      "name (with --storage of its --out folder)")
 
 
 class _Printer:
@@ -169,7 +171,7 @@ def _watch(args: argparse.Namespace) -> int:
         metrics_url(args.url)  # validates the URL's form before anything else
     if args.request_log and not Path(args.request_log).is_file():
         raise ConfigError(f"--request-log {args.request_log}: no such file")
-    tuned, tuned_path, model = _tuned(args.tuned, args.storage)
+    tuned, tuned_path, model = _tuned(args.tuned, storage_url(args.storage))
     source, where = _prometheus_source(args, tuned) if args.prometheus else (None, args.url)
     out = args.out or Path("experiments") / "watch" / datetime.now(UTC).strftime(
         "%Y%m%dT%H%M%SZ")

@@ -108,17 +108,18 @@ def from_study(*, storage: str, study_name: str, trial: int | None = None) -> Ex
     """The declared config of a study in the Optuna storage, or its trial ``trial``."""
     import optuna
 
+    from autotune.config import store_where
     from autotune.store import A, feasible, objective_metric, open_storage, primary, verdict
 
     st = open_storage(storage, create=False)
     if st is None:
-        raise StudyError(f"no Optuna storage at {storage}; give --storage of the study, or "
-                         "its best.json")
+        raise StudyError(f"no Optuna storage at {store_where(storage)}; give --storage of the "
+                         "study (its --out folder keeps it), or its best.json")
     try:
         study = optuna.load_study(study_name=study_name, storage=st)
     except KeyError:
-        raise StudyError(f"study {study_name!r} is not in {storage}; 'autotune report "
-                         "--storage ...' lists the studies there") from None
+        raise StudyError(f"study {study_name!r} is not in {store_where(storage)}; 'autotune "
+                         "report --storage ...' lists the studies there") from None
     attrs = study.user_attrs
     if trial is None:
         t = verdict(study)[0]

@@ -25,7 +25,7 @@ a lossy config's greedy output leaves the reference's, which is what can be meas
 random weights and random prompts. Real accuracy needs real weights and real tasks.
 """
 
-from autotune.quality._caveat import caveat_line, quality_caveat
+from autotune.quality._caveat import caveat_line, quality_caveat, quality_figure
 from autotune.quality._client import ProbeOutputs, arun_probe, run_probe
 from autotune.quality._compare import (
     QUALITY_KEYS,
@@ -67,6 +67,7 @@ __all__ = [
     "model_fingerprint",
     "parse_quality",
     "quality_caveat",
+    "quality_figure",
     "quality_violation",
     "reference_params",
     "run_probe",

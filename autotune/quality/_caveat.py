@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["caveat_line", "quality_caveat"]
+__all__ = ["caveat_line", "quality_caveat", "quality_figure"]
 
 _CHECK = ("check accuracy with real weights on real tasks before serving it "
           "(docs/quality.md: an lm-evaluation-harness run against its server)")
@@ -14,14 +14,15 @@ _CHECK = ("check accuracy with real weights on real tasks before serving it "
 def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, Any], *,
                    probe: bool, gated: bool, real_weights: bool,
                    figures: Mapping[str, Any] | None = None,
-                   note: str = "") -> dict[str, Any] | None:
+                   note: str = "", subject: str = "the winner") -> dict[str, Any] | None:
     """The ``quality`` part of a verdict for a config that sets lossy knobs (None when it
     sets none): which knobs, whether its accuracy cost was judged, and why not.
 
     ``probe``: the study probed lossy trials; ``gated``: ``--quality`` thresholds bounded
     them; ``real_weights``: the model is a real checkpoint (random weights make any probe
     figure say nothing of a real model's accuracy); ``figures``: the trial's probe figures;
-    ``note``: why the trial has none."""
+    ``note``: why the trial has none; ``subject``: the verdict's config in words (the
+    winner, or the best other config when vLLM's defaults remain best)."""
     if not lossy_knobs:
         return None
     knobs = {k: params.get(k) for k in lossy_knobs}
@@ -40,15 +41,34 @@ def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, Any], *,
         judged, reason = True, "probed and within the --quality thresholds"
     return {"lossy_knobs": knobs, "judged": judged, "reason": reason,
             "figures": dict(figures) if figures is not None else None,
-            "check": None if judged else _CHECK}
+            "check": None if judged else _CHECK, "subject": subject}
+
+
+def quality_figure(figures: Mapping[str, Any] | None) -> str:
+    """A probe's figures in words: '31 of 32 greedy outputs unchanged (the rest diverge
+    after 12.5 tokens on average)' ('' without the figures)."""
+    n, rate = (figures or {}).get("n_prompts"), (figures or {}).get("exact_match_rate")
+    if not isinstance(n, int) or n <= 0 or not isinstance(rate, (int, float)):
+        return ""
+    same = round(rate * n)
+    text = f"{same} of {n} greedy outputs unchanged"
+    mean = (figures or {}).get("first_divergence_mean")
+    if same < n and isinstance(mean, (int, float)):
+        text += f" (first divergence after {mean:.1f} tokens on average)"
+    return text
 
 
 def caveat_line(q: Mapping[str, Any] | None) -> str:
-    """The caveat in one line for the summary ('' when there is nothing to say)."""
+    """The caveat in one line for the summary, with the probe's figure where there is one
+    ('' when there is nothing to say)."""
     if not q:
         return ""
     knobs = ", ".join(f"{k}={v}" for k, v in (q.get("lossy_knobs") or {}).items())
+    figure = quality_figure(q.get("figures"))
     if q.get("judged"):
-        return f"quality: lossy knobs ({knobs}) judged: {q.get('reason')}"
-    return (f"quality: NOT JUDGED: the winner sets lossy knobs ({knobs}) and {q.get('reason')}; "
-            f"its figure is a throughput result, not a recommendation: {q.get('check')}")
+        return (f"quality: lossy knobs ({knobs}) judged: {q.get('reason')}"
+                + (f"; {figure}" if figure else ""))
+    who = q.get("subject") or "the winner"
+    return (f"quality: NOT JUDGED: {who} sets lossy knobs ({knobs}) and {q.get('reason')}"
+            + (f"; its probe: {figure}" if figure else "")
+            + f"; its figure is a throughput result, not a recommendation: {q.get('check')}")

@@ -54,8 +54,9 @@ def cost_figure(d: ReportData) -> Any:
 
     who = [("declared config", c["best"])] + ([("vLLM defaults", c["defaults"])]
                                               if c.get("defaults") else [])
+    unit = str(c.get("unit") or "GPU")  # "server" on the CPU build
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "USD per million output tokens (full use)", "GPUs for the traffic at its peak"))
+        "USD per million output tokens (full use)", f"{unit}s for the traffic at its peak"))
     ys = [_bar(x, "usd_per_m_output_tokens") for _, x in who]
     fig.add_bar(x=[n for n, _ in who], y=[y[0] for y in ys], name="USD / M out tok",
                 error_y={"type": "data", "array": [y[1] for y in ys],
@@ -77,7 +78,7 @@ def cost_figure(d: ReportData) -> Any:
                                             for n in needs]},
                     marker_color=color, row=1, col=2)
     fig.update_yaxes(title_text="USD", row=1, col=1)
-    fig.update_yaxes(title_text="whole GPUs", row=1, col=2)
+    fig.update_yaxes(title_text=f"whole {unit}s", row=1, col=2)
     fig.update_layout(barmode="group", height=380, template="plotly_white",
                       margin={"l": 60, "r": 20, "t": 60, "b": 50},
                       legend={"orientation": "h", "y": -0.18})

@@ -92,6 +92,17 @@ class ReportData:
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def unit(self) -> str:
+        """What figures are per and time is counted on: "GPU", or "server" for a study on
+        the CPU build of vLLM whose trials ran on no GPU (nothing to count)."""
+        from autotune.hardware import unit_of
+        from autotune.store import A
+
+        if any(t.slot.startswith("gpu") for t in self.trials):
+            return "GPU"
+        return unit_of(str(self.attrs.get(A.GPU) or ""))
+
+    @property
     def measured(self) -> list[TrialRow]:
         return [t for t in self.trials if t.value is not None]
 
@@ -101,7 +112,13 @@ class ReportData:
 
     @property
     def failed(self) -> list[TrialRow]:
-        return [t for t in self.trials if t.state not in ("ok", "infeasible", "running")]
+        return [t for t in self.trials
+                if t.state not in ("ok", "infeasible", "running", "pruned")]
+
+    @property
+    def pruned(self) -> list[TrialRow]:
+        """Stopped early by the pruner as clear losers: measured, not failed."""
+        return [t for t in self.trials if t.state == "pruned"]
 
     @property
     def infeasible(self) -> list[TrialRow]:
@@ -259,23 +276,26 @@ def load_report_data(*, storage: str, study_name: str | None = None,
     Raises :class:`StudyError` when the storage or the study cannot be read."""
     import optuna
 
-    from autotune.credentials import redact
+    from autotune.config import store_where
     from autotune.results._plots import param_importances
     from autotune.store import A, latest_study, objective_metric, open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = open_storage(storage)
-    if study_name is None:
-        study_name = latest_study(store)
+    store = open_storage(storage, create=False)  # a report leaves no empty store behind
+    if store is None or study_name is None:
+        study_name = latest_study(store) if store is not None else None
         if study_name is None:
-            raise StudyError(f"no study in {redact(storage)}; run 'autotune tune' first, or pass "
-                             "--storage with the URL the study used")
+            raise StudyError(
+                f"no study in {store_where(storage)}"
+                f"{' (no such file)' if store is None else ''}; a study keeps its stores in "
+                "its --out folder: pass --out DIR (or --storage with the URL the study used), "
+                "or run 'autotune tune' first")
     try:
         study = optuna.load_study(study_name=study_name, storage=store)
     except KeyError:
         names = sorted(optuna.get_all_study_names(store))
-        raise StudyError(f"study {study_name!r} is not in {storage}; known studies: "
-                         f"{', '.join(names) or 'none'}") from None
+        raise StudyError(f"study {study_name!r} is not in {store_where(storage)}; known "
+                         f"studies: {', '.join(names) or 'none'}") from None
     attrs = dict(study.user_attrs)
     all_trials = study.get_trials(deepcopy=False)
     own = [t for t in all_trials if not t.user_attrs.get(A.PRIOR)]

@@ -104,18 +104,19 @@ def history_figure(d: ReportData) -> Any:
             ys.append(ys[-1])
         fig.add_scatter(x=xs, y=ys, mode="lines", line={"shape": "hv", "color": _COLORS["best"]},
                         name="best so far", row=1, col=1, hoverinfo="skip")
-    failed = d.failed
+    failed = d.failed + d.pruned
     reasons = sorted({t.reason or t.state for t in failed})
     for i, reason in enumerate(reasons):
         pts = [t for t in failed if (t.reason or t.state) == reason]
+        what = reason if reason == "pruned" else f"failed: {reason}"  # pruned: no failure
         fig.add_scatter(x=[t.number for t in pts], y=[reason] * len(pts), mode="markers",
-                        name=f"failed: {reason} ({len(pts)})", text=[_hover(t) for t in pts],
+                        name=f"{what} ({len(pts)})", text=[_hover(t) for t in pts],
                         marker={"symbol": "triangle-down", "size": 11,
                                 "color": "#aaaaaa" if reason == "rejected"
                                 else _FAIL[i % len(_FAIL)]},
                         row=2, col=1, hovertemplate="%{text}<extra></extra>")
     fig.update_yaxes(title_text=d.metric, row=1, col=1)
-    fig.update_yaxes(title_text="failed", row=2, col=1, type="category")
+    fig.update_yaxes(title_text="failed or pruned", row=2, col=1, type="category")
     fig.update_xaxes(title_text="trial number", row=2, col=1)
     ci = " with intervals" if any(t.interval for t in d.measured) else ""
     return _layout(fig, f"optimization history{ci} ({len(d.trials)} trials, "
@@ -200,7 +201,7 @@ def failures_figure(d: ReportData) -> Any:
     import plotly.graph_objects as go
 
     counts: dict[str, int] = {}
-    for t in d.failed + d.infeasible:
+    for t in d.failed + d.pruned + d.infeasible:
         r = t.reason or t.state
         counts[r] = counts.get(r, 0) + 1
     if not counts:
@@ -210,7 +211,7 @@ def failures_figure(d: ReportData) -> Any:
                            marker_color=_FAIL[0],
                            hovertemplate="%{x}: %{y} trial(s)<extra></extra>"))
     fig.update_yaxes(title_text="trials", dtick=1)
-    return _layout(fig, "failed and infeasible trials by reason", 320)
+    return _layout(fig, "failed, pruned and infeasible trials by reason", 320)
 
 
 def gpu_time_figure(d: ReportData) -> Any:
@@ -233,7 +234,8 @@ def gpu_time_figure(d: ReportData) -> Any:
                                   "<extra></extra>")
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="minutes")
-    return _layout(fig, "where the (GPU) time went", 340)
+    return _layout(fig, "where the server time went" if d.unit == "server" else
+                   "where the (GPU) time went", 340)
 
 
 FIGURES = {

@@ -116,16 +116,22 @@ def _verdict_html(d: ReportData) -> str:
     if row is not None:
         params = ", ".join(f"{k}={v}" for k, v in row.params.items()) or "vLLM defaults"
         n = row.server_gpus
-        parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} per GPU "
-                     f"{_num(v.get('winner_value', row.value))} (one server uses {n} "
-                     f"GPU{'s' if n > 1 else ''})</p>")
+        per = ("per server" if d.unit == "server" else  # a CPU server: no GPU to count
+               f"per GPU (one server uses {n} GPU{'s' if n > 1 else ''})")
+        parts.append(f"<p>winner: {_e(row.label)}: {_e(params)}; {_e(d.metric)} {per}: "
+                     f"{_num(v.get('winner_value', row.value))}</p>")
     q = v.get("quality") or {}
     if q:
+        from autotune.quality import quality_figure
+
         knobs = ", ".join(f"{k}={x}" for k, x in (q.get("lossy_knobs") or {}).items())
+        figure = quality_figure(q.get("figures"))
         parts.append(_note(f"lossy knobs ({knobs}): quality judged: {q.get('reason')}"
-                           if q.get("judged") else
-                           f"quality NOT judged: the winner sets lossy knobs ({knobs}) and "
-                           f"{q.get('reason')}. Its figure is a throughput result, not a "
+                           + (f"; {figure}" if figure else "") if q.get("judged") else
+                           f"quality NOT judged: {q.get('subject') or 'the winner'} sets lossy "
+                           f"knobs ({knobs}) and {q.get('reason')}"
+                           + (f"; its probe: {figure}" if figure else "")
+                           + f". Its figure is a throughput result, not a "
                            f"recommendation: {q.get('check')}"))
     if d.verdict_source == "computed":
         parts.append(_note("computed by this report from the stored readings (median of each "
@@ -200,16 +206,19 @@ def log_excerpt(t: TrialRow) -> str:
 
 
 def _failures_html(d: ReportData) -> str:
-    bad = d.failed + d.infeasible
+    bad = d.failed + d.pruned + d.infeasible
     if not bad:
         return _note("every trial was measured and met the constraints")
+    # the server log says nothing of why a trial was infeasible, rejected or pruned (a
+    # pruned one's tail is its server stopping): the message is the reason
+    no_log = ("infeasible", "rejected", "pruned")
     rows = []
     for t in sorted(bad, key=lambda t: t.number):
         msg = t.message.split("\n--- server log tail ---", 1)[0]
-        excerpt = log_excerpt(t) if t.state not in ("infeasible", "rejected") else ""
+        excerpt = log_excerpt(t) if t.state not in no_log else ""
         rows.append([_e(t.label), _e(t.reason or t.state), _e(msg[:600]),
                      f"<pre>{_e(excerpt)}</pre>" if excerpt else
-                     ("" if t.state in ("infeasible", "rejected")
+                     ("" if t.state in no_log
                       else _e(f"log not readable here ({t.log_path or 'no log'})"))])
     return _table(["trial", "reason", "message", "server log (the lines that classified it)"],
                   rows)
@@ -294,8 +303,10 @@ def _gpu_html(d: ReportData) -> str:
     total = sum(sum(x for k, x in v.items() if k != "compile_s") for v in d.gpu_time.values())
     start = sum(v.get("start_s", 0.0) for v in d.gpu_time.values())
     comp = sum(v.get("compile_s", 0.0) for v in d.gpu_time.values())
-    text = (f"<p>{_dur(total)} of GPU time in all (GPU-seconds: a trial on four GPUs "
-            f"counts four times its wall time); server starts took "
+    what = ("of server time in all" if d.unit == "server" else
+            "of GPU time in all (GPU-seconds: a trial on four GPUs counts four times its wall "
+            "time)")
+    text = (f"<p>{_dur(total)} {what}; server starts took "
             f"{_dur(start)} ({start / total:.0%})"
             + (f", of which vLLM compiling {_dur(comp)}" if comp else "")
             + ".</p>" if total > 0 else "")
@@ -319,7 +330,8 @@ def _header(d: ReportData) -> str:
         f"{a.get('autotune.engine_version', 'engine version not recorded')} on "
         f"{a.get('autotune.gpu_type', 'a GPU not recorded')}",
         f"{len(d.trials)} trials ({len(d.feasible)} feasible, {len(d.infeasible)} infeasible, "
-        f"{len(d.failed)} failed)" + (f", {d.priors} prior" if d.priors else ""),
+        f"{len(d.failed)} failed" + (f", {len(d.pruned)} pruned" if d.pruned else "") + ")"
+        + (f", {d.priors} prior" if d.priors else ""),
         f"storage {redact(d.storage)}",
         f"report written {datetime.now(UTC).isoformat(timespec='seconds')}",
     ))
@@ -348,13 +360,21 @@ _WHY_NO_FIGURE = {
 }
 
 
+def _titles(d: ReportData) -> dict[str, str]:
+    """:data:`SECTIONS`, in the words of the study's hardware (the CPU build: no GPU)."""
+    if d.unit == "server":
+        return {**SECTIONS, "gpu-time": "Server-time account"}
+    return dict(SECTIONS)
+
+
 def render_html(d: ReportData) -> str:
     """The whole page as one string (plotly.js inlined in the first figure)."""
     import plotly.io as pio
 
     first = True
     body = []
-    for key, title in SECTIONS.items():
+    titles = _titles(d)
+    for key, title in titles.items():
         parts = [f'<section id="{key}"><h2>{_e(title)}</h2>']
         if key in _TEXT:
             parts.append(_TEXT[key](d))
@@ -370,7 +390,7 @@ def render_html(d: ReportData) -> str:
         parts.append("</section>")
         body.append("".join(parts))
     settings = json.dumps(d.settings, indent=2, sort_keys=True, default=str)
-    nav = "".join(f'<a href="#{k}">{_e(v)}</a>' for k, v in SECTIONS.items())
+    nav = "".join(f'<a href="#{k}">{_e(v)}</a>' for k, v in titles.items())
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>autotune report: {_e(d.study_name)}</title><style>{_CSS}</style></head>"

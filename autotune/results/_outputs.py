@@ -23,6 +23,7 @@ from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 from autotune.report import one_line_message
 from autotune.store import (
     A,
+    State,
     failures_by_reason,
     feasible,
     is_prior,
@@ -50,7 +51,7 @@ class TuneResult:
     best: dict[str, Any] | None  # the content of best.json (None when no trial succeeded)
     n_trials: int
     n_ok: int
-    n_failed: int
+    n_failed: int  # no measurement (the config failed); pruned trials are not failures
     tracking_uri: str
     failures_by_reason: dict[str, int]
     # artifact name -> file ("plots/optimization_history.png", "trials.csv")
@@ -63,6 +64,7 @@ class TuneResult:
     # ("trial 3", "the study run's results"; ``autotune sync OUT`` logs them)
     mlflow_late: list[int] = field(default_factory=list)
     mlflow_unlogged: list[str] = field(default_factory=list)
+    n_pruned: int = 0  # stopped early by the pruner as clear losers: measured, not failed
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -280,8 +282,9 @@ def best_config(ctx: StudyContext) -> dict[str, Any] | None:
         "verdict_detail": {k: v for k, v in record.items()
                            if k not in ("verdict", "ratio_to_defaults")},
         "params": dict(best_t.params),
-        # a lossy winner's accuracy: judged, or plainly not (autotune.quality.quality_caveat)
-        "quality": record.get("quality"),
+        # a lossy winner's accuracy: judged, or plainly not (autotune.quality.quality_caveat);
+        # when the defaults remain best the verdict's word is on another config than this
+        "quality": record.get("quality") if record.get("verdict") != "defaults_best" else None,
         "serve_command": _serve_command(ctx.model, best_t),
         "metrics": dict(best_t.user_attrs.get(A.METRICS, {})),
         # the objective is per GPU (the server's figure / its GPUs); metrics are the server's
@@ -355,14 +358,17 @@ def write_results(ctx: StudyContext) -> TuneResult:
         write_atomic(out_dir / "serve_command.sh", lambda tmp: tmp.write_text(script))
     write_trials_csv(study, out_dir / "trials.csv")
     plots = _write_plots(study, out_dir / "plots")
-    n_failed = sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL))
+    # the pruner's clear losers were measured: counted apart from the configs that failed
+    n_pruned = sum(1 for t in trials if t.user_attrs.get(A.STATE) == State.PRUNED)
+    n_failed = sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL)
+                   and t.user_attrs.get(A.STATE) != State.PRUNED)
     explanation = "" if best is not None else _explain(trials, settings)
     verdict_rec: dict[str, Any] = dict(study.user_attrs.get(A.VERDICT) or {})
     gpu_time: dict[str, dict[str, float]] = dict(study.user_attrs.get(A.GPU_TIME) or {})
     summary = {
         "study": study.study_name, "storage": redact(settings.storage),
         "tracking_uri": redact(ctx.tracking_uri), "trials": len(trials), "ok": n_ok,
-        "failed": n_failed, "failures_by_reason": reasons,
+        "failed": n_failed, "pruned": n_pruned, "failures_by_reason": reasons,
         "best_trial": best["trial"] if best else None,
         "best_value": best["objective"]["value"] if best else None,
         "baseline_value": best["baseline"]["value"] if best and best["baseline"] else None,
@@ -380,7 +386,8 @@ def write_results(ctx: StudyContext) -> TuneResult:
         extra["report.html"] = report
     return TuneResult(
         study_name=study.study_name, storage=settings.storage, out_dir=out_dir, best=best,
-        n_trials=len(trials), n_ok=n_ok, n_failed=n_failed, tracking_uri=ctx.tracking_uri,
+        n_trials=len(trials), n_ok=n_ok, n_failed=n_failed, n_pruned=n_pruned,
+        tracking_uri=ctx.tracking_uri,
         failures_by_reason=reasons, explanation=explanation, report=report,
         verdict=verdict_rec, gpu_time=gpu_time,
         files={**{f"plots/{p.name}": p for p in plots.values()},

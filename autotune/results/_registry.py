@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from autotune.config import store_where
 from autotune.credentials import redact
 from autotune.errors import ShapeError, StudyError
 from autotune.store import A, feasible, is_prior, objective_metric, open_storage, verdict
@@ -399,12 +400,15 @@ def find_best(
 def explain_miss(*, storage: StorageLike, model: str | None = None,
                  gpu: str | None = None) -> str:
     """Why :func:`find_best` found nothing, with the fix (for the CLI's message)."""
-    storage, st = _resolve(storage)
-    rows = _scan(storage, st) if st is not None else []
+    url, st = _resolve(storage)
+    rows = _scan(url, st) if st is not None else []
+    storage = store_where(url)
     if not rows:
-        return (f"no tuned study in {storage}; tune one first (autotune tune --model DIR "
-                "--shape FILE --space FILE --storage ...) or point --storage at the database "
-                "your studies were written to")
+        return (f"no tuned study in {storage}"
+                f"{'' if st is not None else ' (no such file)'}; a study keeps its stores in "
+                "its --out folder: point --storage at that folder (or at the database the "
+                "study was given), or tune one first (autotune tune --model DIR --shape FILE "
+                "--space FILE --out DIR)")
     matching = _filter(rows, model, gpu)
     if not matching:
         models = sorted({i.model or "?" for i, _ in rows})

@@ -89,7 +89,8 @@ def _result_of(out_dir: Path, summary: dict[str, Any]) -> TuneResult:
     return TuneResult(
         study_name=summary["study"], storage=summary.get("storage", ""), out_dir=out_dir,
         best=best, n_trials=int(summary.get("trials", 0)), n_ok=int(summary.get("ok", 0)),
-        n_failed=int(summary.get("failed", 0)), tracking_uri=summary.get("tracking_uri", ""),
+        n_failed=int(summary.get("failed", 0)), n_pruned=int(summary.get("pruned", 0)),
+        tracking_uri=summary.get("tracking_uri", ""),
         failures_by_reason=dict(summary.get("failures_by_reason") or {}), files=files,
         explanation=str(summary.get("explanation") or ""),
         verdict=dict(summary.get("verdict") or {}), gpu_time=dict(summary.get("gpu_time") or {}))

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         BYTECODE_PROBES,
         check_bytecode,
         check_context,
+        check_vocab_size,
     )
     from autotune.study._study import (
         _bind_kernels as _bind_kernels,
@@ -72,6 +73,7 @@ __all__ = [
     "TrialTemplate",
     "check_bytecode",
     "check_context",
+    "check_vocab_size",
     "goodput_slo",
     "is_open_loop",
     "judge",
@@ -107,6 +109,7 @@ __getattr__ = lazy_exports(__name__, {
         "resolve_objective",
         "resolve_settings",
     ),
-    "autotune.study._preflight": ("BYTECODE_PROBES", "check_bytecode", "check_context"),
+    "autotune.study._preflight": ("BYTECODE_PROBES", "check_bytecode", "check_context",
+                                  "check_vocab_size"),
     "autotune.study._study": ("_bind_kernels", "_quality_reference", "tune"),
 })

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import DEFAULT_OUT_ROOT, TuneSettings
-from autotune.credentials import redact, redact_settings, warn_if_password
+from autotune.config import DEFAULT_OUT_ROOT, TuneSettings, store_where
+from autotune.credentials import redact_settings, warn_if_password
 from autotune.engine import EngineInfo, detect_engine
 from autotune.errors import AutotuneError, ConfigError, SpaceError, StudyError
 from autotune.hardware import gpu_arch, gpu_names, gpu_type
@@ -30,7 +30,7 @@ from autotune.store import (
     latest_study,
     open_storage,
 )
-from autotune.study._preflight import check_before_trial_0
+from autotune.study._preflight import check_before_trial_0, check_vocab_size
 
 if TYPE_CHECKING:
 
@@ -114,19 +114,22 @@ def _study_name(settings: TuneSettings, storage: BaseStorage, space: SearchSpace
     if settings.resume and name is None:
         name = latest_study(storage)
         if name is None:
-            raise StudyError(f"--resume: no study in {redact(settings.storage)} to resume")
+            raise StudyError(
+                f"--resume: no study in {store_where(settings.storage)} to resume; a study "
+                "keeps its stores in its --out folder: give the same --out (or its "
+                "--storage)")
     if name is None:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         name = f"{space.name}-{shape.name}-{stamp}".replace(" ", "_")
     existing = {s.study_name for s in optuna.get_all_study_summaries(storage, False)}
     if name in existing and not settings.resume:
         raise StudyError(
-            f"study {name!r} already exists in {redact(settings.storage)}; pass --resume to "
+            f"study {name!r} already exists in {store_where(settings.storage)}; pass --resume to "
             "continue it, or choose another --study-name"
         )
     if settings.resume and name not in existing:
         raise StudyError(
-            f"--resume: study {name!r} is not in {redact(settings.storage)}; "
+            f"--resume: study {name!r} is not in {store_where(settings.storage)}; "
             f"known studies: {', '.join(sorted(existing)) or 'none'}"
         )
     return name
@@ -218,7 +221,8 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
             f"--model {settings.model}: no config.json there; point it at a local model "
             "directory (make a tiny one with 'autotune model tiny models/tiny')"
         )
-    model_vocab_size(model)  # the prompts need it: checked before any store is opened
+    check_vocab_size(settings.model)  # the prompts need it, named as the user gave it
+    model_vocab_size(model)  # checked before any store is opened
     shape = load_shape(settings.shape)
     settings = resolve_objective(settings, shape)  # --objective auto, or refused here
     if settings.objective != "capacity":  # an open loop with --concurrency N: closed loop

@@ -221,21 +221,26 @@ class StudyLoop:
         self.gpu_time.close(time.monotonic() - self.t_loop)
         self.gpu_time.save(self.study)
         record = verdict_record(judge_study(self.study))
-        record["quality"] = self._winner_quality(record)
+        record["quality"] = self._candidate_quality(record)
         self.study.set_user_attr(A.VERDICT, record)
 
-    def _winner_quality(self, record: VerdictRecord) -> dict[str, Any] | None:
-        """The verdict's word on a winner that sets lossy knobs: judged, or why not."""
+    def _candidate_quality(self, record: VerdictRecord) -> dict[str, Any] | None:
+        """The verdict's word on its candidate (the winner, or the best other config when
+        vLLM's defaults remain best) when it sets lossy knobs: its probe's figures and
+        whether they were judged, or why not."""
         from autotune.quality import quality_caveat
 
-        number, params = record.get("winner_number"), record.get("candidate_params") or {}
-        if record.get("verdict") != "winner" or number is None:
+        number, params = record.get("candidate_number"), record.get("candidate_params") or {}
+        if record.get("verdict") in (None, "none") or number is None:
             return None
         attrs = self.study.trials[number].user_attrs
+        subject = ("the winner" if record.get("verdict") == "winner" else
+                   f"the best other config (trial {number})")
         return quality_caveat(
             self.space.lossy_knobs(params), params, probe=self.settings.quality_probe,
             gated=self.thresholds is not None, real_weights=self.space.facts.real_weights,
-            figures=attrs.get(A.QUALITY), note=str(attrs.get(A.QUALITY_NOTE) or ""))
+            figures=attrs.get(A.QUALITY), note=str(attrs.get(A.QUALITY_NOTE) or ""),
+            subject=subject)
 
     def _more(self) -> bool:
         if self.phase == "search" and self.settings.timeout_s is not None:

@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import ShapeError, SpaceError
+from autotune.errors import ConfigError, ShapeError, SpaceError
 
 __all__ = ["MAX_CLIPPED_FRACTION", "check_before_trial_0", "check_bytecode", "check_context",
-           "check_flags"]
+           "check_flags", "check_vocab_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,29 @@ def model_context(model: Path) -> int | None:
         if isinstance(v, int) and v > 0:
             return v
     return None
+
+
+def check_vocab_size(model: Path, *, option: str = "--model") -> None:
+    """The model's config.json gives ``vocab_size`` (the prompts' token ids stay below it),
+    or a :class:`ConfigError` says where to add it: with the value that the folder's
+    ``autotune-model.json`` (a model autotune generated) records, where it has one.
+    ``model``: as the user gave it (named in the message)."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # a missing or unreadable config.json has checks and messages of its own
+    if not isinstance(cfg, dict) or cfg.get("vocab_size") or (
+            cfg.get("text_config") or {}).get("vocab_size"):
+        return
+    where = Path(model) / "config.json"
+    try:
+        known = json.loads((Path(model) / "autotune-model.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        known = None
+    value = (f"{known}: {Path(model) / 'autotune-model.json'} records it" if known else
+             "N: the size of the tokenizer's vocabulary (tokenizer.json's model.vocab)")
+    raise ConfigError(f"{option} {model}: {where} has no vocab_size, which the prompts need "
+                      f"(their token ids stay below it); add \"vocab_size\": {value}")
 
 
 def check_context(space: Any, shape: Any, model: Path, *, seed: int = 0,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.events import ParamValue, PhaseReporter, StudyCallback, StudyEvent
 from autotune.parallelism import GpuPool, Node
@@ -12,9 +12,11 @@ from autotune.trial import TrialOutcome, TrialSpec
 
 __all__ = ["SimulatedExecutor", "TimelineEntry"]
 
-#: ``evaluate(params, spec)``: the trial's metrics (Measurement.flat() keys), or a failure
-#: reason (a :class:`~autotune.store.FailureReason` value) when the config "fails to start".
-Evaluate = Callable[[dict[str, ParamValue], TrialSpec], "dict[str, float] | str"]
+#: ``evaluate(params, spec)``: the trial's metrics (Measurement.flat() keys), a failure
+#: reason (a :class:`~autotune.store.FailureReason` value) when the config "fails to start",
+#: or a whole :class:`TrialOutcome` (a pruned trial, quality figures; its number, wall time
+#: and GPUs are the simulation's).
+Evaluate = Callable[[dict[str, ParamValue], TrialSpec], "dict[str, float] | str | TrialOutcome"]
 #: ``duration(params, spec)``: the trial's simulated wall time (seconds)
 Duration = Callable[[dict[str, ParamValue], TrialSpec], float]
 
@@ -124,6 +126,8 @@ class SimulatedExecutor(StudyCallback):
         if on_phase is not None:
             on_phase(spec.number, "starting", 0.0, " ".join(spec.flags))
         result = self.evaluate(self.params.pop(spec.number, {}), spec)
+        if isinstance(result, TrialOutcome):
+            return replace(result, number=spec.number, wall_s=wall, gpus=gpus)
         if isinstance(result, str):
             return TrialOutcome(number=spec.number, ok=False,
                                 reason=FailureReason(result or FailureReason.CRASH),

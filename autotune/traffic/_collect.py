@@ -32,6 +32,15 @@ _CSV_CHUNK_ROWS: Final = 200_000
 _MAX_EXAMPLES: Final = 10
 _MOONCAKE_BLOCK_TOKENS: Final = 512
 _FIX = "fix the row or pass --skip-bad"
+
+
+def _negative_time(key: str, value: object, unit: str = "seconds") -> str:
+    """Why a row whose arrival time is negative is refused (a trace's times count from its
+    start, or from the epoch: a negative one is a wrong column or a shifted clock, and
+    fitting it would shift every gap silently)."""
+    return (f"{key!r} is {value}, a negative arrival time; timestamps are {unit} since the "
+            "trace began (or since the unix epoch) and are never below 0: shift the column "
+            "so that its first time is 0")
 _FAILED_STATUS: Final = frozenset(
     {"error", "failed", "failure", "timeout", "cancelled", "canceled", "aborted"}
 )

@@ -14,7 +14,14 @@ from typing import Any, Final
 
 import numpy as np
 
-from autotune.traffic._collect import _FAILED_STATUS, _Collector, _Extra, _open_text, _PrefixRaw
+from autotune.traffic._collect import (
+    _FAILED_STATUS,
+    _Collector,
+    _Extra,
+    _negative_time,
+    _open_text,
+    _PrefixRaw,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +75,9 @@ def _read_mooncake(p: Path, col: _Collector) -> _Extra:
         if isinstance(ts, str):
             col.bad(lineno, ts.replace("a finite number", "milliseconds as a finite number"))
             continue
+        if ts < 0:
+            col.bad(lineno, _negative_time("timestamp", obj["timestamp"], "milliseconds"))
+            continue
         inp = _count(obj, "input_length")
         if isinstance(inp, str):
             col.bad(lineno, inp)
@@ -101,6 +111,8 @@ def _parse_time(v: object, key: str) -> float | str:
     if isinstance(v, int | float):
         if not math.isfinite(v):
             return f"{key!r} is {v}; expected a finite number of seconds"
+        if v < 0:
+            return _negative_time(key, v, "milliseconds" if key == "timestamp_ms" else "seconds")
         if key == "timestamp_ms":
             return float(v) / 1000.0
         if abs(v) > _MAX_UNIX_SECONDS:

@@ -33,6 +33,7 @@ from autotune.traffic._collect import (
     _Collector,
     _Extra,
     _is_gzip,
+    _negative_time,
     _open_text,
 )
 from autotune.traffic._json_readers import _read_mooncake, _read_openai_log
@@ -291,6 +292,9 @@ def _timestamps_vec(raw: pd.Series, kind: str) -> tuple[np.ndarray, np.ndarray]:
             dtype=np.float64, na_value=np.nan
         )
     ok = np.isfinite(num)
+    if kind == "seconds":  # a date-time before 1970 is a date; a negative count is wrong
+        with np.errstate(invalid="ignore"):
+            ok &= num >= 0
     return np.where(ok, num, 0.0), ~ok
 
 
@@ -311,6 +315,12 @@ def _count_reason(column: str, value: object) -> str:
 def _ts_reason(column: str, value: object, kind: str) -> str:
     if value is None or value == "":
         return f"{column!r} is missing; every row needs an arrival time"
+    if kind == "seconds":
+        try:
+            if float(str(value)) < 0:
+                return _negative_time(column, value)
+        except ValueError:
+            pass
     expected = (
         "seconds as a number"
         if kind == "seconds"

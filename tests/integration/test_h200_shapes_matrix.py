@@ -55,7 +55,7 @@ def test_cells_driver_writes_each_cell_when_measured_and_stops_on_sigterm(
     assert got["ok"] and got["server_reused"] and got["start_s"] == 0.0
     assert got["metrics"]["capacity_rps"] > 0  # azure: bench --capacity
     assert steps.cell_result("azure", "defaults", [tmp_path])[0] == "json"
-    # the cell in progress: a run.json (rc 124), no result: measured again next session
+    # the cell in progress: a run.json (rc 124), no result: measured again when resumed
     third = tmp_path / "cross-mooncake"
     assert json.loads((third / "defaults.run.json").read_text())["rc"] == 124
     assert not (third / "defaults.json").exists()
@@ -112,8 +112,8 @@ def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Pa
     assert lines[0].startswith("study:casestudy: unchanged (winner"), lines
     assert lines[1].startswith("study:azure: unchanged (winner"), lines
     assert "search readings included" in lines[1]
-    # study:mooncake: searched (thirteenth session), re-checked on one fresh start each
-    # (fourteenth): the defaults' second start read 14.8 req/s, 9.1 % start-to-start SD
+    # study:mooncake: searched with --recheck 0, then re-checked with --resume on one fresh
+    # start each: the defaults' second start read 14.8 req/s, 9.1 % start-to-start SD
     assert lines[2].startswith("study:mooncake: unchanged (defaults_best"), lines
     best = json.loads((res / "study-azure" / "best.json").read_text())
     # the re-check's run judged with the fresh starts' spread alone (df 2): defaults_best
@@ -122,7 +122,7 @@ def test_committed_studies_carry_the_verdict_the_current_rule_gives(tmp_path: Pa
 
 def test_pooled_md_is_what_pooled_py_makes_of_the_committed_results(tmp_path: Path) -> None:
     # every start of each config on each shape (studies and cross cells), the README's
-    # pooled figures: regenerated here, so a new session's results cannot leave it stale
+    # pooled figures: regenerated here, so newly committed results cannot leave it stale
     import subprocess
     import sys
 

@@ -108,7 +108,8 @@ def test_pareto_study(storage: Any, tmp_path: Path) -> None:
                                 directions=["maximize", "minimize"])
     study.set_user_attr(A.SETTINGS, {"objective": "pareto"})
     for seqs, kv, tput, ttft in ((16, "auto", 900.0, 0.5), (32, "fp8_e4m3", 1200.0, 2.0),
-                                 (24, "auto", 1000.0, 3.0)):
+                                 (24, "auto", 1000.0, 3.0), (8, "fp8_e4m3", 700.0, 0.4),
+                                 (48, "auto", 1300.0, 3.5)):
         t = _t(seqs, kv, "ok", tput, ttft)
         study.add_trial(optuna.trial.create_trial(
             values=[tput, ttft], params=t.params, distributions=t.distributions,
@@ -116,23 +117,30 @@ def test_pareto_study(storage: Any, tmp_path: Path) -> None:
     study.add_trial(_t(48, "auto", "oom"))
     _check(write_study_plots(study, tmp_path), tmp_path)
     imp, why, n = param_importances(study)
-    assert imp is not None and n == 3, why
+    assert imp is not None and n == 5, why
 
 
 @pytest.mark.parametrize(
     "name, trials, why",
     [
-        ("imp-one", [_t(16, "auto", "ok", 900.0)], "at least 2 measured trials"),
+        ("imp-one", [_t(16, "auto", "ok", 900.0)], "at least 5 measured trials"),
         ("imp-failed", [_t(16, "auto", "oom"), _t(32, "auto", "crash")],
-         "at least 2 measured trials"),
-        ("imp-constant", [_t(16, "auto", "ok", 900.0), _t(16, "auto", "infeasible", 950.0)],
+         "at least 5 measured trials"),
+        ("imp-four", [_t(4 * i, "auto", "ok", 900.0 + 50 * i) for i in range(1, 5)],
+         "at least 5 measured trials (this study has 4)"),
+        ("imp-constant", [_t(16, "auto", "ok", 900.0 + i) for i in range(5)],
          "no parameter varied"),
+        # the readings identical: fANOVA itself would fail ("Encountered zero total
+        # variance in all trees")
+        ("imp-flat", [_t(4 * i, "auto", "ok", 900.0) for i in range(1, 6)],
+         "every measured trial read the same objective (900)"),
     ],
 )
 def test_importances_say_why_not(storage: Any, name: str,
                                  trials: list[optuna.trial.FrozenTrial], why: str) -> None:
     imp, reason, _ = param_importances(_study(storage, name, trials))
-    assert imp is None and why in reason
+    assert imp is None and why in reason, reason
+    assert "Encountered" not in reason and "variance in all trees" not in reason
 
 
 def test_unwritable_folder(storage: Any, tmp_path: Path) -> None:

@@ -256,7 +256,7 @@ def test_a_capacity_study_shows_each_leaders_load_levels(tmp_path: Path) -> None
              "goodput_fraction": 0.99 if passed else 0.4, "error_rate": 0.0, "offered": 400,
              "ttft_p99_s": 0.4, "tpot_p99_s": 0.09 if passed else 0.12, "seconds": 40.0,
              "stopped_early": not passed, "note": "", "jit_compiled": False, "reruns": 0}
-        if finished is not None:  # levels recorded before the twelfth session lack these
+        if finished is not None:  # levels recorded before autotune kept these lack them
             d.update(finished=finished, missed_by=over)
         return d
 

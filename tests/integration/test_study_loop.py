@@ -17,7 +17,7 @@ from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 from autotune.store import A, FailureReason, n_finished
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor
-from autotune.trial import TrialSpec
+from autotune.trial import TrialOutcome, TrialSpec
 from tests.conftest import REPO
 
 
@@ -182,3 +182,121 @@ def test_a_lossy_winner_on_random_weights_is_declared_unjudged(model: Path,
     assert "NOT JUDGED" in caveat_line(result.verdict["quality"])
     assert _verdict_line(result.verdict).startswith("verdict: WINNER")
     assert result.report is not None and "quality NOT judged" in result.report.read_text()
+
+
+def test_a_pruned_trial_is_counted_apart_from_failures_with_the_pruner_s_reason(
+        model: Path, tmp_path: Path) -> None:
+    """A trial the pruner stopped is no failure: the counts say 'pruned' on their own, and
+    the report's failure lines give the pruner's reason, not its server's shutdown log."""
+    import re
+
+    from autotune.cli._tune import summary_lines
+
+    log = tmp_path / "trial-server.log"
+    log.write_text("INFO 12:00:01 Started server process [4242]\n"
+                   "INFO 12:00:09 Shutting down\nINFO 12:00:09 Waiting for application "
+                   "shutdown.\nINFO 12:00:09 Application shutdown complete.\n")
+
+    def value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | TrialOutcome:
+        if int(params.get("max_num_seqs", 16)) == 64:  # a clear loser, stopped early
+            return TrialOutcome(number=0, ok=True, pruned=True, stop="pruned",
+                                segments=[50.0, 51.0, 49.0], log_path=str(log),
+                                metrics={"output_tokens_per_s": 50.0, "error_rate": 0.0,
+                                         "output_tokens_per_s_ci_low": 48.0,
+                                         "output_tokens_per_s_ci_high": 52.0})
+        return {"output_tokens_per_s": 100.0, "ttft_p99_s": 0.5, "error_rate": 0.0}
+
+    sim = SimulatedExecutor(value)
+    result = tune(_settings(model, tmp_path, trials=2, recheck=0,
+                            enqueue=[{"max_num_seqs": 64}]),
+                  executor=sim, tracker=False, callbacks=[sim])
+    assert (result.n_trials, result.n_failed, result.n_pruned) == (2, 0, 1)
+    summary = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert (summary["failed"], summary["pruned"]) == (0, 1)
+    counts = summary_lines(result, "throughput")[0]
+    assert "2 trials, 1 feasible, 0 failed, 1 pruned" in counts, counts
+    assert "why not feasible" not in counts
+    assert result.report is not None
+    page = result.report.read_text()
+    assert re.search(r"1 failed|failed: pruned", page) is None
+    assert "0 failed, 1 pruned" in page
+    failures = page.split('id="failures"', 1)[1].split("</section>", 1)[0]
+    assert "lay below the incumbent" in failures  # the pruner's reason
+    assert "shutdown" not in failures.lower()  # not the server's stopping
+
+
+def test_a_cpu_study_speaks_of_servers_not_gpus(model: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """On the CPU build of vLLM there is no GPU to count: the summary, `autotune best` and
+    the report say 'per server', 'a CPU server' and 'server time'."""
+    from autotune.cli import main
+    from autotune.cli._tune import summary_lines
+    from autotune.engine import detect_engine
+
+    if detect_engine().device != "cpu":
+        pytest.skip("the CPU build of vLLM is not the one installed")
+    sim = SimulatedExecutor(_value)
+    result = tune(_settings(model, tmp_path, trials=3, recheck=1, gpu_hour_price=2.0),
+                  executor=sim, tracker=False, callbacks=[sim])
+    assert result.best is not None and result.report is not None
+    text = "\n".join(summary_lines(result, "throughput"))
+    assert "per server" in text, text
+    capsys.readouterr()
+    assert main(["best", "--shape", str(REPO / "traffic" / "example-chat.json"),
+                 "--storage", f"sqlite:///{tmp_path}/optuna.db"]) == 0
+    text += capsys.readouterr().out
+    assert "a CPU server" in text
+    page = result.report.read_text()
+    assert "Server-time account" in page and "of server time in all" in page
+    for words in ("per GPU", "GPU cpu", "GPU time", "GPU-time", "(GPU)", "GPU(s)",
+                  "whole GPUs"):
+        assert words not in text, (words, text)
+        assert words not in page, words
+
+
+def _lossy_space(tmp_path: Path) -> Path:
+    space = tmp_path / "lossy.yaml"
+    space.write_text("name: lossy\nknobs:\n  quantization:\n    type: categorical\n"
+                     "    choices: [none, fp8]\n    flag: --quantization\n"
+                     "    omit_when: none\n    default: none\n    lossy: true\n")
+    return space
+
+
+def _with_probe(tput: float) -> dict[str, Any]:
+    """A measurement of a lossy config whose probe kept 31 of 32 greedy outputs."""
+    return {"metrics": {"output_tokens_per_s": tput, "ttft_p99_s": 0.5, "error_rate": 0.0},
+            "quality": {"n_prompts": 32, "exact_match_rate": 31 / 32,
+                        "first_divergence_mean": 30.5, "first_divergence_p10": 30.0,
+                        "mean_abs_logprob_diff": 0.01, "max_abs_logprob_diff": 0.2,
+                        "output_tokens": 32.0, "shared_tokens": 900}}
+
+
+@pytest.mark.parametrize("fp8_tput, subject", [(200.0, "the winner"),
+                                               (80.0, "the best other config (trial 1)")])
+def test_a_lossy_candidate_s_quality_figure_is_printed_with_the_verdict(
+        model: Path, tmp_path: Path, fp8_tput: float, subject: str) -> None:
+    """The verdict's candidate sets a lossy knob: the summary gives its probe's figure with
+    the verdict, whether it won or vLLM's defaults remain best."""
+    from autotune.cli._tune import summary_lines
+
+    def value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | TrialOutcome:
+        if params.get("quantization") == "fp8":
+            return TrialOutcome(number=0, ok=True, **_with_probe(fp8_tput))
+        return {"output_tokens_per_s": 100.0, "ttft_p99_s": 0.5, "error_rate": 0.0}
+
+    sim = SimulatedExecutor(value)
+    result = tune(_settings(model, tmp_path, space=_lossy_space(tmp_path), trials=2,
+                            recheck=1, recheck_starts=2, enqueue=[{"quantization": "fp8"}]),
+                  executor=sim, tracker=False, callbacks=[sim])
+    lines = summary_lines(result, "throughput")
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("verdict:"))
+    quality = lines[verdict + 1]
+    assert quality.startswith(f"quality: NOT JUDGED: {subject} sets lossy knobs "
+                              "(quantization=fp8)"), quality
+    assert "31 of 32 greedy outputs unchanged" in quality
+    best = json.loads((tmp_path / "out" / "best.json").read_text())
+    if subject == "the winner":
+        assert best["quality"]["figures"]["n_prompts"] == 32
+    else:  # best.json declares the defaults: the word on the other config is not theirs
+        assert best["params"] == {} or best["is_baseline"]
+        assert best["quality"] is None

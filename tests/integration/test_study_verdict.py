@@ -309,7 +309,7 @@ def test_a_gain_the_starts_cannot_show_says_how_many_starts_would(
 
 def test_a_study_searched_without_its_recheck_gets_it_on_resume(tmp_path: Path,
                                                                  fake_model: Path) -> None:
-    # a session that holds the search or the re-check, not both (experiments/h200-shapes,
+    # a time budget that holds the search or the re-check, not both (experiments/h200-shapes,
     # mooncake on one GPU): --recheck 0 first (one start each, within-run interval), then
     # `--resume --recheck 1 --recheck-starts 1` with the same trials adds one fresh start
     # of the leader and of the defaults, runs no new search trial, and judges again

@@ -366,7 +366,7 @@ def test_a_level_says_which_slo_its_misses_exceeded() -> None:
 
 
 def test_a_capacity_whose_misses_barely_grow_with_the_load_says_so() -> None:
-    # pure: the H200's azure defaults (study trial 0, tenth session): TPOT p99 near its SLO
+    # pure: the H200's azure defaults (trial 0 of its study): TPOT p99 near its SLO
     # from 14 to 22 req/s, each failing level one miss over the bar (the `finished` counts
     # here are made up: they were not recorded then), so
     # the capacity lands by chance in that range (four starts read 9-14 req/s)

@@ -246,3 +246,24 @@ def test_bench_cost_of_its_one_config() -> None:
     assert cost["best"]["gpus"]["mean"]["now"]["gpus"] == pytest.approx(5.53042 * 65.7567 / 1000)
     no_price = parse_bench(["--model", "m", "--shape", "s"])
     assert bench_cost(no_price, m, capacity=False) is None
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"gpu_hour_usd": -1.0}, "--gpu-hour-price -1: give a positive number"),
+    ({"gpu_hour_usd": 2.0, "growth": 0.0}, "--growth 0: give a positive number"),
+    ({"gpu_hour_usd": 2.0, "api_output_usd_per_m": -2.0},
+     "--api-price: the output price -2 must be a number >= 0"),
+])
+def test_a_bad_price_is_named_by_its_option(kw: dict[str, float], words: str) -> None:
+    with pytest.raises(AutotuneError) as info:
+        Prices(**kw)
+    assert str(info.value) == words
+    assert "usd" not in str(info.value)  # the field's name is nothing the user typed
+
+
+def test_a_growth_of_0_is_refused_not_taken_for_unset() -> None:
+    from autotune.cost import prices_of
+
+    with pytest.raises(AutotuneError, match="--growth 0"):
+        prices_of(SimpleNamespace(gpu_hour_price=2.0, api_price=None, growth=0.0))
+    assert prices_of(SimpleNamespace(gpu_hour_price=2.0, growth=None)).growth == 1.0

@@ -112,7 +112,7 @@ def test_render_markdown_and_csv(tmp_path: Path) -> None:
 
 def test_lookups_for_resume(tmp_path: Path) -> None:
     r = _tree(tmp_path)
-    later = tmp_path / "session2"
+    later = tmp_path / "resumed"
     _w(later / "cross-azure" / "win-mooncake.json", _cap(45.0, 48.0))
     # a result in any searched folder counts; the killed bench's .part does not
     assert steps.cell_result("azure", "win-mooncake", [r]) is None

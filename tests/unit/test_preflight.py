@@ -114,3 +114,22 @@ def test_bytecode_warns_when_no_pyc_and_python_writes_none(tmp_path: Path) -> No
     assert check_bytecode(package_dir=pkg, dont_write=False) == []  # the first start writes
     assert compileall.compile_dir(str(pkg), quiet=1)  # the fix the warning gives
     assert check_bytecode(package_dir=pkg, dont_write=True) == []
+
+
+def test_a_model_without_vocab_size_says_where_to_add_it(tmp_path: Path) -> None:
+    from autotune.errors import ConfigError
+    from autotune.study import check_vocab_size
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ConfigError) as info:
+        check_vocab_size(tmp_path)
+    text = str(info.value)
+    assert text.startswith(f"--model {tmp_path}: {tmp_path / 'config.json'} has no vocab_size")
+    assert 'add "vocab_size": N' in text and "tokenizer" in text
+    # a model autotune generated records the value: the message gives it
+    (tmp_path / "autotune-model.json").write_text(json.dumps({"vocab_size": 1000}))
+    with pytest.raises(ConfigError, match=r'add "vocab_size": 1000: .*autotune-model.json'):
+        check_vocab_size(tmp_path)
+    # present at the top or in text_config (a multimodal model): nothing to say
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 64}}))
+    check_vocab_size(tmp_path)

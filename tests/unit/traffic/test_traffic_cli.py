@@ -97,6 +97,36 @@ def test_bad_trace_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize(
+    ("name", "text", "fmt", "what"),
+    [
+        ("burst.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+         "0,ChatGPT,10,2,12,Conversation log\n-5,ChatGPT,10,3,13,Conversation log\n"
+         "7,ChatGPT,12,4,16,Conversation log\n", "burstgpt", "'Timestamp' is -5"),
+        ("log.jsonl", '{"timestamp": 1700000000, "prompt_tokens": 10, "completion_tokens": 2}\n'
+         '{"timestamp": -3.5, "prompt_tokens": 10, "completion_tokens": 2}\n', "openai_log",
+         "'timestamp' is -3.5"),
+        ("moon.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 5}\n'
+         '{"timestamp": -250, "input_length": 10, "output_length": 5}\n', "mooncake",
+         "'timestamp' is -250"),
+    ],
+)
+def test_a_negative_timestamp_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, fmt: str,
+        what: str) -> None:
+    """A negative arrival time would shift every gap of the fitted shape: refused with the
+    row, what is wrong and the fix, not fitted."""
+    t = tmp_path / name
+    t.write_text(text)
+    out_path = tmp_path / "o.json"
+    rc, out, err = _run(capsys, "shape", "fit", str(t), "--format", fmt, "-o", str(out_path))
+    assert rc == 2 and not out_path.exists(), (out, err)
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"autotune: error: traffic file {t} line ")
+    assert what in line and "negative arrival time" in line and "shift the column" in line
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["shape", "show", "nope.json"], "does not exist; fit one"),
