@@ -162,6 +162,7 @@ def _level_at_capacity(cap: CapacityRecord) -> LevelRecord | None:
 
 def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool:
     """The levels and the capacity line; False when no level met the SLOs."""
+    from autotune.hardware import gpu_names
     from autotune.measure import fmt_value
     from autotune.report import capacity_line
 
@@ -186,7 +187,7 @@ def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool
         "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
         "recorded_rps": m["capacity_recorded_rps"], "gpus_needed": m.get("gpus_needed"),
         "goodput_bar": goodput, "slo": slo, "flat_misses_rps": cap.get("flat_misses_rps"),
-        "search": cap.get("status")}))
+        "search": cap.get("status")}, "GPU" if gpu_names() else "server"))
     print("latencies below: the level at capacity")
     return True
 

@@ -150,9 +150,10 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
 
         print(_verdict_line(hit.study_verdict), file=out)
     if hit.objective == "capacity" and hit.metrics.get("gpus_needed") is not None:
+        from autotune.hardware import unit_of
         from autotune.report import capacity_line
 
-        print(capacity_line(_capacity_of(hit)), file=out)
+        print(capacity_line(_capacity_of(hit), unit_of(hit.gpu_type)), file=out)
     from autotune.hardware import is_cpu
 
     where = "a CPU server" if is_cpu(hit.gpu_type) else f"GPU {hit.gpu_type}"

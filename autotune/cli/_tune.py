@@ -267,7 +267,9 @@ def summary_lines(result: Any, objective: str) -> list[str]:
         lines.append(caveat)
     lines.append(_best_line(b, objective))
     if b.get("capacity"):
-        lines.append(capacity_line(b["capacity"]))
+        from autotune.hardware import unit_of
+
+        lines.append(capacity_line(b["capacity"], unit_of((b.get("engine") or {}).get("device"))))
     lines += cost_lines(b)
     lines += [f"params: {json.dumps(b['params'])}", f"serve command:\n  {b['serve_command']}"]
     from autotune.deploy import STAND_IN_NOTE, deployable

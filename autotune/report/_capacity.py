@@ -38,11 +38,12 @@ def _num(x: Any) -> float | None:
             and math.isfinite(x) else None)
 
 
-def capacity_line(c: Mapping[str, Any]) -> str:
+def capacity_line(c: Mapping[str, Any], unit: str = "GPU") -> str:
     """best.json's ``capacity`` in one line (what operators size a fleet by), and a note
     when the capacity is chance within a range (``CapacityResult.flat_misses``). Reads
     the keys of a ``capacity`` block; ``goodput_bar``, ``slo`` and ``search`` may be
-    missing (``autotune best`` answers from a trial's metrics)."""
+    missing (``autotune best`` answers from a trial's metrics). ``unit``: what is counted
+    ("GPU", or "server" on the CPU build: :func:`autotune.hardware.unit_of`)."""
     from autotune.trial import flat_note
 
     value = float(c["capacity_rps"])
@@ -60,9 +61,10 @@ def capacity_line(c: Mapping[str, Any]) -> str:
     if rec is not None and gpus is not None:
         # the least the bracket allows: rate / its top (gpus_needed is rate / value)
         least = gpus * value / hi if hi is not None and hi > 0 else None
-        need = f"GPUs needed for the recorded {fmt_value(rec)} req/s: {needed_text(gpus, least)}"
+        need = (f"{unit}s needed for the recorded {fmt_value(rec)} req/s: "
+                f"{needed_text(gpus, least)}")
     else:
-        need = "GPUs needed: not known (no recorded arrival rate)"
+        need = f"{unit}s needed: not known (no recorded arrival rate)"
     line = (f"capacity: {'' if hi is not None else 'at least '}{fmt_value(value)} req/s within "
             f"the SLOs ({whose} {fmt_bracket(lo, hi)}"
             + ("" if hi is not None else f": {open_search_text(c.get('search'))}")
