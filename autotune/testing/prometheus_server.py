@@ -9,6 +9,7 @@ target is its own job, so its series carry ``job="<name>"`` and ``instance="host
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -89,16 +90,45 @@ class PrometheusServer:
         path.write_text(f"basic_auth_users:\n  {user}: '{hashed}'\n")
         return [f"--web.config.file={path}"]
 
-    def _ready(self) -> bool:
-        req = urllib.request.Request(self.url + "/-/ready")
+    def _request(self, path: str) -> urllib.request.Request:
+        req = urllib.request.Request(self.url + path)
         if self.basic_auth is not None:
             import base64
 
             pair = base64.b64encode(":".join(self.basic_auth).encode()).decode()
             req.add_header("Authorization", f"Basic {pair}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(req, timeout=2) as r:
+        return req
+
+    def _ready(self) -> bool:
+        with (contextlib.suppress(OSError),
+              urllib.request.urlopen(self._request("/-/ready"), timeout=2) as r):
             return bool(r.status == 200)
         return False
+
+    def _jobs_up(self) -> set[str]:
+        """The jobs whose last scrape succeeded (``up == 1``)."""
+        with (contextlib.suppress(OSError, ValueError, KeyError, TypeError),
+              urllib.request.urlopen(self._request("/api/v1/query?query=up"),
+                                     timeout=2) as r):
+            result = json.load(r)["data"]["result"]
+            return {str(s["metric"].get("job")) for s in result if s["value"][1] == "1"}
+        return set()
+
+    def wait_scraped(self, timeout_s: float = 60.0) -> None:
+        """Return once every target has been scraped successfully.
+
+        Ready is not scraping: Prometheus' discovery manager passes the targets on, and its
+        scrape manager starts their pools, each on its own 5-s ticker, so the first sample
+        lands 5 to 10 s after ``/-/ready`` (then a scrape offset within the interval). A
+        range that starts from the caller's clock before that has no sample at its start."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._jobs_up() >= set(self.targets):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"prometheus at {self.url}: not every target scraped after "
+                           f"{timeout_s:g} s (up: {sorted(self._jobs_up())} of "
+                           f"{sorted(self.targets)}); see {self.log_path}")
 
     def start(self, timeout_s: float = 60.0) -> None:
         cmd = [self.binary, f"--config.file={self._config()}", *self._web_config(),

@@ -51,7 +51,14 @@ def test_bracketing_finds_the_stub_servers_known_capacity() -> None:
         res, m = find_capacity(
             recorded_rps=5.0, build=_fixed_build,
             client_kw={"base_url": stub.base_url, "model": cfg.model},
-            slo=Slo(ttft_s=0.15), search=CapacitySearch(tolerance=0.1, max_levels=8),
+            slo=Slo(ttft_s=0.15),
+            # goodput 95 %, not 99 %: the client and the stub share this process, and a
+            # stall of it (a loaded machine) puts the one or two requests then awaiting their
+            # first token over 0.15 s at any rate; at 99 % a level of 30-60 requests may miss
+            # none, so one stall failed a level far below capacity and the bisection ended
+            # under 0.85x (13 req/s). Overload misses are not one or two: every request after
+            # the backlog crosses the SLO misses, so the top edge moves from 16.8 to 16.84.
+            search=CapacitySearch(tolerance=0.1, max_levels=8, goodput=0.95),
             plan=LevelPlan(level_s=3.0, min_requests=10),
             on_level=lambda lv, r: seen.append((lv, r)))
     assert res.status == "found", res.to_dict()
@@ -65,7 +72,7 @@ def test_bracketing_finds_the_stub_servers_known_capacity() -> None:
     assert res.ci_high_rps >= 0.95 * true_rps, res.summary()
     assert [lv.scale for lv, _ in seen][:2] == [1.0, 2.0]  # 5 and 10 req/s pass
     failing = [lv for lv in res.levels if not lv.passed]
-    assert failing and all(lv.goodput_fraction < 0.99 for lv in failing)
+    assert failing and all(lv.goodput_fraction < 0.95 for lv in failing)
     assert any(lv.stopped_early for lv in failing)  # an overloaded level stops early
     assert m is not None and m.output_tokens_per_s is not None
     # the measurement at capacity: about capacity x 20 tokens/s

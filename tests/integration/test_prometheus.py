@@ -107,7 +107,12 @@ def fleet(_tiny_server_session: Any, tiny_llama: Path,
         prom, auth, auth_file = _prometheus({"replica-a": tiny_server.base_url[7:],
                                              "replica-b": b.base_url[7:]},
                                             tmp_path_factory.mktemp("auth"))
-        time.sleep(3.0)  # a few scrapes before the range starts
+        # a few scrapes before the range starts, counted from the first: that lands 5-10 s
+        # after ready (Prometheus' 5-s discovery and reload tickers), so a fixed sleep from
+        # ready left a range whose first 60 s window ended just after traffic_from without
+        # a sample, and the shape rightly started a window late
+        prom.wait_scraped()
+        time.sleep(3.0)
         yield Fleet(tiny_server, b, prom, auth, auth_file)
     finally:
         if prom is not None:

@@ -2,7 +2,7 @@
 going away and coming back, the JSON lines log, MLflow, --on-drift, the CLI and Ctrl-C.
 
 The endpoint is a small HTTP server in the test serving a vLLM-format page whose counters
-grow by a few requests per scrape; the real-vLLM tests are in test_watch_vllm.py.
+grow at a steady rate; the real-vLLM tests are in test_watch_vllm.py.
 """
 
 from __future__ import annotations
@@ -39,11 +39,16 @@ MODES = {"short": ([30.0, 60.0, 120.0], [8.0, 16.0, 30.0]),
 
 
 class FakeVllm:
-    """Serves /metrics; each scrape adds ``per_scrape`` requests of the current mode."""
+    """Serves /metrics; requests of the current mode finish at ``rate_rps`` a second.
 
-    def __init__(self, port: int = 0, per_scrape: int = 6) -> None:
+    Paced by the clock, as real traffic is, not by the scrapes: with a fixed count per
+    scrape, a window whose last scrape came late on a loaded machine (its duration 0.76 s
+    instead of 0.6 s, no more requests) read a rate 25% low and "drifted". Now a late scrape
+    sees the requests of the extra time too."""
+
+    def __init__(self, port: int = 0, rate_rps: float = 60.0) -> None:
         self.mode = "short"
-        self.per_scrape = per_scrape
+        self.rate_rps = rate_rps
         self.prompt: list[float] = []
         self.output: list[float] = []
         self.lock = threading.Lock()
@@ -53,14 +58,21 @@ class FakeVllm:
 
     def page(self) -> str:
         with self.lock:
+            now = time.monotonic()
+            self.due += (now - self.since) * self.rate_rps
+            self.since = now
             p, o = MODES[self.mode]
-            for i in range(self.per_scrape):
-                self.prompt.append(p[i % 3])
-                self.output.append(o[i % 3])
+            for _ in range(int(self.due)):
+                i = len(self.prompt) % 3
+                self.prompt.append(p[i])
+                self.output.append(o[i])
+            self.due -= int(self.due)
             return metrics_text(self.prompt, self.output)
 
     def start(self) -> None:
         fake = self
+        with self.lock:  # requests count from the start (a restart is not a backlog)
+            self.since, self.due = time.monotonic(), 0.0
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -181,7 +193,7 @@ def test_the_endpoint_going_away_and_coming_back(
 
 def test_idle_windows_are_not_comparisons(tuned_short: TrafficShape, fake: FakeVllm,
                                           tmp_path: Path) -> None:
-    fake.per_scrape = 0
+    fake.rate_rps = 0
     s = watch(url=fake.url, tuned=tuned_short, every_s=0.3, interval_s=0.1,
               shapes_dir=tmp_path, max_checks=1, stop=_stop_after(1.0))
     assert s.checks == 0 and s.idle >= 2 and s.interrupted
@@ -274,11 +286,11 @@ def test_cli_from_metrics(fake: FakeVllm, tmp_path: Path,
     out = str(tmp_path / "s.json")
     assert main(["shape", "from-metrics", "http://127.0.0.1:9", "--duration", "1", "-o", out]) == 2
     assert "autotune: error: cannot reach http://127.0.0.1:9/metrics" in capsys.readouterr().err
-    fake.per_scrape = 0
+    fake.rate_rps = 0
     assert main(["shape", "from-metrics", fake.url, "--duration", "0.5", "--interval", "0.1",
                  "-o", out]) == 2
     assert "no request finished" in capsys.readouterr().err
-    fake.per_scrape = 4
+    fake.rate_rps = 40
     assert main(["shape", "from-metrics", fake.url, "--duration", "0.6", "--interval", "0.1",
                  "-o", out]) == 0
     cap = capsys.readouterr()
