@@ -376,7 +376,11 @@ def test_two_tuners_at_once_share_the_trials_and_run_none_twice(
     trials = _trials(storage)
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert 6 <= len(done) <= 7, [(t.number, t.state) for t in trials]  # each stops at 6
-    assert not [t.number for t in trials if t.state != TrialState.COMPLETE]
+    # a sample the space's rules forbid is stored rejected (PRUNED, never run): which ones
+    # TPE draws depends on how the two tuners' trials interleave, so it may happen here
+    assert not [(t.number, t.state, t.user_attrs.get(A.STATE), t.user_attrs.get(A.REASON))
+                for t in trials if t.state != TrialState.COMPLETE
+                and t.user_attrs.get(A.REASON) != "rejected"], [t.output() for t in both]
     ran = [int(n) for t in both for n in t.ran.read_text().split()]
     assert sorted(ran) == sorted(t.number for t in done)  # none twice, none lost
     owners = {t.user_attrs[A.OWNER]["pid"] for t in done}
