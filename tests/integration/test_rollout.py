@@ -74,10 +74,10 @@ def router(tiny_server: Any, tmp_path: Path) -> Iterator[str]:
 
 
 class Traffic:
-    """Closed-loop live traffic through the router until stopped: 4 streams, short
-    requests; every record kept (the load generator's own)."""
+    """Closed-loop live traffic through the router until stopped: ``streams`` streams (4),
+    short requests; every record kept (the load generator's own)."""
 
-    def __init__(self, url: str, model: str) -> None:
+    def __init__(self, url: str, model: str, streams: int = 4) -> None:
         self.stop = threading.Event()
         self.result: RunResult | None = None
         rng = random.Random(7)
@@ -92,7 +92,7 @@ class Traffic:
             def on_segment(_self, t_s: float, tokens: int, failed: int) -> bool:
                 return self.stop.is_set()
 
-        sched = Schedule(mode="closed", requests=tuple(more(0)), concurrency=4)
+        sched = Schedule(mode="closed", requests=tuple(more(0)), concurrency=streams)
         self.thread = threading.Thread(target=self._run, args=(sched, url, model, more, Until()))
         self.thread.start()
 
@@ -168,7 +168,10 @@ def test_worse_config_rolls_back_at_the_first_step(
                                 "model": str(tiny_llama), "study": "rollout-test",
                                 "env": {}}))
     out = tmp_path / "rollout"
-    traffic = Traffic(router, tiny_server.model_name)
+    # 8 streams: the router's share of them at the first step must queue behind one sequence
+    # at a time; with 4, the new server often held one request at once, served it as fast
+    # as the old one, and was promoted
+    traffic = Traffic(router, tiny_server.model_name, streams=8)
     try:
         rc = main(["rollout", "--router", router, "--start", "--best", str(best), *JUDGE,
                    "--out", str(out), "--no-mlflow"])
