@@ -148,9 +148,8 @@ class OpenRun:
         slo = self.slo
         if slo is None or all(x is None for x in (slo.ttft_s, slo.tpot_s, slo.e2e_s)):
             return False
-        tight = type(slo)(**{k: (None if getattr(slo, k) is None
-                                 else getattr(slo, k) * COMFORT_SHARE)
-                             for k in ("ttft_s", "tpot_s", "e2e_s")})
+        tight = slo.model_copy(update={k: v * COMFORT_SHARE for k, v in slo.model_dump().items()
+                                       if v is not None})
         recent = [r for r in self.records
                   if r.end_s is not None and r.end_s >= now - OVERLOAD_WINDOW_S]
         if not recent or any(slo_misses(r, tight) for r in recent):
