@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autotune.errors import ConfigError
 
@@ -69,7 +69,7 @@ class MoeShape:
         return ",".join(parts)
 
 
-def _first(cfg: dict[str, Any], keys: tuple[str, ...]) -> Any:
+def _first(cfg: Mapping[str, object], keys: tuple[str, ...]) -> object:
     for k in keys:
         v = cfg.get(k)
         if v is not None:
@@ -77,7 +77,7 @@ def _first(cfg: dict[str, Any], keys: tuple[str, ...]) -> Any:
     return None
 
 
-def _positive(value: Any, what: str, where: str) -> int:
+def _positive(value: object, what: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{where}: {what} is {value!r}; a MoE model needs a positive integer")
     return value

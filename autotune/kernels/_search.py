@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict
 
 from autotune.kernels._moe_shape import MoeShape
 from autotune.kernels._space import (
@@ -46,7 +46,12 @@ from autotune.kernels._space import (
 )
 from autotune.kernels._worker import GRAPH_CALLS, WARMUP_REPLAYS
 
-__all__ = ["Candidate", "KernelFailure", "KernelTimer", "SearchSettings", "SizeResult",
+if TYPE_CHECKING:
+    from optuna.samplers import TPESampler
+
+    from autotune.kernels._sizes import TokenCountRecord
+
+__all__ = ["Candidate", "KernelFailure", "KernelTimer", "SearchSettings", "SizeResult", "SizeRow",
            "TimingCosts", "kept_default_reason", "replay_seconds", "search_size"]
 
 logger = logging.getLogger(__name__)
@@ -109,9 +114,28 @@ class Candidate:
     message: str = ""
     seconds: float | None = None  # wall time of the timing (set-up and replays)
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, object]:
         return {"m": self.m, "phase": self.phase, **self.config,
                 "us": self.us, "reason": self.reason, "message": self.message[:300]}
+
+
+class SizeRow(TypedDict):
+    """One token count in ``results.json`` (``sizes``): the verdict of :class:`SizeResult`,
+    or only ``skipped`` (why it has no ``best``: the budget had no time for it)."""
+
+    m: int
+    best: KernelConfig | None
+    best_us: NotRequired[float | None]
+    default: NotRequired[KernelConfig]
+    default_us: NotRequired[float | None]
+    speedup: NotRequired[float | None]
+    kept_default: NotRequired[str | None]
+    timed: NotRequired[int]
+    failed: NotRequired[int]
+    pruned: NotRequired[int]
+    seconds: NotRequired[float]
+    skipped: NotRequired[str]
+    traffic: NotRequired[TokenCountRecord]
 
 
 @dataclass
@@ -151,7 +175,7 @@ class SizeResult:
         """The config the file holds for this token count."""
         return self.default if self.kept_default else self.best
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SizeRow:
         return {"m": self.m, "best": self.best, "best_us": self.best_us,
                 "default": self.default, "default_us": self.default_us,
                 "speedup": self.speedup, "kept_default": self.kept_default,
@@ -240,7 +264,7 @@ def _time(timer: KernelTimer, config: KernelConfig, m: int, iters: int, phase: s
     return Candidate(m, dict(config), phase, us=us, seconds=clock() - t0)
 
 
-def _sampler(seed: int) -> Any:
+def _sampler(seed: int) -> TPESampler:
     import optuna
 
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=12,

@@ -28,11 +28,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import ConfigError
 
-__all__ = ["TokenCount", "active_streams", "cudagraph_size", "streams_of", "token_counts"]
+if TYPE_CHECKING:
+    from autotune.traffic import TrafficShape
+
+__all__ = ["TokenCount", "TokenCountRecord", "active_streams", "cudagraph_size", "streams_of",
+           "token_counts"]
 
 # vLLM 0.26's defaults for the OpenAI server on a large GPU (>= 70 GiB, not an A100:
 # EngineArgs._set_default_args): max_num_batched_tokens and max_num_seqs
@@ -45,6 +49,14 @@ _ASSUMED_TPOT_S = 0.02
 _ASSUMED_PREFILL_TPS = 20_000.0
 
 
+class TokenCountRecord(TypedDict):
+    """A :class:`TokenCount` in ``results.json`` (a row's ``traffic``)."""
+
+    m: int
+    kinds: list[str]
+    why: str
+
+
 @dataclass(frozen=True)
 class TokenCount:
     """One key of the tuned file: ``m`` tokens per MoE call and why the traffic makes it."""
@@ -53,7 +65,7 @@ class TokenCount:
     kinds: tuple[str, ...]  # "decode", "mixed", "prefill", "draft"
     why: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> TokenCountRecord:
         return {"m": self.m, "kinds": list(self.kinds), "why": self.why}
 
 
@@ -70,7 +82,7 @@ def cudagraph_size(tokens: int, max_capture: int = DEFAULT_MAX_CAPTURE) -> int:
     return min(max_capture, -(-tokens // step) * step)
 
 
-def streams_of(shape: Any, concurrency: int | None = None) -> tuple[int, str]:
+def streams_of(shape: TrafficShape, concurrency: int | None = None) -> tuple[int, str]:
     """The number of concurrent streams the shape's replay runs, and where it came from."""
     if concurrency is not None:
         if concurrency < 1:
@@ -103,7 +115,7 @@ def active_streams(streams: int, max_num_seqs: Iterable[int] = (DEFAULT_MAX_NUM_
     return tuple(sorted({min(streams, s) for s in seqs}))
 
 
-def token_counts(shape: Any, *, mtp_depths: Iterable[int] = (0,),
+def token_counts(shape: TrafficShape, *, mtp_depths: Iterable[int] = (0,),
                  max_batched_tokens: Sequence[int] = (DEFAULT_MAX_BATCHED_TOKENS,),
                  max_num_seqs: Iterable[int] = (DEFAULT_MAX_NUM_SEQS,),
                  concurrency: int | None = None, max_capture: int = DEFAULT_MAX_CAPTURE,

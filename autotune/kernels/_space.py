@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.kernels._moe_shape import MoeShape
 
@@ -113,6 +112,6 @@ def default_config(m: int, shape: MoeShape) -> KernelConfig:
     }
 
 
-def as_params(config: Mapping[str, Any]) -> KernelConfig:
+def as_params(config: Mapping[str, int]) -> KernelConfig:
     """Only the six tunables, as ints (what the JSON file stores per key)."""
     return {k: int(config[k]) for k in KEYS}

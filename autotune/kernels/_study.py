@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.errors import AutotuneError
 from autotune.kernels._cache import ensure_tuned_moe
@@ -32,7 +32,10 @@ from autotune.kernels._sizes import (
     streams_of,
 )
 from autotune.kernels._tune import MoeTuneResult, Progress
-from autotune.space import SearchSpace
+from autotune.space import Knob, SearchSpace
+
+if TYPE_CHECKING:
+    from autotune.engine import EngineInfo
 
 __all__ = ["TrialPlan", "bind_tuned_kernels", "space_batched_tokens", "space_max_num_seqs",
            "space_mtp_depths"]
@@ -42,11 +45,12 @@ logger = logging.getLogger(__name__)
 _MTP_TARGET = "--speculative-config.num_speculative_tokens"
 
 
-def _values(knob: Any) -> list[int]:
+def _values(knob: Knob) -> list[int]:
     if knob.type == "categorical":
         return [int(c) for c in knob.choices or [] if isinstance(c, int | float)]
     if knob.type == "int":
-        return list(range(int(knob.low), int(knob.high) + 1, int(knob.step or 1)))
+        low, high = knob.bounds
+        return list(range(int(low), int(high) + 1, int(knob.step or 1)))
     return []
 
 
@@ -92,7 +96,7 @@ class TrialPlan:
     says where they come from, for the one-line note."""
 
     sampled: int | None = None
-    fixed: tuple[Mapping[str, Any], ...] = ()
+    fixed: tuple[Mapping[str, object], ...] = ()
     summary: str = ""
 
     def can_pick(self, knobs: Sequence[str], value: str = "tuned") -> bool:
@@ -101,7 +105,7 @@ class TrialPlan:
 
 
 def bind_tuned_kernels(space: SearchSpace, *, model: Path, shape_path: Path,
-                       shape_fingerprint: str, cache_dir: Path, engine: Any, gpu_name: str,
+                       shape_fingerprint: str, cache_dir: Path, engine: EngineInfo, gpu_name: str,
                        concurrency: int | None = None, budget_s: float | None = None,
                        trials: int = 48, plan: TrialPlan | None = None,
                        note: Callable[[str], None] | None = None,

@@ -21,18 +21,29 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TypedDict
 
 from autotune.errors import AutotuneError
 from autotune.kernels._moe_shape import MoeShape
 from autotune.kernels._search import KernelFailure
+from autotune.kernels._worker import Answer
 
-__all__ = ["WorkerTimer", "start_workers"]
+__all__ = ["TimerOptions", "WorkerTimer", "start_workers"]
 
 logger = logging.getLogger(__name__)
+
+
+class TimerOptions(TypedDict, total=False):
+    """The optional settings of :class:`WorkerTimer` (its keyword arguments)."""
+
+    python: str
+    call_timeout_s: float
+    start_timeout_s: float
+    min_call_timeout_s: float
+    min_start_timeout_s: float
 
 
 class WorkerTimer:
@@ -53,14 +64,14 @@ class WorkerTimer:
         self.deadline = deadline  # a time.monotonic(): the kernel budget's end
         self.min_call_timeout_s = min_call_timeout_s
         self.min_start_timeout_s = min_start_timeout_s  # a restart's floor, with a deadline
-        self.hello: dict[str, Any] | None = None
+        self.hello: Answer | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._log: IO[str] | None = None
         self._launched = 0.0
         self.restarts = 0
 
     # -- process ---------------------------------------------------------------------------
-    def start(self) -> dict[str, Any]:
+    def start(self) -> Answer:
         """Start the worker and return its greeting (GPU name, vLLM's file name, versions).
 
         Raises :class:`AutotuneError` when the worker cannot time anything at all."""
@@ -91,7 +102,7 @@ class WorkerTimer:
         except OSError:
             pass  # it exited already: ready() says so
 
-    def ready(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def ready(self, timeout_s: float | None = None) -> Answer:
         """The greeting of the worker :meth:`launch` started, within ``timeout_s`` (default
         ``start_timeout_s``) of its launch; raises :class:`AutotuneError` (and stops it)
         when none comes."""
@@ -127,12 +138,12 @@ class WorkerTimer:
             self._log.close()
             self._log = None
 
-    def _send(self, obj: dict[str, Any]) -> None:
+    def _send(self, obj: Mapping[str, object]) -> None:
         assert self._proc is not None and self._proc.stdin is not None
         self._proc.stdin.write(json.dumps(obj) + "\n")
         self._proc.stdin.flush()
 
-    def _receive(self, timeout_s: float) -> dict[str, Any] | str:
+    def _receive(self, timeout_s: float) -> Answer | str:
         """The worker's next answer, or "crash" (it exited) or "timeout" (no answer)."""
         assert self._proc is not None and self._proc.stdout is not None
         deadline = time.monotonic() + timeout_s
@@ -143,7 +154,8 @@ class WorkerTimer:
                 line = self._proc.stdout.readline()
                 if not line:
                     return "crash"  # end of its output: the worker exited
-                return dict(json.loads(line))
+                answer: Answer = json.loads(line)
+                return answer
             if self._proc.poll() is not None:
                 return "crash"
             if time.monotonic() >= deadline:
@@ -193,13 +205,13 @@ class WorkerTimer:
         return float(answer["us"])
 
 
-def start_workers(timers: Sequence[WorkerTimer]) -> list[dict[str, Any]]:
+def start_workers(timers: Sequence[WorkerTimer]) -> list[Answer]:
     """Start every worker at once and wait for all their greetings (in ``timers``' order).
 
     When one cannot start, all are stopped and an :class:`AutotuneError` names each that
     failed (one line), as :meth:`WorkerTimer.start` does for one."""
     errors: list[AutotuneError] = []
-    hellos: list[dict[str, Any]] = []
+    hellos: list[Answer] = []
     try:
         for w in timers:
             w.launch()

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,6 +52,7 @@ from autotune.kernels._search import (
     KernelTimer,
     SearchSettings,
     SizeResult,
+    SizeRow,
     TimingCosts,
     kept_default_reason,
     search_size,
@@ -63,6 +64,9 @@ from autotune.kernels._sizes import (
     token_counts,
 )
 from autotune.kernels._space import KEYS, KernelConfig, default_config
+
+if TYPE_CHECKING:
+    from autotune.kernels._timer import TimerOptions, WorkerTimer
 
 __all__ = ["KernelsUnavailable", "MoeTuneResult", "MoeTuneSettings", "Progress",
            "check_cuda", "tune_moe", "write_moe_config"]
@@ -158,7 +162,7 @@ def write_moe_config(path: Path, best: dict[int, dict[str, int]],
                      triton_version: str | None = None) -> None:
     """Write vLLM's JSON format: ``{"<M>": {BLOCK_SIZE_M..num_stages}, ...}`` sorted by M
     (``triton_version`` as vLLM's benchmark records it; the loader drops that key)."""
-    obj: dict[str, Any] = {}
+    obj: dict[str, str | dict[str, int]] = {}
     if triton_version:
         obj["triton_version"] = triton_version
     for m in sorted(best):
@@ -168,7 +172,7 @@ def write_moe_config(path: Path, best: dict[int, dict[str, int]],
 
 
 def _previous(results_path: Path, shape: MoeShape, gpu_name: str,
-              search: SearchSettings) -> dict[int, dict[str, Any]]:
+              search: SearchSettings) -> dict[int, SizeRow]:
     """Token counts tuned by an earlier run into the same folder, if it matches."""
     try:
         old = json.loads(results_path.read_text())
@@ -180,7 +184,7 @@ def _previous(results_path: Path, shape: MoeShape, gpu_name: str,
     return {int(r["m"]): r for r in old.get("sizes", []) if r.get("best")}
 
 
-def _timing_settings(search: Any) -> Any:
+def _timing_settings(search: object) -> object:
     """What a search's times depend on: ``min_gain`` only decides the verdict (taken again
     from the recorded times), and results written before it existed lack it."""
     if not isinstance(search, dict):
@@ -188,11 +192,12 @@ def _timing_settings(search: Any) -> Any:
     return {k: v for k, v in search.items() if k != "min_gain"}
 
 
-def _earlier_row(row: dict[str, Any], min_gain: float) -> tuple[dict[str, Any], KernelConfig]:
+def _earlier_row(row: SizeRow, min_gain: float) -> tuple[SizeRow, KernelConfig]:
     """An earlier run's row with its verdict decided at ``min_gain``, and the config the
     file holds for it."""
-    best: KernelConfig = row["best"]
-    default: KernelConfig | None = row.get("default")
+    best = row["best"]
+    assert best is not None  # _previous keeps the rows with a best only
+    default = row.get("default")
     if default is None or best == default:
         return {**row, "kept_default": None}, best
     kept = kept_default_reason(row.get("speedup"), min_gain)
@@ -286,10 +291,10 @@ def _run_workers(todo: list[TokenCount], timers: Sequence[KernelTimer], shape: M
 
 
 def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: MoeTuneSettings,
-                   search: SearchSettings, prev: dict[int, dict[str, Any]],
+                   search: SearchSettings, prev: dict[int, SizeRow],
                    versions: dict[str, str]) -> None:
     best: dict[int, KernelConfig] = {}
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, SizeRow] = {}
     for m, row in prev.items():
         rows[m], best[m] = _earlier_row(row, search.min_gain)
     for r in result.results:
@@ -331,8 +336,8 @@ def _write_outputs(out: Path, file_name: str, result: MoeTuneResult, settings: M
 
 
 def _start_workers(shape: MoeShape, gpus: list[int], logs: Path, seed: int, file_name: str,
-                   *, budget_left_s: float | None = None, **timer_kw: Any
-                   ) -> tuple[list[KernelTimer], list[Any], dict[str, str]]:
+                   *, budget_left_s: float | None = None, **timer_kw: Unpack[TimerOptions]
+                   ) -> tuple[list[KernelTimer], list[WorkerTimer], dict[str, str]]:
     """One worker per GPU, all started at once; each checks that vLLM itself names the file
     as autotune does. ``budget_left_s``: what is left of the budget now (a timing's
     timeout is cut to it); ``timer_kw``: more :class:`~autotune.kernels._timer.WorkerTimer`
@@ -395,7 +400,7 @@ def tune_moe(settings: MoeTuneSettings, *, timers: Sequence[KernelTimer] | None 
     prev = _previous(result.results_path, shape, name, search) if settings.reuse else {}
     todo = [tc for tc in sizes if tc.m not in prev]
     result.reused = sorted(tc.m for tc in sizes if tc.m in prev)
-    own: list[Any] = []
+    own: list[WorkerTimer] = []
     versions: dict[str, str] = _old_versions(result.results_path) if prev else {}
     try:
         if timers is None and todo:

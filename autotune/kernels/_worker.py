@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
+from typing import NotRequired, TextIO, TypedDict
 
 __all__ = ["GRAPH_CALLS", "WARMUP_REPLAYS", "main"]
 
@@ -30,10 +30,37 @@ GRAPH_CALLS = 10
 WARMUP_REPLAYS = 5
 
 
+class WorkerShape(TypedDict):
+    """The MoE shape the driver sends a worker (``MoeShape`` with its activation)."""
+
+    experts: int
+    intermediate: int
+    hidden: int
+    topk: int
+    gated: bool
+    torch_dtype: str
+    config_dtype: str | None
+    block_shape: tuple[int, int] | list[int] | None
+    activation: str
+
+
+class Answer(TypedDict):
+    """One line a worker writes: its greeting (``device``, ``file_name``, ``versions``), a
+    timing (``us``), or why it has neither (``reason``, ``message``)."""
+
+    ok: bool
+    device: NotRequired[str]
+    file_name: NotRequired[str]
+    versions: NotRequired[dict[str, str]]
+    us: NotRequired[float]
+    reason: NotRequired[str]
+    message: NotRequired[str]
+
+
 class _Bench:
     """The tensors of one MoE layer on the GPU, made once per worker."""
 
-    def __init__(self, shape: dict[str, Any], seed: int) -> None:
+    def __init__(self, shape: WorkerShape, seed: int) -> None:
         import torch
 
         self.torch = torch
@@ -63,7 +90,7 @@ class _Bench:
         gating = torch.empty(m, e, dtype=torch.float32)
         gating.copy_(logits[0])
 
-        def run() -> Any:
+        def run() -> object:
             with override_config(dict(config)):
                 weights, ids, _ = fused_topk(x, gating, topk, renormalize=True)
                 return fused_experts(x, self.w1, self.w2, weights, ids, activation=activation)
@@ -106,7 +133,7 @@ def _classify(exc: BaseException) -> str:
     return "error"
 
 
-def _hello(shape: dict[str, Any]) -> dict[str, Any]:
+def _hello(shape: WorkerShape) -> Answer:
     import torch
     import triton
     import vllm
@@ -125,7 +152,7 @@ def _hello(shape: dict[str, Any]) -> dict[str, Any]:
 
 
 def _serve(inp: TextIO, out: TextIO) -> int:
-    def send(obj: dict[str, Any]) -> None:
+    def send(obj: Answer) -> None:
         out.write(json.dumps(obj) + "\n")
         out.flush()
 

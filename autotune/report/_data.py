@@ -290,6 +290,7 @@ def load_report_data(*, storage: str, study_name: str | None = None,
                 f"{' (no such file)' if store is None else ''}; a study keeps its stores in "
                 "its --out folder: pass --out DIR (or --storage with the URL the study used), "
                 "or run 'autotune tune' first")
+    assert store is not None  # without a store there is no study name: raised above
     try:
         study = optuna.load_study(study_name=study_name, storage=store)
     except KeyError:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     )
     from autotune.space._space import (
         ROUTING_SIMULATION_ENV,
+        Knob,
         LaunchSpec,
         SearchSpace,
         dummy_routing_warning,
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ROUTING_SIMULATION_ENV",
+    "Knob",
     "LaunchSpec",
     "ModelFacts",
     "SearchSpace",
@@ -33,6 +35,7 @@ __all__ = [
 __getattr__ = lazy_exports(__name__, {
     "autotune.space._facts": ("ModelFacts",),
     "autotune.space._space": (
+        "Knob",
         "LaunchSpec",
         "ROUTING_SIMULATION_ENV",
         "SearchSpace",

@@ -24,15 +24,20 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autotune.errors import SpaceError
+from autotune.events import ParamValue
 from autotune.parallelism import flag_value
 from autotune.space._expr import _Expr
 from autotune.space._facts import _FACTS, ModelFacts, _has_routed_experts
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+    from optuna.trial import BaseTrial
 
 
 class Knob(BaseModel):
@@ -46,16 +51,16 @@ class Knob(BaseModel):
     high: float | None = None
     step: float | None = None
     log: bool = False
-    choices: list[Any] | None = None
+    choices: list[ParamValue] | None = None
     # Where the value goes (exactly one of flag / json / env, or derive-only):
     flag: str | None = None  # "--max-num-seqs"; bools become --x / --no-x
     # e.g. "--speculative-config.num_speculative_tokens"
     json_flag: str | None = Field(default=None, alias="json")
     env: str | None = None  # "OMP_NUM_THREADS"
     virtual: bool = False  # no flag of its own: only feeds `derive` expressions
-    omit_when: Any = None  # value that means "leave the flag out" (e.g. MTP depth 0 = off)
+    omit_when: ParamValue = None  # value that means "leave the flag out" (e.g. MTP depth 0 = off)
     when: str | None = None  # condition for the knob to exist
-    default: Any = None  # vLLM's own default (the baseline trial uses it; None = unknown)
+    default: ParamValue = None  # vLLM's own default (the baseline trial uses it; None = unknown)
     lossy: bool = False  # changes outputs (quality probe)
     # "moe": the value "tuned" sets the knob's env to the folder of kernel configs the
     # study tunes for this model, GPU and shape before trial 0 (autotune kernels moe)
@@ -101,27 +106,34 @@ class Knob(BaseModel):
             raise ValueError(f"default {self.default!r} is outside the knob's values")
         return self
 
-    def contains(self, value: Any) -> bool:
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(low, high) of an int or float knob (its validator makes sure both are set)."""
+        if self.low is None or self.high is None:
+            raise SpaceError(f"knob {self.name!r} is {self.type}: it has no low/high")
+        return self.low, self.high
+
+    def contains(self, value: object) -> bool:
         if self.type == "bool":
             return isinstance(value, bool)
         if self.type == "categorical":
             return value in (self.choices or [])
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return False
-        return float(self.low) <= float(value) <= float(self.high)  # type: ignore[arg-type]
+        low, high = self.bounds
+        return low <= float(value) <= high
 
-    def distribution(self) -> Any:
+    def distribution(self) -> BaseDistribution:
         import optuna.distributions as d
 
         if self.type == "bool":
             return d.CategoricalDistribution([False, True])
         if self.type == "categorical":
             return d.CategoricalDistribution(list(self.choices or []))
+        low, high = self.bounds
         if self.type == "int":
-            return d.IntDistribution(int(self.low), int(self.high), log=self.log,  # type: ignore[arg-type]
-                                     step=int(self.step or 1))
-        return d.FloatDistribution(float(self.low), float(self.high), log=self.log,  # type: ignore[arg-type]
-                                   step=self.step)
+            return d.IntDistribution(int(low), int(high), log=self.log, step=int(self.step or 1))
+        return d.FloatDistribution(low, high, log=self.log, step=self.step)
 
 
 class Rule(BaseModel):
@@ -171,7 +183,7 @@ def dummy_routing_warning(model: str | Path, flags: Sequence[str], env: Mapping[
 
 
 #: a check beyond the rules: (params, their launch spec) -> why vLLM would refuse them
-Check = Callable[[Mapping[str, Any], LaunchSpec], list[str]]
+Check = Callable[[Mapping[str, object], LaunchSpec], list[str]]
 
 
 class _StandIn(BaseModel):
@@ -181,7 +193,7 @@ class _StandIn(BaseModel):
 
     fixed_flags: list[str] = Field(default_factory=list)
     fixed_env: dict[str, str] = Field(default_factory=dict)
-    fixed_json: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    fixed_json: dict[str, dict[str, object]] = Field(default_factory=dict)
     derive: dict[str, str] = Field(default_factory=dict)
 
 
@@ -192,7 +204,7 @@ class _SpaceFile(BaseModel):
     description: str = ""
     fixed_flags: list[str] = Field(default_factory=list)
     fixed_env: dict[str, str] = Field(default_factory=dict)
-    fixed_json: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    fixed_json: dict[str, dict[str, object]] = Field(default_factory=dict)
     knobs: dict[str, Knob]
     rules: list[Rule] = Field(default_factory=list)
     # "--flag" or "--json-flag.key" -> expression; None leaves the flag out. Applied to every
@@ -299,24 +311,24 @@ class SearchSpace:
         return flag_value(self._spec.fixed_flags, flag)
 
     # -- facts ------------------------------------------------------------------------------
-    def _env(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        env: dict[str, Any] = dict.fromkeys(self.knobs)
+    def _env(self, params: Mapping[str, object]) -> dict[str, object]:
+        env: dict[str, object] = dict.fromkeys(self.knobs)
         env.update(self.facts.model_dump())
         env.update(params)
         return env
 
-    def is_active(self, knob: str, params: Mapping[str, Any]) -> bool:
+    def is_active(self, knob: str, params: Mapping[str, object]) -> bool:
         cond = self._when.get(knob)
         return True if cond is None else bool(cond(self._env(params)))
 
     # -- sampling ---------------------------------------------------------------------------
-    def suggest(self, trial: Any, *, baseline: bool = False) -> dict[str, Any]:
+    def suggest(self, trial: BaseTrial, *, baseline: bool = False) -> dict[str, ParamValue]:
         """Sample a config with an Optuna trial (define-by-run, conditions respected).
 
         With ``baseline=True`` only knobs with a known vLLM ``default`` are set (to it), so the
         trial stands for vLLM's defaults.
         """
-        params: dict[str, Any] = {}
+        params: dict[str, ParamValue] = {}
         for name, knob in self.knobs.items():  # YAML order: conditions name earlier knobs
             if not self.is_active(name, params):
                 continue
@@ -327,25 +339,23 @@ class SearchSpace:
                     name, [False, True] if knob.type == "bool" else list(knob.choices or [])
                 )
             elif knob.type == "int":
-                params[name] = trial.suggest_int(
-                    name, int(knob.low), int(knob.high), log=knob.log,  # type: ignore[arg-type]
-                    step=int(knob.step or 1),
-                )
+                low, high = knob.bounds
+                params[name] = trial.suggest_int(name, int(low), int(high), log=knob.log,
+                                                 step=int(knob.step or 1))
             else:
-                params[name] = trial.suggest_float(
-                    name, float(knob.low), float(knob.high), log=knob.log, step=knob.step  # type: ignore[arg-type]
-                )
+                low, high = knob.bounds
+                params[name] = trial.suggest_float(name, low, high, log=knob.log, step=knob.step)
         return params
 
-    def baseline_params(self) -> dict[str, Any]:
+    def baseline_params(self) -> dict[str, ParamValue]:
         """Knob values of vLLM's defaults (for enqueueing the baseline trial)."""
-        params: dict[str, Any] = {}
+        params: dict[str, ParamValue] = {}
         for name, knob in self.knobs.items():
             if knob.default is not None and self.is_active(name, params):
                 params[name] = knob.default
         return params
 
-    def violations(self, params: Mapping[str, Any]) -> list[str]:
+    def violations(self, params: Mapping[str, object]) -> list[str]:
         """Reasons this config would be rejected by vLLM (empty when valid)."""
         out: list[str] = []
         env = self._env(params)
@@ -374,7 +384,7 @@ class SearchSpace:
                 out.extend(check(params, launch))
         return out
 
-    def lossy_knobs(self, params: Mapping[str, Any]) -> list[str]:
+    def lossy_knobs(self, params: Mapping[str, object]) -> list[str]:
         """Lossy knobs set to something other than their reference default."""
         return [
             k for k, v in params.items()
@@ -382,15 +392,15 @@ class SearchSpace:
         ]  # fmt: skip
 
     # -- launch -----------------------------------------------------------------------------
-    def launch_spec(self, params: Mapping[str, Any], *, baseline: bool = False) -> LaunchSpec:
+    def launch_spec(self, params: Mapping[str, object], *, baseline: bool = False) -> LaunchSpec:
         """Engine flags and environment for ``params`` (fixed flags included).
 
         The baseline passes only the fixed flags: it measures vLLM's own defaults.
         """
         flags: list[str] = list(self._spec.fixed_flags)
         env: dict[str, str] = dict(self._spec.fixed_env)
-        json_args: dict[str, dict[str, Any]] = {}
-        values: dict[str, Any] = {} if baseline else dict(params)
+        json_args: dict[str, dict[str, object]] = {}
+        values: dict[str, object] = {} if baseline else dict(params)
         for name, value in values.items():
             knob = self.knobs[name]
             if knob.virtual or value is None or (
@@ -433,7 +443,7 @@ class SearchSpace:
         return LaunchSpec(flags=tuple(flags), env=env)
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, float) and value.is_integer():
@@ -441,7 +451,7 @@ def _scalar(value: Any) -> str:
     return str(value)
 
 
-def _flag_args(flag: str, value: Any) -> list[str]:
+def _flag_args(flag: str, value: object) -> list[str]:
     if isinstance(value, bool):
         if flag.startswith("--"):
             return [flag] if value else ["--no-" + flag[2:]]

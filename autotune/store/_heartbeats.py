@@ -11,10 +11,12 @@ import threading
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.storages import BaseStorage
+    from optuna.storages._heartbeat import BaseHeartbeat
 from autotune.store._keys import A, FailureReason, State
 
 logger = logging.getLogger(__name__)
@@ -88,10 +90,13 @@ class Owner:
         return f"{self.host} pid {self.pid}"
 
 
-def _heartbeat_interval(storage: Any) -> int | None:
-    """The storage's heartbeat interval; None where heartbeats are off or not supported."""
-    get = getattr(storage, "get_heartbeat_interval", None)
-    return get() if callable(get) else None
+def _beating(storage: BaseStorage) -> BaseHeartbeat | None:
+    """The storage's heartbeat contract; None where heartbeats are off or not supported."""
+    from optuna.storages._heartbeat import BaseHeartbeat
+
+    if isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval() is not None:
+        return storage
+    return None
 
 
 class Heartbeats:
@@ -100,9 +105,9 @@ class Heartbeats:
     inside ``Study.optimize``; an ask/tell loop needs this one). Does nothing on a storage
     without heartbeats. Use :meth:`start` and :meth:`stop` (in a ``finally``)."""
 
-    def __init__(self, storage: Any) -> None:
-        self.storage = storage
-        self.interval_s = _heartbeat_interval(storage)
+    def __init__(self, storage: BaseStorage) -> None:
+        self.storage = _beating(storage)
+        self.interval_s = None if self.storage is None else self.storage.get_heartbeat_interval()
         self._ids: set[int] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -141,7 +146,7 @@ class Heartbeats:
                 self._beat(trial_id)
 
     def _beat(self, trial_id: int) -> None:
-        if self.interval_s is None:
+        if self.storage is None:
             return
         try:
             self.storage.record_heartbeat(trial_id)
@@ -155,7 +160,7 @@ class Heartbeats:
             self._failing = False
 
 
-def _fail_running(storage: Any, trial_id: int, reason: str, message: str) -> bool:
+def _fail_running(storage: BaseStorage, trial_id: int, reason: str, message: str) -> bool:
     """Reason first, then FAIL (a finished trial's attributes can no longer be written).
     False when the trial finished meanwhile (its tuner told it, or another tuner failed it)."""
     from optuna.exceptions import UpdateFinishedTrialError
@@ -170,7 +175,7 @@ def _fail_running(storage: Any, trial_id: int, reason: str, message: str) -> boo
         return False
 
 
-def _gone_at_once(t: Any, me: Owner, grace_s: float) -> str | None:
+def _gone_at_once(t: optuna.trial.FrozenTrial, me: Owner, grace_s: float) -> str | None:
     """Why a RUNNING trial's tuner is known to be gone now (None: not known)."""
     owner = Owner.of(t)
     if owner is None:  # written before owners were recorded, or asked a moment ago
@@ -202,7 +207,7 @@ def fail_stale_trials(study: optuna.Study, *, me: Owner, heartbeat: Heartbeat) -
 
     from optuna.trial import TrialState
 
-    storage: Any = study._storage  # the heartbeat contract is not on BaseStorage
+    storage = study._storage
     running = {t._trial_id: t for t in study.get_trials(deepcopy=False,
                                                           states=(TrialState.RUNNING,))}
     out: dict[int, str] = {}
@@ -212,8 +217,9 @@ def fail_stale_trials(study: optuna.Study, *, me: Owner, heartbeat: Heartbeat) -
             out[t.number] = FailureReason.TUNER_DIED
             logger.warning("trial %d: %s; marked failed", t.number, why)
     stale: list[int] = []
-    if _heartbeat_interval(storage) is not None:
-        stale = storage._get_stale_trial_ids(study._study_id)
+    beating = _beating(storage)  # the heartbeat contract is not on BaseStorage
+    if beating is not None:
+        stale = beating._get_stale_trial_ids(study._study_id)
     for trial_id in stale:
         if trial_id not in running:  # started after the list above: its tuner is alive
             continue
@@ -226,7 +232,7 @@ def fail_stale_trials(study: optuna.Study, *, me: Owner, heartbeat: Heartbeat) -
         if _fail_running(storage, trial_id, FailureReason.STALE, why):
             out[t.number] = FailureReason.STALE
             logger.warning("trial %d: %s; marked failed", t.number, why)
-            callback = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
+            callback = None if beating is None else beating.get_heartbeat_stale_trial_callback()
             if callback is not None:
                 callback(study, copy.deepcopy(storage.get_trial(trial_id)))
     return out

@@ -7,11 +7,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypedDict, overload
 
 from autotune.credentials import redact
 from autotune.errors import StudyError
 from autotune.store._heartbeats import Heartbeat
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage, RDBStorage
 
 logger = logging.getLogger(__name__)
 
@@ -24,15 +27,31 @@ def sqlite_path(url: str) -> Path | None:
     return None if path in ("", ":memory:") else Path(path)
 
 
-def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None = None) -> Any:
+class _StorageArgs(TypedDict, total=False):
+    """Keyword arguments of ``optuna.storages.RDBStorage``."""
+
+    heartbeat_interval: int
+    grace_period: int
+    engine_kwargs: dict[str, object]
+
+
+@overload
+def open_storage(url: str, *, create: Literal[True] = True,
+                 heartbeat: Heartbeat | None = None) -> RDBStorage: ...
+@overload
+def open_storage(url: str, *, create: bool,
+                 heartbeat: Heartbeat | None = None) -> RDBStorage | None: ...
+def open_storage(url: str, *, create: bool = True,
+                 heartbeat: Heartbeat | None = None) -> RDBStorage | None:
     """An Optuna RDB storage; SQLite files get their folder and a generous lock timeout.
 
     ``create=False``: a SQLite file that does not exist is not created and None is returned
     (looking something up must not leave files behind). ``heartbeat``: the storage a tuner
     runs trials on records Optuna heartbeats (:class:`Heartbeats`, :func:`fail_stale_trials`)."""
-    kwargs: dict[str, Any] = {}
+    kwargs: _StorageArgs = {}
     if heartbeat is not None:
-        kwargs.update(heartbeat_interval=heartbeat.interval_s, grace_period=heartbeat.grace_s)
+        kwargs["heartbeat_interval"] = heartbeat.interval_s
+        kwargs["grace_period"] = heartbeat.grace_s
     if url.startswith("sqlite:///"):
         path = sqlite_path(url)
         if path is not None:
@@ -54,7 +73,7 @@ def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None =
         ) from exc
 
 
-def _rdb_storage(url: str, kwargs: dict[str, Any], attempts: int = 5) -> Any:
+def _rdb_storage(url: str, kwargs: _StorageArgs, attempts: int = 5) -> RDBStorage:
     """Optuna's RDB storage, opened again when another process created its schema at the
     same moment. Two processes opening a fresh storage at once (two tuners joining one
     study, a status next to a starting tune) both create the tables and one fails ("table
@@ -63,7 +82,7 @@ def _rdb_storage(url: str, kwargs: dict[str, Any], attempts: int = 5) -> Any:
 
     import optuna
 
-    def open_it() -> Any:
+    def open_it() -> RDBStorage:
         with warnings.catch_warnings():  # the heartbeat arguments are "experimental"
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(url, **kwargs)
@@ -86,7 +105,7 @@ def schema_race(exc: BaseException) -> bool:
         "alembic_version" in text and ("unique" in text or "duplicate" in text))
 
 
-def latest_study(storage: Any) -> str | None:
+def latest_study(storage: str | BaseStorage) -> str | None:
     """The name of the study started last in ``storage`` (None when it holds none)."""
     import optuna
 

@@ -8,23 +8,24 @@ import json
 import logging
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
+    from optuna.study import Study
+    from optuna.trial import BaseTrial, FrozenTrial
 from autotune.store._keys import N_CONSTRAINTS, STOPPED, A, FailureReason, State
 
 logger = logging.getLogger(__name__)
 
 
-def constraints(trial: Any) -> list[float]:
+def constraints(trial: BaseTrial) -> list[float]:
     """Constraint values of a finished trial (> 0 = violated)."""
     return [float(v) for v in (getattr(trial, "constraints", None) or {}).values()] or list(
         trial.user_attrs.get(A.CONSTRAINTS, [0.0] * N_CONSTRAINTS)
     )
 
 
-def set_constraints(trial: Any, *, failed: float, slo: float, errors: float,
+def set_constraints(trial: BaseTrial, *, failed: float, slo: float, errors: float,
                     quality: float = 0.0) -> None:
     """Record constraint values (Optuna's samplers treat any value > 0 as infeasible)."""
     values = {"failed": failed, "slo": slo, "errors": errors, "quality": quality}
@@ -33,7 +34,7 @@ def set_constraints(trial: Any, *, failed: float, slo: float, errors: float,
     trial.set_user_attr(A.CONSTRAINTS, list(values.values()))
 
 
-def mark_failed(trial: Any, reason: str, message: str) -> None:
+def mark_failed(trial: BaseTrial, reason: str, message: str) -> None:
     """A trial with no measurement: state failed, its reason, and the failed constraint."""
     trial.set_user_attr(A.STATE, State.FAILED)
     trial.set_user_attr(A.REASON, reason)
@@ -41,12 +42,12 @@ def mark_failed(trial: Any, reason: str, message: str) -> None:
     set_constraints(trial, failed=1.0, slo=0.0, errors=0.0, quality=0.0)
 
 
-def is_prior(t: Any) -> bool:
+def is_prior(t: BaseTrial) -> bool:
     """A trial copied from an earlier study by a warm start (measured under another shape)."""
     return A.PRIOR in t.user_attrs
 
 
-def server_gpus_of(t: Any) -> int:
+def server_gpus_of(t: BaseTrial) -> int:
     """GPUs one server of a trial's config uses (1 for trials stored before autotune
     counted them). Every per-GPU figure of a study divides a server's figure by this."""
     try:
@@ -55,12 +56,12 @@ def server_gpus_of(t: Any) -> int:
         return 1
 
 
-def primary(t: Any) -> float:
+def primary(t: FrozenTrial) -> float:
     """The objective value (the first one for a Pareto study: throughput or goodput)."""
     return float(t.values[0])
 
 
-def feasible(t: Any) -> bool:
+def feasible(t: FrozenTrial) -> bool:
     """A measured trial of this study that met every constraint.
 
     COMPLETE, not a prior, a finite value, and state ``ok`` (trials written before
@@ -77,19 +78,19 @@ def feasible(t: Any) -> bool:
     return all(c <= 0 for c in constraints(t))
 
 
-def config_key(t: Any) -> str:
+def config_key(t: FrozenTrial) -> str:
     """Trials with the same key ran the same engine config."""
     return json.dumps({"baseline": bool(t.user_attrs.get(A.BASELINE)), "params": t.params},
                       sort_keys=True, default=str)
 
 
-def mlflow_run(study: Any, t: Any) -> str | None:
+def mlflow_run(study: Study, t: FrozenTrial) -> str | None:
     """The MLflow run id of a trial (kept on the study: the trial is final when it is logged)."""
     rid = study.user_attrs.get(f"{A.MLFLOW_RUN}.{t.number}") or t.user_attrs.get(A.MLFLOW_RUN)
     return str(rid) if rid else None
 
 
-def n_finished(study: Any) -> int:
+def n_finished(study: Study) -> int:
     """Trials that count toward ``--trials``: measured or failed by their config (not
     rejected samples, not priors copied from another study, not trials the tuner's own
     death or interruption stopped)."""
@@ -102,7 +103,7 @@ def n_finished(study: Any) -> int:
                and not is_prior(t))
 
 
-def failures_by_reason(trials: Iterable[Any]) -> dict[str, int]:
+def failures_by_reason(trials: Iterable[FrozenTrial]) -> dict[str, int]:
     """Reason -> count over the failed and infeasible trials."""
     reasons: dict[str, int] = {}
     for t in trials:
@@ -112,13 +113,13 @@ def failures_by_reason(trials: Iterable[Any]) -> dict[str, int]:
     return reasons
 
 
-def best_trial(study: Any) -> FrozenTrial | None:
+def best_trial(study: Study) -> FrozenTrial | None:
     """The feasible trial with the best single reading (for progress displays)."""
     trials = [t for t in study.get_trials(deepcopy=False) if feasible(t)]
     return max(trials, key=primary) if trials else None
 
 
-def baseline_trial(study: Any) -> FrozenTrial | None:
+def baseline_trial(study: Study) -> FrozenTrial | None:
     """The first measured trial of vLLM's defaults."""
     from optuna.trial import TrialState
 
@@ -128,9 +129,9 @@ def baseline_trial(study: Any) -> FrozenTrial | None:
     return None
 
 
-def readings(study: Any) -> dict[str, list[Any]]:
+def readings(study: Study) -> dict[str, list[FrozenTrial]]:
     """Feasible measured trials of this study grouped by config (rechecks included)."""
-    groups: dict[str, list[Any]] = {}
+    groups: dict[str, list[FrozenTrial]] = {}
     for t in study.get_trials(deepcopy=False):
         if feasible(t):
             groups.setdefault(config_key(t), []).append(t)

@@ -9,12 +9,13 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NamedTuple, NotRequired, TypedDict
 
 from autotune.store._keys import _METRICS, A, State, interval_keys
 from autotune.store._trials import feasible, primary, readings, server_gpus_of
 
 if TYPE_CHECKING:
+    from optuna.study import Study
     from optuna.trial import FrozenTrial
 
     from autotune.events import ParamValue
@@ -56,18 +57,18 @@ class Judgement:
     bound: RatioBound | None = None
 
 
-def _fresh(ts: list[Any]) -> list[Any]:
+def _fresh(ts: list[FrozenTrial]) -> list[FrozenTrial]:
     return [t for t in ts if t.user_attrs.get(A.RECHECK_OF) is not None]
 
 
-def study_objective(study: Any) -> str:
+def study_objective(study: Study) -> str:
     """The objective a study maximises (its stored settings; throughput when unknown)."""
     settings = study.user_attrs.get(A.SETTINGS) or {}
     objective = settings.get("objective") if isinstance(settings, dict) else None
     return str(objective) if objective in _METRICS else "throughput"
 
 
-def _within(ts: list[Any]) -> Any:
+def _within(ts: list[FrozenTrial]) -> Interval | None:
     """The within-run interval of a config's first reading (autotune.stats.Interval):
     its output tokens/s."""
     from autotune.measure._stats import Interval
@@ -80,7 +81,7 @@ def _within(ts: list[Any]) -> Any:
     return Interval(primary(ts[0]), lo / n, hi / n)
 
 
-def _brackets(ts: list[Any]) -> list[Interval]:
+def _brackets(ts: list[FrozenTrial]) -> list[Interval]:
     """Each capacity reading's bracket per GPU, [highest pass, lowest fail]: ``high`` inf
     when no level failed (the search stopped at its time cap, level budget or top scale:
     the capacity is at least ``low``, and nothing bounds it above)."""
@@ -119,14 +120,14 @@ def capacity_cut(status: str | None) -> tuple[str, str]:
     return _CUT.get(str(status or ""), _CUT_UNKNOWN)
 
 
-def _cut_short(t: Any, bracket: Interval) -> bool:
+def _cut_short(t: FrozenTrial, bracket: Interval) -> bool:
     """A capacity reading whose search was cut short: no failing level (an open bracket), or
     a cap (time, levels) that ended it before its bracket was within the tolerance."""
     status = (t.user_attrs.get(A.CAPACITY) or {}).get("status")
     return not math.isfinite(bracket.high) or status in ("time", "levels")
 
 
-def _open_reason(cut: list[Any], bound: RatioBound | None,
+def _open_reason(cut: list[FrozenTrial], bound: RatioBound | None,
                  allowed: tuple[float, float] | None = None) -> str:
     """Why a capacity verdict has no ratio: which trials' searches were cut short, where,
     the bound (or range) the brackets still give, and what measures beyond them."""
@@ -165,7 +166,7 @@ def _allowed(config: list[Interval], defaults: list[Interval]) -> tuple[float, f
             gm([iv.high for iv in config]) / gm([iv.low for iv in defaults]))
 
 
-def judge_study(study: Any) -> Judgement | None:
+def judge_study(study: Study) -> Judgement | None:
     """The verdict (docs/measurement.md): the best re-checked config against the defaults.
 
     When the re-check ran, only its fresh-server readings count (a search reading was
@@ -245,7 +246,7 @@ def judge_study(study: Any) -> Judgement | None:
                      cand, base_use, starts_needed=n, recheck_starts_needed=recheck)
 
 
-def _pruned_value(t: Any) -> float | None:
+def _pruned_value(t: FrozenTrial) -> float | None:
     """A pruned trial's output tokens/s per GPU (it has no objective value of its own)."""
     m = t.user_attrs.get(A.METRICS) or {}
     v = m.get("output_tokens_per_s")
@@ -253,7 +254,7 @@ def _pruned_value(t: Any) -> float | None:
             and v > 0 else None)
 
 
-def _judge_pruned(study: Any, base_use: list[Any]) -> Judgement:
+def _judge_pruned(study: Study, base_use: list[FrozenTrial]) -> Judgement:
     """Defaults remain best when no other config was measured feasible; if the pruner
     stopped some, the best of them gives "the best ratio found" from its own segments."""
     from optuna.trial import TrialState
@@ -279,7 +280,7 @@ def _judge_pruned(study: Any, base_use: list[Any]) -> Judgement:
         ratio, base_use, [], base_use, pruned=best)
 
 
-def verdict(study: Any) -> Verdict:
+def verdict(study: Study) -> Verdict:
     """The config best.json names (:func:`judge_study`): its reading nearest its median, its
     readings, and the defaults' first reading and readings."""
     j = judge_study(study)
@@ -365,7 +366,7 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
-def pareto_trials(study: Any) -> list[Any]:
+def pareto_trials(study: Study) -> list[FrozenTrial]:
     """Feasible trials no other feasible trial beats on both objectives, best first."""
     pts = [t for t in study.get_trials(deepcopy=False) if feasible(t) and len(t.values) == 2]
     front = [pts[i] for i in pareto_front([(t.values[0], t.values[1]) for t in pts])]
