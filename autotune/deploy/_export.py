@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from autotune.deploy._fit import Fit, check_fit, context_of
 from autotune.deploy._render import ExportOptions, compose_file, k8s_yaml, serve_script
 from autotune.deploy._source import ExportSource
 from autotune.deploy._standin import Deployable, deployable
 from autotune.errors import AutotuneError
+
+if TYPE_CHECKING:
+    from autotune.traffic import TrafficShape
 
 __all__ = ["ExportError", "Exported", "deploy_config", "export"]
 
@@ -48,7 +51,7 @@ def deploy_config(src: ExportSource) -> Deployable:
 
 
 def export(src: ExportSource, *, fmt: Format, options: ExportOptions | None = None,
-           shape: Any = None, force: bool = False) -> Exported:
+           shape: TrafficShape | None = None, force: bool = False) -> Exported:
     """Render ``src`` as ``fmt``. Refused (:class:`ExportError`) without ``force`` when the
     study never measured the config feasible or its context cannot hold ``shape`` (the
     study's own shape when None and its file is here)."""

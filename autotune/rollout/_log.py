@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from autotune.results import write_json_atomic
 
@@ -21,16 +20,16 @@ class RolloutLog:
     """Appends events to ``path`` (``rollout.jsonl``); ``echo`` also sees each event (the
     CLI prints progress from it)."""
 
-    def __init__(self, path: Path, *, echo: Callable[[Mapping[str, Any]], None] | None = None
+    def __init__(self, path: Path, *, echo: Callable[[Mapping[str, object]], None] | None = None
                  ) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = path.open("a", encoding="utf-8")
         self.echo = echo
-        self.events: list[dict[str, Any]] = []
+        self.events: list[dict[str, object]] = []
 
-    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        rec = {"t": round(time.time(), 3), "event": kind, **fields}
+    def event(self, kind: str, **fields: object) -> dict[str, object]:
+        rec: dict[str, object] = {"t": round(time.time(), 3), "event": kind, **fields}
         self.events.append(rec)
         self._file.write(json.dumps(rec, sort_keys=False, default=str) + "\n")
         self._file.flush()
@@ -39,7 +38,7 @@ class RolloutLog:
             self.echo(rec)
         return rec
 
-    def write_summary(self, summary: Mapping[str, Any]) -> Path:
+    def write_summary(self, summary: Mapping[str, object]) -> Path:
         path = self.path.with_name("summary.json")
         write_json_atomic(path, dict(summary))
         return path

@@ -18,16 +18,24 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal, NotRequired, TypedDict
 
 from autotune.load import _http
-from autotune.rollout._compare import Judgement, ServerScrape, judge, parse_scrape, side_figures
+from autotune.rollout._compare import (
+    Judgement,
+    ServerScrape,
+    SideFigures,
+    judge,
+    parse_scrape,
+    side_figures,
+)
 from autotune.rollout._log import RolloutLog
 from autotune.rollout._plan import Step, plan_steps
 from autotune.rollout._router import RouterClient
 from autotune.rollout._settings import RolloutSettings
 
-__all__ = ["ManagedServer", "RolloutResult", "run_rollout"]
+__all__ = ["ManagedServer", "RolloutRecord", "RolloutResult", "SideRecord", "StepRecord",
+           "run_rollout"]
 
 logger = logging.getLogger(__name__)
 _DEAD_AFTER = 2  # consecutive failed scrapes of a new server: it is dead
@@ -46,13 +54,51 @@ class ManagedServer:
         return self.poll is not None and self.poll() is not None
 
 
+class SideRecord(TypedDict):
+    """One side's figures over a comparison window (``rollout.jsonl``, ``summary.json``)."""
+
+    finished: int
+    errors: int
+    output_tokens_per_s: float
+    running: float
+    waiting: float
+
+
+class StepRecord(TypedDict):
+    """A step of the rollout: a comparison (``decision``, both sides, every metric's
+    verdict) or the final switch (``final``, ``held_s``)."""
+
+    step: int
+    label: str
+    elapsed_s: NotRequired[float]
+    decision: NotRequired[str]
+    why: NotRequired[str]
+    new: NotRequired[SideRecord]
+    old: NotRequired[SideRecord]
+    metrics: NotRequired[list[dict[str, object]]]
+    final: NotRequired[bool]
+    held_s: NotRequired[float]
+
+
+class RolloutRecord(TypedDict):
+    """:class:`RolloutResult` as ``summary.json`` holds it."""
+
+    outcome: Literal["promoted", "rolled_back"]
+    why: str
+    steps: list[StepRecord]
+    lost_requests: int
+    cut_requests: int
+    old: list[str]
+    new: list[str]
+
+
 @dataclass
 class RolloutResult:
     """How the rollout ended: ``promoted`` or ``rolled_back`` (and why), step by step."""
 
     outcome: Literal["promoted", "rolled_back"]
     why: str
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     # held by a new server that died, at its last scrape (running + waiting): a lower bound,
     # requests that reached it after that scrape were cut too; autotune resends none
     lost_requests: int = 0
@@ -60,7 +106,7 @@ class RolloutResult:
     old: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> RolloutRecord:
         return {"outcome": self.outcome, "why": self.why, "steps": self.steps,
                 "lost_requests": self.lost_requests, "cut_requests": self.cut_requests,
                 "old": self.old, "new": self.new}
@@ -152,7 +198,7 @@ class _Run:
             logger.warning("server %s did not answer /metrics this time", url)
         return got
 
-    def hold(self, step: Step) -> dict[str, Any]:
+    def hold(self, step: Step) -> StepRecord:
         """Hold a comparison step until it is decided or the cap passes."""
         urls = [*step.new, *step.old]
         start = self.tick(urls)
@@ -248,9 +294,9 @@ class _Run:
         self.result.lost_requests += lost
 
 
-def _step_record(step: Step, j: Judgement, new: Any, old: Any, elapsed: float
-                 ) -> dict[str, Any]:
-    def side(f: Any) -> dict[str, Any]:
+def _step_record(step: Step, j: Judgement, new: SideFigures, old: SideFigures, elapsed: float
+                 ) -> StepRecord:
+    def side(f: SideFigures) -> SideRecord:
         return {"finished": int(f.finished), "errors": int(f.errors),
                 "output_tokens_per_s": round(f.output_tokens_per_s, 2),
                 "running": f.running, "waiting": f.waiting}

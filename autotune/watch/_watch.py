@@ -17,12 +17,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, ParamSpec, Protocol, TypeVar
 
 from autotune.errors import TrafficError
 from autotune.traffic import ShapeDiff, TrafficShape, diff_shapes, save_shape
@@ -51,6 +51,12 @@ __all__ = [
     "sample_window",
     "watch",
 ]
+
+if TYPE_CHECKING:
+    import numpy as np
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +184,7 @@ def sample_shape(
                               request_log=_log_arrivals(request_log))
 
 
-def _log_arrivals(path: str | Path | None) -> Any:
+def _log_arrivals(path: str | Path | None) -> np.ndarray | None:
     if path is None:
         return None
     from autotune.traffic._vllm_log import read_vllm_request_log
@@ -219,7 +225,7 @@ class WatchEvent:
     message: str | None = None
     dimensions: dict[str, float | None] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -259,7 +265,7 @@ class JsonlLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def _write(self, obj: dict[str, Any]) -> None:
+    def _write(self, obj: Mapping[str, object]) -> None:
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(obj, sort_keys=True) + "\n")
 
@@ -289,7 +295,7 @@ class MlflowWatchLog:
         self.run_id: str | None = None
         self.failed: str | None = None
 
-    def _safe(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _safe(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R | None:
         if self.failed is not None:
             return None
         try:
