@@ -7,9 +7,8 @@ reads both from the content of a ``best.json``. Every figure carries the interva
 measurement it rests on: a lower throughput is a higher price and more GPUs, so a low end
 of the throughput gives the high end of a cost (docs/cost.md).
 
-The unit a price is per is one GPU-hour; a server uses ``gpus_per_server`` of them (1 on
-one GPU, the tensor x data parallel size where a config spreads over several; a CPU
-server counts as one unit).
+A price is per GPU-hour; a server uses ``gpus_per_server`` of them (1 on one GPU, the tensor x
+data parallel size where a config spreads over several; a CPU server counts as one unit).
 """
 
 from __future__ import annotations
@@ -17,9 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.traffic import TrafficShape
 
 __all__ = [
     "HOURS_PER_MONTH",
@@ -212,7 +214,7 @@ def parse_api_price(text: str | Sequence[float] | None) -> list[float] | None:
     """``"0.3,1.2"`` (USD per million input, output tokens) -> ``[0.3, 1.2]``."""
     if text is None or text == "":
         return None
-    parts: list[Any] = (list(text) if not isinstance(text, str)
+    parts: list[str | float] = (list(text) if not isinstance(text, str)
                         else [p.strip() for p in text.split(",")])
     try:
         values = [float(p) for p in parts]
@@ -360,7 +362,7 @@ def study_cost(*, best: Rate, defaults: Rate | None, prices: Prices, traffic: Tr
 # -- from best.json ------------------------------------------------------------------------
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
@@ -411,7 +413,7 @@ def cost_from_best(best: Mapping[str, Any], *, prices: Prices, traffic: TrafficL
                       gpus_per_server=gpus_per_server, unit=unit)
 
 
-def traffic_of(shape: Any) -> TrafficLoad:
+def traffic_of(shape: TrafficShape) -> TrafficLoad:
     """A :class:`TrafficLoad` from a :class:`~autotune.traffic.TrafficShape`."""
     arr = shape.arrivals
     return TrafficLoad(mean_rps=float(shape.rate_rps or 0.0),
@@ -541,7 +543,7 @@ def _from_dict(d: Mapping[str, Any]) -> StudyCost:
 # -- a study's settings -> best.json's ``cost`` --------------------------------------------
 
 
-def prices_of(settings: Any) -> Prices | None:
+def prices_of(settings: object) -> Prices | None:
     """The :class:`Prices` of a study's or bench's settings (``gpu_hour_price``,
     ``api_price``, ``growth``); None without a GPU-hour price (no price is built in)."""
     gpu = getattr(settings, "gpu_hour_price", None)
@@ -561,7 +563,7 @@ def server_gpus(gpus_per_trial: int | None, device: str) -> tuple[int, str]:
     return int(gpus_per_trial), "GPU"
 
 
-def best_cost(best: Mapping[str, Any], *, settings: Any, shape: Any,
+def best_cost(best: Mapping[str, Any], *, settings: object, shape: TrafficShape,
               device: str) -> dict[str, Any] | None:
     """best.json's ``cost`` (None when the settings give no GPU-hour price)."""
     prices = prices_of(settings)
@@ -576,7 +578,7 @@ def cost_metrics(cost: Mapping[str, Any]) -> dict[str, float]:
     """Flat ``cost.*`` metrics of best.json's ``cost`` (for the MLflow study run)."""
     out: dict[str, float] = {}
 
-    def put(key: str, v: Any) -> None:
+    def put(key: str, v: object) -> None:
         x = _num(v)
         if x is not None:
             out[key] = x

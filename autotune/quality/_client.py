@@ -56,7 +56,7 @@ class ProbeOutputs(BaseModel):
 # Running the probe against a server
 
 
-def _finite(x: Any) -> float | None:
+def _finite(x: object) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     v = float(x)

@@ -87,7 +87,7 @@ def lm_eval_command(
     return cmd
 
 
-def _arg(v: Any) -> str:
+def _arg(v: object) -> str:
     if isinstance(v, bool):
         return "True" if v else "False"
     return str(v)

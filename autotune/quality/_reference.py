@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -21,6 +21,7 @@ from autotune.quality._client import ProbeOutputs, run_probe
 from autotune.quality._probe import ProbeSet
 
 if TYPE_CHECKING:
+    from autotune.events import ParamValue
     from autotune.space import SearchSpace
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,8 @@ _CACHE_FORMAT: Final = 1
 # The reference
 
 
-def reference_params(space: SearchSpace, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def reference_params(space: SearchSpace, params: Mapping[str, ParamValue] | None = None
+                     ) -> dict[str, ParamValue]:
     """Knob values of the reference config: ``params`` (default: the space's baseline values)
     with every active lossy knob at its ``default`` (its full-precision value).
 
