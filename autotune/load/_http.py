@@ -16,7 +16,6 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["HttpError", "Response", "aget", "get", "post", "post_json"]
 
@@ -56,7 +55,7 @@ def post(url: str, data: bytes = b"", *, timeout_s: float = 60.0) -> Response:
     return _send(urllib.request.Request(url, data=data, method="POST"), timeout_s)
 
 
-def post_json(url: str, payload: Any, *, timeout_s: float = 60.0) -> Response:
+def post_json(url: str, payload: object, *, timeout_s: float = 60.0) -> Response:
     """POST ``payload`` as JSON to ``url``."""
     data = json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="POST",

@@ -34,7 +34,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from jinja2 import Template
+
+    from autotune.traffic import Schedule, TrafficShape
 
 from autotune.errors import AutotuneError
 
@@ -71,7 +76,7 @@ def model_vocab_size(model: str | Path) -> int:
     return int(vocab)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> dict[str, object]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -81,7 +86,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: object) -> str | None:
     if isinstance(value, str):
         return value
     if isinstance(value, dict) and isinstance(value.get("content"), str):
@@ -106,7 +111,7 @@ def chat_template(model_dir: Path) -> str | None:
     return None
 
 
-def _compile_template(source: str, where: Path) -> Any:
+def _compile_template(source: str, where: Path) -> Template:
     """Compile a chat template the way transformers does (sandboxed, same options)."""
     try:
         from jinja2 import TemplateError
@@ -118,8 +123,8 @@ def _compile_template(source: str, where: Path) -> Any:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None,
-               separators: Any = None, sort_keys: bool = False) -> str:
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | str | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
                           separators=separators, sort_keys=sort_keys)
 
@@ -149,8 +154,8 @@ class ModelPrompts:
         self.model_dir = Path(model_dir)
         self.api: Api = api
         self.overhead = 0
-        self._template: Any = None
-        self._vars: dict[str, Any] = {}
+        self._template: Template | None = None
+        self._vars: dict[str, str] = {}
         path = self.model_dir / "tokenizer.json"
         if not path.exists():
             self._no_tokenizer()
@@ -235,6 +240,8 @@ class ModelPrompts:
         self.overhead = len(self._encode([self._render(word * n)])[0]) - n
 
     def _render(self, content: str) -> str:
+        if self._template is None:
+            raise PromptError(f"{self.model_dir}: no chat template to render a message with")
         try:
             return str(self._template.render(
                 messages=[{"role": "user", "content": content}],
@@ -289,7 +296,7 @@ class ModelPrompts:
         return out
 
     # -- schedules --------------------------------------------------------------------------
-    def fit(self, schedule: Any) -> Any:
+    def fit(self, schedule: Schedule) -> Schedule:
         """``schedule`` with every request made exact for this API.
 
         Its prompt ids must come from :attr:`token_ids` (``build_schedule(token_ids=...)``).
@@ -330,8 +337,8 @@ def model_prompts(model_dir: str | Path, *, api: Api = "completions") -> ModelPr
     return _cached(str(d), api, stamp)
 
 
-def build_prompts(shape: Any, *, model: str | Path, api: str = "completions",
-                  **kwargs: Any) -> Any:
+def build_prompts(shape: TrafficShape, *, model: str | Path, api: str = "completions",
+                  **kwargs: Any) -> Schedule:
     """:func:`autotune.traffic.build_schedule` with prompts exact for ``model`` and ``api``.
 
     ``kwargs`` go to ``build_schedule`` (seed, mode, concurrency, lengths...).

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -37,7 +37,7 @@ class _Choice(msgspec.Struct, gc=False):
 class _Chunk(msgspec.Struct, gc=False):
     choices: list[_Choice] | None = None
     usage: _Usage | None = None
-    error: Any = None
+    error: object = None  # any JSON: only reported
 
 
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
@@ -48,7 +48,7 @@ _encode = msgspec.json.Encoder().encode
 
 def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
     if api == "completions":
-        payload: dict[str, Any] = {"model": model, "prompt": list(spec.prompt_token_ids)}
+        payload: dict[str, object] = {"model": model, "prompt": list(spec.prompt_token_ids)}
         payload["max_tokens"] = spec.max_tokens
     else:
         text = spec.prompt
