@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TypeVar
 
 __all__ = ["URL_FIELDS", "has_password", "redact", "redact_settings", "warn_if_password"]
 
@@ -40,13 +40,17 @@ def redact(text: str) -> str:
                          text)
 
 
-def redact_settings(record: Mapping[str, Any]) -> dict[str, Any]:
+_V = TypeVar("_V")
+
+
+def redact_settings(record: Mapping[str, _V]) -> dict[str, _V | str]:
     """A settings record (``TuneSettings.model_dump(mode="json")``) with its store URLs
     redacted: what ``config.yaml``, ``study.json`` and the study's attributes hold."""
-    out = dict(record)
+    out: dict[str, _V | str] = dict(record)
     for key in URL_FIELDS:
-        if isinstance(out.get(key), str):
-            out[key] = redact(out[key])
+        value = out.get(key)
+        if isinstance(value, str):
+            out[key] = redact(value)
     return out
 
 

@@ -30,9 +30,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import EngineError
+
+if TYPE_CHECKING:
+    from autotune.space import SearchSpace
 
 __all__ = [
     "SUPPORTED",
@@ -291,7 +294,7 @@ class Emitted:
     searched: bool = False  # a knob's own target: dropping it leaves the knob without effect
 
 
-def emitted(space: Any) -> Iterator[Emitted]:
+def emitted(space: SearchSpace) -> Iterator[Emitted]:
     """Every flag, JSON key and environment variable ``space`` can emit."""
     spec = space._spec
     for name, knob in space.knobs.items():
@@ -333,7 +336,8 @@ def _is_number(s: str) -> bool:
     return True
 
 
-def check_space_flags(space: Any, surface: EngineSurface, *, package: str = "vLLM") -> list[str]:
+def check_space_flags(space: SearchSpace, surface: EngineSurface, *,
+                      package: str = "vLLM") -> list[str]:
     """One line per flag, JSON key or environment variable of ``space`` that the vLLM
     described by ``surface`` lacks (after :func:`translate_flags`); empty when all exist."""
     from autotune.engine._vllm import flag_rule

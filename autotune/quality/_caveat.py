@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 __all__ = ["caveat_line", "quality_caveat", "quality_figure"]
 
@@ -11,10 +10,10 @@ _CHECK = ("check accuracy with real weights on real tasks before serving it "
           "(docs/quality.md: an lm-evaluation-harness run against its server)")
 
 
-def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, Any], *,
+def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, object], *,
                    probe: bool, gated: bool, real_weights: bool,
-                   figures: Mapping[str, Any] | None = None,
-                   note: str = "", subject: str = "the winner") -> dict[str, Any] | None:
+                   figures: Mapping[str, object] | None = None,
+                   note: str = "", subject: str = "the winner") -> dict[str, object] | None:
     """The ``quality`` part of a verdict for a config that sets lossy knobs (None when it
     sets none): which knobs, whether its accuracy cost was judged, and why not.
 
@@ -44,7 +43,7 @@ def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, Any], *,
             "check": None if judged else _CHECK, "subject": subject}
 
 
-def quality_figure(figures: Mapping[str, Any] | None) -> str:
+def quality_figure(figures: Mapping[str, object] | None) -> str:
     """A probe's figures in words: '31 of 32 greedy outputs unchanged (the rest diverge
     after 12.5 tokens on average)' ('' without the figures)."""
     n, rate = (figures or {}).get("n_prompts"), (figures or {}).get("exact_match_rate")
@@ -58,13 +57,14 @@ def quality_figure(figures: Mapping[str, Any] | None) -> str:
     return text
 
 
-def caveat_line(q: Mapping[str, Any] | None) -> str:
+def caveat_line(q: Mapping[str, object] | None) -> str:
     """The caveat in one line for the summary, with the probe's figure where there is one
     ('' when there is nothing to say)."""
     if not q:
         return ""
-    knobs = ", ".join(f"{k}={v}" for k, v in (q.get("lossy_knobs") or {}).items())
-    figure = quality_figure(q.get("figures"))
+    lossy, figures = q.get("lossy_knobs"), q.get("figures")
+    knobs = ", ".join(f"{k}={v}" for k, v in lossy.items()) if isinstance(lossy, Mapping) else ""
+    figure = quality_figure(figures if isinstance(figures, Mapping) else None)
     if q.get("judged"):
         return (f"quality: lossy knobs ({knobs}) judged: {q.get('reason')}"
                 + (f"; {figure}" if figure else ""))

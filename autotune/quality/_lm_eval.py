@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from autotune.errors import ConfigError
 
@@ -30,7 +29,7 @@ def lm_eval_command(
     max_length: int | None = None,
     output_path: str | None = None,
     seed: int = 0,
-    extra_model_args: Mapping[str, Any] | None = None,
+    extra_model_args: Mapping[str, object] | None = None,
     executable: str = "lm_eval",
 ) -> list[str]:
     """An ``lm_eval`` argv scoring the server at ``base_url`` (serving ``model``) on ``tasks``
@@ -53,7 +52,7 @@ def lm_eval_command(
             f"lm_eval: num_concurrent ({num_concurrent}) and batch_size ({batch_size}) must be "
             f">= 1 and max_retries ({max_retries}) >= 0"
         )
-    args: dict[str, Any] = {
+    args: dict[str, object] = {
         "base_url": base_url.rstrip("/") + "/v1/completions",
         "model": model,
         "tokenizer": tokenizer or model,

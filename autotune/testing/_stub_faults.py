@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -87,7 +86,7 @@ class _Req(msgspec.Struct):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: dict[str, object] | None = None
 
 
 _REQ_DECODER = msgspec.json.Decoder(_Req)
