@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from autotune.engine import VllmServer
 from autotune.store import FailureReason
-from autotune.trial._replay import ClientKw, PhaseFn, _Plan, _schedule
+from autotune.trial._replay import ClientKw, PhaseFn, _LoopMode, _Plan, _schedule
 from autotune.trial._spec import _ARMED, INTERRUPT, TrialOutcome, TrialSpec
 
 if TYPE_CHECKING:
@@ -24,20 +24,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class ClosedLoopTrial:
+class ClosedLoopTrial(_LoopMode):
     """The closed-loop trial mode (:class:`~autotune.trial._modes.TrialMode`): the shape's
     requests on ``concurrency`` streams, each sending its next request when the previous
     one finished."""
 
     name = "closed"
-    counts_prompt_tokens = True
 
     def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
                 outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
         return _measure_segments(spec, plan, server, outcome, phase, client)
-
-    def metrics(self, spec: TrialSpec, outcome: TrialOutcome) -> dict[str, float]:
-        return {}
 
 
 def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.engine import VllmServer
 from autotune.trial._closed import _abort, _aborted, _count_prompt_tokens
-from autotune.trial._replay import ClientKw, PhaseFn, _Plan, _schedule
+from autotune.trial._replay import ClientKw, PhaseFn, _LoopMode, _Plan, _schedule
 from autotune.trial._spec import TrialOutcome, TrialSpec
 
 if TYPE_CHECKING:
@@ -28,19 +28,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class OpenLoopTrial:
+class OpenLoopTrial(_LoopMode):
     """The open-loop trial mode (:class:`~autotune.trial._modes.TrialMode`): the shape's
     requests at their recorded arrival times, whatever the server does."""
 
     name = "open"
-    counts_prompt_tokens = True
 
     def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
                 outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
         return _measure_open(spec, plan, server, outcome, phase, client)
-
-    def metrics(self, spec: TrialSpec, outcome: TrialOutcome) -> dict[str, float]:
-        return {}
 
 
 class CapacityTrial:

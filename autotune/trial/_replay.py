@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from autotune.errors import ConfigError
 from autotune.load import build_prompts, model_vocab_size
-from autotune.trial._spec import TrialSpec, model_max_len
+from autotune.trial._spec import TrialOutcome, TrialSpec, model_max_len
 
 if TYPE_CHECKING:
     from autotune.traffic import Schedule
@@ -31,6 +31,17 @@ class ClientKw(TypedDict):
     model: str
     api: str
     request_timeout_s: float
+
+
+class _LoopMode:
+    """What the closed and the open loop share as trial modes
+    (:class:`~autotune.trial._modes.TrialMode`): the prompt tokens their requests sent
+    count, and they add no figures of their own."""
+
+    counts_prompt_tokens = True
+
+    def metrics(self, spec: TrialSpec, outcome: TrialOutcome) -> dict[str, float]:
+        return {}
 
 
 @dataclass(frozen=True)
