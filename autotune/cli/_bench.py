@@ -23,7 +23,13 @@ from autotune.measure import fmt_interval
 from autotune.store import FailureReason
 
 if TYPE_CHECKING:
-    from autotune.trial import CapacityRecord, LevelRecord, TrialOutcome, TrialSpec
+    from autotune.trial import (
+        CapacityFields,
+        CapacityRecord,
+        LevelRecord,
+        TrialOutcome,
+        TrialSpec,
+    )
 
 __all__ = ["bench_json", "bench_spec", "parse_bench", "register"]
 
@@ -140,12 +146,12 @@ def _claim_log(path: Path) -> Path:
     raise ConfigError(f"--log {path}: 1,000 files of that name exist; choose another name")
 
 
-def _capacity_fields(args: argparse.Namespace, shape: Any) -> dict[str, Any]:
+def _capacity_fields(args: argparse.Namespace, shape: Any) -> CapacityFields:
     """bench --capacity: the trial's capacity search (checked before the server starts)."""
-    from autotune.trial import capacity_spec, recorded_rate
+    from autotune.trial import CapacityFields, capacity_spec, recorded_rate
 
     if not args.capacity:
-        return {}
+        return CapacityFields()
     recorded_rate(shape)  # a shape without arrivals stops here, with the fix
     return capacity_spec(goodput=args.capacity_goodput, max_error_rate=args.max_error_rate,
                          start=args.capacity_start, tolerance=args.capacity_tolerance,

@@ -17,10 +17,7 @@ if TYPE_CHECKING:
         RayExecutor,
     )
     from autotune.exec._placement import (
-        can_ask,
-        fits,
         never_fits,
-        node_of,
         with_parallel_rules,
     )
 
@@ -28,10 +25,7 @@ __all__ = [
     "Executor",
     "InlineExecutor",
     "RayExecutor",
-    "can_ask",
-    "fits",
     "never_fits",
-    "node_of",
     "with_parallel_rules",
 ]
 
@@ -39,5 +33,5 @@ __all__ = [
 # of its modules) loads nothing else.
 __getattr__ = lazy_exports(__name__, {
     "autotune.exec._parallel": ("Executor", "InlineExecutor", "RayExecutor"),
-    "autotune.exec._placement": ("can_ask", "fits", "never_fits", "node_of", "with_parallel_rules"),
+    "autotune.exec._placement": ("never_fits", "with_parallel_rules"),
 })

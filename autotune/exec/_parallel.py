@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 from autotune.engine._launcher import DIR_ENV as PRELOAD_DIR_ENV
 from autotune.errors import AutotuneError
@@ -32,17 +33,27 @@ __all__ = ["Executor", "InlineExecutor", "RayExecutor"]
 logger = logging.getLogger(__name__)
 
 
+@runtime_checkable
 class Executor(Protocol):
     """Runs trials. Contract: ``slots`` trials may be in flight; ``submit`` returns a handle;
     ``wait`` blocks until at least one in-flight trial finished and returns those outcomes
     (failed workers come back as failed outcomes, never as exceptions); ``cancel_all``
-    stops what is in flight; ``shutdown`` releases resources and never raises.
+    stops what is in flight and returns their numbers; ``shutdown`` releases resources and
+    never raises.
+
+    Placement (:mod:`autotune.exec`): ``pool`` is the free GPUs of each node the executor
+    keeps (None: no GPU bookkeeping, one trial per slot); ``reservation(spec)`` the GPUs
+    the trial takes (0 without a pool); ``fits(spec)`` whether it can start now (its GPUs
+    free on one node, or a slot free); ``has_room()`` whether some GPU (or slot) is free,
+    i.e. worth asking for another trial; ``gpu_node()`` the largest node (its GPUs, one
+    GPU's memory), None without GPUs.
 
     ``on_phase`` (optional) is called in the driver, from ``wait``, with the phases the
     trial reports (``(number, phase, elapsed_s, detail)``, see
     :data:`autotune.events.PHASES`); an executor may drop them but never fails for them."""
 
     slots: int
+    pool: GpuPool | None
 
     def submit(self, spec: TrialSpec, *, on_phase: PhaseReporter | None = None) -> object: ...
 
@@ -54,11 +65,20 @@ class Executor(Protocol):
 
     def shutdown(self) -> None: ...
 
+    def reservation(self, spec: TrialSpec) -> int: ...
+
+    def fits(self, spec: TrialSpec) -> bool: ...
+
+    def has_room(self) -> bool: ...
+
+    def gpu_node(self) -> Node | None: ...
+
 
 class InlineExecutor:
     """Runs each trial in this process (for debugging: ``--no-ray``); one slot."""
 
     slots = 1
+    pool: GpuPool | None = None  # the trial sees all of this machine's GPUs
 
     def __init__(self, fn: Callable[..., TrialOutcome] = run_trial) -> None:
         self._fn = fn
@@ -81,6 +101,15 @@ class InlineExecutor:
         self._pending.clear()
         return numbers
 
+    def reservation(self, spec: TrialSpec) -> int:
+        return 0
+
+    def fits(self, spec: TrialSpec) -> bool:
+        return len(self._pending) < self.slots
+
+    def has_room(self) -> bool:
+        return len(self._pending) < self.slots
+
     def gpu_node(self) -> Node | None:
         """This machine's GPUs (the trial sees all of them), None without any."""
         n = len(gpu_names())
@@ -90,7 +119,7 @@ class InlineExecutor:
         pass
 
 
-def _accepts_on_phase(fn: Callable[..., Any]) -> bool:
+def _accepts_on_phase(fn: Callable[..., object]) -> bool:
     try:
         return "on_phase" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -141,7 +170,7 @@ class _Flight:
     gpus: tuple[int, ...] = ()
 
 
-def _node_pool(ray: Any) -> GpuPool:
+def _node_pool(ray: ModuleType) -> GpuPool:
     """The alive nodes' GPUs (node id -> GPU indices), from Ray's view of the cluster."""
     nodes = {}
     for n in ray.nodes():
@@ -224,7 +253,7 @@ class RayExecutor:
             self._owns_ray = True
         resources = ray.cluster_resources()
         total_gpus = int(resources.get("GPU", 0))
-        self.pool = _node_pool(ray) if gpus_per_trial else None
+        self.pool: GpuPool | None = _node_pool(ray) if gpus_per_trial else None
         largest = self.pool.largest_node if self.pool is not None else 0
         if gpus_per_trial > largest:
             raise AutotuneError(

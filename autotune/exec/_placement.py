@@ -1,5 +1,7 @@
 """Trials of different GPU counts on the GPUs of a node: what the study loop asks an
-executor before it starts a trial, and the parallelism rules bound to the executor's nodes.
+executor before it starts a trial (:class:`~autotune.exec.Executor`'s ``fits``,
+``has_room``, and :func:`never_fits`), and the parallelism rules bound to the executor's
+nodes.
 
 The loop asks the sampler for the next config only while some GPU is free and no sampled
 trial waits; a sampled trial that does not fit the free GPUs waits (it is the only one)
@@ -12,52 +14,38 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.errors import AutotuneError
-from autotune.parallelism import GpuPool, ModelSize, Node, ParallelRules
+from autotune.parallelism import ModelSize, ParallelRules
 from autotune.space import SearchSpace
 
-__all__ = ["can_ask", "fits", "never_fits", "node_of", "with_parallel_rules"]
+if TYPE_CHECKING:
+    from autotune.exec._parallel import Executor
+    from autotune.trial import TrialSpec
+
+__all__ = ["never_fits", "with_parallel_rules"]
 
 logger = logging.getLogger(__name__)
 
 
-def fits(executor: Any, spec: Any) -> bool:
-    """The executor can start the trial ``spec`` now (its GPUs are free on one node)."""
-    check = getattr(executor, "fits", None)
-    return True if check is None else bool(check(spec))
-
-
-def can_ask(executor: Any) -> bool:
-    """Some GPU (or slot) is free: worth asking the sampler for the next config."""
-    check = getattr(executor, "has_room", None)
-    return True if check is None else bool(check())
-
-
-def never_fits(executor: Any, spec: Any) -> str | None:
+def never_fits(executor: Executor, spec: TrialSpec) -> str | None:
     """Why the executor can never start ``spec`` (it needs more GPUs than any node has);
     None when it can once GPUs are free."""
-    pool: GpuPool | None = getattr(executor, "pool", None)
-    need = getattr(executor, "reservation", lambda s: 0)(spec)
+    pool = executor.pool
+    need = executor.reservation(spec)
     if pool is None or need <= pool.largest_node:
         return None
     return (f"the trial needs {need} GPUs of one node, but the largest node has "
             f"{pool.largest_node}: lower the parallel sizes (or --gpus-per-trial)")
 
 
-def node_of(executor: Any) -> Node | None:
-    """The executor's largest node (GPUs, one GPU's memory), None when it has no GPUs."""
-    get = getattr(executor, "gpu_node", None)
-    return get() if get is not None else None
-
-
-def with_parallel_rules(space: SearchSpace, *, model: Path, executor: Any) -> SearchSpace:
+def with_parallel_rules(space: SearchSpace, *, model: Path, executor: Executor) -> SearchSpace:
     """``space`` with vLLM's parallelism rules for ``model`` on the executor's nodes
     (:class:`autotune.parallelism.ParallelRules`): a sample that breaks one is rejected
     before any server starts, with the figures in its reason. The space's fact ``gpus``
     becomes the largest node's GPUs (its parallelism knobs exist where it is > 1)."""
-    node = node_of(executor)
+    node = executor.gpu_node()
     if node is not None and node.gpus != space.facts.gpus:  # the parallelism knobs' fact
         space = space.with_facts(space.facts.model_copy(update={"gpus": node.gpus}))
     try:

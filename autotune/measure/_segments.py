@@ -14,9 +14,12 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 __all__ = ["JIT_LINE", "LogWatch", "SegmentWatch", "tell_phase"]
+
+if TYPE_CHECKING:
+    from autotune.measure._stats import SegmentRule
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ class SegmentWatch:
     end it and ``measuring`` once, when the warm-up ends (the study's ``on_trial_phase``
     vocabulary)."""
 
-    def __init__(self, rule: Any, segment_requests: int, watch: LogWatch,
+    def __init__(self, rule: SegmentRule, segment_requests: int, watch: LogWatch,
                  incumbent_low: float | None, number: int,
                  phase: Callable[[str, str], None] | None = None) -> None:
         self.rule = rule

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotune.config import SLO_KEYS, TuneSettings
 from autotune.store import (
@@ -28,20 +28,22 @@ if TYPE_CHECKING:
 
     import optuna
     from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
 
     from autotune.quality import QualityThresholds
+    from autotune.trial import CapacityFields
 from autotune.study._gputime import trial_time
 
 logger = logging.getLogger(__name__)
 
 
-def _metric(t: Any, key: str) -> float | None:
+def _metric(t: optuna.Trial | FrozenTrial | None, key: str) -> float | None:
     """A trial's measured metric, None when the trial or the figure is missing."""
     value = (t.user_attrs.get(A.METRICS) or {}).get(key) if t is not None else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _per_gpu_metric(t: Any, key: str) -> float | None:
+def _per_gpu_metric(t: optuna.Trial | FrozenTrial | None, key: str) -> float | None:
     value = _metric(t, key)
     return None if value is None else value / server_gpus_of(t)
 
@@ -247,7 +249,7 @@ def _enqueue_rechecks(study: optuna.Study, k: int, starts: int = 2) -> int:
             first = min(ts, key=lambda t: t.number)
             if have.get(first.number, 0) > round_:
                 continue
-            attrs: dict[str, Any] = {A.RECHECK_OF: first.number}
+            attrs: dict[str, object] = {A.RECHECK_OF: first.number}
             if first.user_attrs.get(A.BASELINE):
                 attrs[A.BASELINE] = True
             study.enqueue_trial(dict(first.params), user_attrs=attrs)
@@ -296,11 +298,12 @@ def _incumbent_low(study: optuna.Study, settings: TuneSettings, trial: optuna.Tr
     return low / server_gpus_of(best) * server_gpus_of(trial)
 
 
-def _capacity_spec(settings: TuneSettings) -> dict[str, Any]:
+def _capacity_spec(settings: TuneSettings) -> CapacityFields:
     """The TrialSpec fields of a capacity study (none for the other objectives)."""
+    from autotune.trial import CapacityFields, capacity_spec
+
     if settings.objective != "capacity":
-        return {}
-    from autotune.trial import capacity_spec
+        return CapacityFields()
 
     return capacity_spec(goodput=settings.capacity_goodput,
                          max_error_rate=settings.max_error_rate, start=settings.capacity_start,

@@ -20,7 +20,7 @@ from autotune.events import (
     StudyEvent,
     TrialRecord,
 )
-from autotune.exec import can_ask, fits, never_fits
+from autotune.exec import never_fits
 from autotune.parallelism import server_gpus
 from autotune.report import one_line_message
 from autotune.space import (
@@ -147,7 +147,7 @@ class StudyLoop:
         self.rejected_in_a_row = 0
         self.t_loop = time.monotonic()
         self._last: StudyEvent | None = None
-        pool = getattr(self.executor, "pool", None)
+        pool = self.executor.pool
         self.gpu_time = GpuTime(slots=self.executor.slots, gpus=(
             pool.nodes[next(iter(pool.nodes))] if pool is not None and len(pool.nodes) == 1
             else ()))
@@ -269,10 +269,11 @@ class StudyLoop:
     def _fill_slots(self) -> None:
         """Start the waiting trial once it fits; ask for more only while none waits and
         some GPU (or slot) is free (autotune.placement)."""
-        if self.waiting is not None and fits(self.executor, self.flights[self.waiting].spec):
-            self._submit(self.flights[self.waiting])
+        waiting = self.flights[self.waiting] if self.waiting is not None else None
+        if waiting is not None and waiting.spec is not None and self.executor.fits(waiting.spec):
+            self._submit(waiting)
         while (self.waiting is None and len(self.flights) < self.executor.slots
-               and can_ask(self.executor) and self._more()):
+               and self.executor.has_room() and self._more()):
             self._launch_next()
 
     def _recheck(self) -> None:
@@ -345,7 +346,7 @@ class StudyLoop:
         trial.set_user_attr(A.FLAGS, list(launch.flags))
         trial.set_user_attr(A.ENV, dict(launch.env))
         flight = self.flights[trial.number] = _Flight(trial, params, launch, is_base, spec)
-        if fits(self.executor, spec):
+        if self.executor.fits(spec):
             self._submit(flight)
         else:  # its GPUs are busy: it waits, and nothing more is asked until it starts
             self.waiting = trial.number

@@ -22,9 +22,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError, ShapeError, SpaceError
+
+if TYPE_CHECKING:
+    from autotune.config import TuneSettings
+    from autotune.engine._flags import EngineSurface
+    from autotune.space import SearchSpace
+    from autotune.traffic import TrafficShape
 
 __all__ = ["MAX_CLIPPED_FRACTION", "check_before_trial_0", "check_bytecode", "check_context",
            "check_flags", "check_vocab_size"]
@@ -36,19 +42,20 @@ logger = logging.getLogger(__name__)
 MAX_CLIPPED_FRACTION = 0.05
 
 
-def check_before_trial_0(*, space: Any, shape: Any, model: Path, settings: Any,
-                         surface: Any = None) -> list[str]:
+def check_before_trial_0(*, space: SearchSpace, shape: TrafficShape, model: Path,
+                         settings: TuneSettings,
+                         surface: EngineSurface | None = None) -> list[str]:
     """Raise one clear error if the study cannot work; return (and log) warnings."""
     warnings = check_flags(space, surface=surface)
-    warnings += check_context(space, shape, model, seed=getattr(settings, "seed", 0),
-                              num_requests=getattr(settings, "num_requests", None))
+    warnings += check_context(space, shape, model, seed=settings.seed,
+                              num_requests=settings.num_requests)
     warnings += check_bytecode()
     for w in warnings:
         logger.warning("%s", w)
     return warnings
 
 
-def check_flags(space: Any, *, surface: Any = None) -> list[str]:
+def check_flags(space: SearchSpace, *, surface: EngineSurface | None = None) -> list[str]:
     """Raise :class:`SpaceError` naming the knob, flag and version of every target the
     installed vLLM lacks; return a warning when its version is outside the tested range
     or its parser cannot be read (then nothing is checked)."""
@@ -112,7 +119,7 @@ def check_vocab_size(model: Path, *, option: str = "--model") -> None:
                       f"(their token ids stay below it); add \"vocab_size\": {value}")
 
 
-def check_context(space: Any, shape: Any, model: Path, *, seed: int = 0,
+def check_context(space: SearchSpace, shape: TrafficShape, model: Path, *, seed: int = 0,
                   num_requests: int | None = None) -> list[str]:
     """Raise if the shape's prompt + output lengths do not fit the context vLLM gets."""
     from autotune.traffic import context_overflow

@@ -29,7 +29,7 @@ from autotune.events import (
     StudyContext,
     StudyEvent,
 )
-from autotune.exec import node_of, with_parallel_rules
+from autotune.exec import with_parallel_rules
 from autotune.results import (
     TrialsCsvCallback,
     TuneResult,
@@ -235,7 +235,7 @@ def tune(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t_start = time.monotonic()
-    node = node_of(executor) if executor is not None else None
+    node = executor.gpu_node() if executor is not None else None
     inputs = resolve_inputs(settings, heartbeat=heartbeat,
                             gpus=node.gpus if node is not None else None)
     settings = inputs.settings  # the objective resolved from the shape

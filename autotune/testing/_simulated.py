@@ -59,7 +59,7 @@ class SimulatedExecutor(StudyCallback):
                  gpus: int | None = None, gpu_memory_gib: float | None = None,
                  duration: Duration | None = None) -> None:
         self.evaluate = evaluate
-        self.pool = GpuPool.single(gpus) if gpus else None
+        self.pool: GpuPool | None = GpuPool.single(gpus) if gpus else None
         self.slots = gpus if gpus else slots
         self.wall_s = wall_s
         self.gpu_memory_gib = gpu_memory_gib

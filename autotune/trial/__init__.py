@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from autotune.trial._levels import (
         LEVEL_SPAN,
+        CapacityFields,
         LevelPlan,
         capacity_spec,
         find_capacity,
@@ -36,15 +37,20 @@ if TYPE_CHECKING:
         start_after_warmup,
         warmup_bound,
     )
-    from autotune.trial._open import (
-        _capacity_metrics as _capacity_metrics,
+    from autotune.trial._modes import (
+        MODES,
+        TrialMode,
+        mode_for,
     )
-    from autotune.trial._open_loop import (
+    from autotune.trial._open_segments import (
         STEADY_SPANS,
         OpenRun,
         backlog_grows,
         cut_bounds,
         idle_note,
+    )
+    from autotune.trial._open_trial import (
+        _capacity_metrics as _capacity_metrics,
     )
     from autotune.trial._replay import (
         _plan as _plan,
@@ -74,7 +80,9 @@ if TYPE_CHECKING:
 __all__ = [
     "INTERRUPT",
     "LEVEL_SPAN",
+    "MODES",
     "STEADY_SPANS",
+    "CapacityFields",
     "CapacityRecord",
     "CapacityResult",
     "CapacitySearch",
@@ -82,6 +90,7 @@ __all__ = [
     "LevelPlan",
     "LevelRecord",
     "OpenRun",
+    "TrialMode",
     "TrialOutcome",
     "TrialSpec",
     "WarmupRecord",
@@ -95,6 +104,7 @@ __all__ = [
     "idle_note",
     "interrupt",
     "level_abort",
+    "mode_for",
     "model_max_len",
     "model_vocab_size",
     "recorded_rate",
@@ -121,6 +131,7 @@ __getattr__ = lazy_exports(__name__, {
         "search_capacity",
     ),
     "autotune.trial._levels": (
+        "CapacityFields",
         "LEVEL_SPAN",
         "LevelPlan",
         "capacity_spec",
@@ -132,9 +143,10 @@ __getattr__ = lazy_exports(__name__, {
         "start_after_warmup",
         "warmup_bound",
     ),
-    "autotune.trial._open": ("_capacity_metrics",),
-    "autotune.trial._open_loop": ("OpenRun", "STEADY_SPANS", "backlog_grows", "cut_bounds",
-                                  "idle_note"),
+    "autotune.trial._modes": ("MODES", "TrialMode", "mode_for"),
+    "autotune.trial._open_segments": ("OpenRun", "STEADY_SPANS", "backlog_grows", "cut_bounds",
+                                      "idle_note"),
+    "autotune.trial._open_trial": ("_capacity_metrics",),
     "autotune.trial._replay": ("_plan", "model_vocab_size"),
     "autotune.trial._spec": (
         "INTERRUPT",

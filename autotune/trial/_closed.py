@@ -6,27 +6,44 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.engine import VllmServer
 from autotune.store import FailureReason
-from autotune.trial._replay import _Plan, _schedule
+from autotune.trial._replay import ClientKw, PhaseFn, _LoopMode, _Plan, _schedule
 from autotune.trial._spec import _ARMED, INTERRUPT, TrialOutcome, TrialSpec
+
+if TYPE_CHECKING:
+    from autotune.load import Abort, RunResult, ServerSnapshot
+    from autotune.measure import Measurement, SegmentWatch
+    from autotune.traffic import RequestSpec, Schedule
 
 logger = logging.getLogger(__name__)
 
 
+class ClosedLoopTrial(_LoopMode):
+    """The closed-loop trial mode (:class:`~autotune.trial._modes.TrialMode`): the shape's
+    requests on ``concurrency`` streams, each sending its next request when the previous
+    one finished."""
+
+    name = "closed"
+
+    def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
+                outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
+        return _measure_segments(spec, plan, server, outcome, phase, client)
+
+
 def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
-                      outcome: TrialOutcome, phase: Callable[[str, str], None],
-                      client_kw: dict[str, Any]) -> list[Any]:
+                      outcome: TrialOutcome, phase: PhaseFn,
+                      client_kw: ClientKw) -> list[Measurement]:
     """Closed loop: one continuous run per repeat, cut into segments; warm-up until two
     segments agree with no kernel JIT in the last, measurement until the interval is
     within the precision (or a cap, or the pruner); the schedule refilled as needed."""
     runs = _SegmentedRuns(spec, plan, server, outcome, phase, client_kw)
-    results = []
+    results: list[Measurement] = []
     _ARMED.set()
     try:
         for r in range(max(1, spec.repeats)):
@@ -55,20 +72,21 @@ class _Refill:
         self.plan = plan
         self.n_chunk = len(plan.schedule.requests)
         self.prefetch = ThreadPoolExecutor(1, thread_name_prefix="autotune-schedule")
-        self.ahead: dict[int, Future[list[Any]]] = {1: self.prefetch.submit(self.numbered, 1)}
+        self.ahead: dict[int, Future[list[RequestSpec]]] = {
+            1: self.prefetch.submit(self.numbered, 1)}
 
-    def chunk(self, k: int) -> Any:
+    def chunk(self, k: int) -> Schedule:
         """Chunk ``k`` of the traffic, as a schedule of the trial's mode and streams."""
         schedule = self.plan.schedule
         return _schedule(self.spec, self.plan.max_len, seed=self.spec.seed + 1000 * k,
                          mode=schedule.mode, concurrency=schedule.concurrency,
                          num_requests=self.n_chunk)
 
-    def numbered(self, k: int) -> list[Any]:
+    def numbered(self, k: int) -> list[RequestSpec]:
         return [replace(r, index=self.n_chunk * k + i)
                 for i, r in enumerate(self.chunk(k).requests)]
 
-    def __call__(self, next_index: int) -> list[Any]:
+    def __call__(self, next_index: int) -> list[RequestSpec]:
         ((k, fut),) = self.ahead.items()
         self.ahead.clear()
         self.ahead[k + 1] = self.prefetch.submit(self.numbered, k + 1)
@@ -86,8 +104,7 @@ class _SegmentedRuns:
     a :class:`autotune.measure.SegmentWatch` (warm-up on the first repeat only)."""
 
     def __init__(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
-                 outcome: TrialOutcome, phase: Callable[[str, str], None],
-                 client_kw: dict[str, Any]) -> None:
+                 outcome: TrialOutcome, phase: PhaseFn, client_kw: ClientKw) -> None:
         from autotune.measure import SegmentRule
 
         self.spec, self.plan, self.server, self.outcome = spec, plan, server, outcome
@@ -97,7 +114,7 @@ class _SegmentedRuns:
         self.refill = _Refill(spec, plan)
         self.done = False  # no repeat after this one (aborted, interrupted, pruned)
 
-    def repeat(self, r: int) -> Any:
+    def repeat(self, r: int) -> Measurement | None:
         """Repeat ``r``: its measurement, or None when it measured no whole segment."""
         from autotune.load import replay
         from autotune.measure import LogWatch, SegmentWatch, measure, snapshot_metrics
@@ -141,7 +158,7 @@ class _SegmentedRuns:
             outcome.pruned = self.done = True
         return m
 
-    def _record_warmup(self, ctl: Any, warm_s: float) -> None:
+    def _record_warmup(self, ctl: SegmentWatch, warm_s: float) -> None:
         self.outcome.warmup_s = warm_s
         self.outcome.warmup = {
             "seconds": round(warm_s, 2), "segments": len(ctl.warm_rates),
@@ -169,7 +186,8 @@ class _SegmentedRuns:
             "back into step: docs/measurement.md, section 4)")
 
 
-def _complete(spec: TrialSpec, run: Any, bounds: list[float], repeat: int) -> list[float]:
+def _complete(spec: TrialSpec, run: RunResult, bounds: list[float],
+              repeat: int) -> list[float]:
     """The segment bounds whose segments hold every token that arrived in them: all of
     them, unless INTERRUPT cancelled requests in flight (their tokens are not recorded, so
     a segment after the earliest one's send would read low)."""
@@ -185,7 +203,8 @@ def _complete(spec: TrialSpec, run: Any, bounds: list[float], repeat: int) -> li
     return kept
 
 
-def _count_prompt_tokens(outcome: TrialOutcome, run: Any, before: Any, after: Any) -> None:
+def _count_prompt_tokens(outcome: TrialOutcome, run: RunResult, before: ServerSnapshot,
+                         after: ServerSnapshot) -> None:
     """Add one run's prompt tokens: asked for (served requests) and counted by the server."""
     from autotune.measure import server_figures
 
@@ -195,7 +214,7 @@ def _count_prompt_tokens(outcome: TrialOutcome, run: Any, before: Any, after: An
         outcome.prompt_tokens_server = (outcome.prompt_tokens_server or 0.0) + counted
 
 
-def _abort(spec: TrialSpec, min_requests: int = 20) -> Any:
+def _abort(spec: TrialSpec, min_requests: int = 20) -> Abort | None:
     """The stop-on-failures hook of a measured replay (issue 18), or None. A segmented run
     judges from one segment on (so a segment of nothing but failures, which stops the run,
     is also told as the failures' cause)."""
@@ -207,7 +226,8 @@ def _abort(spec: TrialSpec, min_requests: int = 20) -> Any:
                          max_failed_fraction=spec.abort_failed_fraction)
 
 
-def _aborted(spec: TrialSpec, run: Any, outcome: TrialOutcome, server: VllmServer) -> bool:
+def _aborted(spec: TrialSpec, run: RunResult, outcome: TrialOutcome,
+             server: VllmServer) -> bool:
     """A replay stopped because most requests failed: the trial fails with that line,
     unless the engine behind the API server died (``server.check_serving`` raises
     :class:`EngineCrashedError`, reason ``died``, with the log's root cause: a worker's

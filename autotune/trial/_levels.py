@@ -16,43 +16,48 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import ConfigError, LoadgenError
 from autotune.load import Abort, RequestRecord, replay
 from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, snapshot_metrics
 from autotune.trial._capacity import CapacityResult, CapacitySearch, Level, search_capacity
+from autotune.trial._replay import ClientKw
 
 if TYPE_CHECKING:
+    from autotune.measure import Percentiles
+    from autotune.traffic import Schedule, TrafficShape
     from autotune.trial._spec import WarmupRecord
 
-__all__ = ["LEVEL_MIN_REQUESTS", "LEVEL_S", "LEVEL_SPAN", "LevelPlan", "capacity_spec", "drain",
-           "find_capacity", "fit_level", "level_abort", "recorded_rate", "request_seconds",
-           "run_level", "start_after_warmup", "warmup_bound"]
+__all__ = ["LEVEL_MIN_REQUESTS", "LEVEL_S", "LEVEL_SPAN", "CapacityFields", "LevelPlan",
+           "capacity_spec", "drain", "find_capacity", "fit_level", "level_abort",
+           "recorded_rate", "request_seconds", "run_level", "start_after_warmup",
+           "warmup_bound"]
 
 logger = logging.getLogger(__name__)
 
 #: builds the schedule of one level: keyword arguments of autotune.traffic.build_schedule
 #: (seed, mode, num_requests, rate_rps, time_scale)
-Build = Callable[..., Any]
+Build = Callable[..., "Schedule"]
 
 
-def recorded_rate(shape: Any) -> float:
+def recorded_rate(shape: TrafficShape | None) -> float:
     """The arrival rate capacity scales: the shape's recorded rate (else its open-loop
-    replay rate). A shape with neither has no arrivals to scale: a one-line error."""
-    rate = float(getattr(shape, "rate_rps", 0.0) or 0.0)
-    load = getattr(shape, "load", None)
+    replay rate). A shape with neither (or none) has no arrivals to scale: a one-line
+    error."""
+    rate = float(shape.rate_rps or 0.0) if shape is not None else 0.0
+    load = shape.load if shape is not None else None
     if rate <= 0 and load is not None and load.mode == "open" and load.rate_rps:
         rate = float(load.rate_rps)
     if not (rate > 0 and math.isfinite(rate)):
         raise ConfigError(
             f"capacity (--objective capacity, bench --capacity) needs a shape with arrivals: "
-            "shape "
-            f"{getattr(shape, 'name', '?')!r} has no recorded arrival rate (a closed-loop or "
-            "synthetic shape); fit the shape from a trace with arrival timestamps "
-            "(autotune shape fit TRACE -o SHAPE.json), or use --objective throughput")
+            f"shape {shape.name if shape is not None else '?'!r} has no recorded arrival "
+            "rate (a closed-loop or synthetic shape); fit the shape from a trace with "
+            "arrival timestamps (autotune shape fit TRACE -o SHAPE.json), or use "
+            "--objective throughput")
     return rate
 
 
@@ -89,6 +94,14 @@ class LevelPlan:
         return self.requests(rate_rps) / rate_rps if rate_rps > 0 else self.level_s
 
 
+class CapacityFields(TypedDict, total=False):
+    """The ``TrialSpec`` fields of a capacity measurement (:func:`capacity_spec` gives
+    both; none: a measurement of another objective)."""
+
+    capacity: CapacitySearch
+    capacity_plan: LevelPlan
+
+
 #: a level's arrivals last at least this many times the shape's typical request: a level
 #: starts from an idle server, which fills up for about one request's duration; shorter
 #: levels judge mostly requests served before the server was full (a burst, not a rate).
@@ -100,7 +113,8 @@ LEVEL_SPAN = 3.0
 LEVEL_STRETCH_MAX = 4.0
 
 
-def request_seconds(records: Any, output_tokens: Any) -> float | None:
+def request_seconds(records: Iterable[RequestRecord],
+                    output_tokens: Iterable[int | None]) -> float | None:
     """A typical request's duration on this server: the median time to first token plus
     the median output length asked for (``output_tokens``: the schedule's ``max_tokens``)
     at the median time per output token, from finished requests (``records``, e.g. the
@@ -180,14 +194,14 @@ def warmup_bound(search: CapacitySearch, warmup: WarmupRecord | None,
 
 def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolerance: float,
                   level_s: float, max_levels: int, seed: int = 0,
-                  max_s: float | None = None) -> dict[str, Any]:
+                  max_s: float | None = None) -> CapacityFields:
     """The ``TrialSpec`` fields of a capacity measurement (``capacity``, ``capacity_plan``):
     what ``tune --objective capacity`` and ``bench --capacity`` pass to a trial."""
     search = CapacitySearch(goodput=goodput, max_error_rate=max_error_rate, start=start,
                             tolerance=tolerance, min_scale=min(start, 1.0 / 64),
                             max_scale=max(start, 64.0), max_levels=max_levels)
-    return {"capacity": search,
-            "capacity_plan": LevelPlan(level_s=level_s, seed=seed, max_s=max_s)}
+    return CapacityFields(capacity=search,
+                          capacity_plan=LevelPlan(level_s=level_s, seed=seed, max_s=max_s))
 
 
 def level_abort(offered: int, slo: Slo | None, search: CapacitySearch) -> Abort:
@@ -227,11 +241,12 @@ def drain(base_url: str, timeout_s: float) -> None:
                    timeout_s)
 
 
-def _pct(p: Any) -> float | None:
+def _pct(p: Percentiles | None) -> float | None:
     return p.p99 if p is not None else None
 
 
-def level_schedule(build: Build, plan: LevelPlan, rate: float, token_seed: int | None) -> Any:
+def level_schedule(build: Build, plan: LevelPlan, rate: float,
+                   token_seed: int | None) -> Schedule:
     """A level's arrivals at a mean of ``rate`` req/s, from the busiest stretch of the
     recording: ``plan.requests(rate)`` of them, more when that stretch runs faster than the
     mean so that they still last ``plan.level_s`` seconds (a burst at 4x the mean rate
@@ -247,7 +262,7 @@ def level_schedule(build: Build, plan: LevelPlan, rate: float, token_seed: int |
     return schedule
 
 
-def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: dict[str, Any],
+def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: ClientKw,
               slo: Slo | None, search: CapacitySearch, plan: LevelPlan,
               token_seed: int | None = None) -> tuple[Level, Measurement | None]:
     """One load level on the running server at ``client_kw["base_url"]``: pass or fail.
@@ -291,7 +306,7 @@ class _Probe:
 
     recorded_rps: float
     build: Build
-    client_kw: dict[str, Any]
+    client_kw: ClientKw
     slo: Slo | None
     search: CapacitySearch
     plan: LevelPlan
@@ -329,7 +344,7 @@ class _Probe:
         return level
 
 
-def find_capacity(*, recorded_rps: float, build: Build, client_kw: dict[str, Any],
+def find_capacity(*, recorded_rps: float, build: Build, client_kw: ClientKw,
                   slo: Slo | None, search: CapacitySearch | None = None,
                   plan: LevelPlan | None = None, check: Callable[[], None] | None = None,
                   on_level: Callable[[Level, CapacityResult], None] | None = None,

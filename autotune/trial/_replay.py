@@ -1,17 +1,47 @@
-"""A trial's replay plan: the schedule built from the shape for the model's context.
+"""A trial's replay plan: the schedule built from the shape for the model's context, and
+what every trial mode is handed besides it (the client's settings, the phase reporter).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from autotune.errors import ConfigError
 from autotune.load import build_prompts, model_vocab_size
-from autotune.trial._spec import TrialSpec, model_max_len
+from autotune.trial._spec import TrialOutcome, TrialSpec, model_max_len
+
+if TYPE_CHECKING:
+    from autotune.traffic import Schedule
 
 logger = logging.getLogger(__name__)
+
+#: ``phase(name, detail)``: a trial's phase as it begins (the trial's number and clock are
+#: the caller's)
+PhaseFn = Callable[[str, str], None]
+
+
+class ClientKw(TypedDict):
+    """The load generator's client settings of a trial (keywords of
+    :func:`autotune.load.replay`): its server and API."""
+
+    base_url: str
+    model: str
+    api: str
+    request_timeout_s: float
+
+
+class _LoopMode:
+    """What the closed and the open loop share as trial modes
+    (:class:`~autotune.trial._modes.TrialMode`): the prompt tokens their requests sent
+    count, and they add no figures of their own."""
+
+    counts_prompt_tokens = True
+
+    def metrics(self, spec: TrialSpec, outcome: TrialOutcome) -> dict[str, float]:
+        return {}
 
 
 @dataclass(frozen=True)
@@ -20,7 +50,7 @@ class _Plan:
 
     vocab: int
     max_len: int
-    schedule: Any  # autotune.traffic.Schedule
+    schedule: Schedule
 
     @property
     def schedule_rate(self) -> float:
@@ -29,14 +59,16 @@ class _Plan:
         return len(self.schedule.requests) / last if last > 0 else 0.0
 
 
-def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Any:
+def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Schedule:
     """The shape's replay with prompts exact for this model's tokenizer and the API
     (:mod:`autotune.prompts`); a request that does not fit ``max_len`` is clipped to fit."""
     if spec.shape is None:
         raise ConfigError(f"trial {spec.number} has no traffic shape to replay; give the "
                           "TrialSpec one (shape=load_shape(path))")
-    return build_prompts(spec.shape, model=spec.model, api=spec.api,
-                         max_total_tokens=max_len, output_jitter=spec.output_jitter, **kwargs)
+    schedule: Schedule = build_prompts(spec.shape, model=spec.model, api=spec.api,
+                                       max_total_tokens=max_len,
+                                       output_jitter=spec.output_jitter, **kwargs)
+    return schedule
 
 
 def _plan(spec: TrialSpec) -> _Plan:

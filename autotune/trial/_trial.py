@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotune.engine import (
     VllmServer,
@@ -28,9 +28,9 @@ from autotune.engine import (
 from autotune.errors import AutotuneError, ConfigError, EngineCrashedError, EngineStartError
 from autotune.events import PhaseReporter
 from autotune.store import FailureReason
-from autotune.trial._closed import _measure_segments, _time_metrics
-from autotune.trial._open import _capacity_metrics, _measure_capacity, _measure_open
-from autotune.trial._replay import _Plan, _plan
+from autotune.trial._closed import _time_metrics
+from autotune.trial._modes import mode_for
+from autotune.trial._replay import ClientKw, PhaseFn, _Plan, _plan
 from autotune.trial._spec import TrialOutcome, TrialSpec
 
 if TYPE_CHECKING:
@@ -112,24 +112,17 @@ def _crash_or_error(server: VllmServer, exc: AutotuneError, outcome: TrialOutcom
 
 
 def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
-             phase: Callable[[str, str], None]) -> None:
-    """Warm-up, the measured replays and (for a lossy config) the quality probe."""
+             phase: PhaseFn) -> None:
+    """Warm-up, the measured replays (the trial's mode) and (for a lossy config) the
+    quality probe."""
     from autotune.measure import combine
 
-    client_kw: dict[str, Any] = {
-        "base_url": server.base_url,
-        "model": server.served_model_name,
-        "api": spec.api,
-        "request_timeout_s": spec.request_timeout_s,
-    }
-    if spec.capacity is not None:
-        results = _measure_capacity(spec, plan, server, outcome, phase, client_kw)
-        if not results:
-            return
-    elif plan.schedule.mode == "closed":
-        results = _measure_segments(spec, plan, server, outcome, phase, client_kw)
-    else:
-        results = _measure_open(spec, plan, server, outcome, phase, client_kw)
+    client = ClientKw(base_url=server.base_url, model=server.served_model_name, api=spec.api,
+                      request_timeout_s=spec.request_timeout_s)
+    mode = mode_for(spec, plan)
+    results = mode.measure(spec, plan, server, outcome, phase, client)
+    if outcome.ok:  # the mode recorded the whole outcome (no capacity level passed)
+        return
     if outcome.reason == FailureReason.ABORTED:  # most requests failed (issue 18)
         return
     if not results:  # INTERRUPT before a segment was measured
@@ -141,14 +134,12 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
     outcome.metrics = m.flat()
     # what the shape asked for over every request served in the measured runs, beside the
     # server's own count over the same runs (server_prompt_tokens_run)
-    if outcome.capacity is None:  # load levels do not count prompt tokens
+    if mode.counts_prompt_tokens:
         outcome.metrics["shape_prompt_tokens"] = float(outcome.prompt_tokens_sent)
     if outcome.prompt_tokens_server is not None:
         outcome.metrics["server_prompt_tokens_run"] = outcome.prompt_tokens_server
     _time_metrics(outcome)
-    if outcome.capacity is not None:
-        outcome.metrics.update(_capacity_metrics(outcome.capacity, outcome.gpus,
-                                                 spec.server_gpus))
+    outcome.metrics.update(mode.metrics(spec, outcome))
     if m.n_ok == 0:
         server.check_alive()
         outcome.reason = FailureReason.NO_OUTPUT
@@ -198,7 +189,7 @@ def _check_one_server(specs: list[TrialSpec]) -> None:
                     "the other one on a server of its own: run_trial)")
 
 
-def _short(value: Any, n: int = 60) -> str:
+def _short(value: object, n: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -322,7 +313,7 @@ def run_trials_on_one_server(
     ) for s in specs]  # fmt: skip
     begun = [t0] * len(specs)
 
-    def reporter(i: int) -> Callable[[str, str], None]:
+    def reporter(i: int) -> PhaseFn:
         def phase(name: str, detail: str = "") -> None:
             if on_phase is not None:
                 on_phase(specs[i].number, name, time.monotonic() - begun[i], detail)

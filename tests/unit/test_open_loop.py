@@ -1,5 +1,5 @@
 """An open-loop run's warm-up until steady state and its measurement sized by precision and
-a time cap (autotune._open_loop; pure: records made by hand), and the capacity search's
+a time cap (autotune.trial._open_segments; pure: records made by hand), and the capacity search's
 time cap (autotune.capacity)."""
 
 from __future__ import annotations

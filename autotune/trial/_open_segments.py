@@ -23,11 +23,13 @@ import bisect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotune.measure import rate_interval, tell_phase
 
 if TYPE_CHECKING:
+    from autotune.load import RequestRecord
+    from autotune.measure import SegmentRule, Slo
     from autotune.trial._spec import WarmupRecord
 
 __all__ = ["STEADY_SPANS", "OpenRun", "backlog_grows", "cut_bounds", "idle_note"]
@@ -68,14 +70,14 @@ class OpenRun:
     send_at: Sequence[float]
     output: Sequence[int]
     rate_rps: float
-    rule: Any
+    rule: SegmentRule
     segment_s: float
     measure: bool = False
     jit: Callable[[], bool] | None = None
     on_segment: Callable[[str, str], None] | None = None  # (phase, detail)
     number: int = 0
-    slo: Any = None  # autotune.measure.Slo: a server well within it is never overloaded
-    records: list[Any] = field(default_factory=list)
+    slo: Slo | None = None  # a server well within it is never overloaded
+    records: list[RequestRecord] = field(default_factory=list)
     finished: set[int] = field(default_factory=set)
     seg_start: float = 0.0
     seg_tokens: int = 0
@@ -96,7 +98,7 @@ class OpenRun:
     stopped_at: float | None = None
     cut: float | None = None  # the earliest send of a request in flight at the stop
 
-    def __call__(self, rec: Any, done: int, failed: int) -> str | None:
+    def __call__(self, rec: RequestRecord, done: int, failed: int) -> str | None:
         self.records.append(rec)
         self.finished.add(rec.index)
         now = rec.end_s if rec.end_s is not None else self.seg_start

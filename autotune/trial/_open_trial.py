@@ -1,5 +1,7 @@
-"""Open-loop trials: warm-up to the steady state, measured segments at the recorded
-arrival times, and the load levels of ``--objective capacity``.
+"""The open-loop trial modes on a running server: the open loop (warm-up to the steady
+state, measured segments at the recorded arrival times) and the capacity search (the load
+levels of ``--objective capacity``). How an open-loop run is cut into segments is
+:mod:`autotune.trial._open_segments`.
 """
 
 from __future__ import annotations
@@ -7,24 +9,57 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.engine import VllmServer
 from autotune.trial._closed import _abort, _aborted, _count_prompt_tokens
-from autotune.trial._replay import _Plan, _schedule
+from autotune.trial._replay import ClientKw, PhaseFn, _LoopMode, _Plan, _schedule
 from autotune.trial._spec import TrialOutcome, TrialSpec
 
 if TYPE_CHECKING:
-    from autotune.trial._capacity import CapacityRecord
-    from autotune.trial._open_loop import OpenRun
+    from autotune.load import Abort, RequestRecord
+    from autotune.measure import LogWatch, Measurement, SegmentRule
+    from autotune.traffic import Schedule
+    from autotune.trial._capacity import CapacityRecord, CapacityResult, Level
+    from autotune.trial._levels import LevelPlan
+    from autotune.trial._open_segments import OpenRun
 
 logger = logging.getLogger(__name__)
 
 
+class OpenLoopTrial(_LoopMode):
+    """The open-loop trial mode (:class:`~autotune.trial._modes.TrialMode`): the shape's
+    requests at their recorded arrival times, whatever the server does."""
+
+    name = "open"
+
+    def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
+                outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
+        return _measure_open(spec, plan, server, outcome, phase, client)
+
+
+class CapacityTrial:
+    """The capacity trial mode (:class:`~autotune.trial._modes.TrialMode`,
+    ``--objective capacity``): load levels at scaled recorded arrivals, bracketing the
+    highest rate that meets the SLOs. With no level passing it records the outcome itself
+    (measured, ok, no capacity) and returns no measurement."""
+
+    name = "capacity"
+    counts_prompt_tokens = False  # load levels do not count prompt tokens
+
+    def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
+                outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
+        return _measure_capacity(spec, plan, server, outcome, phase, client)
+
+    def metrics(self, spec: TrialSpec, outcome: TrialOutcome) -> dict[str, float]:
+        if outcome.capacity is None:
+            return {}
+        return _capacity_metrics(outcome.capacity, outcome.gpus, spec.server_gpus)
+
+
 def _warm_up_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
-                  phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> None:
+                  phase: PhaseFn, client_kw: ClientKw) -> None:
     """The open-loop warm-up: a fixed closed-loop replay of the shape's own requests."""
     from autotune.load import replay
 
@@ -50,13 +85,13 @@ WARM_SEGMENT_S = 10.0
 
 
 def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
-                      phase: Callable[[str, str], None], client_kw: dict[str, Any],
-                      recorded: float, level_plan: Any) -> Any:
+                      phase: PhaseFn, client_kw: ClientKw,
+                      recorded: float, level_plan: LevelPlan) -> LogWatch:
     """A capacity trial's warm-up, on the traffic its levels send: the shape's own open-loop
     arrivals at the first level's rate (other words than any level's: ``token_seed`` 0),
     cut by wall time into segments of ~10 s (at most half a level), until the server holds
     the shape's steady state (two request durations, no kernel JIT compilation in the last
-    segment: autotune._open_loop), or at ``--warmup-max-s``. Then the sends stop and what
+    segment: autotune.trial._open_segments), or at ``--warmup-max-s``. Then the sends stop and what
     is in flight is cancelled (no tail to wait out), and the server drains. A fixed
     handful of requests at a low concurrency left the large batches to the first level,
     which on the H200 paid for the compiles (experiments/h200-shapes). Returns the log
@@ -92,10 +127,10 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
     return watch
 
 
-def _open_run(spec: TrialSpec, sched: Any, rule: Any, seg_s: float, watch: Any,
-              phase: Callable[[str, str], None], *, measure: bool, rate: float) -> OpenRun:
-    """The segment hook of an open-loop run at ``rate`` req/s (autotune._open_loop)."""
-    from autotune.trial._open_loop import OpenRun
+def _open_run(spec: TrialSpec, sched: Schedule, rule: SegmentRule, seg_s: float,
+              watch: LogWatch, phase: PhaseFn, *, measure: bool, rate: float) -> OpenRun:
+    """The segment hook of an open-loop run at ``rate`` req/s (autotune.trial._open_segments)."""
+    from autotune.trial._open_segments import OpenRun
 
     return OpenRun(send_at=[float(r.send_at_s or 0.0) for r in sched.requests],
                    output=[r.max_tokens for r in sched.requests], rate_rps=rate, rule=rule,
@@ -104,8 +139,8 @@ def _open_run(spec: TrialSpec, sched: Any, rule: Any, seg_s: float, watch: Any,
 
 
 def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
-                      outcome: TrialOutcome, phase: Callable[[str, str], None],
-                      client_kw: dict[str, Any]) -> list[Any]:
+                      outcome: TrialOutcome, phase: PhaseFn,
+                      client_kw: ClientKw) -> list[Measurement]:
     """--objective capacity: warm up, then the bracketing search over the arrival-rate
     scale on this server (autotune.levels). The measurement is the level the capacity
     rests on; the levels and the bracket go to ``outcome.capacity``."""
@@ -139,10 +174,10 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
             logger.info("trial %d: %s", spec.number, line)
             phase("capacity", line)
 
-    def build(**kw: Any) -> Any:
+    def build(**kw: Any) -> Schedule:
         return _schedule(spec, plan.max_len, **kw)
 
-    def on_level(lv: Any, res: Any) -> None:
+    def on_level(lv: Level, res: CapacityResult) -> None:
         logger.info("trial %d level %d: %.3gx = %.3g req/s %s", spec.number,
                     len(res.levels), lv.scale, lv.offered_rps, lv.outcome())
         r = res.recorded_rps
@@ -206,7 +241,7 @@ def _capacity_metrics(cap: CapacityRecord, gpus: tuple[int, ...] | None,
 
 
 def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOutcome,
-                  phase: Callable[[str, str], None], client_kw: dict[str, Any]) -> list[Any]:
+                  phase: PhaseFn, client_kw: ClientKw) -> list[Measurement]:
     """Open loop: one continuous run of the shape's arrivals per repeat, cut into segments
     of ~10 s: warm-up until the server holds the shape's steady state, then measurement
     until the interval is within the precision (or ``--measure-max-s``); sized by those
@@ -214,7 +249,7 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
     An explicit ``--warmup-requests N`` runs the fixed closed-loop warm-up first."""
     from autotune.load import replay
     from autotune.measure import LogWatch, SegmentRule, measure, snapshot_metrics
-    from autotune.trial._open_loop import cut_bounds, idle_note
+    from autotune.trial._open_segments import cut_bounds, idle_note
 
     rule = spec.rule or SegmentRule()
     fixed = spec.warmup_requests is not None
@@ -226,7 +261,7 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
         rate * (rule.warmup_max_s + rule.measure_max_s + 3 * _open_segment_s(rule))))))
     sched = _schedule(spec, plan.max_len, seed=spec.seed, concurrency=spec.concurrency,
                       num_requests=n)
-    results: list[Any] = []
+    results: list[Measurement] = []
     repeats = max(1, spec.repeats)
     for r in range(repeats):
         phase("warming_up" if r == 0 and not fixed else "measuring",
@@ -267,22 +302,22 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
 OPEN_SEGMENT_S = 10.0
 
 
-def _open_segment_s(rule: Any) -> float:
+def _open_segment_s(rule: SegmentRule) -> float:
     """An open loop's segment: OPEN_SEGMENT_S, shorter when the measurement cap would not
     hold ``min_segments`` of them (at least 1 s)."""
     return max(1.0, min(OPEN_SEGMENT_S, rule.measure_max_s / max(1, rule.min_segments)))
 
 
-def _both(first: Any, second: Any) -> Any:
-    """Two abort hooks as one: each sees every record; the first line wins."""
+def _both(first: OpenRun, second: Abort | None) -> Abort:
+    """An open loop's hook and a stop-on-failures hook as one: each sees every record; the
+    first line wins. The open loop's time caps (its ``tick``) stay on the result."""
     if second is None:
         return first
 
-    def check(rec: Any, done: int, failed: int) -> str | None:
+    def check(rec: RequestRecord, done: int, failed: int) -> str | None:
         a = first(rec, done, failed)
         b = second(rec, done, failed)
         return a or b
 
-    if hasattr(first, "tick"):  # the time caps of an open loop (autotune.load.Abort)
-        check.tick = first.tick  # type: ignore[attr-defined]
+    check.tick = first.tick  # type: ignore[attr-defined]
     return check

@@ -1,0 +1,55 @@
+"""How a trial measures its server: one :class:`TrialMode` per way of loading it, chosen
+once from the spec by :func:`mode_for`.
+
+A mode is a small strategy: closed loop (:class:`~autotune.trial._closed.ClosedLoopTrial`),
+open loop and capacity search (:mod:`autotune.trial._open_trial`). A new mode is a class
+with this interface and a row of :data:`MODES`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from autotune.trial._closed import ClosedLoopTrial
+from autotune.trial._open_trial import CapacityTrial, OpenLoopTrial
+
+if TYPE_CHECKING:
+    from autotune.engine import VllmServer
+    from autotune.measure import Measurement
+    from autotune.trial._replay import ClientKw, PhaseFn, _Plan
+    from autotune.trial._spec import TrialOutcome, TrialSpec
+
+__all__ = ["MODES", "TrialMode", "mode_for"]
+
+
+class TrialMode(Protocol):
+    """One way of measuring a trial on its running server.
+
+    ``measure`` warms the server up and measures it (the replays or load levels the mode
+    drives), recording its warm-up, measuring time, segments and stop in ``outcome``, and
+    returns the measurements to combine: empty when it was interrupted before one, when
+    most requests failed (``outcome.reason`` ``aborted``), or when the mode recorded the
+    whole outcome itself (``outcome.ok`` set: a capacity search where no level passed).
+    It raises for a server that died (the caller records why). ``counts_prompt_tokens``:
+    the measurement's ``shape_prompt_tokens`` is the requests' prompt tokens sent.
+    ``metrics(spec, outcome)``: the mode's own figures, added last to the trial's."""
+
+    name: str
+    counts_prompt_tokens: bool
+
+    def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
+                outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
+        ...
+
+    def metrics(self, spec: TrialSpec, outcome: TrialOutcome) -> dict[str, float]: ...
+
+
+#: the trial modes by name
+MODES: dict[str, TrialMode] = {m.name: m for m in (ClosedLoopTrial(), OpenLoopTrial(),
+                                                   CapacityTrial())}
+
+
+def mode_for(spec: TrialSpec, plan: _Plan) -> TrialMode:
+    """The trial's mode: a capacity search when the spec asks for one, else the loop its
+    replay schedule drives (closed or open)."""
+    return MODES["capacity" if spec.capacity is not None else plan.schedule.mode]
