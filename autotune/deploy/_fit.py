@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from autotune.traffic import TrafficShape
@@ -49,18 +49,6 @@ def context_of(flags: Sequence[str], model: str | Path | None) -> tuple[int | No
     return None, "no --max-model-len and no model folder to read its context from"
 
 
-class FitRecord(TypedDict):
-    """A :class:`Fit` as JSON."""
-
-    ok: bool
-    context: int | None
-    needed_p50: float
-    needed_p99: float
-    share_over: float
-    message: str
-    warning: str
-
-
 @dataclass(frozen=True)
 class Fit:
     """``ok`` False: most of the shape's requests do not fit the context (``message`` says
@@ -75,7 +63,7 @@ class Fit:
     message: str
     warning: str = ""
 
-    def to_dict(self) -> FitRecord:
+    def to_dict(self) -> dict[str, object]:
         return {"ok": self.ok, "context": self.context, "needed_p50": self.needed_p50,
                 "needed_p99": self.needed_p99, "share_over": self.share_over,
                 "message": self.message, "warning": self.warning}

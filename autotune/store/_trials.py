@@ -47,9 +47,12 @@ def is_prior(t: BaseTrial) -> bool:
     return A.PRIOR in t.user_attrs
 
 
-def server_gpus_of(t: BaseTrial) -> int:
+def server_gpus_of(t: BaseTrial | None) -> int:
     """GPUs one server of a trial's config uses (1 for trials stored before autotune
-    counted them). Every per-GPU figure of a study divides a server's figure by this."""
+    counted them, and for no trial). Every per-GPU figure of a study divides a server's
+    figure by this."""
+    if t is None:
+        return 1
     try:
         return max(1, int(t.user_attrs.get(A.SERVER_GPUS) or 1))
     except (TypeError, ValueError):

@@ -293,9 +293,7 @@ def _incumbent_low(study: optuna.Study, settings: TuneSettings, trial: optuna.Tr
     best = best_trial(study)
     low = _metric(best, "output_tokens_per_s_ci_low")
     # per GPU: the bar of a trial on n GPUs is n x the incumbent's low end per GPU
-    if low is None or best is None:
-        return None
-    return low / server_gpus_of(best) * server_gpus_of(trial)
+    return None if low is None else low / server_gpus_of(best) * server_gpus_of(trial)
 
 
 def _capacity_spec(settings: TuneSettings) -> CapacityFields:
