@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from autotune.traffic._models import N_QUANTILES, LengthDist
 
-__all__ = ["PROBS", "length_dist", "rounded"]
+__all__ = ["PROBS", "from_quantiles", "length_dist", "rounded"]
 
 PROBS: Final = np.linspace(0.0, 1.0, N_QUANTILES)
 
@@ -21,14 +21,12 @@ def rounded(x: float) -> float:
     return 0.0 if x == 0 else float(f"{x:.6g}")
 
 
-def length_dist(values: npt.ArrayLike) -> LengthDist:
-    """Summary and 101 quantiles of a non-empty array of lengths."""
-    a = np.asarray(values, dtype=np.float64)
-    q = np.quantile(a, PROBS)
-    qs = [rounded(v) for v in q]
+def from_quantiles(q: npt.ArrayLike, *, mean: float, std: float) -> LengthDist:
+    """A :class:`LengthDist` from its 101 quantiles and moments (all rounded)."""
+    qs = [rounded(v) for v in np.asarray(q, dtype=np.float64)]
     return LengthDist(
-        mean=rounded(a.mean()),
-        std=rounded(a.std()),
+        mean=rounded(mean),
+        std=rounded(std),
         min=qs[0],
         p50=qs[50],
         p90=qs[90],
@@ -36,3 +34,9 @@ def length_dist(values: npt.ArrayLike) -> LengthDist:
         max=qs[100],
         quantiles=qs,
     )
+
+
+def length_dist(values: npt.ArrayLike) -> LengthDist:
+    """Summary and 101 quantiles of a non-empty array of lengths."""
+    a = np.asarray(values, dtype=np.float64)
+    return from_quantiles(np.quantile(a, PROBS), mean=float(a.mean()), std=float(a.std()))
