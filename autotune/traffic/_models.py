@@ -1,7 +1,7 @@
 """The traffic-shape file format: pydantic models, frozen, unknown keys rejected.
 
-A shape holds statistics of recorded traffic (lengths, arrivals, prefixes) plus a ``load``
-section, the default way to replay it. The fingerprint covers the statistics only (see
+A shape holds statistics of recorded traffic (lengths, arrivals, prefixes, sessions) plus a
+``load`` section, the default way to replay it. The fingerprint covers the statistics only (see
 :func:`compute_fingerprint` and docs/traffic.md). New fields are optional so old files load.
 """
 
