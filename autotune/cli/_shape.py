@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotune.cli import _from_prometheus
 from autotune.errors import ConfigError
@@ -212,7 +213,9 @@ def _clock(seconds: float) -> str:
     return f"{m}:{sec:02d}"
 
 
-def progress_printer(duration_s: float, *, prefix: str = "") -> Any:
+def progress_printer(
+    duration_s: float, *, prefix: str = ""
+) -> Callable[[float, int, float], None]:
     """A progress callback printing '[elapsed / total] samples, requests finished' to stderr
     (rewritten in place on a terminal, a line per ~10 % otherwise)."""
     tty = sys.stderr.isatty()
@@ -308,7 +311,7 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):

@@ -7,10 +7,10 @@ import json
 import logging
 import math
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from autotune.traffic._collect import (
 logger = logging.getLogger(__name__)
 
 
-def _json_lines(p: Path, col: _Collector) -> Iterator[tuple[int, dict[str, Any]]]:
+def _json_lines(p: Path, col: _Collector) -> Iterator[tuple[int, Mapping[str, object]]]:
     with _open_text(p) as fh:
         for lineno, raw in enumerate(fh, start=1):
             text = raw.strip()
@@ -44,7 +44,7 @@ def _json_lines(p: Path, col: _Collector) -> Iterator[tuple[int, dict[str, Any]]
             yield lineno, obj
 
 
-def _count(obj: dict[str, Any], key: str) -> int | str:
+def _count(obj: Mapping[str, object], key: str) -> int | str:
     """A token count from a JSON object, or the reason it is bad."""
     if key not in obj or obj[key] is None:
         return f"{key!r} is missing; every request needs a token count"
@@ -60,14 +60,14 @@ def _count(obj: dict[str, Any], key: str) -> int | str:
     return int(v)
 
 
-def _number(obj: dict[str, Any], key: str) -> float | str:
+def _number(obj: Mapping[str, object], key: str) -> float | str:
     v = obj.get(key)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         return f"{key!r} is {v!r}; expected a finite number"
     return float(v)
 
 
-def _lengths_and_blocks(obj: dict[str, Any]) -> tuple[int, int, list[int]] | str:
+def _lengths_and_blocks(obj: Mapping[str, object]) -> tuple[int, int, list[int]] | str:
     """``input_length``, ``output_length`` and ``hash_ids`` of a Mooncake-style row, or the
     reason it is bad."""
     inp = _count(obj, "input_length")
@@ -84,7 +84,7 @@ def _lengths_and_blocks(obj: dict[str, Any]) -> tuple[int, int, list[int]] | str
     return inp, out, ids
 
 
-def _arrival(obj: dict[str, Any], unit: str) -> float | str:
+def _arrival(obj: Mapping[str, object], unit: str) -> float | str:
     """The row's ``timestamp`` in ``unit`` ("seconds" or "milliseconds"), or why it is bad."""
     ts = _number(obj, "timestamp")
     if isinstance(ts, str):
@@ -122,7 +122,7 @@ def _turn_id(v: object, key: str) -> int | str | None:
     raise ValueError(f"{key!r} is {v!r}; expected an integer or string id")
 
 
-def _turn_ids(obj: dict[str, Any]) -> tuple[int | str, int | str | None] | str:
+def _turn_ids(obj: Mapping[str, object]) -> tuple[int | str, int | str | None] | str:
     """The row's ``chat_id`` and ``parent_chat_id`` (None = a first turn), or why bad."""
     try:
         chat = _turn_id(obj.get("chat_id"), "chat_id")
@@ -196,7 +196,7 @@ _TIME_KEYS: Final = ("timestamp", "arrival_time", "created", "timestamp_ms")
 _MAX_UNIX_SECONDS: Final = 1e11
 
 
-def _is_failed(obj: dict[str, Any]) -> bool:
+def _is_failed(obj: Mapping[str, object]) -> bool:
     status = obj.get("status")
     if isinstance(status, int) and not isinstance(status, bool) and status >= 400:
         return True

@@ -18,7 +18,6 @@ import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -199,7 +198,7 @@ def _read_csv(p: Path, fmt: str, col: _Collector) -> _Extra:
     return _Extra(wall_clock=ts_kind == "datetime")
 
 
-def _chunks(reader: Any, name: str) -> Iterator[pd.DataFrame]:
+def _chunks(reader: Iterator[pd.DataFrame], name: str) -> Iterator[pd.DataFrame]:
     while True:
         try:
             chunk = next(reader)
