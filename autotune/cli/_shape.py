@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.cli import _from_prometheus
 from autotune.errors import ConfigError
 
-_FORMATS = ("openai_log", "azure", "burstgpt", "mooncake")
+if TYPE_CHECKING:
+    from autotune.traffic import SessionStats
+
+_FORMATS = ("openai_log", "azure", "burstgpt", "mooncake", "multi_turn")
 
 EXIT_SAME = 0
 EXIT_DRIFTED = 1
@@ -34,8 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="fit a shape from a trace file and save it as JSON",
         description=(
             "Read a recorded-traffic file (an OpenAI-style request log, an Azure LLM inference "
-            "trace, BurstGPT or Mooncake; gzip is fine), fit its shape and write it as JSON. "
-            "Failed or zero-token requests are counted and left out."
+            "trace, BurstGPT, Mooncake or a multi-turn trace with chat_id/parent_chat_id; gzip "
+            "is fine), fit its shape and write it as JSON. Failed or zero-token requests are "
+            "counted and left out. Where the trace links turns of one conversation "
+            "(session_id, parent_chat_id, or hash_ids that extend an earlier request's), the "
+            "shape gets a sessions section: turns, think time, context growth."
         ),
     )
     fit.add_argument("trace", metavar="FILE", help="the trace file (CSV or JSONL)")
@@ -206,7 +213,9 @@ def _clock(seconds: float) -> str:
     return f"{m}:{sec:02d}"
 
 
-def progress_printer(duration_s: float, *, prefix: str = "") -> Any:
+def progress_printer(
+    duration_s: float, *, prefix: str = ""
+) -> Callable[[float, int, float], None]:
     """A progress callback printing '[elapsed / total] samples, requests finished' to stderr
     (rewritten in place on a terminal, a line per ~10 % otherwise)."""
     tty = sys.stderr.isatty()
@@ -302,12 +311,38 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
         return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
     return str(v)
+
+
+def _show_sessions(s: SessionStats) -> None:
+    print(
+        f"  sessions      {s.sessions:,} ({_fmt(s.rate_sps)} /s), turns per session mean "
+        f"{_fmt(s.turns.mean)} p99 {_fmt(s.turns.p99)} max {_fmt(s.turns.max)}, "
+        f"{s.multi_turn_fraction:.1%} multi-turn ({s.source})"
+    )
+    if s.new_tokens is None or s.context_growth is None or s.think_time_s is None:
+        return
+    print(
+        f"  turn tokens   first prompt mean {_fmt(s.first_turn_tokens.mean)}, new per turn "
+        f"mean {_fmt(s.new_tokens.mean)}, context growth per turn mean "
+        f"{_fmt(s.context_growth.mean)}"
+    )
+    basis = "after the answer" if s.think_time_basis == "answer" else "between arrivals"
+    flight = "-" if s.in_flight_fraction is None else f"{s.in_flight_fraction:.1%}"
+    print(
+        f"  think time    p50 {_fmt(s.think_time_s.p50)} s, mean {_fmt(s.think_time_s.mean)} s, "
+        f"p90 {_fmt(s.think_time_s.p90)} s ({basis})"
+    )
+    quick = "-" if s.quick_chain_fraction is None else f"{s.quick_chain_fraction:.1%}"
+    print(
+        f"  agents        quick chains (< 1 s) {quick}, sent before the answer {flight}, "
+        f"fan-out {s.fanout_fraction:.1%} (max {s.max_fanout})"
+    )
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -357,6 +392,8 @@ def _show(args: argparse.Namespace) -> int:
                 f"  prefixes      {shape.prefix.shared_token_fraction:.1%} of prompt tokens "
                 f"{what} ({shape.prefix.source})"
             )
+        if shape.sessions is not None:
+            _show_sessions(shape.sessions)
         if shape.precision is not None:
             print(
                 f"  precision     lengths within W1/mean {shape.precision.input_tokens:.2g} "

@@ -30,6 +30,7 @@ from autotune.traffic._models import (
     Precision,
     PrefixStats,
     PrometheusRange,
+    SessionStats,
     SourceInfo,
     TrafficShape,
     compute_fingerprint,
@@ -50,7 +51,7 @@ from autotune.traffic._prometheus_shape import (
     normalize_selector,
 )
 from autotune.traffic._readers import FORMATS, detect_format, read_trace
-from autotune.traffic._records import PrefixInfo, SkippedLine, TraceRecords
+from autotune.traffic._records import PrefixInfo, SessionLinks, SkippedLine, TraceRecords
 from autotune.traffic._replay import (
     ARRIVALS,
     RequestSpec,
@@ -92,6 +93,8 @@ __all__ = [
     "PrometheusUnreachableError",
     "RequestSpec",
     "Schedule",
+    "SessionLinks",
+    "SessionStats",
     "ShapeDiff",
     "SkippedLine",
     "SourceInfo",

@@ -5,21 +5,44 @@ from __future__ import annotations
 import numpy as np
 
 from autotune.errors import ShapeError
-from autotune.traffic._models import LengthDist, TrafficShape, compute_fingerprint
+from autotune.traffic._models import (
+    LengthDist,
+    SessionStats,
+    TrafficShape,
+    compute_fingerprint,
+)
 
 __all__ = ["clip_shape"]
 
 
-def _clip_dist(d: LengthDist, *, scale: float, cap: int | None) -> LengthDist:
+def _clip_dist(
+    d: LengthDist, *, scale: float, cap: int | None, floor: float = 1.0
+) -> LengthDist:
     q = np.asarray(d.quantiles, dtype=np.float64) * scale
     if cap is not None:
         q = np.minimum(q, cap)
-    q = np.maximum(1.0, np.round(q, 1))
+    q = np.maximum(floor, np.round(q, 1))
     # mean and std of the piecewise-linear quantile function the replay samples from
     fine = np.interp(np.linspace(0, q.shape[0] - 1, 20_001), np.arange(q.shape[0]), q)
     qs = [float(v) for v in q]
     return LengthDist(mean=round(float(fine.mean()), 2), std=round(float(fine.std()), 2),
                       min=qs[0], p50=qs[50], p90=qs[90], p99=qs[99], max=qs[100], quantiles=qs)
+
+
+def _clip_sessions(s: SessionStats, scale: float, cap: int | None) -> SessionStats:
+    """The sessions' prompt statistics scaled and capped with the prompts (a turn's new
+    tokens and growth may be 0, so they are not floored at 1 token)."""
+    def grow(d: LengthDist | None) -> LengthDist | None:
+        return None if d is None else _clip_dist(d, scale=scale, cap=cap, floor=0.0)
+
+    by_turn = [round(min(v * scale, cap) if cap is not None else v * scale, 1)
+               for v in s.context_by_turn]
+    return s.model_copy(update={
+        "first_turn_tokens": _clip_dist(s.first_turn_tokens, scale=scale, cap=cap),
+        "new_tokens": grow(s.new_tokens),
+        "context_growth": grow(s.context_growth),
+        "context_by_turn": by_turn,
+    })  # fmt: skip
 
 
 def clip_shape(
@@ -65,6 +88,8 @@ def clip_shape(
             s_in != 1 or max_input_tokens is not None):
         update["prefix"] = prefix.model_copy(update={"shared_prefix_tokens": _clip_dist(
             prefix.shared_prefix_tokens, scale=s_in, cap=max_input_tokens)})
+    if shape.sessions is not None and (s_in != 1 or max_input_tokens is not None):
+        update["sessions"] = _clip_sessions(shape.sessions, s_in, max_input_tokens)
     if rate_scale != 1:
         update["load"] = shape.load.model_copy(
             update={"time_scale": shape.load.time_scale / rate_scale})

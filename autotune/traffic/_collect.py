@@ -20,8 +20,8 @@ from autotune.traffic._records import (
 )
 
 logger = logging.getLogger(__name__)
-TraceFormat = Literal["openai_log", "azure", "burstgpt", "mooncake"]
-FORMATS: Final[tuple[str, ...]] = ("openai_log", "azure", "burstgpt", "mooncake")
+TraceFormat = Literal["openai_log", "azure", "burstgpt", "mooncake", "multi_turn"]
+FORMATS: Final[tuple[str, ...]] = ("openai_log", "azure", "burstgpt", "mooncake", "multi_turn")
 _CSV_COLUMNS: Final[dict[str, tuple[str, str, str]]] = {
     # format: (timestamp, input tokens, output tokens)
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
@@ -31,6 +31,8 @@ _CSV_TITLES: Final[dict[str, str]] = {"azure": "an Azure LLM inference", "burstg
 _CSV_CHUNK_ROWS: Final = 200_000
 _MAX_EXAMPLES: Final = 10
 _MOONCAKE_BLOCK_TOKENS: Final = 512
+#: a multi-turn (Bailian-style) trace's ``hash_ids`` are 16-token blocks
+_MULTI_TURN_BLOCK_TOKENS: Final = 16
 _FIX = "fix the row or pass --skip-bad"
 
 
@@ -58,6 +60,12 @@ class _Collector:
     skipped: int = 0
     failed: int = 0
     examples: list[SkippedLine] = field(default_factory=list)
+
+    def add(self, ts: float, inp: int, out: int) -> None:
+        """A kept row."""
+        self.ts.append(ts)
+        self.inp.append(inp)
+        self.out.append(out)
 
     def bad(self, line: int, reason: str) -> None:
         """A bad line: raise, or count it when skipping."""
@@ -92,8 +100,43 @@ class _PrefixRaw:
     seen_session: bool = False
     seen_prefix: bool = False
 
+    def add_blocks(self, ids: list[int]) -> None:
+        """A kept row's prefix block ids (possibly none)."""
+        self.blocks.extend(ids)
+        self.offsets.append(len(self.blocks))
+
     def code(self, key: object) -> int:
         return self.codes.setdefault(f"{type(key).__name__}:{key}", len(self.codes))
+
+
+@dataclass
+class _TurnRaw:
+    """The turn links of a multi-turn trace, aligned with the collector's kept rows:
+    ``chat`` and ``parent`` are integer codes of ``chat_id`` / ``parent_chat_id`` (-1 = a
+    first turn), ``lines`` the file lines. ``dropped`` maps the code of a turn left out
+    (failed, zero tokens) to its parent's code, so that its next turn links past it."""
+
+    chat: array[int] = field(default_factory=lambda: array("q"))
+    parent: array[int] = field(default_factory=lambda: array("q"))
+    lines: array[int] = field(default_factory=lambda: array("q"))
+    dropped: dict[int, int] = field(default_factory=dict)
+    codes: dict[str, int] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
+
+    def add(self, chat: int, parent: int, line: int) -> None:
+        """A kept turn: its code, its parent's code (-1 = none) and its line."""
+        self.chat.append(chat)
+        self.parent.append(parent)
+        self.lines.append(line)
+
+    def code(self, key: int | str) -> int:
+        """The integer code of an id (``5`` and ``"5"`` are different ids)."""
+        tag = f"{type(key).__name__}:{key}"
+        got = self.codes.get(tag)
+        if got is None:
+            got = self.codes[tag] = len(self.names)
+            self.names.append(repr(key))
+        return got
 
 
 @dataclass
@@ -103,3 +146,4 @@ class _Extra:
     wall_clock: bool = False
     prefix: _PrefixRaw | None = None
     latencies: np.ndarray | None = None
+    turns: _TurnRaw | None = None

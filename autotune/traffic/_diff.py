@@ -24,6 +24,8 @@ THRESHOLDS: Final[dict[str, tuple[str, float]]] = {
     "rate": ("abs_log2_ratio", math.log2(1.25)),
     "burstiness": ("abs_log2_ratio_dispersion", 1.0),
     "prefix_sharing": ("abs_diff_shared_token_fraction", 0.10),
+    "session_turns": ("wasserstein_norm", 0.10),
+    "think_time": ("wasserstein_norm", 0.25),
 }
 
 
@@ -166,6 +168,8 @@ def diff_shapes(a: TrafficShape, b: TrafficShape) -> ShapeDiff:
         "prefix_sharing", abs(pa - pb) if pa is not None and pb is not None else None, pa, pb
     )
 
+    dims |= _session_dims(a, b)
+
     scores = [d.distance / d.threshold for d in dims.values() if d.distance is not None]
     distance = math.sqrt(sum(s * s for s in scores) / len(scores)) if scores else 0.0
     drifted = [k for k, d in dims.items() if d.drifted]
@@ -179,8 +183,41 @@ def diff_shapes(a: TrafficShape, b: TrafficShape) -> ShapeDiff:
         distance=round(distance, 6),
         drifted_dimensions=drifted,
         dimensions=dims,
-        notes=_source_notes(a, b),
+        notes=_source_notes(a, b) + _session_notes(a, b),
     )
+
+
+def _dist_dim(name: str, a: LengthDist | None, b: LengthDist | None) -> DimensionDiff:
+    if a is None or b is None:  # measured on one side only: unknown, not "no sessions"
+        return _dim(name, None, a.mean if a else None, b.mean if b else None)
+    d, detail = _lengths(a, b)
+    return _dim(name, d, a.mean, b.mean, detail)
+
+
+def _session_dims(a: TrafficShape, b: TrafficShape) -> dict[str, DimensionDiff]:
+    """Turns per session and think time (``n/a`` unless both shapes have sessions)."""
+    sa, sb = a.sessions, b.sessions
+    return {
+        "session_turns": _dist_dim(
+            "session_turns", sa.turns if sa else None, sb.turns if sb else None
+        ),
+        "think_time": _dist_dim(
+            "think_time", sa.think_time_s if sa else None, sb.think_time_s if sb else None
+        ),
+    }
+
+
+def _session_notes(a: TrafficShape, b: TrafficShape) -> list[str]:
+    sa, sb = a.sessions, b.sessions
+    if (sa is None) != (sb is None):
+        has = a.name if sa is not None else b.name
+        return [f"only {has} has sessions (turns of conversations); the other's trace "
+                "carried none"]
+    if sa is not None and sb is not None and sa.think_time_basis != sb.think_time_basis:
+        return [f"think times are measured differently: {a.name} from the parent's "
+                f"{sa.think_time_basis}, {b.name} from the parent's {sb.think_time_basis} "
+                "(see docs/traffic.md)"]
+    return []
 
 
 def _source_notes(a: TrafficShape, b: TrafficShape) -> list[str]:

@@ -1,4 +1,4 @@
-"""The JSON-lines trace readers: Mooncake traces and OpenAI request logs.
+"""The JSON-lines trace readers: Mooncake and multi-turn traces, OpenAI request logs.
 """
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 import logging
 import math
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 
@@ -21,12 +21,13 @@ from autotune.traffic._collect import (
     _negative_time,
     _open_text,
     _PrefixRaw,
+    _TurnRaw,
 )
 
 logger = logging.getLogger(__name__)
 
 
-def _json_lines(p: Path, col: _Collector) -> Iterator[tuple[int, dict[str, Any]]]:
+def _json_lines(p: Path, col: _Collector) -> Iterator[tuple[int, Mapping[str, object]]]:
     with _open_text(p) as fh:
         for lineno, raw in enumerate(fh, start=1):
             text = raw.strip()
@@ -43,7 +44,7 @@ def _json_lines(p: Path, col: _Collector) -> Iterator[tuple[int, dict[str, Any]]
             yield lineno, obj
 
 
-def _count(obj: dict[str, Any], key: str) -> int | str:
+def _count(obj: Mapping[str, object], key: str) -> int | str:
     """A token count from a JSON object, or the reason it is bad."""
     if key not in obj or obj[key] is None:
         return f"{key!r} is missing; every request needs a token count"
@@ -59,50 +60,104 @@ def _count(obj: dict[str, Any], key: str) -> int | str:
     return int(v)
 
 
-def _number(obj: dict[str, Any], key: str) -> float | str:
+def _number(obj: Mapping[str, object], key: str) -> float | str:
     v = obj.get(key)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         return f"{key!r} is {v!r}; expected a finite number"
     return float(v)
 
 
+def _lengths_and_blocks(obj: Mapping[str, object]) -> tuple[int, int, list[int]] | str:
+    """``input_length``, ``output_length`` and ``hash_ids`` of a Mooncake-style row, or the
+    reason it is bad."""
+    inp = _count(obj, "input_length")
+    if isinstance(inp, str):
+        return inp
+    out = _count(obj, "output_length")
+    if isinstance(out, str):
+        return out
+    ids = obj.get("hash_ids", [])
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
+        return f"'hash_ids' is {str(ids)[:40]!r}; expected a list of integer ids"
+    return inp, out, ids
+
+
+def _arrival(obj: Mapping[str, object], unit: str) -> float | str:
+    """The row's ``timestamp`` in ``unit`` ("seconds" or "milliseconds"), or why it is bad."""
+    ts = _number(obj, "timestamp")
+    if isinstance(ts, str):
+        return ts.replace("a finite number", f"{unit} as a finite number")
+    if ts < 0:
+        return _negative_time("timestamp", obj["timestamp"], unit)
+    return ts / 1000.0 if unit == "milliseconds" else ts
+
+
 def _read_mooncake(p: Path, col: _Collector) -> _Extra:
     """Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
     raw = _PrefixRaw()
-    any_blocks = False
     for lineno, obj in _json_lines(p, col):
-        ts = _number(obj, "timestamp")
-        if isinstance(ts, str):
-            col.bad(lineno, ts.replace("a finite number", "milliseconds as a finite number"))
+        ts = _arrival(obj, "milliseconds")
+        row = ts if isinstance(ts, str) else _lengths_and_blocks(obj)
+        if isinstance(row, str) or isinstance(ts, str):
+            col.bad(lineno, str(row))
             continue
-        if ts < 0:
-            col.bad(lineno, _negative_time("timestamp", obj["timestamp"], "milliseconds"))
-            continue
-        inp = _count(obj, "input_length")
-        if isinstance(inp, str):
-            col.bad(lineno, inp)
-            continue
-        out = _count(obj, "output_length")
-        if isinstance(out, str):
-            col.bad(lineno, out)
-            continue
-        ids = obj.get("hash_ids", [])
-        if not isinstance(ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids
-        ):
-            col.bad(lineno, f"'hash_ids' is {str(ids)[:40]!r}; expected a list of integer ids")
-            continue
+        inp, out, ids = row
         if inp == 0 or out == 0:
             col.failed += 1
             continue
-        col.ts.append(ts / 1000.0)
-        col.inp.append(inp)
-        col.out.append(out)
-        if ids:
-            any_blocks = True
-            raw.blocks.extend(ids)
-        raw.offsets.append(len(raw.blocks))
-    return _Extra(prefix=raw if any_blocks else None)
+        col.add(ts, inp, out)
+        raw.add_blocks(ids)
+    return _Extra(prefix=raw if raw.blocks else None)
+
+
+def _turn_id(v: object, key: str) -> int | str | None:
+    """A ``chat_id`` / ``parent_chat_id``: an integer or a non-empty string; None for a
+    missing one or -1 (no parent); raises ValueError for anything else."""
+    if v is None or (v == -1 and not isinstance(v, bool)):
+        return None
+    if (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and v):
+        return v
+    raise ValueError(f"{key!r} is {v!r}; expected an integer or string id")
+
+
+def _turn_ids(obj: Mapping[str, object]) -> tuple[int | str, int | str | None] | str:
+    """The row's ``chat_id`` and ``parent_chat_id`` (None = a first turn), or why bad."""
+    try:
+        chat = _turn_id(obj.get("chat_id"), "chat_id")
+        parent = _turn_id(obj.get("parent_chat_id"), "parent_chat_id")
+    except ValueError as exc:
+        return str(exc)
+    if chat is None:
+        return "'chat_id' is missing; every turn of a multi-turn trace needs an id"
+    return chat, parent
+
+
+def _read_multi_turn(p: Path, col: _Collector) -> _Extra:
+    """Multi-turn JSONL: ``chat_id``, ``parent_chat_id`` (-1 = a session's first turn),
+    ``timestamp`` (s), ``input_length``, ``output_length``, optional ``hash_ids`` (16-token
+    blocks) (see docs/traffic.md)."""
+    raw = _PrefixRaw()
+    turns = _TurnRaw()
+    for lineno, obj in _json_lines(p, col):
+        ts = _arrival(obj, "seconds")
+        ids = _turn_ids(obj)
+        row = next((x for x in (ts, ids) if isinstance(x, str)), None) or _lengths_and_blocks(obj)
+        if isinstance(row, str) or isinstance(ids, str) or isinstance(ts, str):
+            col.bad(lineno, str(row))
+            continue
+        inp, out, blocks = row
+        code = turns.code(ids[0])
+        up = -1 if ids[1] is None else turns.code(ids[1])
+        if inp == 0 or out == 0:
+            col.failed += 1
+            turns.dropped[code] = up
+            continue
+        col.add(ts, inp, out)
+        raw.add_blocks(blocks)
+        turns.add(code, up, lineno)
+    return _Extra(prefix=raw if raw.blocks else None, turns=turns)
 
 
 def _parse_time(v: object, key: str) -> float | str:
@@ -141,7 +196,7 @@ _TIME_KEYS: Final = ("timestamp", "arrival_time", "created", "timestamp_ms")
 _MAX_UNIX_SECONDS: Final = 1e11
 
 
-def _is_failed(obj: dict[str, Any]) -> bool:
+def _is_failed(obj: Mapping[str, object]) -> bool:
     status = obj.get("status")
     if isinstance(status, int) and not isinstance(status, bool) and status >= 400:
         return True

@@ -27,6 +27,7 @@ from typing import Any, Final
 import numpy as np
 
 from autotune.errors import TrafficError
+from autotune.traffic._dist import from_quantiles
 from autotune.traffic._models import (
     N_QUANTILES,
     ArrivalStats,
@@ -268,17 +269,7 @@ def histogram_length_dist(h: Histogram) -> tuple[LengthDist, float]:
     m2 = float(np.dot(p_i, (lo * lo + lo * hi + hi * hi) / 3.0))
     mean = h.sum / h.count if h.count > 0 and h.sum > 0 else m1
     w1_bound = float(np.dot(p_i, hi - lo)) / 2.0
-    qs = [_r(v) for v in q]
-    dist = LengthDist(
-        mean=_r(mean),
-        std=_r(math.sqrt(max(m2 - m1 * m1, 0.0))),
-        min=qs[0],
-        p50=qs[50],
-        p90=qs[90],
-        p99=qs[99],
-        max=qs[100],
-        quantiles=qs,
-    )
+    dist = from_quantiles(q, mean=mean, std=math.sqrt(max(m2 - m1 * m1, 0.0)))
     return dist, _r(w1_bound / max(mean, 1.0))
 
 

@@ -1,7 +1,7 @@
 """The traffic-shape file format: pydantic models, frozen, unknown keys rejected.
 
-A shape holds statistics of recorded traffic (lengths, arrivals, prefixes) plus a ``load``
-section, the default way to replay it. The fingerprint covers the statistics only (see
+A shape holds statistics of recorded traffic (lengths, arrivals, prefixes, sessions) plus a
+``load`` section, the default way to replay it. The fingerprint covers the statistics only (see
 :func:`compute_fingerprint` and docs/traffic.md). New fields are optional so old files load.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any, Final, Literal
 
@@ -25,6 +26,7 @@ __all__ = [
     "Precision",
     "PrefixStats",
     "PrometheusRange",
+    "SessionStats",
     "SourceInfo",
     "TrafficShape",
     "compute_fingerprint",
@@ -45,6 +47,8 @@ _FINGERPRINT_FIELDS: Final = (
     "concurrency",
     "prefix",
 )
+# fingerprinted only when present, so that a shape without sessions keeps its fingerprint
+_OPTIONAL_FINGERPRINT_FIELDS: Final = ("sessions",)
 
 
 class _Model(BaseModel):
@@ -166,6 +170,77 @@ class PrefixStats(_Model):
     )
 
 
+class SessionStats(_Model):
+    """Conversations and agent sessions: which requests are turns of one session.
+
+    A session is a chain (or tree) of turns, each turn linked to the one it follows (its
+    parent). ``source`` says how the links were found: ``session_id`` (an OpenAI request
+    log's ``session_id``; turns follow each other in time), ``parent_id`` (a multi-turn trace's
+    ``parent_chat_id``) or ``hash_ids`` (a request whose prefix blocks extend an earlier
+    request's whole block list is that request's next turn).
+
+    ``turns``: turns per session (a request with no session is a session of one turn).
+    ``rate_sps``: sessions started per second. ``first_turn_tokens``: a first turn's prompt.
+    ``new_tokens``: per follow-up turn, prompt tokens beyond the parent's prompt and answer.
+    ``context_growth``: per follow-up turn, prompt tokens beyond the parent's prompt.
+    ``context_by_turn``: mean prompt tokens at turn 1, 2, ... (at most 32 turns).
+    ``think_time_s``: per follow-up turn, its arrival minus the moment its parent's answer
+    came back (``think_time_basis`` ``answer``, when the trace logs latencies) or minus its
+    parent's arrival (``arrival``, when it does not: the gap then includes the answer's own
+    time); a turn sent before its parent's answer counts 0 here and in ``in_flight_fraction``.
+    ``quick_chain_fraction``: share of follow-up turns with think time under 1 s (agents
+    chaining calls). ``in_flight_fraction``: share sent while the parent's answer was still
+    being generated (None without latencies). ``fanout_fraction``: among the turns that have a
+    next turn, the share with two or more (an agent fanning out); ``max_fanout``: the most
+    next turns of one turn.
+    ``session_span_s``: first to last arrival of a multi-turn session.
+    """
+
+    source: Literal["session_id", "parent_id", "hash_ids"]
+    sessions: int = Field(ge=1)
+    rate_sps: float = Field(ge=0)
+    multi_turn_fraction: float = Field(ge=0, le=1)
+    turns: LengthDist
+    first_turn_tokens: LengthDist
+    new_tokens: LengthDist | None = None
+    context_growth: LengthDist | None = None
+    context_by_turn: list[float] = Field(default_factory=list, max_length=32)
+    think_time_s: LengthDist | None = None
+    think_time_basis: Literal["answer", "arrival"] = "arrival"
+    quick_chain_fraction: float | None = Field(default=None, ge=0, le=1)
+    in_flight_fraction: float | None = Field(default=None, ge=0, le=1)
+    fanout_fraction: float = Field(default=0.0, ge=0, le=1)
+    max_fanout: int = Field(default=0, ge=0)
+    session_span_s: LengthDist | None = None
+
+    def summary(self) -> dict[str, object]:
+        """The headline numbers, for ``show``."""
+        def mean(d: LengthDist | None) -> float | None:
+            return d.mean if d is not None else None
+
+        def p50(d: LengthDist | None) -> float | None:
+            return d.p50 if d is not None else None
+
+        return {
+            "source": self.source,
+            "sessions": self.sessions,
+            "rate_sps": self.rate_sps,
+            "multi_turn_fraction": self.multi_turn_fraction,
+            "turns_mean": self.turns.mean,
+            "turns_max": self.turns.max,
+            "first_turn_tokens_mean": self.first_turn_tokens.mean,
+            "new_tokens_mean": mean(self.new_tokens),
+            "context_growth_mean": mean(self.context_growth),
+            "think_time_s_p50": p50(self.think_time_s),
+            "think_time_s_mean": mean(self.think_time_s),
+            "think_time_basis": self.think_time_basis,
+            "quick_chain_fraction": self.quick_chain_fraction,
+            "in_flight_fraction": self.in_flight_fraction,
+            "fanout_fraction": self.fanout_fraction,
+            "max_fanout": self.max_fanout,
+        }
+
+
 class Precision(_Model):
     """How coarse a shape's statistics are, where they are coarser than a request log's.
 
@@ -228,6 +303,7 @@ class TrafficShape(_Model):
     arrivals: ArrivalStats | None = None
     concurrency: ConcurrencyEstimate | None = None
     prefix: PrefixStats | None = None
+    sessions: SessionStats | None = None
     source: SourceInfo | None = None
     precision: Precision | None = None
     load: LoadSpec
@@ -262,6 +338,8 @@ class TrafficShape(_Model):
             ),
             "load": self.load.model_dump(),
         }
+        if self.sessions is not None:
+            out["sessions"] = self.sessions.summary()
         if self.source is not None:
             out["source"] = self.source.model_dump()
         if self.precision is not None:
@@ -273,7 +351,7 @@ class TrafficShape(_Model):
         return self.model_copy(update={"load": load})
 
 
-def _canonical(value: Any) -> Any:
+def _canonical(value: object) -> object:
     """Round floats to 4 significant digits, recursively, so tiny float noise is ignored."""
     if isinstance(value, bool) or value is None or isinstance(value, int | str):
         return value
@@ -289,13 +367,17 @@ def _canonical(value: Any) -> Any:
     raise TypeError(f"cannot fingerprint a {type(value).__name__}")
 
 
-def compute_fingerprint(stats: dict[str, Any]) -> str:
+def compute_fingerprint(stats: Mapping[str, object]) -> str:
     """``sha256`` of the canonical JSON of the statistics, first 16 hex digits.
 
     ``stats`` is a (partial) model dump; only the fingerprinted keys are used, so a whole
     ``TrafficShape.model_dump()`` works too. Floats are rounded to 4 significant digits
-    and whole floats written as integers, keys sorted, None kept.
+    and whole floats written as integers, keys sorted, None kept; a section added to the
+    format later (``sessions``) counts only when present, so older shapes keep theirs.
     """
     canon = {k: _canonical(stats.get(k)) for k in _FINGERPRINT_FIELDS}
+    for k in _OPTIONAL_FINGERPRINT_FIELDS:
+        if stats.get(k) is not None:
+            canon[k] = _canonical(stats[k])
     text = json.dumps(canon, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

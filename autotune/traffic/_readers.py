@@ -1,4 +1,5 @@
-"""Readers of recorded traffic: OpenAI-style request logs, Azure, BurstGPT and Mooncake traces.
+"""Readers of recorded traffic: OpenAI-style request logs, Azure, BurstGPT, Mooncake and
+multi-turn (``chat_id`` / ``parent_chat_id``) traces.
 
 Every reader streams its file (CSV in chunks, JSONL line by line) and keeps only numeric
 arrays, so a file of several GB is read in bounded memory. A bad line raises
@@ -17,7 +18,6 @@ import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,6 @@ from autotune.traffic._collect import (
     _CSV_COLUMNS,
     _CSV_TITLES,
     _FIX,
-    _MOONCAKE_BLOCK_TOKENS,
     FORMATS,
     _Collector,
     _Extra,
@@ -36,14 +35,9 @@ from autotune.traffic._collect import (
     _negative_time,
     _open_text,
 )
-from autotune.traffic._json_readers import _read_mooncake, _read_openai_log
-from autotune.traffic._records import (
-    PrefixInfo,
-    TraceRecords,
-    prefix_from_blocks,
-    prefix_from_ids,
-    prefix_from_sessions,
-)
+from autotune.traffic._json_readers import _read_mooncake, _read_multi_turn, _read_openai_log
+from autotune.traffic._records import TraceRecords
+from autotune.traffic._session_links import prefix_and_sessions
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +47,8 @@ def read_trace(
 ) -> TraceRecords:
     """Read a recorded-traffic file into :class:`TraceRecords` (sorted by arrival).
 
-    ``format`` is one of ``"openai_log"``, ``"azure"``, ``"burstgpt"``, ``"mooncake"``;
+    ``format`` is one of ``"openai_log"``, ``"azure"``, ``"burstgpt"``, ``"mooncake"``,
+    ``"multi_turn"``;
     ``None`` detects it from the first line. Gzip-compressed files are read as well.
     Raises :class:`TraceFormatError` for a missing, empty or malformed file.
     """
@@ -71,6 +66,8 @@ def read_trace(
             extra = _read_csv(p, fmt, col)
         elif fmt == "mooncake":
             extra = _read_mooncake(p, col)
+        elif fmt == "multi_turn":
+            extra = _read_multi_turn(p, col)
         else:
             extra = _read_openai_log(p, col)
     except UnicodeDecodeError as exc:
@@ -121,6 +118,8 @@ def detect_format(path: str | Path) -> str:
                 f"traffic file {name} line 1: not valid JSON ({exc.msg}); {hint}"
             ) from exc
         if isinstance(obj, dict):
+            if "chat_id" in obj and "input_length" in obj:
+                return "multi_turn"
             if "input_length" in obj or "hash_ids" in obj:
                 return "mooncake"
             if "usage" in obj or "prompt_tokens" in obj:
@@ -199,7 +198,7 @@ def _read_csv(p: Path, fmt: str, col: _Collector) -> _Extra:
     return _Extra(wall_clock=ts_kind == "datetime")
 
 
-def _chunks(reader: Any, name: str) -> Iterator[pd.DataFrame]:
+def _chunks(reader: Iterator[pd.DataFrame], name: str) -> Iterator[pd.DataFrame]:
     while True:
         try:
             chunk = next(reader)
@@ -347,26 +346,6 @@ def _finish(col: _Collector, fmt: str, extra: _Extra) -> TraceRecords:
             f"skipped, {col.failed} failed or zero-token request(s) left out); "
             "check that the file and --format are right"
         )
-    prefix: PrefixInfo | None = None
-    prefix_raw, latencies = extra.prefix, extra.latencies
-    if prefix_raw is not None:
-        if fmt == "mooncake":
-            prefix = prefix_from_blocks(
-                np.frombuffer(prefix_raw.blocks, dtype=np.int64),
-                np.frombuffer(prefix_raw.offsets, dtype=np.int64),
-                inp,
-                block_tokens=_MOONCAKE_BLOCK_TOKENS,
-            )
-        elif prefix_raw.seen_prefix:
-            prefix = prefix_from_ids(
-                np.frombuffer(prefix_raw.prefix_id, dtype=np.int64),
-                np.frombuffer(prefix_raw.prefix_tokens, dtype=np.int64),
-                inp,
-            )
-        else:
-            prefix = prefix_from_sessions(
-                np.frombuffer(prefix_raw.session, dtype=np.int64), ts, inp, out
-            )
     gaps = np.diff(ts)
     was_sorted = bool(np.all(gaps >= 0))
     if not was_sorted:
@@ -376,7 +355,11 @@ def _finish(col: _Collector, fmt: str, extra: _Extra) -> TraceRecords:
         order = np.arange(ts.shape[0])
     else:
         order = np.lexsort((out, inp, ts))
-        ts, inp, out = ts[order], inp[order], out[order]
+    prefix, sessions = prefix_and_sessions(
+        fmt, extra, order, (ts, inp, out), name=col.name, skip_bad=col.skip_bad
+    )
+    ts, inp, out = ts[order], inp[order], out[order]
+    latencies = extra.latencies
     start = float(ts[0])
     return TraceRecords(
         path=col.name,
@@ -387,7 +370,8 @@ def _finish(col: _Collector, fmt: str, extra: _Extra) -> TraceRecords:
         skipped=col.skipped,
         failed=col.failed,
         skipped_examples=tuple(col.examples),
-        prefix=prefix.take(order) if prefix is not None else None,
+        prefix=prefix,
+        sessions=sessions,
         latencies_s=latencies[order] if latencies is not None else None,
         start_epoch_s=start if extra.wall_clock else None,
         was_sorted=was_sorted,

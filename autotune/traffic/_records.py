@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 __all__ = [
     "PrefixInfo",
+    "SessionLinks",
     "SkippedLine",
     "TraceRecords",
     "prefix_from_blocks",
@@ -21,6 +22,7 @@ __all__ = [
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 PrefixSource = Literal["hash_ids", "session", "prefix_id"]
+SessionSource = Literal["session_id", "parent_id", "hash_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,42 @@ class PrefixInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionLinks:
+    """Which request is the next turn of which, aligned with the records' arrays.
+
+    ``parent[i]``: index of the turn request i follows (always an earlier or simultaneous
+    arrival), -1 for a session's first turn. ``source``: how the links were found.
+    """
+
+    source: SessionSource
+    parent: IntArray
+
+    def take(self, index: IntArray) -> SessionLinks:
+        """The links among the requests ``index`` picks, reindexed; a turn whose parent is
+        left out starts a session."""
+        pos = np.full(self.parent.shape[0], -1, dtype=np.int64)
+        pos[index] = np.arange(index.shape[0], dtype=np.int64)
+        up = self.parent[index]
+        return SessionLinks(self.source, np.where(up >= 0, pos[up], -1))
+
+    def tree(self) -> tuple[IntArray, IntArray]:
+        """``(root, turn)``: per request, the index of its session's first turn and its turn
+        number (1 = first turn)."""
+        parent = self.parent
+        has = parent >= 0
+        # pointer jumping (list ranking): each pass doubles the distance followed; the links
+        # are acyclic (the readers refuse a cycle)
+        nxt = np.where(has, parent, np.arange(parent.shape[0], dtype=np.int64))
+        dist = has.astype(np.int64)
+        while True:
+            jumped = nxt[nxt]
+            if np.array_equal(jumped, nxt):
+                return nxt, dist + 1
+            dist = dist + dist[nxt]
+            nxt = jumped
+
+
+@dataclass(frozen=True, slots=True)
 class TraceRecords:
     """Requests read from a trace, sorted by arrival; failed and bad rows already left out.
 
@@ -77,6 +115,7 @@ class TraceRecords:
     failed: int = 0
     skipped_examples: tuple[SkippedLine, ...] = ()
     prefix: PrefixInfo | None = None
+    sessions: SessionLinks | None = None
     latencies_s: FloatArray | None = None
     start_epoch_s: float | None = None
     was_sorted: bool = True

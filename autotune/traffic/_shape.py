@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any, Final
 
 import numpy as np
-import numpy.typing as npt
+from pydantic import BaseModel
 from scipy import stats as sps
 
 from autotune.errors import TrafficError
+from autotune.traffic._dist import PROBS, length_dist, rounded
 from autotune.traffic._models import (
-    N_QUANTILES,
     ArrivalStats,
     ConcurrencyEstimate,
     Correlation,
-    LengthDist,
     LoadSpec,
     PrefixStats,
     SourceInfo,
@@ -25,6 +25,7 @@ from autotune.traffic._models import (
     compute_fingerprint,
 )
 from autotune.traffic._records import TraceRecords
+from autotune.traffic._sessions import session_stats
 
 __all__ = [
     "ASSUMED_PREFILL_TPS",
@@ -49,36 +50,16 @@ ASSUMED_PREFILL_TPS: Final = 10_000.0
 DEFAULT_REPLAY_REQUESTS: Final = 1000
 DISPERSION_WINDOW_S: Final = 60.0
 _MAX_PROFILE_WINDOWS: Final = 1440
-_PROBS: Final = np.linspace(0.0, 1.0, N_QUANTILES)
 
 
-def _r(x: float) -> float:
-    """6 significant digits: stable in JSON and far below any statistical noise."""
-    x = float(x)
-    return 0.0 if x == 0 else float(f"{x:.6g}")
+_r = rounded
+_PROBS = PROBS
 
 
-def stats_fingerprint(stats: dict[str, Any]) -> str:
+def stats_fingerprint(stats: Mapping[str, object]) -> str:
     """:func:`compute_fingerprint` of a dict of statistics, models or plain values."""
     return compute_fingerprint(
-        {k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in stats.items()}
-    )
-
-
-def length_dist(values: npt.ArrayLike) -> LengthDist:
-    """Summary and 101 quantiles of a non-empty array of lengths."""
-    a = np.asarray(values, dtype=np.float64)
-    q = np.quantile(a, _PROBS)
-    qs = [_r(v) for v in q]
-    return LengthDist(
-        mean=_r(a.mean()),
-        std=_r(a.std()),
-        min=qs[0],
-        p50=qs[50],
-        p90=qs[90],
-        p99=qs[99],
-        max=qs[100],
-        quantiles=qs,
+        {k: (v.model_dump() if isinstance(v, BaseModel) else v) for k, v in stats.items()}
     )
 
 
@@ -191,7 +172,9 @@ def _check(records: TraceRecords) -> None:
     n = len(records)
     if n == 0:
         raise TrafficError(f"traffic {records.path}: no requests to fit a shape from")
-    arrays = (records.timestamps_s, records.input_tokens, records.output_tokens)
+    arrays: list[np.ndarray] = [records.timestamps_s, records.input_tokens, records.output_tokens]
+    if records.sessions is not None:
+        arrays.append(records.sessions.parent)
     if any(a.shape != (n,) for a in arrays):
         raise TrafficError(f"traffic {records.path}: record arrays differ in length")
     if not np.all(np.isfinite(records.timestamps_s)) or np.any(np.diff(records.timestamps_s) < 0):
@@ -234,6 +217,7 @@ def fit_shape(
         "arrivals": arrival_stats(ts),
         "concurrency": _concurrency(rate, inp, out, records.latencies_s),
         "prefix": _prefix(records),
+        "sessions": session_stats(records),
     }
     fingerprint = stats_fingerprint(stats)
     if load is None:

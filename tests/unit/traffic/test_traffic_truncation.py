@@ -27,6 +27,7 @@ def _head(records: TraceRecords, n: int) -> TraceRecords:
         output_tokens=records.output_tokens[:n],
         latencies_s=None if records.latencies_s is None else records.latencies_s[:n],
         prefix=prefix,
+        sessions=None if records.sessions is None else records.sessions.take(np.arange(n)),
     )
 
 
