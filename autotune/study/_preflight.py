@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.config import TuneSettings
 from autotune.errors import ConfigError, ShapeError, SpaceError
 
 __all__ = ["MAX_CLIPPED_FRACTION", "check_before_trial_0", "check_bytecode", "check_context",
@@ -36,12 +37,12 @@ logger = logging.getLogger(__name__)
 MAX_CLIPPED_FRACTION = 0.05
 
 
-def check_before_trial_0(*, space: Any, shape: Any, model: Path, settings: Any,
+def check_before_trial_0(*, space: Any, shape: Any, model: Path, settings: TuneSettings,
                          surface: Any = None) -> list[str]:
     """Raise one clear error if the study cannot work; return (and log) warnings."""
     warnings = check_flags(space, surface=surface)
-    warnings += check_context(space, shape, model, seed=getattr(settings, "seed", 0),
-                              num_requests=getattr(settings, "num_requests", None))
+    warnings += check_context(space, shape, model, seed=settings.seed,
+                              num_requests=settings.measure.num_requests)
     warnings += check_bytecode()
     for w in warnings:
         logger.warning("%s", w)
