@@ -413,12 +413,12 @@ class TuneSettings(BaseModel):
         return {**rest, "measure": measure}
 
     @model_serializer(mode="wrap")
-    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         """Dumped flat: the measurement keys beside the others, as a config file and the
         stored settings of every study (old ones too) have them."""
-        data: dict[str, Any] = handler(self)
-        measure = data.pop("measure", None) or {}
-        return {**data, **measure}
+        data: dict[str, object] = handler(self)
+        measure = data.pop("measure", None)
+        return {**data, **(measure if isinstance(measure, dict) else {})}
 
     @field_validator("api_price", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from autotune.cli._options import add_measure_options, add_option, measure_settings
@@ -112,17 +113,19 @@ def _level_at_capacity(cap: CapacityRecord) -> LevelRecord | None:
                  if lv.get("passed") and lv["scale"] == cap.get("low")), None)
 
 
-def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool:
+def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float) -> bool:
     """The levels and the capacity line; False when no level met the SLOs."""
     from autotune.hardware import gpu_names
     from autotune.measure import fmt_value
     from autotune.report import capacity_line
 
-    cap: dict[str, Any] = outcome.capacity or {}
-    m: dict[str, float] = outcome.metrics
+    m, cap = outcome.metrics, outcome.capacity
+    if cap is None:
+        print(f"no capacity: {outcome.message}", file=sys.stderr)
+        return False
     if cap.get("level_note"):  # the levels were stretched to the shape's request length
         print(cap["level_note"])
-    for i, lv in enumerate(cap.get("levels", []), 1):
+    for i, lv in enumerate(cap["levels"], 1):
         tok = lv["output_tokens_per_s"]
         print(f"level {i}: {lv['scale']:.3g}x = {fmt_value(lv['offered_rps'])} req/s "
               f"{'pass' if lv['passed'] else 'FAIL'}: {lv['goodput_fraction']:.1%} of "
@@ -202,7 +205,7 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
                       log_path=str(log_path) if log_path else None, stagger=args.stagger)
 
 
-def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, Any]:
+def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, object]:
     """What ``autotune bench --json`` prints for this trial's outcome."""
     return {"ok": outcome.ok, "reason": outcome.reason, "flags": list(spec.flags),
             "env": dict(spec.env), "stagger": spec.stagger,
@@ -222,7 +225,7 @@ def _interrupted(outcome: TrialOutcome) -> bool:
     return outcome.stop == "interrupted" or outcome.reason == FailureReason.INTERRUPTED
 
 
-def _on_stop_signal(signum: int, frame: Any) -> None:
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     """SIGTERM/SIGINT: the first ends a running closed-loop measurement, keeping what it
     measured (:func:`autotune.trial.interrupt`); otherwise, or the second, stops at once."""
     from autotune.trial import INTERRUPT, interrupt

@@ -281,7 +281,8 @@ def measure_settings(args: argparse.Namespace, **override: object) -> MeasureSet
 
 
 def add_measure_options(parser: argparse.ArgumentParser,
-                        groups: Mapping[str, Any] | None = None, **override: Any) -> None:
+                        groups: Mapping[str, argparse._ActionsContainer] | None = None,
+                        **override: Mapping[str, object]) -> None:
     """Add every measurement option (:data:`MEASURE_OPTIONS`) to ``parser``, each in
     ``groups[its group]`` where given; ``override``: ``add_argument`` keywords by field
     (bench's ``--output-jitter`` default, which ``--no-stagger`` sets)."""
@@ -291,7 +292,7 @@ def add_measure_options(parser: argparse.ArgumentParser,
                             **{**_argparse_kwargs(opt), **override.get(opt.field, {})})
 
 
-def add_option(group: Any, flag: str, **override: Any) -> None:
+def add_option(group: argparse._ActionsContainer, flag: str, **override: object) -> None:
     """Add the ``tune`` option ``flag`` to another command's parser or group (``bench``):
     the same flag, settings field (its ``dest``), type and default, written once here.
     ``override``: ``add_argument`` keywords that differ for that command (its own help;

@@ -12,6 +12,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from autotune.cli._options import _GROUPS, OPTIONS, _argparse_kwargs, validation_message
@@ -22,7 +23,7 @@ from autotune.quality._caveat import caveat_line
 from autotune.report import capacity_line, needed_text
 
 if TYPE_CHECKING:
-    from autotune.results import WarmStart
+    from autotune.results import TuneResult, WarmStart
     from autotune.study import ResolvedStudy
 
 
@@ -229,7 +230,7 @@ def run_study_command(settings: TuneSettings | ResolvedStudy, *, as_json: bool, 
     from autotune.store import objective_label
     from autotune.study import tune
 
-    def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
+    def _sigterm(signum: int, frame: FrameType | None) -> None:  # stops cleanly, like Ctrl-C
         raise KeyboardInterrupt
 
     from autotune.cli._progress import make_display
@@ -251,7 +252,7 @@ def run_study_command(settings: TuneSettings | ResolvedStudy, *, as_json: bool, 
     return 0 if result.best is not None else 1
 
 
-def summary_lines(result: Any, objective: str) -> list[str]:
+def summary_lines(result: TuneResult, objective: str) -> list[str]:
     """What ``tune`` prints once the study ends: the trial counts, then the verdict and the
     declared config (or why no trial met the constraints) and where the results are."""
     from autotune.cli._cost import cost_lines
@@ -298,7 +299,7 @@ def _tune(args: argparse.Namespace) -> int:
                              quiet=args.quiet)
 
 
-def _mlflow_lines(result: Any) -> list[str]:
+def _mlflow_lines(result: TuneResult) -> list[str]:
     """What the MLflow store missed while it was away: logged late, or still to sync."""
     lines = []
     if result.mlflow_late:
@@ -311,7 +312,7 @@ def _mlflow_lines(result: Any) -> list[str]:
     return lines
 
 
-def _trial_counts(result: Any) -> str:
+def _trial_counts(result: TuneResult) -> str:
     """'5 trials, 4 feasible, 0 failed; 1 not run (queued when the --budget ended the
     search)', '3 trials, 1 feasible, 1 failed; why not feasible: oom 1, slo 1', '6 trials,
     3 feasible, 0 failed, 2 pruned (...)': trials the budget left unstarted and trials the

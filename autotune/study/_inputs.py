@@ -9,7 +9,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.config import DEFAULT_OUT_ROOT, TuneSettings, store_where
 from autotune.credentials import redact_settings, warn_if_password
@@ -266,7 +266,7 @@ def _retry_stopped(study: optuna.Study, only: Collection[int] | None = None) -> 
                 or t.number in retried or t.user_attrs.get(A.RECHECK_OF) is not None
                 or (only is not None and t.number not in only)):
             continue
-        attrs: dict[str, Any] = {A.RETRY_OF: t.number}
+        attrs: dict[str, object] = {A.RETRY_OF: t.number}
         for key in (A.BASELINE, A.ENQUEUED):
             if t.user_attrs.get(key):
                 attrs[key] = True
@@ -335,8 +335,8 @@ def open_study(inputs: StudyInputs, *, sampler: BaseSampler | None = None,
 
     settings = inputs.settings
     try:
-        directions: list[Any] = (["maximize", "minimize"] if settings.objective == "pareto"
-                                 else ["maximize"])
+        directions: list[Literal["maximize", "minimize"]] = (
+            ["maximize", "minimize"] if settings.objective == "pareto" else ["maximize"])
         study = optuna.create_study(
             storage=inputs.storage, study_name=inputs.study_name, directions=directions,
             sampler=sampler or make_sampler(settings), load_if_exists=settings.resume,

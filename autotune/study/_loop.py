@@ -375,7 +375,8 @@ class StudyLoop:
         if recheck_of is not None:
             self._phase(number, "recheck", 0.0, f"re-measuring the config of trial {recheck_of}")
 
-    def _reject(self, trial: optuna.Trial, params: dict[str, Any], problems: list[str]) -> None:
+    def _reject(self, trial: optuna.Trial, params: dict[str, ParamValue],
+                problems: list[str]) -> None:
         """A sample the space's rules forbid: PRUNED, never launched, not counted."""
         self.rejected_in_a_row += 1
         if self.rejected_in_a_row > _MAX_REJECTED_IN_A_ROW:

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     import optuna
     from optuna.samplers import BaseSampler
+    from optuna.trial import FrozenTrial
 
     from autotune.exec import Executor
     from autotune.kernels._study import TrialPlan
@@ -102,7 +103,7 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     note("quality reference: the full-precision config's greedy outputs "
          f"({len(probe.prompts)} prompts; cached after the first study)")
 
-    def start() -> Any:
+    def start() -> VllmServer:
         return VllmServer(model=str(model), flags=ref.flags, env=ref.env,
                           log_path=inputs.log_dir / "quality-reference.log",
                           cache_dir=inputs.cache_dir,
@@ -317,7 +318,7 @@ def _drop_if_empty(study: optuna.Study, inputs: StudyInputs) -> None:
     import optuna
     from optuna.trial import TrialState
 
-    def ran(t: Any) -> bool:
+    def ran(t: FrozenTrial) -> bool:
         return t.state != TrialState.WAITING and not (
             t.state == TrialState.FAIL and t.user_attrs.get(A.REASON) in STOPPED)
 
