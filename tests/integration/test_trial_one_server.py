@@ -64,7 +64,7 @@ def test_a_failed_trial_keeps_the_others_and_the_server_goes_on(model_dir: Path)
     # every request of the middle trial times out: it fails (aborted), the server lives
     failing = dataclasses.replace(ok, number=1, shape=constant_shape(
         32, 64, name="slow", load=LoadSpec(mode="open", rate_rps=80.0, requests=40)),
-        request_timeout_s=0.02)
+        measure=ok.measure.model_copy(update={"request_timeout_s": 0.02}))
     outs = run_trials_on_one_server([ok, failing, dataclasses.replace(ok, number=2)])
     assert [(o.ok, o.reason) for o in outs] == [
         (True, None), (False, FailureReason.ABORTED), (True, None)], [o.message for o in outs]
