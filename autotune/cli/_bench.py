@@ -16,20 +16,16 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from autotune.cli._options import add_option
+from autotune.cli._options import add_measure_options, add_option, measure_settings
 from autotune.measure import fmt_interval
 from autotune.store import FailureReason
 
 if TYPE_CHECKING:
-    from autotune.trial import (
-        CapacityFields,
-        CapacityRecord,
-        LevelRecord,
-        TrialOutcome,
-        TrialSpec,
-    )
+    from autotune.config import MeasureSettings
+    from autotune.trial import CapacityRecord, LevelRecord, TrialOutcome, TrialSpec
 
 __all__ = ["bench_json", "bench_spec", "parse_bench", "register"]
 
@@ -50,44 +46,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "running; exit status 130); a second one, or one during the start, stops at once"
         ),
     )
-    # The options bench shares with tune come from tune's table (autotune/cli/_options.py):
-    # flag, dest, type and default written once; the help says what they do to one config.
+    # The study options bench shares with tune come from tune's table, the measurement
+    # options from MeasureSettings (autotune/cli/_options.py): flag, dest, type, help and
+    # default written once.
     add_option(p, "--model", required=True, help="local model directory")
     add_option(p, "--shape", required=True, help="traffic shape JSON")
     p.add_argument("--flag", action="append", default=[], metavar="FLAGS",
                    help="engine flag(s), e.g. --flag='--max-num-seqs 64' (repeatable)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment variable for the server, e.g. OMP_NUM_THREADS=1")
-    add_option(p, "--repeats", help="adaptive measurements on the same server, median reported "
-                                    "(default 1: the interval over segments replaces repeats)")
-    add_option(p, "--precision",
-               help="stop when the 95 %% interval is within this fraction (default 0.02)")
-    add_option(p, "--min-segments",
-               help="measured segments before --precision may stop (default 5)")
-    add_option(p, "--measure-max-s", help="measure at most this long (default 180 s)")
-    add_option(p, "--warmup-max-s", help="warm up at most this long (default 120 s)")
-    add_option(p, "--segment-requests",
-               help="completed requests per segment (default max(concurrency, 16))")
     p.add_argument("--no-stagger", dest="stagger", action="store_false",
                    help="start all closed-loop streams with full-length requests (lockstep; "
                         "--output-jitter then defaults to 0)")
-    add_option(p, "--output-jitter", default=None)  # None: 0.1, or 0 with --no-stagger
-    add_option(p, "--warmup-requests",
-               help="open-loop shapes: a fixed warm-up of N requests first (default 2 x "
-                    "concurrency); with --capacity the warm-up is segments of the levels' "
-                    "traffic unless N is given (0: no warm-up)")
-    add_option(p, "--num-requests")
-    add_option(p, "--concurrency", help="closed-loop streams (default: the shape's)")
-    add_option(p, "--api")
-    add_option(p, "--slo", help="goodput thresholds, e.g. ttft_p99=2,tpot_p99=0.05")
-    add_option(p, "--start-timeout")
     p.add_argument("--log", type=Path, default=None,
                    help="keep the server log in this file (a taken name gets a -N suffix)")
-    add_option(p, "--cache-dir",
-               help="compile/JIT caches, shared with autotune tune (default "
-                    "~/.cache/autotune): a config a study started before starts warm")
     add_option(p, "--seed", help="traffic seed")
-    add_option(p, "--cpu-kv-cache-gib")
+    measurement = p.add_argument_group("measurement (docs/measurement.md)")
     cap = p.add_argument_group(
         "capacity (--capacity)",
         "measure the config's capacity under --slo instead: the highest scale of the shape's "
@@ -96,24 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cap.add_argument("--capacity", action="store_true",
                      help="measure capacity (req/s) rather than throughput; without --slo "
                           "the SLOs are ttft_p99=2.0,tpot_p99=0.1")
-    add_option(cap, "--capacity-goodput",
-               help="share of offered requests that must meet the SLOs (default 0.99)")
-    add_option(cap, "--capacity-tolerance",
-               help="search until the bracket is within this fraction (default 0.25)")
-    add_option(cap, "--capacity-level-s",
-               help="seconds of arrivals per load level, at least (default 10, and at least "
-                    "40 requests from the busiest stretch of the recorded arrivals; "
-                    "stretched to 3 of the shape's request durations measured in the "
-                    "warm-up, at most 4x, so that a level judges a sustained rate)")
-    add_option(cap, "--capacity-max-s",
-               help="a time cap: the load levels stop once the next would end after this "
-                    "many seconds, the bracket then as wide as they left it (default: none; "
-                    "the search runs until the bracket is within --capacity-tolerance)")
-    add_option(cap, "--capacity-start",
-               help="first level, as a scale of the recorded rate (default 1.0)")
-    add_option(cap, "--capacity-max-levels", help="load levels at most (default 10)")
-    add_option(cap, "--max-error-rate",
-               help="a level fails with more failed requests than this share (0.05)")
+    # --output-jitter not given: its default, or 0 with --no-stagger (bench_spec)
+    add_measure_options(p, {"measure": measurement, "search": measurement,
+                            "resources": measurement, "capacity": cap},
+                        output_jitter={"default": None})
     from autotune.cli._cost import add_cost_arguments
 
     add_cost_arguments(p)
@@ -146,19 +106,6 @@ def _claim_log(path: Path) -> Path:
     raise ConfigError(f"--log {path}: 1,000 files of that name exist; choose another name")
 
 
-def _capacity_fields(args: argparse.Namespace, shape: Any) -> CapacityFields:
-    """bench --capacity: the trial's capacity search (checked before the server starts)."""
-    from autotune.trial import CapacityFields, capacity_spec, recorded_rate
-
-    if not args.capacity:
-        return CapacityFields()
-    recorded_rate(shape)  # a shape without arrivals stops here, with the fix
-    return capacity_spec(goodput=args.capacity_goodput, max_error_rate=args.max_error_rate,
-                         start=args.capacity_start, tolerance=args.capacity_tolerance,
-                         level_s=args.capacity_level_s, max_levels=args.capacity_max_levels,
-                         seed=args.seed, max_s=args.capacity_max_s)
-
-
 def _level_at_capacity(cap: CapacityRecord) -> LevelRecord | None:
     """The passing level the capacity rests on, from ``CapacityResult.to_dict()`` (the
     rule of :meth:`autotune.capacity.CapacityResult.at_capacity`)."""
@@ -166,17 +113,19 @@ def _level_at_capacity(cap: CapacityRecord) -> LevelRecord | None:
                  if lv.get("passed") and lv["scale"] == cap.get("low")), None)
 
 
-def _print_capacity(outcome: Any, slo: dict[str, float], goodput: float) -> bool:
+def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float) -> bool:
     """The levels and the capacity line; False when no level met the SLOs."""
     from autotune.hardware import gpu_names
     from autotune.measure import fmt_value
     from autotune.report import capacity_line
 
-    cap: dict[str, Any] = outcome.capacity or {}
-    m: dict[str, float] = outcome.metrics
+    m, cap = outcome.metrics, outcome.capacity
+    if cap is None:
+        print(f"no capacity: {outcome.message}", file=sys.stderr)
+        return False
     if cap.get("level_note"):  # the levels were stretched to the shape's request length
         print(cap["level_note"])
-    for i, lv in enumerate(cap.get("levels", []), 1):
+    for i, lv in enumerate(cap["levels"], 1):
         tok = lv["output_tokens_per_s"]
         print(f"level {i}: {lv['scale']:.3g}x = {fmt_value(lv['offered_rps'])} req/s "
               f"{'pass' if lv['passed'] else 'FAIL'}: {lv['goodput_fraction']:.1%} of "
@@ -212,14 +161,13 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     :class:`ConfigError` before any server starts). ``log_path``: a server log claimed
     already (benches that share one server share its log); default: ``--log``, claimed
     here (a taken name gets a -N suffix)."""
-    from autotune.config import CAPACITY_DEFAULT_SLO, OUTPUT_JITTER, parse_slo
+    from autotune.config import CAPACITY_DEFAULT_SLO
     from autotune.cost import prices_of
     from autotune.errors import ConfigError
-    from autotune.measure import SegmentRule
     from autotune.space import dummy_routing_warning
-    from autotune.study import check_vocab_size, goodput_slo
+    from autotune.study import check_vocab_size, trial_spec
     from autotune.traffic import load_shape
-    from autotune.trial import TrialSpec
+    from autotune.trial import recorded_rate
 
     flags: list[str] = []
     for f in args.flag:
@@ -234,18 +182,12 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
             raise ConfigError(f"--env {item!r} is not KEY=VALUE")
         k, v = item.split("=", 1)
         env[k] = v
-    if args.repeats < 1:
-        raise ConfigError("--repeats must be >= 1")
-    if not 0 < args.precision < 1:
-        raise ConfigError(f"--precision {args.precision}: give a fraction in (0, 1), e.g. 0.02")
-    if args.output_jitter is not None and not 0 <= args.output_jitter < 1:
-        raise ConfigError(f"--output-jitter {args.output_jitter}: give a fraction in [0, 1), "
-                          "e.g. 0.1 (0: the shape's lengths exactly)")
-    if not 2 <= args.min_segments <= 40:
-        raise ConfigError(f"--min-segments {args.min_segments}: give 2 to 40 (default 5)")
-    for name in ("measure_max_s", "warmup_max_s"):
-        if not getattr(args, name) > 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
+    own: dict[str, object] = {}  # what bench itself sets where an option was not given
+    if args.capacity and not args.slo:
+        own["slo"] = dict(CAPACITY_DEFAULT_SLO)
+    if args.output_jitter is None and not args.stagger:
+        own["output_jitter"] = 0.0
+    measure = measure_settings(args, **own)  # every range checked, the flag named
     if not (args.model / "config.json").exists():
         raise ConfigError(f"--model {args.model}: no config.json there")
     check_vocab_size(args.model)
@@ -254,31 +196,20 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     if warning:
         print(warning, file=sys.stderr)
     shape = load_shape(args.shape)
-    capacity = _capacity_fields(args, shape)
+    if args.capacity:
+        recorded_rate(shape)  # a shape without arrivals stops here, with the fix
     if log_path is None and args.log is not None:
         log_path = _claim_log(args.log)
-    return TrialSpec(
-        number=number, model=str(args.model.resolve()), flags=tuple(flags), env=env,
-        shape=shape, seed=args.seed, warmup_requests=args.warmup_requests,
-        repeats=args.repeats,
-        slo=goodput_slo(parse_slo(args.slo) or (CAPACITY_DEFAULT_SLO if capacity else {})),
-        api=args.api,
-        num_requests=args.num_requests, concurrency=args.concurrency,
-        start_timeout_s=args.start_timeout_s, log_path=str(log_path) if log_path else None,
-        cpu_kv_cache_gib=args.cpu_kv_cache_gib, segment_requests=args.segment_requests,
-        rule=SegmentRule(precision=args.precision, min_segments=args.min_segments,
-                         measure_max_s=args.measure_max_s, warmup_max_s=args.warmup_max_s),
-        stagger=args.stagger, **capacity,
-        output_jitter=(args.output_jitter if args.output_jitter is not None
-                       else OUTPUT_JITTER if args.stagger else 0.0),
-        cache_dir=str((args.cache_dir or Path.home() / ".cache" / "autotune").expanduser()),
-    )  # fmt: skip
+    return trial_spec(number=number, model=str(args.model.resolve()), flags=flags, env=env,
+                      shape=shape, measure=measure, seed=args.seed, capacity=args.capacity,
+                      log_path=str(log_path) if log_path else None, stagger=args.stagger)
 
 
-def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, Any]:
+def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, object]:
     """What ``autotune bench --json`` prints for this trial's outcome."""
     return {"ok": outcome.ok, "reason": outcome.reason, "flags": list(spec.flags),
-            "env": dict(spec.env), "stagger": spec.stagger, "output_jitter": spec.output_jitter,
+            "env": dict(spec.env), "stagger": spec.stagger,
+            "output_jitter": spec.measure.output_jitter,
             "start_s": outcome.start_s, "compile_s": outcome.compile_s,
             "start_phases": outcome.start_phases, "warmup": outcome.warmup,
             "measure_s": outcome.measure_s, "stop": outcome.stop,
@@ -294,7 +225,7 @@ def _interrupted(outcome: TrialOutcome) -> bool:
     return outcome.stop == "interrupted" or outcome.reason == FailureReason.INTERRUPTED
 
 
-def _on_stop_signal(signum: int, frame: Any) -> None:
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     """SIGTERM/SIGINT: the first ends a running closed-loop measurement, keeping what it
     measured (:func:`autotune.trial.interrupt`); otherwise, or the second, stops at once."""
     from autotune.trial import INTERRUPT, interrupt
@@ -307,7 +238,6 @@ def _on_stop_signal(signum: int, frame: Any) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     from autotune.cli import EXIT_INTERRUPTED
-    from autotune.config import CAPACITY_DEFAULT_SLO, parse_slo
     from autotune.study import check_bytecode
     from autotune.trial import INTERRUPT, run_trial
 
@@ -315,8 +245,9 @@ def _bench(args: argparse.Namespace) -> int:
     INTERRUPT.clear()
     for warning in check_bytecode():  # the environment's, not the config's: once a command
         print(warning, file=sys.stderr)
+    m = spec.measure
     print(f"benchmarking: {' '.join(spec.flags) or '(vLLM defaults)'}"
-          + (f" x {args.repeats} repeats" if args.repeats > 1 else "")
+          + (f" x {m.repeats} repeats" if m.repeats > 1 else "")
           + (f"; server log: {spec.log_path}" if spec.log_path else ""), file=sys.stderr)
     old = {s: signal.signal(s, _on_stop_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -334,10 +265,19 @@ def _bench(args: argparse.Namespace) -> int:
     if not outcome.ok:
         print(f"failed ({outcome.reason}): {outcome.message}", file=sys.stderr)
         return EXIT_INTERRUPTED if interrupted else 1
-    slo = parse_slo(args.slo) or (dict(CAPACITY_DEFAULT_SLO) if args.capacity else {})
-    if outcome.capacity is not None and not _print_capacity(outcome, slo,
-                                                            args.capacity_goodput):
+    if outcome.capacity is not None and not _print_capacity(outcome, dict(m.slo),
+                                                            m.capacity_goodput):
         return 1
+    return _print_measurement(outcome, m, cost, interrupted=interrupted)
+
+
+def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
+                       cost: dict[str, Any] | None, *, interrupted: bool) -> int:
+    """The measurement for people (after the capacity lines of a capacity bench)."""
+    from autotune.cli import EXIT_INTERRUPTED
+    from autotune.cost import cost_line, no_price_line
+
+    repeats = settings.repeats
     m = outcome.metrics
     w: Mapping[str, object] = outcome.warmup or {}
     conv = "converged" if w.get("converged") else "NOT converged"
@@ -359,9 +299,9 @@ def _bench(args: argparse.Namespace) -> int:
     drift = f"; second half {d:+.1%} over the first" if d is not None else ""
     print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  ({ci}; CV "
           f"{m.get('cv', float('nan')):.1%} across "
-          f"{'repeats' if args.repeats > 1 else 'segments'}{drift})")
+          f"{'repeats' if repeats > 1 else 'segments'}{drift})")
     rm = outcome.measurement  # each repeat's own figures:
-    if args.repeats > 1 and rm is not None and rm.get("repeat_tokens_per_s"):
+    if repeats > 1 and rm is not None and rm.get("repeat_tokens_per_s"):
         rates, srvs = rm["repeat_tokens_per_s"], rm.get("repeat_server") or []
         print("repeats          " + " / ".join(
             f"{v:,.1f}" + (f" (engine step {srvs[i]['step_ms']:.1f} ms)"
@@ -378,18 +318,16 @@ def _bench(args: argparse.Namespace) -> int:
               f"{m.get('goodput_rps', float('nan')):,.2f}")
     if "server_prompt_tokens_run" in m:
         print(f"prompt tokens    server {int(m['server_prompt_tokens_run']):,} / shape "
-              f"{int(m['shape_prompt_tokens']):,} over the measured runs ({args.api} API)")
+              f"{int(m['shape_prompt_tokens']):,} over the measured runs ({settings.api} API)")
     for name in ("ttft", "tpot", "itl", "e2e"):
         p50, p99 = m.get(f"{name}_p50_s"), m.get(f"{name}_p99_s")
         if p50 is not None and p99 is not None:
             print(f"{name.upper():<5} p50 {p50 * 1000:9.1f} ms   p99 {p99 * 1000:9.1f} ms")
-    from autotune.cost import cost_line, no_price_line
-
     print(cost_line(cost) if cost else no_price_line())
     if interrupted:
         done = len((rm.get("repeat_tokens_per_s") if rm is not None else None) or []) or 1
         print(f"interrupted: the figures above are what was measured ({done} of "
-              f"{args.repeats} repeat{'s' if args.repeats > 1 else ''}, whole segments only)",
+              f"{repeats} repeat{'s' if repeats > 1 else ''}, whole segments only)",
               file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0

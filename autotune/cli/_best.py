@@ -234,16 +234,18 @@ def _retune(args: argparse.Namespace) -> int:
     from autotune.cli._tune import run_study_command, settings_from_args
     from autotune.results import explain_miss, plan_retune
     from autotune.space import load_space
-    from autotune.traffic import load_shape
+    from autotune.study import resolve_study
 
-    settings = settings_from_args(args)  # validate every option before comparing anything
+    # every option validated, the shape read and the objective resolved from it, once,
+    # before comparing anything
+    resolved = resolve_study(settings_from_args(args))
+    settings, shape = resolved.settings, resolved.shape
     out = sys.stdout
     ws = None
     if args.resume:
         print("--resume: continuing the re-tune study as it is (its warm start is already in "
               "its storage)", file=out)
     else:
-        shape = load_shape(args.shape)
         model = str(Path(args.model).expanduser().resolve())
         space = load_space(args.space, facts=_facts(model))
         # the earlier studies: in the new study's storage (--storage, or --out's), else, with
@@ -287,5 +289,5 @@ def _retune(args: argparse.Namespace) -> int:
                   "trial(s) as prior knowledge (their values were measured under the old shape)",
                   file=out)
 
-    return run_study_command(settings, as_json=args.json, out=out, warm_start=ws,
+    return run_study_command(resolved, as_json=args.json, out=out, warm_start=ws,
                              quiet=args.quiet)

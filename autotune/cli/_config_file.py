@@ -47,7 +47,7 @@ def config_keys(actions: Iterable[argparse.Action]) -> dict[str, tuple[argparse.
     return out
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
+def load_config_file(path: Path) -> dict[str, object]:
     """The mapping in a YAML (or JSON) config file; a clear ConfigError otherwise."""
     import yaml
 
@@ -78,7 +78,7 @@ def explicit_dests(actions: Iterable[argparse.Action], argv: Sequence[str]) -> s
     return given
 
 
-def _convert(a: argparse.Action, key: str, value: Any, where: str) -> Any:
+def _convert(a: argparse.Action, key: str, value: Any, where: str) -> object:  # a YAML value
     if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: '{key}' must be true or false, not {value!r}")
@@ -107,7 +107,7 @@ def _convert(a: argparse.Action, key: str, value: Any, where: str) -> Any:
 
 
 def apply_config(args: argparse.Namespace, actions: Iterable[argparse.Action],
-                 values: Mapping[str, Any], *, explicit: set[str], where: str) -> None:
+                 values: Mapping[str, object], *, explicit: set[str], where: str) -> None:
     """Set each file value on ``args`` unless its option was given on the command line."""
     keys = config_keys(actions)
     seen: dict[str, str] = {}
@@ -164,7 +164,7 @@ def render_config(args: argparse.Namespace, actions: Iterable[argparse.Action],
     return "\n".join(lines)
 
 
-def _json_or_text(v: Any) -> Any:
+def _json_or_text(v: object) -> object:
     import json
 
     if isinstance(v, str) and not v.startswith("@"):

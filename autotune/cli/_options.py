@@ -1,23 +1,30 @@
 """The option table of ``autotune tune`` (and ``retune``), and the rows ``bench`` shares.
 
-Every option is declared once, in :data:`OPTIONS`: its flag, the :class:`TuneSettings`
-field it sets and its help. Types, choices and defaults come from the settings model, so a
-default is written in one place (``autotune/config.py``). ``retune`` takes ``tune``'s parser
-whole; ``bench`` adds the rows it shares by flag (:func:`add_option`).
+Every option is declared once. The measurement options (:data:`MEASURE_OPTIONS`) are
+generated from :class:`MeasureSettings`: flag, group, help and default come from the
+model's fields, and ``tune`` and ``bench`` both add them all, so a new measurement setting
+is a new field there and nothing here. The study's own options are rows of
+:data:`OPTIONS` (flag, the :class:`TuneSettings` field it sets, help); their types,
+choices and defaults come from the settings model too. ``retune`` takes ``tune``'s parser
+whole; ``bench`` adds the few study rows it shares by flag (:func:`add_option`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
 from autotune.cli._cost import COST_OPTIONS
-from autotune.config import TuneSettings, parse_slo
+from autotune.config import MEASURE_KEYS, MeasureSettings, TuneSettings, parse_slo
 from autotune.errors import ConfigError
 
 
@@ -45,9 +52,28 @@ _GROUPS = {
     "where": "where results go",
     "search": "search",
     "measure": "measurement",
+    "capacity": "capacity search (tune --objective capacity, bench --capacity)",
     "resources": "resources",
     "cost": "what it is worth (docs/cost.md; no price is built in)",
 }
+
+
+#: command-line text -> settings value, for the measurement fields argparse cannot type
+_PARSERS: dict[str, Callable[[Any], Any]] = {"slo": parse_slo}
+
+
+def _measure_row(name: str, info: FieldInfo) -> Option:
+    extra = info.json_schema_extra
+    if not isinstance(extra, dict) or not info.description:  # a bug in config.py
+        raise RuntimeError(f"MeasureSettings.{name} names no flag or has no description")
+    metavar = extra.get("metavar")
+    return Option(str(extra["flag"]), name, str(extra["group"]), help=info.description,
+                  metavar=str(metavar) if metavar else None, parse=_PARSERS.get(name))
+
+
+#: one row per :class:`MeasureSettings` field, in its order (``tune`` and ``bench``)
+MEASURE_OPTIONS: tuple[Option, ...] = tuple(
+    _measure_row(name, info) for name, info in MeasureSettings.model_fields.items())
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -98,12 +124,6 @@ OPTIONS: tuple[Option, ...] = (
                 "ttft_p99=2.0,tpot_p99=0.1 (docs/measurement.md)"),
     Option("--pareto-latency", "pareto_latency", "search",
            help="the latency a Pareto study minimises (ttft_p99, tpot_p99, e2e_p99, ...)"),
-    Option("--slo", "slo", "search", parse=parse_slo,
-           help="latency SLOs in seconds, e.g. ttft_p99=2.0,tpot_p99=0.05; trials that miss "
-                "them are infeasible (--objective capacity: each request of a load level is "
-                "judged by them; the percentile suffix is then ignored)"),
-    Option("--max-error-rate", "max_error_rate", "search",
-           help="trials with more failed requests are infeasible"),
     Option("--no-baseline", "baseline", "search", action="store_false",
            help="do not measure vLLM's defaults first"),
     Option("--seed", "seed", "search", help="sampler and traffic seed"),
@@ -134,37 +154,6 @@ OPTIONS: tuple[Option, ...] = (
            help="interval (default): stop a trial as soon as its 95 %% interval lies wholly "
                 "below the incumbent's (recorded as 'pruned'; throughput studies only); "
                 "none: measure every trial to the end"),
-    Option("--capacity-goodput", "capacity_goodput", "measure", metavar="SHARE",
-           help="--objective capacity: a load level passes when at least this share of "
-                "its offered requests met every --slo (failed requests count as misses) "
-                "and no more than --max-error-rate failed (default 0.99)"),
-    Option("--capacity-tolerance", "capacity_tolerance", "measure", metavar="FRACTION",
-           help="--objective capacity: search until the bracket [highest passing rate, "
-                "lowest failing rate] is within this fraction (default 0.25: the two ends "
-                "at most 1.25x apart; each halving of it costs about one more level)"),
-    Option("--capacity-level-s", "capacity_level_s", "measure", metavar="SECONDS",
-           help="--objective capacity: seconds of open-loop arrivals per load level, at "
-                "least (default 10; and at least 40 requests, from the busiest stretch of "
-                "the recorded arrivals that holds them); stretched to 3 of the shape's "
-                "request durations as the warm-up measured them (at most 4x), so that a "
-                "level judges a sustained rate, not a burst; a level stops early once it "
-                "cannot pass"),
-    Option("--capacity-max-s", "capacity_max_s", "measure", metavar="SECONDS",
-           help="--objective capacity: a time cap on the load levels of one trial: they "
-                "stop once the next would end after this many seconds. Default: none, the "
-                "search runs until its bracket is within --capacity-tolerance (or "
-                "--capacity-max-levels are spent). A cap that ends it sooner leaves a wider "
-                "or open bracket (status 'time'): the trial says so and the verdict gives "
-                "no ratio from it"),
-    Option("--capacity-start", "capacity_start", "measure", metavar="SCALE",
-           help="--objective capacity: the warm-up's and the first level's rate, as a scale "
-                "of the recorded rate (default 1.0; a warm-up that fell behind moves the "
-                "first level to just below what the server served; then steps of 1.25x, "
-                "1.56x, then 2x up after a pass, down after a fail, until bracketed)"),
-    Option("--capacity-max-levels", "capacity_max_levels", "measure", metavar="N",
-           help="--objective capacity: load levels per trial at most (default 10)"),
-    Option("--repeats", "repeats", "measure",
-           help="measured replays per trial on the same server (median reported)"),
     Option("--recheck", "recheck", "measure", metavar="K",
            help="before the verdict, measure the top K configs and vLLM's defaults again on "
                 "fresh servers (--recheck-starts each); a winner is declared only if the "
@@ -174,48 +163,6 @@ OPTIONS: tuple[Option, ...] = (
            help="fresh server starts per re-checked config (default 2); when the "
                 "defaults remain best only because the interval is wide, the verdict says "
                 "how many starts would show the best ratio found"),
-    Option("--precision", "precision", "measure",
-           help="stop measuring a trial when the 95 %% interval of its output tokens/s is "
-                "within this fraction of it (default 0.02 = 2 %%)"),
-    Option("--min-segments", "min_segments", "measure", metavar="N",
-           help="measured segments before --precision may stop a trial (default 5: with 3, "
-                "a few agreeing segments stopped runs that then drifted by up to 4.6 %%)"),
-    Option("--measure-max-s", "measure_max_s", "measure", metavar="SECONDS",
-           help="measure a trial at most this long (default 180; an open loop's measured "
-                "replay too: its length comes from --precision and this cap, not from a "
-                "number of requests)"),
-    Option("--warmup-max-s", "warmup_max_s", "measure", metavar="SECONDS",
-           help="warm up at most this long; the warm-up ends earlier when two consecutive "
-                "segments agree within --warmup-tolerance, the last three do not climb (or "
-                "fall) by more than 3x it, and the server logged no kernel JIT compilation "
-                "in the last one (default 120)"),
-    Option("--warmup-tolerance", "warmup_tolerance", "measure",
-           help="segments agree when they differ by at most this fraction (0.05)"),
-    Option("--segment-requests", "segment_requests", "measure", metavar="N",
-           help="completed requests per segment (default max(concurrency, 16): about one "
-                "wave of the closed loop)"),
-    Option("--output-jitter", "output_jitter", "measure", metavar="FRACTION",
-           help="closed loop: each request's output length times a factor drawn from "
-                "[1 - FRACTION, 1 + FRACTION] (default 0.1; 0 replays the shape's lengths "
-                "exactly): streams of equal lengths otherwise lock into step again and the "
-                "throughput climbs for minutes (docs/measurement.md, section 4)"),
-    Option("--warmup-requests", "warmup_requests", "measure",
-           help="open-loop shapes only: a fixed warm-up of N requests (closed loop) before "
-                "the measured replay (0: no warm-up); by default an open loop warms up on "
-                "the shape's own arrivals until the server holds their steady state (two "
-                "request durations) and closed loops until two segments agree"),
-    Option("--num-requests", "num_requests", "measure",
-           help="requests per replay (default: the shape's load.requests)"),
-    Option("--concurrency", "concurrency", "measure",
-           help="closed-loop streams (default: the shape's load.concurrency; an open-loop "
-                "shape is then replayed as a closed loop of N streams, its lengths without "
-                "its arrivals: what --objective throughput needs); also the "
-                "streams a 'tuned' kernel knob's token counts come from"),
-    Option("--api", "api", "measure", help="OpenAI endpoint the load generator uses"),
-    Option("--start-timeout", "start_timeout_s", "measure",
-           help="seconds a server may take to answer /health"),
-    Option("--request-timeout", "request_timeout_s", "measure",
-           help="seconds one request may take"),
     Option("--ray-address", "ray_address", "resources",
            help="join a Ray cluster (host:port of 'ray start --head'); default: a local Ray of "
                 "this study's own, even when a cluster runs here or RAY_ADDRESS is set"),
@@ -226,33 +173,40 @@ OPTIONS: tuple[Option, ...] = (
                 "tensor x data parallel size sets its own (docs/search-spaces.md)"),
     Option("--parallel", "parallel", "resources",
            help="trials at once (default: one per GPU slot; 1 on CPU)"),
-    Option("--cache-dir", "cache_dir", "resources",
-           help="compile/JIT cache shared by all trials (default ~/.cache/autotune)"),
-    Option("--cpu-kv-cache-gib", "cpu_kv_cache_gib", "resources",
-           help="KV cache GiB for the CPU build (VLLM_CPU_KVCACHE_SPACE)"),
     Option("--no-preload", "preload", "resources", action="store_false",
            help="start every server as a fresh 'python -m vllm...' instead of forking it "
                 "from an interpreter that imported vLLM once per study and environment "
                 "(18-21 s of each start on the H200 machine; docs/measurement.md, section 10)"),
+    *MEASURE_OPTIONS,
     *(Option(**kw) for kw in COST_OPTIONS),
 )
 
 
-def _field_type(field: str) -> tuple[Any, tuple[Any, ...] | None]:
+def _field_info(field: str) -> FieldInfo:
+    """The settings field an option sets: a measurement one, or the study's own."""
+    if field in MEASURE_KEYS:
+        return MeasureSettings.model_fields[field]
+    return TuneSettings.model_fields[field]
+
+
+#: a settings field's annotation -> the argparse type of its option (any other: str)
+_ARG_TYPES: dict[object, Callable[[str], object]] = {int: int, float: float, Path: Path}
+
+
+def _field_type(field: str) -> tuple[Callable[[str], object], tuple[object, ...] | None]:
     """(argparse type, choices) from the settings field's annotation."""
-    ann = TuneSettings.model_fields[field].annotation
+    ann = _field_info(field).annotation
     args = typing.get_args(ann)
     if isinstance(ann, types.UnionType) or typing.get_origin(ann) is typing.Union:
         ann = next(a for a in args if a is not type(None))
         args = typing.get_args(ann)
     if typing.get_origin(ann) is typing.Literal:
         return str, args
-    return (ann if ann in (int, float, Path) else str), None
+    return _ARG_TYPES.get(ann, str), None
 
 
-def _default(field: str) -> Any:
-    info = TuneSettings.model_fields[field]
-    return info.get_default(call_default_factory=True)
+def _default(field: str) -> object:
+    return _field_info(field).get_default(call_default_factory=True)
 
 
 def option(flag: str) -> Option:
@@ -266,7 +220,7 @@ def option(flag: str) -> Option:
 def _argparse_kwargs(opt: Option) -> dict[str, Any]:
     """The ``add_argument`` keywords of one row: type, choices and default from the
     settings model."""
-    kw: dict[str, Any] = {"dest": opt.field, "help": opt.help}
+    kw: dict[str, Any] = {"dest": opt.field, "help": _help(opt)}
     if opt.action in ("store_true", "store_false"):
         kw["action"] = opt.action
         return kw
@@ -280,13 +234,65 @@ def _argparse_kwargs(opt: Option) -> dict[str, Any]:
     if choices is not None and opt.metavar is None:
         del kw["metavar"]  # argparse shows {a,b,c}
     if opt.required:  # here or in --config: checked once the file is read
-        kw["help"] = f"(required) {opt.help}"
+        kw["help"] = f"(required) {kw['help']}"
     kw.update(type=typ, choices=choices)
     kw["default"] = None if opt.parse is not None or opt.required else _default(opt.field)
     return kw
 
 
-def add_option(group: Any, flag: str, **override: Any) -> None:
+def _help(opt: Option) -> str:
+    """A row's help; a measurement row's is its field's description (argparse-escaped) and
+    its default, both from :class:`MeasureSettings`."""
+    if opt.field not in MEASURE_KEYS:
+        return opt.help
+    default = _default(opt.field)
+    text = opt.help.replace("%", "%%")
+    return text if default in (None, {}) else f"{text} (default: {default})"
+
+
+def flag_of(field: str) -> str:
+    """The flag that sets a settings field (``precision`` -> ``--precision``)."""
+    return next((o.flag for o in OPTIONS if o.field == field),
+                "--" + field.replace("_", "-"))
+
+
+def validation_message(exc: ValidationError) -> str:
+    """A settings :class:`ValidationError` as one line naming each offending flag."""
+    def where(loc: tuple[int | str, ...]) -> str:
+        name = loc[1] if loc[0] == "measure" and len(loc) > 1 else loc[0]
+        return flag_of(str(name))
+
+    return "; ".join(f"{where(e['loc'])} {e.get('input')!r}: {e['msg']}" for e in exc.errors())
+
+
+def measure_settings(args: argparse.Namespace, **override: object) -> MeasureSettings:
+    """The validated :class:`MeasureSettings` of parsed measurement options (not given:
+    the model's default); ``override``: values the command sets itself. A bad value is a
+    one-line :class:`ConfigError` naming its flag."""
+    values: dict[str, object] = {}
+    for opt in MEASURE_OPTIONS:
+        value = getattr(args, opt.field, None)
+        if value is not None:
+            values[opt.field] = opt.parse(value) if opt.parse is not None else value
+    try:
+        return MeasureSettings.model_validate({**values, **override})
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc)) from None
+
+
+def add_measure_options(parser: argparse.ArgumentParser,
+                        groups: Mapping[str, argparse._ActionsContainer] | None = None,
+                        **override: Mapping[str, object]) -> None:
+    """Add every measurement option (:data:`MEASURE_OPTIONS`) to ``parser``, each in
+    ``groups[its group]`` where given; ``override``: ``add_argument`` keywords by field
+    (bench's ``--output-jitter`` default, which ``--no-stagger`` sets)."""
+    for opt in MEASURE_OPTIONS:
+        target = (groups or {}).get(opt.group, parser)
+        target.add_argument(opt.flag, *opt.aliases,
+                            **{**_argparse_kwargs(opt), **override.get(opt.field, {})})
+
+
+def add_option(group: argparse._ActionsContainer, flag: str, **override: object) -> None:
     """Add the ``tune`` option ``flag`` to another command's parser or group (``bench``):
     the same flag, settings field (its ``dest``), type and default, written once here.
     ``override``: ``add_argument`` keywords that differ for that command (its own help;

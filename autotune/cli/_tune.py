@@ -12,14 +12,19 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TextIO
 
-from autotune.cli._options import _GROUPS, OPTIONS, _argparse_kwargs
+from autotune.cli._options import _GROUPS, OPTIONS, _argparse_kwargs, validation_message
 from autotune.config import TuneSettings
 from autotune.errors import ConfigError
 from autotune.measure import fmt_interval, fmt_ratio, fmt_value
 from autotune.quality._caveat import caveat_line
 from autotune.report import capacity_line, needed_text
+
+if TYPE_CHECKING:
+    from autotune.results import TuneResult, WarmStart
+    from autotune.study import ResolvedStudy
 
 
 def add_tune_options(p: argparse.ArgumentParser) -> None:
@@ -89,7 +94,8 @@ def resolve_config(args: argparse.Namespace) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     """The validated :class:`TuneSettings` of parsed ``tune`` options (``--config FILE``
-    first, flags over it); one-line errors that name the flag."""
+    first, flags over it); one-line errors that name the flag. The objective is resolved
+    from the shape later, once (:func:`autotune.study.resolve_study`)."""
     from pydantic import ValidationError
 
     resolve_config(args)
@@ -102,18 +108,10 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     for opt in OPTIONS:
         value = getattr(args, opt.field)
         values[opt.field] = opt.parse(value) if opt.parse is not None else value
-    from autotune.study import resolve_settings
-
     try:
-        settings = TuneSettings(**values)
+        return TuneSettings(**values)
     except ValidationError as exc:
-        flags = {opt.field: opt.flag for opt in OPTIONS}
-        msgs = "; ".join(
-            f"{flags.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))} "
-            f"{e.get('input')!r}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigError(msgs) from None
-    return resolve_settings(settings, strict=False)  # --objective auto: from the shape
+        raise ConfigError(validation_message(exc)) from None
 
 
 def _best_line(b: dict[str, Any], objective: str) -> str:
@@ -223,35 +221,38 @@ def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
-def run_study_command(settings: TuneSettings, *, as_json: bool, out: TextIO,
-                      warm_start: Any = None, quiet: bool = False) -> int:
+def run_study_command(settings: TuneSettings | ResolvedStudy, *, as_json: bool, out: TextIO,
+                      warm_start: WarmStart | None = None, quiet: bool = False) -> int:
     """The tail ``tune`` and ``retune`` share: run the study (SIGTERM stops it like Ctrl-C)
-    with the progress display, then print the result; exit 0 when a config won, else 1."""
+    with the progress display, then print the result; exit 0 when a config won, else 1.
+    The shape is read and the objective resolved once, here, unless the caller did
+    (:func:`autotune.study.resolve_study`)."""
     from autotune.store import objective_label
     from autotune.study import tune
 
-    def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
+    def _sigterm(signum: int, frame: FrameType | None) -> None:  # stops cleanly, like Ctrl-C
         raise KeyboardInterrupt
 
     from autotune.cli._progress import make_display
-    from autotune.study import resolve_settings
+    from autotune.study import resolve_study
 
-    settings = resolve_settings(settings)  # a shape that cannot be read stops here
-    display = make_display(objective_label(settings.objective), quiet=quiet)
+    resolved = resolve_study(settings)  # a shape that cannot be read stops here
+    objective = resolved.settings.objective
+    display = make_display(objective_label(objective), quiet=quiet)
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        result = tune(settings, callbacks=[display], warm_start=warm_start)
+        result = tune(resolved, callbacks=[display], warm_start=warm_start)
     finally:
         display.close()
         signal.signal(signal.SIGTERM, old)
     if as_json:
         print(json.dumps(result.best, indent=2), file=out)
         return 0 if result.best else 1
-    print("\n".join(summary_lines(result, settings.objective)), file=out)
+    print("\n".join(summary_lines(result, objective)), file=out)
     return 0 if result.best is not None else 1
 
 
-def summary_lines(result: Any, objective: str) -> list[str]:
+def summary_lines(result: TuneResult, objective: str) -> list[str]:
     """What ``tune`` prints once the study ends: the trial counts, then the verdict and the
     declared config (or why no trial met the constraints) and where the results are."""
     from autotune.cli._cost import cost_lines
@@ -298,7 +299,7 @@ def _tune(args: argparse.Namespace) -> int:
                              quiet=args.quiet)
 
 
-def _mlflow_lines(result: Any) -> list[str]:
+def _mlflow_lines(result: TuneResult) -> list[str]:
     """What the MLflow store missed while it was away: logged late, or still to sync."""
     lines = []
     if result.mlflow_late:
@@ -311,7 +312,7 @@ def _mlflow_lines(result: Any) -> list[str]:
     return lines
 
 
-def _trial_counts(result: Any) -> str:
+def _trial_counts(result: TuneResult) -> str:
     """'5 trials, 4 feasible, 0 failed; 1 not run (queued when the --budget ended the
     search)', '3 trials, 1 feasible, 1 failed; why not feasible: oom 1, slo 1', '6 trials,
     3 feasible, 0 failed, 2 pruned (...)': trials the budget left unstarted and trials the

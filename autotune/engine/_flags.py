@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from autotune.config import DEFAULT_CACHE_DIR
 from autotune.errors import EngineError
 
 if TYPE_CHECKING:
@@ -261,9 +262,7 @@ def engine_surface(
     """The installed vLLM's surface, read from its own parser (cached per build on disk)."""
     full_env = dict(os.environ if env is None else env)
     version, folder = _locate(python, full_env)
-    cache = _cache_file(
-        (cache_dir or Path.home() / ".cache" / "autotune").expanduser(), python, folder, version
-    )
+    cache = _cache_file((cache_dir or DEFAULT_CACHE_DIR).expanduser(), python, folder, version)
     try:
         return EngineSurface.from_dict(json.loads(cache.read_text()))
     except (OSError, ValueError):

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         Percentiles,
         PercentilesRecord,
         Slo,
+        goodput_slo,
     )
     from autotune.measure._segments import (
         LogWatch,
@@ -86,6 +87,7 @@ __all__ = [
     "fmt_interval",
     "fmt_ratio",
     "fmt_value",
+    "goodput_slo",
     "mean_interval",
     "measure",
     "meets_slo",
@@ -109,7 +111,7 @@ __getattr__ = lazy_exports(__name__, {
                                     "rate_interval"),
     "autotune.measure._measure": ("combine", "measure", "meets_slo", "slo_misses"),
     "autotune.measure._model": ("Measurement", "MeasurementRecord", "Percentiles",
-                                  "PercentilesRecord", "Slo"),
+                                  "PercentilesRecord", "Slo", "goodput_slo"),
     "autotune.measure._segments": ("LogWatch", "SegmentWatch", "tell_phase"),
     "autotune.measure._server": ("server_figures",),
     "autotune.measure._stats": (

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal, TypedDict, cast
 
 import numpy as np
@@ -40,6 +40,20 @@ class Slo(BaseModel):
                                                ("tpot", self.tpot_s, tpot),
                                                ("e2e", self.e2e_s, e2e))
                      if lim is not None and v is not None and v > lim)
+
+
+
+def goodput_slo(limits: Mapping[str, float]) -> Slo | None:
+    """Per-request goodput thresholds from SLO limits (``{"ttft_p99": 2.0, ...}``, the
+    ``--slo`` keys: ttft, tpot and e2e count; None without any)."""
+    if not limits:
+        return None
+    pick: dict[str, float | None] = {"ttft_s": None, "tpot_s": None, "e2e_s": None}
+    for key, limit in limits.items():
+        kind = key.split("_")[0]
+        if f"{kind}_s" in pick:
+            pick[f"{kind}_s"] = limit
+    return Slo(**pick)
 
 
 class Percentiles(BaseModel):

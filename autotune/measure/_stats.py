@@ -1,4 +1,5 @@
-"""The statistics a trial and a study decide with (pure; numpy and scipy only).
+"""The statistics a trial and a study decide with (pure; numpy and scipy, and the
+measurement settings' defaults).
 
 * :func:`mean_interval`: the 95 % t-interval of a rate over equal-count segments of one
   continuous run (batch means: each segment's rate is one reading);
@@ -25,6 +26,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats as _st
 
+from autotune.config import MeasureSettings
+
 __all__ = [
     "CAPACITY_BRACKETS",
     "RAMP_FACTOR",
@@ -45,6 +48,7 @@ __all__ = [
 ]
 
 CONFIDENCE = 0.95
+_MEASURE = MeasureSettings()  # the defaults of the measurement settings
 
 
 @dataclass(frozen=True)
@@ -142,19 +146,27 @@ class SegmentRule:
     after ``prune_after`` segments lies below it (a clear loser).
     """
 
-    precision: float = 0.02
-    warmup_tolerance: float = 0.05
+    # the settings' five (MeasureSettings: their one default and range, --help text)
+    precision: float = _MEASURE.precision
+    warmup_tolerance: float = _MEASURE.warmup_tolerance
     warmup_max_segments: int = 12
-    warmup_max_s: float = 120.0
+    warmup_max_s: float = _MEASURE.warmup_max_s
     #: 3 let a few agreeing segments stop a run that then drifted: replayed on 17 measured
     #: H200 runs at 2 %, 5 of them stopped early and read up to 4.6 % off their full
     #: run (p90 2.4 %); with 5, at most 2.0 % (p90 0.5 %) for ~0.7 segments more
     #: (experiments/h200-trust/stop-replay.py)
-    min_segments: int = 5
+    min_segments: int = _MEASURE.min_segments
     measure_max_segments: int = 40
-    measure_max_s: float = 180.0
+    measure_max_s: float = _MEASURE.measure_max_s
     prune_after: int = 2
     confidence: float = CONFIDENCE
+
+    @classmethod
+    def of(cls, measure: MeasureSettings) -> SegmentRule:
+        """The rule of these measurement settings (the other knobs at their defaults)."""
+        return cls(precision=measure.precision, warmup_tolerance=measure.warmup_tolerance,
+                   warmup_max_s=measure.warmup_max_s, min_segments=measure.min_segments,
+                   measure_max_s=measure.measure_max_s)
 
     def warmup(self, rates: Sequence[float], jit_in_last: bool, elapsed_s: float) -> Decision:
         """``"warm"`` when the warm-up is over (converged or capped), else ``"continue"``."""

@@ -423,8 +423,8 @@ class MlflowCallback(StudyCallback):
             study_name=context.study_name,
             tags=self._tags,
             params={"trials": settings.trials, "objective": settings.objective,
-                    "sampler": settings.sampler, "seed": settings.seed, "slo": settings.slo,
-                    "repeats": settings.repeats, "space": str(settings.space),
+                    "sampler": settings.sampler, "seed": settings.seed, "slo": settings.measure.slo,
+                    "repeats": settings.measure.repeats, "space": str(settings.space),
                     "shape": str(settings.shape), "storage": redact(settings.storage)},
             resume_run_id=study.user_attrs.get(A.MLFLOW_PARENT) if settings.resume else None,
         )  # fmt: skip

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
         _traffic_streams as _traffic_streams,
     )
     from autotune.study._inputs import (
-        goodput_slo,
         make_sampler,
         open_study,
         resolve_inputs,
@@ -41,12 +40,14 @@ if TYPE_CHECKING:
     from autotune.study._loop import (
         StudyLoop,
         TrialTemplate,
+        trial_spec,
     )
     from autotune.study._objective import (
+        ResolvedStudy,
         is_open_loop,
         replayed_shape,
         resolve_objective,
-        resolve_settings,
+        resolve_study,
     )
     from autotune.study._preflight import (
         BYTECODE_PROBES,
@@ -68,13 +69,13 @@ __all__ = [
     "BYTECODE_PROBES",
     "A",
     "GpuTime",
+    "ResolvedStudy",
     "StudyEvent",
     "StudyLoop",
     "TrialTemplate",
     "check_bytecode",
     "check_context",
     "check_vocab_size",
-    "goodput_slo",
     "is_open_loop",
     "judge",
     "make_sampler",
@@ -82,7 +83,8 @@ __all__ = [
     "replayed_shape",
     "resolve_inputs",
     "resolve_objective",
-    "resolve_settings",
+    "resolve_study",
+    "trial_spec",
     "tune",
 ]
 
@@ -96,18 +98,18 @@ __getattr__ = lazy_exports(__name__, {
         "_complete_params",
         "_retry_stopped",
         "_traffic_streams",
-        "goodput_slo",
         "make_sampler",
         "open_study",
         "resolve_inputs",
     ),
     "autotune.study._judge": ("judge",),
-    "autotune.study._loop": ("StudyLoop", "TrialTemplate"),
+    "autotune.study._loop": ("StudyLoop", "TrialTemplate", "trial_spec"),
     "autotune.study._objective": (
+        "ResolvedStudy",
         "is_open_loop",
         "replayed_shape",
         "resolve_objective",
-        "resolve_settings",
+        "resolve_study",
     ),
     "autotune.study._preflight": ("BYTECODE_PROBES", "check_bytecode", "check_context",
                                   "check_vocab_size"),

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from autotune.config import DEFAULT_OUT_ROOT, TuneSettings, store_where
 from autotune.credentials import redact_settings, warn_if_password
@@ -30,6 +30,7 @@ from autotune.store import (
     latest_study,
     open_storage,
 )
+from autotune.study._objective import ResolvedStudy, replayed_shape, resolve_study
 from autotune.study._preflight import check_before_trial_0, check_vocab_size
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
     from optuna.storages import BaseStorage
 
-    from autotune.measure import Slo
     from autotune.quality import QualityThresholds
     from autotune.results import WarmStart
     from autotune.traffic import TrafficShape
@@ -65,20 +65,6 @@ def make_sampler(settings: TuneSettings) -> BaseSampler:
             group=True,  # conditional knobs (e.g. stochastic rounding only with float16)
             constant_liar=True,  # parallel trials do not all sample the same point
         )
-
-
-def goodput_slo(slo: dict[str, float]) -> Slo | None:
-    """Per-request goodput thresholds from ``--slo`` limits (ttft/tpot/e2e)."""
-    from autotune.measure import Slo
-
-    if not slo:
-        return None
-    pick: dict[str, float | None] = {"ttft_s": None, "tpot_s": None, "e2e_s": None}
-    for key, limit in slo.items():
-        kind = key.split("_")[0]
-        if f"{kind}_s" in pick:
-            pick[f"{kind}_s"] = limit
-    return Slo(**pick)
 
 
 @dataclass(frozen=True)
@@ -191,7 +177,7 @@ def _quality_thresholds(settings: TuneSettings,
     return thresholds
 
 
-def _traffic_streams(shape: Any, concurrency: int | None) -> int:
+def _traffic_streams(shape: TrafficShape, concurrency: int | None) -> int:
     """Concurrent streams of the shape's replay (the space fact ``streams``), as the
     kernel tuner counts them; 0 when the shape says neither concurrency nor rate."""
     from autotune.kernels import streams_of
@@ -202,9 +188,10 @@ def _traffic_streams(shape: Any, concurrency: int | None) -> int:
         return 0
 
 
-def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None,
-                   gpus: int | None = None) -> StudyInputs:
-    """Read and check everything a study needs (model, shape, space, storage, names).
+def resolve_inputs(settings: TuneSettings | ResolvedStudy, *,
+                   heartbeat: Heartbeat | None = None, gpus: int | None = None) -> StudyInputs:
+    """Read and check everything a study needs (model, shape, space, storage, names);
+    ``settings`` resolved already (:func:`resolve_study`) keep their shape and objective.
 
     ``heartbeat``: how often this tuner's running trials get Optuna heartbeats and after
     how long without one another tuner fails them (default :class:`Heartbeat`). ``gpus``:
@@ -212,28 +199,26 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
     this machine's)."""
     from autotune.load import model_vocab_size
     from autotune.results import default_tracking_uri
-    from autotune.study._objective import replayed_shape, resolve_objective
-    from autotune.traffic import load_shape
-
-    model = settings.model.resolve()
+    given = settings.settings if isinstance(settings, ResolvedStudy) else settings
+    model = given.model.resolve()
     if not (model / "config.json").exists():
         raise AutotuneError(
-            f"--model {settings.model}: no config.json there; point it at a local model "
+            f"--model {given.model}: no config.json there; point it at a local model "
             "directory (make a tiny one with 'autotune model tiny models/tiny')"
         )
-    check_vocab_size(settings.model)  # the prompts need it, named as the user gave it
+    check_vocab_size(given.model)  # the prompts need it, named as the user gave it
     model_vocab_size(model)  # checked before any store is opened
-    shape = load_shape(settings.shape)
-    settings = resolve_objective(settings, shape)  # --objective auto, or refused here
+    resolved = resolve_study(settings)  # --objective auto, or refused here
+    settings, shape = resolved.settings, resolved.shape
     if settings.objective != "capacity":  # an open loop with --concurrency N: closed loop
-        shape = replayed_shape(shape, settings.concurrency)
+        shape = replayed_shape(shape, settings.measure.concurrency)
     info = detect_engine()
     cuda = info.device == "cuda"
     if gpus is None:
         gpus = len(gpu_names()) if cuda else 0
     facts = ModelFacts.from_model_dir(model, device=info.device,
                                       gpu_arch=gpu_arch() if cuda else "", gpus=gpus).with_traffic(
-        streams=_traffic_streams(shape, settings.concurrency),
+        streams=_traffic_streams(shape, settings.measure.concurrency),
         prompt_p90=shape.input_tokens.p90)
     space = load_space(settings.space, facts=facts)
     enqueued = [_complete_params(space, p, f"--enqueue #{i + 1}")
@@ -260,7 +245,7 @@ def resolve_inputs(settings: TuneSettings, *, heartbeat: Heartbeat | None = None
                         else 1 if cuda else 0),
         storage=storage, study_name=study_name, out_dir=out_dir, log_dir=out_dir / "logs",
         tracking_uri=settings.tracking_uri or default_tracking_uri(DEFAULT_OUT_ROOT),
-        cache_dir=(settings.cache_dir or Path.home() / ".cache" / "autotune").expanduser(),
+        cache_dir=settings.measure.cache_path(),
         thresholds=_quality_thresholds(settings, space),
         lossy_in_space=any(k.lossy for k in space.knobs.values()), heartbeat=heartbeat,
     )  # fmt: skip
@@ -281,7 +266,7 @@ def _retry_stopped(study: optuna.Study, only: Collection[int] | None = None) -> 
                 or t.number in retried or t.user_attrs.get(A.RECHECK_OF) is not None
                 or (only is not None and t.number not in only)):
             continue
-        attrs: dict[str, Any] = {A.RETRY_OF: t.number}
+        attrs: dict[str, object] = {A.RETRY_OF: t.number}
         for key in (A.BASELINE, A.ENQUEUED):
             if t.user_attrs.get(key):
                 attrs[key] = True
@@ -350,8 +335,8 @@ def open_study(inputs: StudyInputs, *, sampler: BaseSampler | None = None,
 
     settings = inputs.settings
     try:
-        directions: list[Any] = (["maximize", "minimize"] if settings.objective == "pareto"
-                                 else ["maximize"])
+        directions: list[Literal["maximize", "minimize"]] = (
+            ["maximize", "minimize"] if settings.objective == "pareto" else ["maximize"])
         study = optuna.create_study(
             storage=inputs.storage, study_name=inputs.study_name, directions=directions,
             sampler=sampler or make_sampler(settings), load_if_exists=settings.resume,

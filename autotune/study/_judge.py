@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from autotune.quality import QualityThresholds
-    from autotune.trial import CapacityFields
 from autotune.study._gputime import trial_time
 
 logger = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ def _per_gpu_metric(t: optuna.Trial | FrozenTrial | None, key: str) -> float | N
 
 def _slo_violation(metrics: dict[str, float], settings: TuneSettings) -> float:
     return max((metrics.get(SLO_KEYS[k], math.inf) / limit - 1.0
-                for k, limit in settings.slo.items()), default=-1.0)
+                for k, limit in settings.measure.slo.items()), default=-1.0)
 
 
 def _why_infeasible(outcome: TrialOutcome, settings: TuneSettings, slo: float, err: float,
@@ -60,14 +59,15 @@ def _why_infeasible(outcome: TrialOutcome, settings: TuneSettings, slo: float, e
     if slo > 0:
         why.append("missed the SLOs: " + ", ".join(
             f"{k}={m.get(SLO_KEYS[k], float('nan')):.3g}s>{limit:g}s"
-            for k, limit in settings.slo.items() if m.get(SLO_KEYS[k], math.inf) > limit))
+            for k, limit in settings.measure.slo.items() if m.get(SLO_KEYS[k], math.inf) > limit))
     if err > 0:
         rm = outcome.measurement
         errors = dict((rm.get("errors") if rm is not None else None) or {})
         total = sum(errors.values()) or 1
         kinds = ", ".join(f"{k} {n / total:.0%}"
                           for k, n in sorted(errors.items(), key=lambda kv: -kv[1]))
-        why.append(f"error rate {m.get('error_rate', 0):.1%} > {settings.max_error_rate:.1%}"
+        bar = settings.measure.max_error_rate
+        why.append(f"error rate {m.get('error_rate', 0):.1%} > {bar:.1%}"
                    + (f" (failed requests: {kinds})" if kinds else ""))
     if quality > 0:
         q = outcome.quality
@@ -169,7 +169,7 @@ def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
     # capacity: the SLOs are the objective's own bar (every passing level met them)
     slo_violation = (-1.0 if settings.objective == "capacity"
                      else _slo_violation(outcome.metrics, settings))
-    err_violation = outcome.metrics.get("error_rate", 0.0) - settings.max_error_rate
+    err_violation = outcome.metrics.get("error_rate", 0.0) - settings.measure.max_error_rate
     q_violation = 0.0
     if outcome.quality is not None:
         trial.set_user_attr(A.QUALITY, outcome.quality)
@@ -294,17 +294,3 @@ def _incumbent_low(study: optuna.Study, settings: TuneSettings, trial: optuna.Tr
     low = _metric(best, "output_tokens_per_s_ci_low")
     # per GPU: the bar of a trial on n GPUs is n x the incumbent's low end per GPU
     return None if low is None else low / server_gpus_of(best) * server_gpus_of(trial)
-
-
-def _capacity_spec(settings: TuneSettings) -> CapacityFields:
-    """The TrialSpec fields of a capacity study (none for the other objectives)."""
-    from autotune.trial import CapacityFields, capacity_spec
-
-    if settings.objective != "capacity":
-        return CapacityFields()
-
-    return capacity_spec(goodput=settings.capacity_goodput,
-                         max_error_rate=settings.max_error_rate, start=settings.capacity_start,
-                         tolerance=settings.capacity_tolerance,
-                         level_s=settings.capacity_level_s, max_s=settings.capacity_max_s,
-                         max_levels=settings.capacity_max_levels, seed=settings.seed)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autotune.config import TuneSettings
+from autotune.config import MeasureSettings, TuneSettings
 from autotune.credentials import redact
 from autotune.errors import StudyError
 from autotune.events import (
@@ -56,9 +57,8 @@ if TYPE_CHECKING:
     from autotune.store import VerdictRecord
     from autotune.traffic import TrafficShape
 from autotune.study._gputime import GpuTime
-from autotune.study._inputs import _retry_stopped, goodput_slo
+from autotune.study._inputs import _retry_stopped
 from autotune.study._judge import (
-    _capacity_spec,
     _commit_tell,
     _enqueue_rechecks,
     _finished_elsewhere,
@@ -72,6 +72,32 @@ logger = logging.getLogger(__name__)
 _MAX_REJECTED_IN_A_ROW = 200
 
 
+def trial_spec(*, number: int, model: str, flags: Sequence[str], env: Mapping[str, str],
+               shape: TrafficShape | None, measure: MeasureSettings, seed: int = 0,
+               capacity: bool = False, log_dir: str | None = None,
+               log_path: str | None = None, quality_probe: ProbeSet | None = None,
+               quality_reference: ProbeOutputs | None = None,
+               incumbent_low: float | None = None, server_gpus: int = 1,
+               stagger: bool = True) -> TrialSpec:
+    """The :class:`TrialSpec` of one trial, a study's (:class:`TrialTemplate`) or
+    ``autotune bench``'s: ``measure`` as the settings give it, its cache folder resolved
+    (``--cache-dir`` or :data:`autotune.config.DEFAULT_CACHE_DIR`); ``capacity``: a
+    capacity search over the arrival rate (its bracket from ``measure``)."""
+    from autotune.trial import capacity_spec
+
+    cap = capacity_spec(
+        goodput=measure.capacity_goodput, max_error_rate=measure.max_error_rate,
+        start=measure.capacity_start, tolerance=measure.capacity_tolerance,
+        level_s=measure.capacity_level_s, max_s=measure.capacity_max_s,
+        max_levels=measure.capacity_max_levels, seed=seed) if capacity else {}
+    return TrialSpec(
+        number=number, model=model, flags=tuple(flags), env=dict(env), shape=shape, seed=seed,
+        measure=measure.model_copy(update={"cache_dir": measure.cache_path()}),
+        log_dir=log_dir, log_path=log_path, quality_probe=quality_probe,
+        quality_reference=quality_reference, incumbent_low=incumbent_low,
+        server_gpus=server_gpus, stagger=stagger, **cap)
+
+
 @dataclass(frozen=True)
 class TrialTemplate:
     """What every trial of a study shares: the model, the shape, folders, quality probe."""
@@ -79,7 +105,6 @@ class TrialTemplate:
     model: str
     shape: TrafficShape | None
     log_dir: str | None = None
-    cache_dir: str | None = None
     quality_probe: ProbeSet | None = None
     quality_reference: ProbeOutputs | None = None
 
@@ -88,27 +113,13 @@ class TrialTemplate:
              server_gpus: int = 1) -> TrialSpec:
         """The :class:`TrialSpec` of one trial (``probe``: run the quality probe;
         ``incumbent_low``: the pruner's bar)."""
-        from autotune.measure import SegmentRule
-
-        rule = SegmentRule(precision=settings.precision,
-                           min_segments=settings.min_segments,
-                           warmup_tolerance=settings.warmup_tolerance,
-                           warmup_max_s=settings.warmup_max_s,
-                           measure_max_s=settings.measure_max_s)
-        return TrialSpec(
-            number=number, model=self.model, flags=launch.flags, env=dict(launch.env),
-            shape=self.shape, seed=settings.seed, warmup_requests=settings.warmup_requests,
-            repeats=settings.repeats, slo=goodput_slo(settings.slo), api=settings.api,
-            num_requests=settings.num_requests, concurrency=settings.concurrency,
-            start_timeout_s=settings.start_timeout_s,
-            request_timeout_s=settings.request_timeout_s, log_dir=self.log_dir,
-            cache_dir=self.cache_dir, cpu_kv_cache_gib=settings.cpu_kv_cache_gib,
+        return trial_spec(
+            number=number, model=self.model, flags=launch.flags, env=launch.env,
+            shape=self.shape, measure=settings.measure, seed=settings.seed,
+            capacity=settings.objective == "capacity", log_dir=self.log_dir,
             quality_probe=self.quality_probe if probe else None,
-            quality_reference=self.quality_reference,
-            rule=rule, segment_requests=settings.segment_requests, incumbent_low=incumbent_low,
-            output_jitter=settings.output_jitter, server_gpus=server_gpus,
-            **_capacity_spec(settings),
-        )  # fmt: skip
+            quality_reference=self.quality_reference, incumbent_low=incumbent_low,
+            server_gpus=server_gpus)
 
 
 @dataclass
@@ -365,7 +376,8 @@ class StudyLoop:
         if recheck_of is not None:
             self._phase(number, "recheck", 0.0, f"re-measuring the config of trial {recheck_of}")
 
-    def _reject(self, trial: optuna.Trial, params: dict[str, Any], problems: list[str]) -> None:
+    def _reject(self, trial: optuna.Trial, params: dict[str, ParamValue],
+                problems: list[str]) -> None:
         """A sample the space's rules forbid: PRUNED, never launched, not counted."""
         self.rejected_in_a_row += 1
         if self.rejected_in_a_row > _MAX_REJECTED_IN_A_ROW:

@@ -11,13 +11,15 @@ meet the SLOs at the recorded rate (``goodput`` with ``--slo``). ``docs/measurem
 section 13, says more.
 
 :func:`resolve_objective` turns ``--objective auto`` (the default) into one of these
-and refuses, before any server starts, an objective that ranks nothing on the shape;
+and refuses, before any server starts, an objective that ranks nothing on the shape
+(:func:`resolve_study` reads the shape for it, once per study);
 :func:`replayed_shape` is the shape as the trials replay it (an open-loop shape with
 ``--concurrency N`` becomes a closed loop of N streams).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
     from autotune.config import TuneSettings
     from autotune.traffic import TrafficShape
 
-__all__ = ["is_open_loop", "replayed_shape", "resolve_objective", "resolve_settings"]
+__all__ = ["ResolvedStudy", "is_open_loop", "replayed_shape", "resolve_objective",
+           "resolve_study"]
 
 
 def is_open_loop(shape: TrafficShape, concurrency: int | None = None) -> bool:
@@ -49,7 +52,7 @@ def resolve_objective(settings: TuneSettings, shape: TrafficShape) -> TuneSettin
     from autotune.config import TuneSettings
 
     objective = settings.objective
-    open_loop = is_open_loop(shape, settings.concurrency)
+    open_loop = is_open_loop(shape, settings.measure.concurrency)
     if objective == "auto":
         objective = "capacity" if open_loop else "throughput"
     elif open_loop and objective in ("throughput", "pareto"):
@@ -60,7 +63,7 @@ def resolve_objective(settings: TuneSettings, shape: TrafficShape) -> TuneSettin
             "--objective out (capacity: the highest rate a config sustains within --slo), use "
             "--objective goodput --slo ttft_p99=2.0,tpot_p99=0.1 (requests within the SLOs at "
             "the recorded rate), or replay the shape as a closed loop with --concurrency N")
-    elif open_loop and objective == "goodput" and not settings.slo:
+    elif open_loop and objective == "goodput" and not settings.measure.slo:
         raise ConfigError(
             f"--objective goodput on shape {shape.name!r} needs --slo: it replays recorded "
             f"arrivals (open loop, {_rate(shape)}), so without SLOs goodput is the requests/s "
@@ -71,20 +74,25 @@ def resolve_objective(settings: TuneSettings, shape: TrafficShape) -> TuneSettin
     return TuneSettings(**{**settings.model_dump(), "objective": objective})
 
 
-def resolve_settings(settings: TuneSettings, *, strict: bool = True) -> TuneSettings:
-    """:func:`resolve_objective` with the shape read from ``settings.shape`` (a study's
-    settings are resolved before anything shows or stores the objective). Not ``strict``:
-    a shape file that is not there leaves ``settings`` as they are (the study's own input
-    checks then say so)."""
-    from pathlib import Path
+@dataclass(frozen=True)
+class ResolvedStudy:
+    """A study's settings with the objective resolved from its shape, and the shape as
+    ``settings.shape`` holds it, read once (:func:`resolve_study`): what the command line
+    hands to :func:`autotune.study.tune`, so nothing on the way reads the file again."""
 
+    settings: TuneSettings
+    shape: TrafficShape  # as recorded (the trials replay replayed_shape() of it)
+
+
+def resolve_study(settings: TuneSettings | ResolvedStudy) -> ResolvedStudy:
+    """Read ``settings.shape`` and resolve the objective from it
+    (:func:`resolve_objective`); resolved ones are returned as they are."""
     from autotune.traffic import load_shape
 
-    if settings.objective == "capacity":
-        return settings  # recorded_rate() checks the shape
-    if not strict and not Path(settings.shape).is_file():
+    if isinstance(settings, ResolvedStudy):
         return settings
-    return resolve_objective(settings, load_shape(settings.shape))
+    shape = load_shape(settings.shape)
+    return ResolvedStudy(settings=resolve_objective(settings, shape), shape=shape)
 
 
 def replayed_shape(shape: TrafficShape, concurrency: int | None) -> TrafficShape:

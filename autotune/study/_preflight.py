@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune.config import TuneSettings
 from autotune.errors import ConfigError, ShapeError, SpaceError
 
 if TYPE_CHECKING:
-    from autotune.config import TuneSettings
     from autotune.engine._flags import EngineSurface
     from autotune.space import SearchSpace
     from autotune.traffic import TrafficShape
@@ -48,7 +48,7 @@ def check_before_trial_0(*, space: SearchSpace, shape: TrafficShape, model: Path
     """Raise one clear error if the study cannot work; return (and log) warnings."""
     warnings = check_flags(space, surface=surface)
     warnings += check_context(space, shape, model, seed=settings.seed,
-                              num_requests=settings.num_requests)
+                              num_requests=settings.measure.num_requests)
     warnings += check_bytecode()
     for w in warnings:
         logger.warning("%s", w)

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     import optuna
     from optuna.samplers import BaseSampler
+    from optuna.trial import FrozenTrial
 
     from autotune.exec import Executor
     from autotune.kernels._study import TrialPlan
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from autotune.results import WarmStart
 from autotune.study._inputs import StudyInputs, open_study, resolve_inputs
 from autotune.study._loop import StudyLoop, TrialTemplate
+from autotune.study._objective import ResolvedStudy
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +103,12 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     note("quality reference: the full-precision config's greedy outputs "
          f"({len(probe.prompts)} prompts; cached after the first study)")
 
-    def start() -> Any:
+    def start() -> VllmServer:
         return VllmServer(model=str(model), flags=ref.flags, env=ref.env,
                           log_path=inputs.log_dir / "quality-reference.log",
-                          cache_dir=inputs.cache_dir, start_timeout_s=settings.start_timeout_s,
-                          cpu_kv_cache_gib=settings.cpu_kv_cache_gib)
+                          cache_dir=inputs.cache_dir,
+                          start_timeout_s=settings.measure.start_timeout_s,
+                          cpu_kv_cache_gib=settings.measure.cpu_kv_cache_gib)
 
     try:
         reference = ensure_reference(cache, model=model, reference_flags=ref.flags,
@@ -165,7 +168,8 @@ def _bind_kernels(inputs: StudyInputs, *, note: Callable[[str], None],
     space = bind_tuned_kernels(
         inputs.space, model=inputs.model, shape_path=settings.shape,
         shape_fingerprint=inputs.shape.fingerprint, cache_dir=inputs.cache_dir,
-        engine=inputs.engine, gpu_name=inputs.gpu_type, concurrency=settings.concurrency,
+        engine=inputs.engine, gpu_name=inputs.gpu_type,
+        concurrency=settings.measure.concurrency,
         budget_s=budget, trials=settings.kernel_trials,
         plan=_trial_plan(study, settings) if study is not None else None, note=note,
         on_tuned=on_tuned)
@@ -207,7 +211,7 @@ def _subscribers(inputs: StudyInputs, tracker: Any, on_event: Any,
 
 
 def tune(
-    settings: TuneSettings,
+    settings: TuneSettings | ResolvedStudy,
     *,
     executor: Executor | None = None,
     tracker: Any = None,
@@ -217,7 +221,8 @@ def tune(
     callbacks: Sequence[StudyCallback] = (),
     heartbeat: Heartbeat | None = None,
 ) -> TuneResult:
-    """Run (or resume) a study as ``settings`` say and return its result.
+    """Run (or resume) a study as ``settings`` say and return its result (``settings``
+    resolved already, :func:`autotune.study.resolve_study`, keep their shape as read).
 
     ``executor`` (default: a :class:`~autotune.exec.RayExecutor`, or an
     :class:`~autotune.exec.InlineExecutor` with ``use_ray=False``), ``tracker``
@@ -253,8 +258,7 @@ def tune(
                                                            executor=runner))
         loop = StudyLoop(study=study, settings=settings, space=inputs.space, executor=runner,
                          template=TrialTemplate(model=str(inputs.model), shape=inputs.shape,
-                                                log_dir=str(inputs.log_dir),
-                                                cache_dir=str(inputs.cache_dir)),
+                                                log_dir=str(inputs.log_dir)),
                          callbacks=subs, thresholds=inputs.thresholds, started=t_start,
                          owner=inputs.owner, heartbeat=inputs.heartbeat)
         try:
@@ -280,12 +284,13 @@ def capacity_terms(settings: TuneSettings) -> str:
 
     if settings.objective != "capacity":
         return ""
-    slo = settings.slo or {}
+    slo = settings.measure.slo or {}
     terms = ", ".join(f"{k}={v:g}s" for k, v in slo.items())
     default = (" (the defaults; --slo sets yours)" if slo == CAPACITY_DEFAULT_SLO else "")
-    return (f"; capacity: a load level passes when {settings.capacity_goodput:.0%} of its "
+    m = settings.measure
+    return (f"; capacity: a load level passes when {m.capacity_goodput:.0%} of its "
             f"requests meet {terms}{default}; each trial searches until its bracket is "
-            f"within {1 + settings.capacity_tolerance:.3g}x")
+            f"within {1 + m.capacity_tolerance:.3g}x")
 
 
 def _run(loop: StudyLoop, inputs: StudyInputs, subs: StudyCallbacks) -> None:
@@ -313,7 +318,7 @@ def _drop_if_empty(study: optuna.Study, inputs: StudyInputs) -> None:
     import optuna
     from optuna.trial import TrialState
 
-    def ran(t: Any) -> bool:
+    def ran(t: FrozenTrial) -> bool:
         return t.state != TrialState.WAITING and not (
             t.state == TrialState.FAIL and t.user_attrs.get(A.REASON) in STOPPED)
 

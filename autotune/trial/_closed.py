@@ -46,7 +46,7 @@ def _measure_segments(spec: TrialSpec, plan: _Plan, server: VllmServer,
     results: list[Measurement] = []
     _ARMED.set()
     try:
-        for r in range(max(1, spec.repeats)):
+        for r in range(max(1, spec.measure.repeats)):
             if INTERRUPT.is_set():
                 outcome.stop = "interrupted"
                 break
@@ -105,12 +105,10 @@ class _SegmentedRuns:
 
     def __init__(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
                  outcome: TrialOutcome, phase: PhaseFn, client_kw: ClientKw) -> None:
-        from autotune.measure import SegmentRule
-
         self.spec, self.plan, self.server, self.outcome = spec, plan, server, outcome
         self.phase, self.client_kw = phase, client_kw
-        self.rule = spec.rule or SegmentRule()
-        self.seg_n = spec.segment_requests or max(plan.schedule.concurrency or 1, 16)
+        self.rule = spec.rule
+        self.seg_n = spec.measure.segment_requests or max(plan.schedule.concurrency or 1, 16)
         self.refill = _Refill(spec, plan)
         self.done = False  # no repeat after this one (aborted, interrupted, pruned)
 
@@ -181,7 +179,7 @@ class _SegmentedRuns:
             100 * d.relative,
             "converged" if self.outcome.warmup and self.outcome.warmup.get("converged")
             else "at its cap",
-            "" if spec.output_jitter > 0 else
+            "" if spec.measure.output_jitter > 0 else
             " (with --output-jitter 0, streams of equal lengths may also be falling "
             "back into step: docs/measurement.md, section 4)")
 

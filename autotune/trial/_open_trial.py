@@ -64,7 +64,7 @@ def _warm_up_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
     from autotune.load import replay
 
     schedule = plan.schedule
-    n_warm = spec.warmup_requests
+    n_warm = spec.measure.warmup_requests
     if n_warm is None:
         conc = schedule.concurrency or 8
         n_warm = min(2 * conc, max(1, len(schedule.requests) // 4))
@@ -99,12 +99,12 @@ def _warm_up_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome:
     ``--warmup-requests N`` keeps the fixed warm-up instead (N requests, closed loop; 0:
     none)."""
     from autotune.load import replay
-    from autotune.measure import LogWatch, SegmentRule
+    from autotune.measure import LogWatch
     from autotune.trial._levels import drain
 
-    rule = spec.rule or SegmentRule()
+    rule = spec.rule
     watch = LogWatch(server.log_path)
-    if spec.warmup_requests is not None:  # asked for: the fixed warm-up (0: none)
+    if spec.measure.warmup_requests is not None:  # asked for: the fixed warm-up (0: none)
         _warm_up_open(spec, plan, server, outcome, phase, client_kw)
         return watch
     rate = spec.capacity_search().start * recorded
@@ -248,21 +248,21 @@ def _measure_open(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: Tri
     caps, not by a number of requests (``--num-requests`` still bounds it when given).
     An explicit ``--warmup-requests N`` runs the fixed closed-loop warm-up first."""
     from autotune.load import replay
-    from autotune.measure import LogWatch, SegmentRule, measure, snapshot_metrics
+    from autotune.measure import LogWatch, measure, snapshot_metrics
     from autotune.trial._open_segments import cut_bounds, idle_note
 
-    rule = spec.rule or SegmentRule()
-    fixed = spec.warmup_requests is not None
+    rule = spec.rule
+    fixed = spec.measure.warmup_requests is not None
     if fixed:  # asked for: the fixed warm-up (0: none); the run then measures at once
         _warm_up_open(spec, plan, server, outcome, phase, client_kw)
         rule = replace(rule, warmup_max_s=0.0)
     rate = plan.schedule_rate
-    n = spec.num_requests or int(min(50_000, max(16, math.ceil(
+    n = spec.measure.num_requests or int(min(50_000, max(16, math.ceil(
         rate * (rule.warmup_max_s + rule.measure_max_s + 3 * _open_segment_s(rule))))))
-    sched = _schedule(spec, plan.max_len, seed=spec.seed, concurrency=spec.concurrency,
+    sched = _schedule(spec, plan.max_len, seed=spec.seed, concurrency=spec.measure.concurrency,
                       num_requests=n)
     results: list[Measurement] = []
-    repeats = max(1, spec.repeats)
+    repeats = max(1, spec.measure.repeats)
     for r in range(repeats):
         phase("warming_up" if r == 0 and not fixed else "measuring",
               f"replay {r + 1}/{repeats}: the shape's arrivals at {rate:.3g} req/s")

@@ -65,15 +65,15 @@ def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Schedule:
     if spec.shape is None:
         raise ConfigError(f"trial {spec.number} has no traffic shape to replay; give the "
                           "TrialSpec one (shape=load_shape(path))")
-    schedule: Schedule = build_prompts(spec.shape, model=spec.model, api=spec.api,
+    schedule: Schedule = build_prompts(spec.shape, model=spec.model, api=spec.measure.api,
                                        max_total_tokens=max_len,
-                                       output_jitter=spec.output_jitter, **kwargs)
+                                       output_jitter=spec.measure.output_jitter, **kwargs)
     return schedule
 
 
 def _plan(spec: TrialSpec) -> _Plan:
     vocab = model_vocab_size(spec.model)
     max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
-    schedule = _schedule(spec, max_len, seed=spec.seed, concurrency=spec.concurrency,
-                         num_requests=spec.num_requests)
+    schedule = _schedule(spec, max_len, seed=spec.seed, concurrency=spec.measure.concurrency,
+                         num_requests=spec.measure.num_requests)
     return _Plan(vocab, max_len, schedule)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict
 
-from autotune.config import OUTPUT_JITTER
+from autotune.config import MeasureSettings
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only: this module stays as light as the records it holds
@@ -73,39 +73,22 @@ class TrialSpec:
     env: dict[str, str]
     shape: TrafficShape | None  # None: a trial that replays nothing (a simulated executor)
     seed: int = 0
-    warmup_requests: int | None = None  # None: 2 x concurrency, at most a quarter of the schedule
-    repeats: int = 1
-    slo: Slo | None = None
-    api: str = "completions"
-    num_requests: int | None = None
-    concurrency: int | None = None
+    # how it is measured (warm-up, adaptive stop, SLOs, timeouts, caches): the settings of
+    # ``autotune tune`` and ``autotune bench`` (autotune.study.trial_spec builds both)
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
     max_model_len: int | None = None
-    start_timeout_s: float = 600.0
-    request_timeout_s: float = 600.0
     log_dir: str | None = None
-    cache_dir: str | None = None
     gpus: tuple[int, ...] | None = None
     # GPUs the server uses (tensor x pipeline x data parallel size of its flags): what the
     # executor reserves for it, and what the GPUs the traffic needs are counted in
     server_gpus: int = 1
-    cpu_kv_cache_gib: float = 1.0
     quality_probe: ProbeSet | None = None  # probe this trial's server
     quality_reference: ProbeOutputs | None = None  # the reference's outputs to compare with
-    # -- issue 14: segmented warm-up and measurement, the pruner (docs/measurement.md) --
     log_path: str | None = None  # the server log's own path (default: in log_dir by number)
-    # Closed loop: one continuous run cut into segments of segment_requests completions
-    # (None: max(concurrency, 16)); warm-up and measurement end by ``rule``
-    # (None: SegmentRule's defaults). Open loop: warm-up replay, then
-    # the schedule, with the interval over sub-windows.
-    segment_requests: int | None = None
-    rule: SegmentRule | None = None
     # The pruner: the incumbent's interval low end (output tokens/s); a trial whose own
     # interval lies wholly below it is stopped as a clear loser (reason "pruned").
     incumbent_low: float | None = None
     stagger: bool = True  # closed loop: desynchronise the streams' first requests
-    # closed loop: each request's output length times U(1 - j, 1 + j), so that streams of
-    # equal lengths do not lock into step again after the stagger (docs/measurement.md, 4)
-    output_jitter: float = OUTPUT_JITTER
     # stop a measured replay once more than this share of >= 20 finished requests failed
     # (the outcome then says why in one line); None: always run to the end
     abort_failed_fraction: float | None = 0.5
@@ -113,6 +96,21 @@ class TrialSpec:
     # this one server
     capacity: CapacitySearch | None = None
     capacity_plan: LevelPlan | None = None
+
+    @property
+    def slo(self) -> Slo | None:
+        """The per-request goodput thresholds of ``measure.slo`` (None: no SLO)."""
+        from autotune.measure import goodput_slo  # numpy and scipy: not for every import
+
+        return goodput_slo(self.measure.slo)
+
+    @property
+    def rule(self) -> SegmentRule:
+        """How the closed loop's run is cut into warm-up and measurement (and an open
+        loop's sub-windows judged): ``measure``'s warm-up and stop settings."""
+        from autotune.measure import SegmentRule
+
+        return SegmentRule.of(self.measure)
 
     def capacity_search(self) -> CapacitySearch:
         """The bracketing search of an ``--objective capacity`` trial."""

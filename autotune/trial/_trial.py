@@ -117,8 +117,8 @@ def _measure(spec: TrialSpec, plan: _Plan, server: VllmServer, outcome: TrialOut
     quality probe."""
     from autotune.measure import combine
 
-    client = ClientKw(base_url=server.base_url, model=server.served_model_name, api=spec.api,
-                      request_timeout_s=spec.request_timeout_s)
+    client = ClientKw(base_url=server.base_url, model=server.served_model_name,
+                      api=spec.measure.api, request_timeout_s=spec.measure.request_timeout_s)
     mode = mode_for(spec, plan)
     results = mode.measure(spec, plan, server, outcome, phase, client)
     if outcome.ok:  # the mode recorded the whole outcome (no capacity level passed)
@@ -162,8 +162,8 @@ def run_trial(spec: TrialSpec, on_phase: PhaseReporter | None = None) -> TrialOu
 
 
 # What a server is: trials that agree on these can be measured on one server start.
-_SERVER_FIELDS = ("model", "flags", "env", "gpus", "cache_dir", "log_path", "log_dir",
-                  "start_timeout_s", "cpu_kv_cache_gib")
+_SERVER_FIELDS = ("model", "flags", "env", "gpus", "log_path", "log_dir")
+_SERVER_MEASURE_FIELDS = ("cache_dir", "start_timeout_s", "cpu_kv_cache_gib")  # spec.measure's
 
 
 # Between two trials on one server: wait at most this long for the earlier one's requests
@@ -177,8 +177,10 @@ def _check_one_server(specs: list[TrialSpec]) -> None:
         raise ConfigError("run_trials_on_one_server: no trial given; pass at least one TrialSpec")
     first = specs[0]
     for spec in specs[1:]:
-        for name in _SERVER_FIELDS:
-            a, b = getattr(first, name), getattr(spec, name)
+        pairs = [(name, getattr(first, name), getattr(spec, name)) for name in _SERVER_FIELDS]
+        pairs += [(name, getattr(first.measure, name), getattr(spec.measure, name))
+                  for name in _SERVER_MEASURE_FIELDS]
+        for name, a, b in pairs:
             if name == "flags":
                 a, b = tuple(a), tuple(b)
             if a != b:
@@ -218,9 +220,9 @@ class _OneServer:
             env=spec.env,
             log_path=self._log_path,
             gpus=self._gpus,
-            cache_dir=Path(spec.cache_dir) if spec.cache_dir else None,
-            start_timeout_s=spec.start_timeout_s,
-            cpu_kv_cache_gib=spec.cpu_kv_cache_gib,
+            cache_dir=spec.measure.cache_dir,
+            start_timeout_s=spec.measure.start_timeout_s,
+            cpu_kv_cache_gib=spec.measure.cpu_kv_cache_gib,
         )
 
     def start(self, outcome: TrialOutcome) -> None:

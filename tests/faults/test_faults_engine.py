@@ -21,9 +21,9 @@ import pytest
 
 from autotune.engine import FailureReason, VllmServer
 from autotune.errors import EngineStartError
-from autotune.measure import SegmentRule
 from autotune.traffic import load_shape
-from autotune.trial import TrialOutcome, TrialSpec, run_trial
+from autotune.trial import TrialOutcome, run_trial
+from tests._specs import flat_spec
 from tests.conftest import needs_vllm
 from tests.faults._lab import (
     FAKE_VLLM,
@@ -42,14 +42,14 @@ pytestmark = pytest.mark.faults
 def fake_trial(lab: Lab, plan: str, *, number: int = 0, start_timeout_s: float = 15.0,
                request_timeout_s: float = 5.0, **env: str) -> TrialOutcome:  # fmt: skip
     """Run one trial (8 measured requests, 2 streams, 2 warm-up requests) on the fake engine."""
-    spec = TrialSpec(
+    spec = flat_spec(
         number=number, model=str(lab.model), flags=("--max-num-seqs", "8"),
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": plan,
              "AUTOTUNE_FAKE_COUNTER": str(lab.launches), TAG_VAR: lab.tag, **env},
         shape=load_shape(SHAPE), num_requests=8, concurrency=2, warmup_requests=2,
         start_timeout_s=start_timeout_s, request_timeout_s=request_timeout_s,
         log_dir=str(lab.out / "logs"), segment_requests=4,
-        rule=SegmentRule(precision=0.2, warmup_max_s=4, measure_max_s=4),
+        precision=0.2, warmup_max_s=4, measure_max_s=4,
     )  # fmt: skip
     return run_trial(spec)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.measure import SegmentRule
 from autotune.traffic import load_shape
 from tests.conftest import needs_vllm
 
@@ -16,8 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 # what these tests check (token counts, drafts) needs a few segments, not the 2 % default
 # precision: segments of 4 requests (4 streams), 10 % precision, 8-s caps (CI time, not
 # accuracy; the prompt-token count asserted, > 240, is a few requests of example-chat)
-SHORT = {"segment_requests": 4, "rule": SegmentRule(precision=0.1, warmup_max_s=8.0,
-                                                    measure_max_s=8.0)}
+SHORT = {"segment_requests": 4, "precision": 0.1, "warmup_max_s": 8.0, "measure_max_s": 8.0}
 
 
 @pytest.mark.slow
@@ -25,11 +23,12 @@ SHORT = {"segment_requests": 4, "rule": SegmentRule(precision=0.1, warmup_max_s=
 def test_bpe_chat_server_prompt_tokens_equal_the_shapes(tmp_path: Path) -> None:
     from autotune.engine import generate_tiny_model
     from autotune.load import ModelPrompts
-    from autotune.trial import TrialSpec, run_trial
+    from autotune.trial import run_trial
+    from tests._specs import flat_spec
 
     model = generate_tiny_model(tmp_path / "bpe-llama", arch="llama", tokenizer="bpe")
     assert ModelPrompts(model, api="chat").overhead > 0  # the template adds tokens
-    spec = TrialSpec(
+    spec = flat_spec(
         number=0, model=str(model), flags=("--max-model-len", "2048", "-O0"), env={},
         shape=load_shape(REPO / "traffic" / "example-chat.json"), seed=5, api="chat",
         num_requests=24, concurrency=4, warmup_requests=2, log_dir=str(tmp_path),
@@ -51,14 +50,15 @@ def test_cpu_space_mtp_trial_serves_drafts_on_the_cpu_build(tmp_path: Path) -> N
     MTP-depth-1 trial: the CPU build serves it and counts its drafts."""
     from autotune.engine import generate_tiny_model
     from autotune.space import ModelFacts, load_space
-    from autotune.trial import TrialSpec, run_trial
+    from autotune.trial import run_trial
+    from tests._specs import flat_spec
 
     model = generate_tiny_model(tmp_path / "mtp", arch="nemotron_h", mtp=True, mtp_pattern="*")
     facts = ModelFacts.from_model_dir(model, device="cpu")
     space = load_space(REPO / "search_spaces" / "cpu.yaml", facts=facts)
     launch = space.launch_spec({"max_num_seqs": 8, "max_num_batched_tokens": 2048,
                                 "mtp_depth": 1})
-    spec = TrialSpec(
+    spec = flat_spec(
         number=0, model=str(model), flags=launch.flags, env=dict(launch.env),
         shape=load_shape(REPO / "traffic" / "example-chat.json"), seed=1, num_requests=12,
         concurrency=4, warmup_requests=2, log_dir=str(tmp_path),

@@ -34,7 +34,7 @@ def simulated(means: dict[str, float], *, start_cv: float, seg_cv: float = 0.01,
                else "defaults")
         rng = np.random.default_rng(1000 + spec.number)
         level = means.get(key, means["other"]) * (1 + rng.normal(0, start_cv))
-        rule: SegmentRule = spec.rule or SegmentRule()
+        rule: SegmentRule = spec.rule
         warm = [level * 0.6, level * 0.98, level, level]  # a ramp, then two steady segments
         n_warm = next(i for i in range(1, 5) if rule.warmup(warm[:i], False, 5.0 * i) == "warm")
         rates: list[float] = []

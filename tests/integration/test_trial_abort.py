@@ -14,7 +14,8 @@ FAKE_VLLM = (Path(__file__).parents[1] / "faults" / "fake_vllm").resolve()
 
 
 def test_trial_stops_once_most_requests_fail(tmp_path: Path) -> None:
-    from autotune.trial import TrialSpec, run_trial
+    from autotune.trial import run_trial
+    from tests._specs import flat_spec
 
     model = tmp_path / "model"
     model.mkdir()
@@ -22,10 +23,10 @@ def test_trial_stops_once_most_requests_fail(tmp_path: Path) -> None:
                                                    "max_position_embeddings": 2048}))
     shape = constant_shape(32, 8, name="c", load=LoadSpec(mode="closed", concurrency=2,
                                                          requests=400))
-    spec = TrialSpec(number=0, model=str(model), flags=("--max-model-len", "1024"),
-                     env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": "fail:1"},
-                     shape=shape, warmup_requests=0, start_timeout_s=60,
-                     log_dir=str(tmp_path))
+    spec = flat_spec(number=0, model=str(model), flags=("--max-model-len", "1024"),
+                      env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": "fail:1"},
+                      shape=shape, warmup_requests=0, start_timeout_s=60,
+                      log_dir=str(tmp_path))
     t0 = time.monotonic()
     out = run_trial(spec)
     assert not out.ok and out.reason == "aborted", out.message

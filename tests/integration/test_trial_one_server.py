@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.measure import SegmentRule, Slo
 from autotune.store import FailureReason
 from autotune.traffic import LoadSpec, constant_shape, load_shape
-from autotune.trial import TrialOutcome, TrialSpec, capacity_spec, run_trials_on_one_server
+from autotune.trial import TrialOutcome, capacity_spec, run_trials_on_one_server
+from tests._specs import flat_spec
 from tests._trial_one_server import _fake
 from tests.conftest import REPO, needs_vllm
 from tests.faults._lab import SHAPE
@@ -36,8 +36,8 @@ def _launches(tmp: Path) -> int:
 def test_shapes_in_turn_on_one_start_each_warmed_up(model_dir: Path) -> None:
     closed = _fake(model_dir, "slow", load_shape(SHAPE), num_requests=16, concurrency=4,
                    segment_requests=8,
-                   rule=SegmentRule(precision=0.2, warmup_max_s=2, measure_max_s=2))
-    cap = _fake(model_dir, "slow", load_shape(SHAPE), number=1, slo=Slo(ttft_s=1.0),
+                   precision=0.2, warmup_max_s=2, measure_max_s=2)
+    cap = _fake(model_dir, "slow", load_shape(SHAPE), number=1, slo={"ttft_p99": 1.0},
                 **capacity_spec(goodput=0.9, max_error_rate=0.05, start=4.0, tolerance=0.5,
                                 level_s=0.5, max_levels=2))
     heard: list[tuple[int, bool, int]] = []
@@ -64,7 +64,7 @@ def test_a_failed_trial_keeps_the_others_and_the_server_goes_on(model_dir: Path)
     # every request of the middle trial times out: it fails (aborted), the server lives
     failing = dataclasses.replace(ok, number=1, shape=constant_shape(
         32, 64, name="slow", load=LoadSpec(mode="open", rate_rps=80.0, requests=40)),
-        request_timeout_s=0.02)
+        measure=ok.measure.model_copy(update={"request_timeout_s": 0.02}))
     outs = run_trials_on_one_server([ok, failing, dataclasses.replace(ok, number=2)])
     assert [(o.ok, o.reason) for o in outs] == [
         (True, None), (False, FailureReason.ABORTED), (True, None)], [o.message for o in outs]
@@ -103,14 +103,14 @@ def test_closed_and_capacity_shapes_on_one_cpu_vllm_start(tiny_llama: Path,
     common = {"model": str(tiny_llama), "flags": ("--max-model-len", "1024", "-O0"), "env": {},
               "log_path": str(log), "warmup_requests": 2,
               "start_timeout_s": float(os.environ.get("AUTOTUNE_TEST_START_TIMEOUT", "400"))}
-    closed = TrialSpec(number=0, shape=load_shape(REPO / "traffic" / "example-chat.json"),
+    closed = flat_spec(number=0, shape=load_shape(REPO / "traffic" / "example-chat.json"),
                        num_requests=16, concurrency=4, segment_requests=8,
-                       rule=SegmentRule(precision=0.1, warmup_max_s=10, measure_max_s=10),
-                       **common)  # type: ignore[arg-type]
-    cap = TrialSpec(number=1, shape=load_shape(SHAPE), seed=3, slo=Slo(ttft_s=2.0, tpot_s=0.1),
+                       precision=0.1, warmup_max_s=10, measure_max_s=10, **common)
+    cap = flat_spec(number=1, shape=load_shape(SHAPE), seed=3,
+                    slo={"ttft_p99": 2.0, "tpot_p99": 0.1},
                     **capacity_spec(goodput=0.9, max_error_rate=0.05, start=0.25,
                                     tolerance=0.5, level_s=3.0, max_levels=2),
-                    **common)  # type: ignore[arg-type]
+                    **common)
     first, second = run_trials_on_one_server([closed, cap])
     assert first.ok and second.ok, (first.message, second.message)
     assert first.start_s and first.start_s > 0 and first.metrics["output_tokens_per_s"] > 0

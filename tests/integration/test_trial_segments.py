@@ -17,30 +17,32 @@ from pathlib import Path
 
 import pytest
 
-from autotune.measure import SegmentRule, rate_interval
+from autotune.measure import rate_interval
 from autotune.traffic import load_shape
-from autotune.trial import TrialOutcome, TrialSpec, run_trial
+from autotune.trial import TrialOutcome, run_trial
+from tests._specs import flat_spec
 from tests.conftest import REPO
 from tests.faults._lab import FAKE_VLLM, SHAPE
 
 
-def trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule, **kw: object) -> TrialOutcome:
-    spec = TrialSpec(
+def trial(fake_model: Path, tmp: Path, plan: str, rule: dict[str, float],
+          **kw: object) -> TrialOutcome:
+    spec = flat_spec(
         number=7, model=str(fake_model), flags=(), shape=load_shape(SHAPE), num_requests=16,
-        concurrency=4, segment_requests=8, rule=rule, start_timeout_s=30,
+        concurrency=4, segment_requests=8, **rule, start_timeout_s=30,
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": plan,
              "AUTOTUNE_FAKE_CHUNK_S": "0.004"},
-        log_dir=str(tmp), **kw,  # type: ignore[arg-type]
+        log_dir=str(tmp), **kw,
     )  # fmt: skip
     return run_trial(spec)
 
 
 def test_warmup_goes_on_while_the_server_compiles_kernels(fake_model: Path, tmp_path: Path) -> None:
     seen: list[tuple[str, str]] = []
-    rule = SegmentRule(precision=0.1, warmup_tolerance=0.2, warmup_max_s=30, measure_max_s=10)
-    spec = TrialSpec(
+    spec = flat_spec(
         number=3, model=str(fake_model), flags=(), shape=load_shape(SHAPE), num_requests=16,
-        concurrency=4, segment_requests=8, rule=rule, start_timeout_s=30,
+        concurrency=4, segment_requests=8, precision=0.1, warmup_tolerance=0.2,
+        warmup_max_s=30, measure_max_s=10, start_timeout_s=30,
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": "jit:28",
              "AUTOTUNE_FAKE_CHUNK_S": "0.004"},
         log_dir=str(tmp_path),
@@ -66,7 +68,7 @@ def test_warmup_goes_on_while_the_server_compiles_kernels(fake_model: Path, tmp_
 
 
 def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path: Path) -> None:
-    loose = trial(fake_model, tmp_path / "a", "slow", SegmentRule(precision=0.2, measure_max_s=30))
+    loose = trial(fake_model, tmp_path / "a", "slow", {"precision": 0.2, "measure_max_s": 30})
     assert loose.ok, loose.message
     assert loose.stop == "precise" and 5 <= len(loose.segments) < 12  # 5: the minimum
     m = loose.metrics
@@ -79,7 +81,7 @@ def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path
         pytest.approx((lo, hi), rel=1e-6)
     # a precision no run reaches: the time cap ends it
     tight = trial(fake_model, tmp_path / "b", "slow",
-                  SegmentRule(precision=1e-6, measure_max_s=3, measure_max_segments=1000))
+                  {"precision": 1e-6, "measure_max_s": 3})
     assert tight.ok and tight.stop == "cap" and len(tight.segments) > 3
     # its drift (second half of the segments over the first) is recorded with the figures
     h = len(tight.segments) // 2
@@ -90,7 +92,7 @@ def test_measurement_stops_when_precise_or_at_its_cap(fake_model: Path, tmp_path
 
 
 def test_a_clear_loser_is_pruned_after_two_segments(fake_model: Path, tmp_path: Path) -> None:
-    out = trial(fake_model, tmp_path, "slow", SegmentRule(precision=1e-6, measure_max_s=30),
+    out = trial(fake_model, tmp_path, "slow", {"precision": 1e-6, "measure_max_s": 30},
                 incumbent_low=1e9)
     assert out.ok and out.pruned and out.stop == "pruned", out.message
     assert len(out.segments) == 2 and out.measure_s < 10
@@ -100,7 +102,7 @@ def test_every_request_failing_in_the_warm_up_is_no_output_not_an_interrupt(
         fake_model: Path, tmp_path: Path) -> None:
     """No segment measured without an interrupt (the abort hook off, every request
     failing): the trial fails for the config (no_output), it is not taken for a stop."""
-    out = trial(fake_model, tmp_path, "fail:1", SegmentRule(precision=0.2, measure_max_s=5),
+    out = trial(fake_model, tmp_path, "fail:1", {"precision": 0.2, "measure_max_s": 5},
                 abort_failed_fraction=None)
     assert not out.ok and out.reason == "no_output" and out.stop != "interrupted", out.message
 
@@ -233,28 +235,26 @@ def test_a_server_that_dies_mid_run_ends_the_trial_at_once(fake_model: Path,
     from autotune.engine import FailureReason
 
     t0 = time.monotonic()
-    out = trial(fake_model, tmp_path, "die:40", SegmentRule())  # default caps: minutes
+    out = trial(fake_model, tmp_path, "die:40", {})  # default caps: minutes
     assert (out.ok, out.reason) == (False, FailureReason.DIED), out.message
     assert time.monotonic() - t0 < 30  # every request of a segment failed: stopped
 
 
-def _capacity_trial(fake_model: Path, tmp: Path, plan: str, rule: SegmentRule,
+def _capacity_trial(fake_model: Path, tmp: Path, plan: str, rule: dict[str, float],
                     ttft_s: float = 1.0) -> TrialOutcome:
     """A capacity trial on the fake (8 streams of 2-ms chunks at once): the warm-up's
     segments are 1 s of the shape's arrivals at the first level's rate (4 x 5.53 req/s,
     about 22 requests each), the levels 2 s."""
-    from autotune.measure import Slo
     from autotune.trial import capacity_spec
 
-    spec = TrialSpec(
+    spec = flat_spec(
         number=5, model=str(fake_model), flags=(), shape=load_shape(SHAPE),
-        slo=Slo(ttft_s=ttft_s),
-        rule=rule, start_timeout_s=30, log_dir=str(tmp),
+        slo={"ttft_p99": ttft_s}, **rule, start_timeout_s=30, log_dir=str(tmp),
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": plan,
              "AUTOTUNE_FAKE_CHUNK_S": "0.002", "AUTOTUNE_FAKE_MAX_RUNNING": "8"},
         **capacity_spec(goodput=0.9, max_error_rate=0.05, start=4.0, tolerance=0.5,
                         level_s=2.0, max_levels=2),
-    )  # type: ignore[arg-type]
+    )
     return run_trial(spec)
 
 
@@ -267,7 +267,7 @@ def test_a_capacity_warmup_sends_the_levels_traffic_until_no_kernel_compiles(
     # (requests 1..100 here: the first four seconds), then stops once two agree; the
     # requests still in flight are cancelled, not waited out.
     out = _capacity_trial(fake_model, tmp_path, "jit:100",
-                          SegmentRule(warmup_tolerance=0.3, warmup_max_s=40))
+                          {"warmup_tolerance": 0.3, "warmup_max_s": 40})
     assert out.ok, out.message
     w = out.warmup
     assert w is not None and w["converged"] is True and w["jit_in_last_segment"] is False
@@ -286,7 +286,7 @@ def test_a_capacity_warmup_at_its_cap_says_so_and_levels_record_their_compiles(
     # in its last segment, and each level that still saw one says so (evidence that the
     # capacity may rest on a level that paid for them)
     out = _capacity_trial(fake_model, tmp_path, "jit:100000",
-                          SegmentRule(warmup_tolerance=0.3, warmup_max_s=1.5))
+                          {"warmup_tolerance": 0.3, "warmup_max_s": 1.5})
     assert out.ok, out.message
     w = out.warmup
     assert w is not None and w["converged"] is False and w["jit_in_last_segment"] is True
@@ -301,7 +301,7 @@ def test_a_level_that_fails_while_a_kernel_compiles_is_run_once_more(
     # runs once more (its own words again), and says so; here every level fails (an SLO no
     # request meets) and every run compiles, so each level runs exactly twice
     out = _capacity_trial(fake_model, tmp_path, "jit:100000",
-                          SegmentRule(warmup_tolerance=0.3, warmup_max_s=1.0), ttft_s=1e-6)
+                          {"warmup_tolerance": 0.3, "warmup_max_s": 1.0}, ttft_s=1e-6)
     levels = out.capacity["levels"] if out.capacity else []
     assert len(levels) == 2 and all(not lv["passed"] and lv["jit_compiled"] for lv in levels)
     assert all(lv["reruns"] == 1 for lv in levels), levels
@@ -318,18 +318,17 @@ def test_capacity_levels_are_stretched_to_outlast_the_shapes_requests(
     # requests served before the server was full. Here requests take ~1.3 s (43 tokens, the
     # shape's median, 30 ms apart) and the levels asked for 2 s: the warm-up measures the
     # request time, and each level then replays 3 of them (~4 s) of arrivals.
-    from autotune.measure import Slo
     from autotune.trial import LEVEL_SPAN, LevelPlan, capacity_spec
 
-    spec = TrialSpec(
+    spec = flat_spec(
         number=6, model=str(fake_model), flags=(), shape=load_shape(SHAPE),
-        slo=Slo(ttft_s=5.0), rule=SegmentRule(warmup_tolerance=0.3, warmup_max_s=6.0),
+        slo={"ttft_p99": 5.0}, warmup_tolerance=0.3, warmup_max_s=6.0,
         start_timeout_s=30, log_dir=str(tmp_path),
         env={"PYTHONPATH": str(FAKE_VLLM), "AUTOTUNE_FAKE_PLAN": "ok",
              "AUTOTUNE_FAKE_CHUNK_S": "0.03", "AUTOTUNE_FAKE_MAX_RUNNING": "64"},
         **capacity_spec(goodput=0.9, max_error_rate=0.05, start=1.0, tolerance=0.5,
                         level_s=2.0, max_levels=2),
-    )  # type: ignore[arg-type]
+    )
     out = run_trial(spec)
     assert out.ok, out.message
     req_s = (out.warmup or {}).get("request_s")

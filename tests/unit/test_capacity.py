@@ -260,11 +260,11 @@ def test_capacity_without_slo_judges_the_stated_defaults() -> None:
     from autotune.config import CAPACITY_DEFAULT_SLO, TuneSettings
 
     s = TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml"), objective="capacity")
-    assert s.slo == CAPACITY_DEFAULT_SLO == {"ttft_p99": 2.0, "tpot_p99": 0.1}
+    assert s.measure.slo == CAPACITY_DEFAULT_SLO == {"ttft_p99": 2.0, "tpot_p99": 0.1}
     given = TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml"),
                          objective="capacity", slo={"e2e_p99": 5.0})
-    assert given.slo == {"e2e_p99": 5.0}
-    assert TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml")).slo == {}
+    assert given.measure.slo == {"e2e_p99": 5.0}
+    assert TuneSettings(model=Path("m"), shape=SHAPE, space=Path("s.yaml")).measure.slo == {}
 
 
 def test_a_level_stopped_early_says_why_not_a_collapsed_goodput() -> None:

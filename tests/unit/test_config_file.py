@@ -30,9 +30,9 @@ def test_file_sets_every_kind_of_option_and_flags_override(tmp_path: Path) -> No
     s = _settings(_args(["tune", "--config", str(cfg), "--trials", "20", "--seed=9"]))
     assert s.trials == 20 and s.seed == 9  # flags win, even one equal to the default
     assert s.model == Path("models/tiny") and s.space == Path("search_spaces/cpu.yaml")
-    assert s.slo == {"ttft_p99": 2.0, "tpot_p99": 0.05}
+    assert s.measure.slo == {"ttft_p99": 2.0, "tpot_p99": 0.05}
     assert s.baseline is False and s.use_ray is False and s.sampler == "random"
-    assert s.start_timeout_s == 90.0 and s.request_timeout_s == 30.0
+    assert s.measure.start_timeout_s == 90.0 and s.measure.request_timeout_s == 30.0
     assert s.enqueue == [{"max_num_seqs": 32}, {"max_num_seqs": 64}]
 
 

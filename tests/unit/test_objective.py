@@ -21,11 +21,11 @@ def test_auto_is_capacity_for_recorded_arrivals_and_throughput_for_a_closed_loop
     open_shape, closed_shape = load_shape(OPEN), load_shape(CLOSED)
     assert is_open_loop(open_shape) and not is_open_loop(closed_shape)
     got = resolve_objective(_settings(OPEN), open_shape)
-    assert got.objective == "capacity" and got.slo == CAPACITY_DEFAULT_SLO  # its default SLOs
+    assert got.objective == "capacity" and got.measure.slo == CAPACITY_DEFAULT_SLO  # its default SLOs
     assert resolve_objective(_settings(CLOSED), closed_shape).objective == "throughput"
     # given SLOs stay; an explicit objective that the config decides stays as it is
     s = resolve_objective(_settings(OPEN, slo={"ttft_p99": 1.0}), open_shape)
-    assert s.objective == "capacity" and s.slo == {"ttft_p99": 1.0}
+    assert s.objective == "capacity" and s.measure.slo == {"ttft_p99": 1.0}
     s = _settings(OPEN, objective="goodput", slo={"ttft_p99": 1.0})
     assert resolve_objective(s, open_shape) is s
     s = _settings(CLOSED, objective="pareto")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.traffic import load_shape
-from autotune.trial import TrialSpec
+from tests._specs import flat_spec
 from tests.conftest import REPO
 
 
@@ -15,9 +15,9 @@ def test_a_trials_closed_loop_lengths_carry_its_output_jitter(fake_model: Path) 
     from autotune.trial import _plan
 
     def outs(**kw: object) -> list[int]:
-        spec = TrialSpec(number=0, model=str(fake_model), flags=(), env={}, concurrency=8,
+        spec = flat_spec(number=0, model=str(fake_model), flags=(), env={}, concurrency=8,
                          shape=load_shape(REPO / "traffic" / "casestudy-512x512.json"),
-                         num_requests=300, **kw)  # type: ignore[arg-type]
+                         num_requests=300, **kw)
         return [r.max_tokens for r in _plan(spec).schedule.requests]
 
     jittered = outs()  # the default: 0.1
