@@ -10,8 +10,8 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # vLLM server, so two at once took 26.5 min where one took 42 (2 cores). Files share their
 # module and session fixtures (the tiny server starts once per process). The slowest files
 # go first (tests/conftest.py SLOW_FILES; --no-loadscope-reorder keeps that order: xdist
-# would order the files by their number of tests and start the 8-min study end to end late;
-# pytest took 18.4 and 22.3 min so, 26.7 min the run before without it).
+# would order the files by their number of tests and start the study end to end, the
+# longest file, late; pytest took 18.4 and 22.3 min so, 26.7 min the run before without it).
 # AUTOTUNE_TEST_WORKERS=0 runs everything in this process.
 exec "$VENV/bin/python" -m pytest -m "slow or not slow" -n "${AUTOTUNE_TEST_WORKERS:-2}" \
   --dist loadfile --no-loadscope-reorder "$@"

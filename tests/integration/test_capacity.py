@@ -218,39 +218,6 @@ def test_capacity_levels_on_the_cpu_vllm_server(tiny_server: Any, tiny_llama: Pa
         assert lv.offered >= 8 and 0.0 <= lv.goodput_fraction <= 1.0 and lv.error_rate == 0.0
 
 
-@needs_vllm
-@pytest.mark.slow
-def test_capacity_study_on_cpu_vllm(tiny_llama: Path, tmp_path: Path) -> None:
-    """`autotune tune --objective capacity` with a real CPU vLLM server (one trial: the
-    defaults; one server start is most of its time)."""
-    import subprocess
-    import sys
-
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "autotune", "tune", "--model", str(tiny_llama),
-           "--shape", str(SHAPE), "--space", str(REPO / "search_spaces" / "cpu.yaml"),
-           "--trials", "1", "--recheck", "0", "--no-quality-probe", "--no-ray",
-           "--storage", f"sqlite:///{tmp_path}/optuna.db",
-           "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--study-name", "cpu-cap",
-           "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-           "--objective", "capacity", "--capacity-level-s", "4", "--capacity-max-levels", "4",
-           "--capacity-tolerance", "0.5", "--warmup-requests", "4"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode in (0, 1), (proc.stdout + proc.stderr)[-4000:]
-    assert "capacity search" in proc.stderr  # per-level progress lines
-    if proc.returncode == 1:  # no level met the SLOs on this (shared, slow) CPU
-        assert "no trial met the constraints" in proc.stdout and "slo" in proc.stdout
-        return
-    best = json.loads((out / "best.json").read_text())
-    cap = best["capacity"]
-    assert best["objective"]["metric"] == "capacity_rps" and cap["capacity_rps"] > 0
-    assert cap["slo"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}  # the stated defaults
-    assert cap["gpus_needed"] == pytest.approx(5.53042 / cap["capacity_rps"])
-    assert 2 <= len(cap["levels"]) <= 4 and cap["output_tokens_per_s_at_capacity"] > 0
-    assert "capacity: " in proc.stdout
-    assert "servers needed for the recorded 5.53 req/s" in proc.stdout  # the CPU build
-
-
 # --- how the study judges a capacity trial -------------------------------------------------
 
 

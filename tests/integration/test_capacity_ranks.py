@@ -1,8 +1,9 @@
 """Capacity that ranks, on real CPU vLLM servers: on a bursty public trace fitted and clipped
 as a user does it, vLLM's defaults against a config that must have far less capacity
 (one sequence at a time) each get a closed bracket within the tolerance, and the verdict
-ranks them, its interval (from the brackets) excluding 1. SQLite Optuna and MLflow in
-tmp_path; no Ray (tested elsewhere) to keep CI time down.
+ranks them, its interval (from the brackets) excluding 1; best.json, the progress and the
+summary carry the winner's capacity, its SLOs and the servers the recording needs. SQLite
+Optuna and MLflow in tmp_path; no Ray (tested elsewhere) to keep CI time down.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.measure import fmt_value
 from tests.conftest import needs_vllm
 
 #: vLLM's defaults against one sequence at a time: nothing else differs
@@ -81,3 +83,16 @@ def test_the_defaults_outrank_one_sequence_at_a_time_on_a_bursty_trace(
     assert ratio["ci_low"] == pytest.approx(low["one"] / high["defaults"], rel=1e-6)
     best = json.loads((tmp_path / "out" / "best.json").read_text())
     assert best["verdict"] == "defaults_best"
+
+    # what the user reads of the winner's capacity: best.json's block, the progress, the
+    # summary line (the CPU build counts servers, not GPUs)
+    assert "capacity search" in proc.stderr  # per-level progress lines
+    cap = best["capacity"]
+    assert best["objective"]["metric"] == "capacity_rps" and cap["capacity_rps"] > 0
+    assert cap["slo"] == {"ttft_p99": 2.0, "tpot_p99": 0.1}  # the stated defaults
+    assert cap["recorded_rps"] > 0
+    assert cap["gpus_needed"] == pytest.approx(cap["recorded_rps"] / cap["capacity_rps"])
+    assert cap["output_tokens_per_s_at_capacity"] > 0 and len(cap["levels"]) >= 2
+    assert "capacity: " in proc.stdout
+    assert (f"servers needed for the recorded {fmt_value(cap['recorded_rps'])} req/s"
+            in proc.stdout), proc.stdout[-3000:]
