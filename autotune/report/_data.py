@@ -16,8 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optuna.trial import TrialState
+
+from autotune.config import DEFAULT_OUT_ROOT, store_where
 from autotune.errors import StudyError
-from autotune.store import A
+from autotune.hardware import unit_of
+from autotune.report._importance import param_importances
+from autotune.store import A, latest_study, objective_metric, open_storage, server_gpus_of
+from autotune.store import verdict as study_verdict
 
 __all__ = ["ReportData", "TrialRow", "load_report_data", "trial_row"]
 
@@ -95,9 +101,6 @@ class ReportData:
     def unit(self) -> str:
         """What figures are per and time is counted on: "GPU", or "server" for a study on
         the CPU build of vLLM whose trials ran on no GPU (nothing to count)."""
-        from autotune.hardware import unit_of
-        from autotune.store import A
-
         if any(t.slot.startswith("gpu") for t in self.trials):
             return "GPU"
         return unit_of(str(self.attrs.get(A.GPU) or ""))
@@ -133,10 +136,6 @@ def _finite_metrics(raw: Any) -> dict[str, float]:
 
 
 def trial_row(t: Any) -> TrialRow:
-    from optuna.trial import TrialState
-
-    from autotune.store import A, server_gpus_of
-
     ua = t.user_attrs
     values = tuple(float(v) for v in (t.values or ()) if v is not None)
     value = values[0] if t.state == TrialState.COMPLETE and values else None
@@ -173,8 +172,6 @@ def _num(x: Any) -> float | None:
 
 
 def _out_dir(attrs: dict[str, Any], study_name: str, out_dir: Path | None) -> Path | None:
-    from autotune.config import DEFAULT_OUT_ROOT
-
     if out_dir is not None:
         return out_dir
     settings = attrs.get("autotune.settings") or {}
@@ -222,8 +219,6 @@ def _bootstrap_ratio(win: list[float], base: list[float], seed: int = 0,
 def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
              ) -> tuple[dict[str, Any] | None, str]:
     import numpy as np
-
-    from autotune.store import verdict as study_verdict
 
     rec = attrs.get(VERDICT_ATTR)
     if isinstance(rec, dict) and rec.get("verdict") not in (None, "none"):
@@ -276,9 +271,6 @@ def load_report_data(*, storage: str, study_name: str | None = None,
     Raises :class:`StudyError` when the storage or the study cannot be read."""
     import optuna
 
-    from autotune.config import store_where
-    from autotune.results._plots import param_importances
-    from autotune.store import A, latest_study, objective_metric, open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_storage(storage, create=False)  # a report leaves no empty store behind
