@@ -4,9 +4,12 @@ and a chart with intervals."""
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.report._data import ReportData
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 __all__ = ["cost_figure", "cost_html", "why_no_cost"]
 
@@ -43,7 +46,7 @@ def _bar(c: dict[str, Any], key: str) -> tuple[float | None, float, float]:
     return v, (hi - v) if hi is not None else 0.0, (v - lo) if lo is not None else 0.0
 
 
-def cost_figure(d: ReportData) -> Any:
+def cost_figure(d: ReportData) -> go.Figure | None:
     """USD per million output tokens of the declared config and the defaults (95 % and
     start-to-start interval as error bars; the API's price of the traffic as a line), and
     the whole GPUs each needs at the traffic's peak, now and with growth."""

@@ -12,18 +12,24 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
 from autotune.config import DEFAULT_OUT_ROOT, store_where
 from autotune.errors import StudyError
+from autotune.events import ParamValue
 from autotune.hardware import unit_of
 from autotune.report._importance import param_importances
 from autotune.store import A, latest_study, objective_metric, open_storage, server_gpus_of
 from autotune.store import verdict as study_verdict
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 __all__ = ["ReportData", "TrialRow", "load_report_data", "trial_row"]
 
@@ -47,7 +53,7 @@ class TrialRow:
     values: tuple[float, ...]
     baseline: bool
     recheck_of: int | None
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     metrics: dict[str, float]
     start_s: float | None
     wall_s: float | None
@@ -128,14 +134,14 @@ class ReportData:
         return [t for t in self.trials if t.state == "infeasible"]
 
 
-def _finite_metrics(raw: Any) -> dict[str, float]:
+def _finite_metrics(raw: object) -> dict[str, float]:
     if not isinstance(raw, dict):
         return {}
     return {str(k): float(v) for k, v in raw.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def trial_row(t: Any) -> TrialRow:
+def trial_row(t: FrozenTrial) -> TrialRow:
     ua = t.user_attrs
     values = tuple(float(v) for v in (t.values or ()) if v is not None)
     value = values[0] if t.state == TrialState.COMPLETE and values else None
@@ -167,11 +173,11 @@ def trial_row(t: Any) -> TrialRow:
     )  # fmt: skip
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def _out_dir(attrs: dict[str, Any], study_name: str, out_dir: Path | None) -> Path | None:
+def _out_dir(attrs: Mapping[str, object], study_name: str, out_dir: Path | None) -> Path | None:
     if out_dir is not None:
         return out_dir
     settings = attrs.get("autotune.settings") or {}
@@ -180,9 +186,9 @@ def _out_dir(attrs: dict[str, Any], study_name: str, out_dir: Path | None) -> Pa
     return path if path.is_dir() else None
 
 
-def _shape(attrs: dict[str, Any], out_dir: Path | None) -> tuple[dict[str, Any] | None, str]:
+def _shape(attrs: Mapping[str, object], out_dir: Path | None) -> tuple[dict[str, Any] | None, str]:
     raw = attrs.get("autotune.shape_path")
-    candidates = [Path(raw)] if raw else []
+    candidates = [Path(str(raw))] if raw else []
     if out_dir is not None:
         candidates.append(out_dir / "shape.json")
     for path in candidates:
@@ -216,7 +222,7 @@ def _bootstrap_ratio(win: list[float], base: list[float], seed: int = 0,
     return float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
 
 
-def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
+def _verdict(study: Study, attrs: Mapping[str, object], out_dir: Path | None
              ) -> tuple[dict[str, Any] | None, str]:
     import numpy as np
 
@@ -228,7 +234,7 @@ def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
         return None, "none"
     med = float(np.median(win_vals))
     base_med = float(np.median(base_vals)) if base_vals else None
-    ratio: dict[str, Any] | None = None
+    ratio: dict[str, float | None] | None = None
     if base_med:
         ci = _bootstrap_ratio(win_vals, base_vals)
         ratio = {"median": med / base_med, "ci_low": ci[0] if ci else None,
@@ -244,7 +250,7 @@ def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
     }, "computed"
 
 
-def _gpu_time(attrs: dict[str, Any], trials: list[TrialRow]
+def _gpu_time(attrs: Mapping[str, object], trials: list[TrialRow]
               ) -> tuple[dict[str, dict[str, float]] | None, str]:
     rec = attrs.get(GPU_TIME_ATTR)
     if isinstance(rec, dict) and rec:

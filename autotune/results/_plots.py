@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.errors import TrackingError
 from autotune.report import param_importances
@@ -28,6 +28,11 @@ from autotune.store import (
     objective_metric,
     pareto_front,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from optuna import Study
 
 __all__ = ["PLOT_FILES", "param_importances", "pareto_front", "trial_points", "write_study_plots"]
 
@@ -57,7 +62,7 @@ class _Point:
     metrics: dict[str, float]
 
 
-def trial_points(study: Any) -> list[_Point]:
+def trial_points(study: Study) -> list[_Point]:
     from optuna.trial import TrialState
 
     out: list[_Point] = []
@@ -86,7 +91,7 @@ def trial_points(study: Any) -> list[_Point]:
     return out
 
 
-def _prior_sources(study: Any) -> dict[str, int]:
+def _prior_sources(study: Study) -> dict[str, int]:
     """Study name -> number of prior trials copied from it by a warm start."""
     out: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
@@ -97,7 +102,7 @@ def _prior_sources(study: Any) -> dict[str, int]:
     return out
 
 
-def _metric_label(study: Any) -> str:
+def _metric_label(study: Study) -> str:
     settings = study.user_attrs.get(A.SETTINGS) or {}
     objective = settings.get("objective", "throughput") if isinstance(settings, dict) else ""
     try:
@@ -106,26 +111,26 @@ def _metric_label(study: Any) -> str:
         return "objective"
 
 
-def _slo(study: Any, key: str) -> float | None:
+def _slo(study: Study, key: str) -> float | None:
     settings = study.user_attrs.get(A.SETTINGS) or {}
     slo = settings.get("slo") if isinstance(settings, dict) else None
     value = slo.get(key) if isinstance(slo, dict) else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _figure(size: tuple[float, float] = (8.0, 4.5)) -> tuple[Any, Any]:
+def _figure(size: tuple[float, float] = (8.0, 4.5)) -> tuple[Figure, Axes]:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size)
     return fig, fig.subplots()
 
 
-def _note(ax: Any, text: str) -> None:
+def _note(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10,
             color="0.35", wrap=True)
 
 
-def _save(fig: Any, path: Path, *, tight: bool = False) -> Path:
+def _save(fig: Figure, path: Path, *, tight: bool = False) -> Path:
     """Write the PNG atomically (temp file, then ``os.replace``).
 
     ``tight``: fit the margins to the labels (an extra layout pass: only where labels vary,
@@ -149,7 +154,13 @@ def _save(fig: Any, path: Path, *, tight: bool = False) -> Path:
 # Optimization history
 
 
-def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
+def _xy(points: Sequence[_Point]) -> tuple[list[int], list[float]]:
+    """Trial numbers and values of the points that have a value."""
+    have = [p for p in points if p.value is not None]
+    return [p.number for p in have], [float(p.value or 0.0) for p in have]
+
+
+def _history(study: Study, points: Sequence[_Point], path: Path) -> Path:
     fig, ax = _figure((9.0, 5.0))
     label = _metric_label(study)
     ok = [p for p in points if p.kind == "ok"]
@@ -168,8 +179,7 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
         _note(ax, "no finished trials yet")
         return _save(fig, path)
     if ok:
-        ax.scatter([p.number for p in ok], [p.value for p in ok], s=28, color="tab:blue",
-                   label="feasible", zorder=3)
+        ax.scatter(*_xy(ok), s=28, color="tab:blue", label="feasible", zorder=3)
         best_x: list[float] = []
         best_y: list[float] = []
         best = -math.inf
@@ -184,12 +194,12 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
         ax.step(best_x, best_y, where="post", color="tab:red", linewidth=1.5,
                 label=f"best so far ({best_y[-1]:,.1f})", zorder=2)
     if bad:
-        ax.scatter([p.number for p in bad], [p.value for p in bad], marker="x", s=36,
-                   color="tab:orange", label="infeasible (SLO / error rate)", zorder=3)
+        ax.scatter(*_xy(bad), marker="x", s=36, color="tab:orange",
+                   label="infeasible (SLO / error rate)", zorder=3)
     base = next((p for p in points if p.baseline and p.value is not None), None)
     if base is not None:
         ax.axhline(float(base.value or 0.0), color="tab:green", linestyle="--", linewidth=1)
-        ax.scatter([base.number], [base.value], marker="*", s=160, color="tab:green",
+        ax.scatter(*_xy([base]), marker="*", s=160, color="tab:green",
                    label=f"vLLM defaults (trial {base.number}: {base.value:,.1f})", zorder=4)
     if not ok and not bad:
         ax.set_ylim(0.0, 1.0)
@@ -221,7 +231,7 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
 # Parameter importances
 
 
-def _importance(study: Any, path: Path) -> Path:
+def _importance(study: Study, path: Path) -> Path:
     fig, ax = _figure((8.0, 4.5))
     imp, why, n = param_importances(study)
     ax.set_title(f"{study.study_name}: parameter importances (fANOVA, {n} measured trials)")
@@ -241,7 +251,7 @@ def _importance(study: Any, path: Path) -> Path:
 # Pareto front
 
 
-def _pareto(study: Any, points: Sequence[_Point], path: Path) -> Path:
+def _pareto(study: Study, points: Sequence[_Point], path: Path) -> Path:
     fig, ax = _figure((8.0, 5.0))
     measured = [p for p in points if p.kind in ("ok", "infeasible")
                 and _THROUGHPUT in p.metrics and _TTFT in p.metrics]
@@ -289,7 +299,7 @@ def _pareto(study: Any, points: Sequence[_Point], path: Path) -> Path:
 # ------------------------------------------------------------------------------------------
 
 
-def write_study_plots(study: Any, out_dir: str | Path) -> dict[str, Path]:
+def write_study_plots(study: Study, out_dir: str | Path) -> dict[str, Path]:
     """Write the history, importance and Pareto PNGs of ``study`` into ``out_dir``.
 
     Returns ``{"history": path, "importance": path, "pareto": path}`` (see

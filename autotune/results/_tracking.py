@@ -13,9 +13,9 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from autotune.cost import cost_metrics
 from autotune.credentials import redact, warn_if_password
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["BEST_TAG", "BEST_VALUE", "EXPERIMENT_KIND", "TAGS", "MlflowCallback",
            "MlflowTracker", "default_tracking_uri", "log_study_end"]
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 logger = logging.getLogger(__name__)
 
 BEST_TAG = "autotune.best"
@@ -198,7 +200,8 @@ class MlflowTracker:
         return not self.disabled
 
     # -- helpers ----------------------------------------------------------------------------
-    def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _safe(self, what: str, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs
+              ) -> _R | None:
         if self.disabled:
             self.failures.append(f"MLflow: skipped: {what} (the store failed earlier)")
             return None
@@ -218,7 +221,7 @@ class MlflowTracker:
             self._failed_at = time.monotonic()
             return None
 
-    def _log_dict(self, run_id: str, obj: Any, name: str) -> None:
+    def _log_dict(self, run_id: str, obj: object, name: str) -> None:
         with tempfile.TemporaryDirectory() as d:
             p = Path(d) / name
             p.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
@@ -410,7 +413,7 @@ class MlflowCallback(StudyCallback):
 
     def __init__(self, tracker: MlflowTracker) -> None:
         self.tracker = tracker
-        self._study: Any = None
+        self._study: Study | None = None
         self._tags: dict[str, str] = {}
         self._unlogged: dict[int, tuple[StudyEvent, TrialRecord]] = {}
         self.late: list[int] = []  # trials logged after the store came back
@@ -483,7 +486,7 @@ class MlflowCallback(StudyCallback):
             self._study.set_user_attr(f"{A.MLFLOW_RUN}.{record.number}", rid)
         return rid
 
-    def on_study_end(self, event: StudyEvent, result: Any) -> None:
+    def on_study_end(self, event: StudyEvent, result: TuneResult | None) -> None:
         self._catch_up(current=None, every_s=0.0)  # the store may be back: one more try
         if result is None:
             self.tracker.end_study(ok=False, why=event.message)
@@ -576,6 +579,6 @@ def _declared(best: BestFile) -> tuple[list[Metric], list[RunTag]]:
     return metrics, tags
 
 
-def _param_str(v: Any) -> str:
+def _param_str(v: object) -> str:
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s[:6000]
