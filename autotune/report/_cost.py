@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
+from autotune.cost import cost_line, no_price_line
 from autotune.report._data import ReportData
 
 if TYPE_CHECKING:
@@ -24,8 +25,6 @@ def _cost(d: ReportData) -> dict[str, Any] | None:
 def why_no_cost(d: ReportData) -> str:
     if _cost(d) is not None:
         return ""
-    from autotune.cost import no_price_line
-
     return no_price_line()
 
 
@@ -33,8 +32,6 @@ def cost_html(d: ReportData) -> str:
     c = _cost(d)
     if c is None:
         return ""
-    from autotune.cost import cost_line
-
     lines = cost_line(c).splitlines()
     return "".join(f"<p>{html.escape(line.strip())}</p>" for line in lines)
 

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optuna.trial import TrialState
-
 from autotune.config import DEFAULT_OUT_ROOT, store_where
 from autotune.errors import StudyError
 from autotune.events import ParamValue
@@ -142,6 +140,8 @@ def _finite_metrics(raw: object) -> dict[str, float]:
 
 
 def trial_row(t: FrozenTrial) -> TrialRow:
+    from optuna.trial import TrialState  # heavy: loaded when a report is read
+
     ua = t.user_attrs
     values = tuple(float(v) for v in (t.values or ()) if v is not None)
     value = values[0] if t.state == TrialState.COMPLETE and values else None

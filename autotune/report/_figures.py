@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from autotune.report._cost import cost_figure
 from autotune.report._data import ReportData, TrialRow
+from autotune.store import pareto_front
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -142,8 +143,6 @@ def importance_figure(d: ReportData) -> go.Figure | None:
 
 def pareto_figure(d: ReportData) -> go.Figure | None:
     import plotly.graph_objects as go
-
-    from autotune.store import pareto_front
 
     pts = [t for t in d.feasible if len(t.values) == 2]
     if d.n_objectives != 2 or not pts:

@@ -15,8 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optuna.trial import TrialState
-
 from autotune import __version__
 from autotune.cost import best_cost, capacity_need
 from autotune.credentials import redact, redact_settings
@@ -370,6 +368,8 @@ def _n_pruned(trials: list[FrozenTrial]) -> int:
 
 
 def _n_failed(trials: list[FrozenTrial]) -> int:
+    from optuna.trial import TrialState  # heavy: the study loaded it already
+
     return sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL)
                and t.user_attrs.get(A.STATE) != State.PRUNED)
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune.config import store_where
 from autotune.credentials import redact
+from autotune.engine import serve_command
 from autotune.errors import ShapeError, StudyError
 from autotune.events import ParamValue
 from autotune.records import JsonValue
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     import optuna
     from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
-
 
     #: An Optuna storage URL, or a storage already opened (saves a schema check per call).
     StorageLike: TypeAlias = "str | optuna.storages.BaseStorage"
@@ -311,7 +311,6 @@ def _prefer_metric(rows: list[tuple[TunedStudy, _Best]]) -> list[tuple[TunedStud
 
 def _hit(storage: str, info: TunedStudy, win: _Best, *, exact: bool, diff: ShapeDiff | None,
          notes: list[str]) -> RegistryHit:
-    from autotune.engine import serve_command
 
     best = win.trial
     flags = [str(f) for f in best.user_attrs.get(A.FLAGS, [])]

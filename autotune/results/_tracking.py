@@ -21,6 +21,7 @@ from autotune.cost import cost_metrics
 from autotune.credentials import redact, warn_if_password
 from autotune.errors import TrackingError
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
+from autotune.load import _http
 from autotune.store import A, State, schema_race, sqlite_path
 
 if TYPE_CHECKING:
@@ -531,8 +532,6 @@ def log_study_end(tracker: MlflowTracker, result: TuneResult, study: Study | Non
 
 
 def _probe_server(uri: str, timeout_s: float = 5.0) -> None:
-    from autotune.load import _http
-
     try:
         status = _http.get(uri.rstrip("/") + "/health", timeout_s=timeout_s).status
         if status == 200:
