@@ -15,28 +15,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune import __version__
+from autotune import __version__, records
 from autotune.cost import best_cost, capacity_need
 from autotune.credentials import redact, redact_settings
 from autotune.engine import serve_command
 from autotune.errors import AutotuneError
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 from autotune.measure import fmt_value
-from autotune.records import (
-    BaselineRecord,
-    BestFile,
-    CapacityDeclared,
-    EngineRef,
-    GpusNeeded,
-    ObjectiveRecord,
-    ParetoPoint,
-    RatioRecord,
-    ShapeRef,
-    SpaceRef,
-    StudyFile,
-    write_atomic,
-    write_text_atomic,
-)
+from autotune.records import BestFile, StudyFile, write_atomic, write_text_atomic
 from autotune.report import explain_no_winner, one_line_message, trial_row, write_report
 from autotune.results._plots import write_study_plots
 from autotune.store import (
@@ -180,7 +166,8 @@ def _serve_command(model: Path, t: FrozenTrial) -> str:
                          dict(t.user_attrs.get(A.ENV, {})))
 
 
-def capacity_record(t: FrozenTrial, value: float, settings: TuneSettings) -> CapacityDeclared:
+def capacity_record(t: FrozenTrial, value: float,
+                    settings: TuneSettings) -> records.CapacityDeclared:
     """best.json's ``capacity``: the declared capacity (the median of its readings), the
     bracket of the reading it rests on, output tokens/s there, and the GPUs (servers on a
     CPU) the recorded traffic needs: recorded rate / capacity x GPUs per server, an upper
@@ -194,7 +181,7 @@ def capacity_record(t: FrozenTrial, value: float, settings: TuneSettings) -> Cap
     high = m.get("capacity_rps_ci_high")
     need = capacity_need(recorded_rps=recorded, capacity_rps=value, high_rps=high,
                          gpus_per_server=per_server)
-    return CapacityDeclared(
+    return records.CapacityDeclared(
         capacity_rps=value,
         capacity_rps_ci_low=m.get("capacity_rps_ci_low"),
         capacity_rps_ci_high=high,
@@ -215,7 +202,7 @@ def capacity_record(t: FrozenTrial, value: float, settings: TuneSettings) -> Cap
 
 
 def gpus_record(t: FrozenTrial, value: float, settings: TuneSettings,
-                shape: TrafficShape) -> GpusNeeded:
+                shape: TrafficShape) -> records.GpusNeeded:
     """best.json's ``gpus``: the GPUs one server of the declared config uses and, where
     the shape has a recorded arrival rate, the servers (and GPUs) that rate needs. ``value``
     is the declared objective per GPU: capacity (req/s) -> recorded rate / a server's
@@ -225,7 +212,7 @@ def gpus_record(t: FrozenTrial, value: float, settings: TuneSettings,
     "estimate"). A closed-loop shape has no rate: its traffic ran on one server."""
     n = server_gpus_of(t)
     capacity = settings.objective == "capacity"
-    closed = GpusNeeded(per_server=n, servers_needed=None, gpus_needed=None,
+    closed = records.GpusNeeded(per_server=n, servers_needed=None, gpus_needed=None,
                         servers_needed_low=None, gpus_needed_low=None,
                         needed_is="at_most" if capacity else "estimate",
                         basis="a closed-loop shape: its traffic ran on one server")
@@ -259,10 +246,10 @@ def gpus_record(t: FrozenTrial, value: float, settings: TuneSettings,
 
 
 def _baseline(t: FrozenTrial | None, value: float | None,
-              readings: list[float]) -> BaselineRecord | None:
+              readings: list[float]) -> records.BaselineRecord | None:
     if t is None:
         return None
-    return BaselineRecord(trial=t.number, value=value, readings=readings,
+    return records.BaselineRecord(trial=t.number, value=value, readings=readings,
                           metrics=t.user_attrs.get(A.METRICS, {}), server_gpus=server_gpus_of(t))
 
 
@@ -270,7 +257,7 @@ def _pareto(ctx: StudyContext) -> dict[str, object]:
     """best.json's ``pareto_latency`` and ``pareto_front`` (``--objective pareto``)."""
     latency = ctx.settings.pareto_latency
     return {"pareto_latency": latency, "pareto_front": [
-        ParetoPoint.model_validate(
+        records.ParetoPoint.model_validate(
             {"trial": t.number, "output_tokens_per_s": t.values[0], latency + "_s": t.values[1],
              "params": dict(t.params), "serve_command": _serve_command(ctx.model, t)})
         for t in pareto_trials(ctx.study)]}
@@ -288,7 +275,7 @@ def best_config(ctx: StudyContext) -> BestFile | None:
     ratio = record.get("ratio_to_defaults")
     fields: dict[str, object] = {
         "verdict": record.get("verdict"),
-        "ratio_to_defaults": RatioRecord.model_validate(ratio) if ratio else None,
+        "ratio_to_defaults": records.RatioRecord.model_validate(ratio) if ratio else None,
         "verdict_detail": {k: v for k, v in record.items()
                            if k not in ("verdict", "ratio_to_defaults")},
         "params": dict(best_t.params),
@@ -298,7 +285,7 @@ def best_config(ctx: StudyContext) -> BestFile | None:
         "serve_command": _serve_command(ctx.model, best_t),
         "metrics": dict(best_t.user_attrs.get(A.METRICS, {})),
         # the objective is per GPU (the server's figure / its GPUs); metrics are the server's
-        "objective": ObjectiveRecord(
+        "objective": records.ObjectiveRecord(
             name=settings.objective, metric=objective_metric(settings.objective), per_gpu=True,
             value=best_value, value_per_server=best_value * server_gpus_of(best_t)),
         "gpus": gpus_record(best_t, best_value, settings, ctx.shape),
@@ -316,11 +303,11 @@ def best_config(ctx: StudyContext) -> BestFile | None:
         "ratio_to_baseline": (best_value / base_value) if base_value else None,
         "study": study.study_name,
         "storage": redact(settings.storage),
-        "shape": ShapeRef(name=ctx.shape.name, fingerprint=ctx.shape.fingerprint,
+        "shape": records.ShapeRef(name=ctx.shape.name, fingerprint=ctx.shape.fingerprint,
                           path=str(settings.shape)),
         "model": str(ctx.model),
-        "space": SpaceRef(name=ctx.space.name, path=str(settings.space)),
-        "engine": EngineRef(package=ctx.engine.package, version=ctx.engine.version,
+        "space": records.SpaceRef(name=ctx.space.name, path=str(settings.space)),
+        "engine": records.EngineRef(package=ctx.engine.package, version=ctx.engine.version,
                             device=ctx.engine.device),
         "slo": settings.slo,
         "seed": settings.seed,
