@@ -105,18 +105,13 @@ class EngineRef(_Part):
 
 
 class ParetoPoint(_Part):
-    """A config of the Pareto front (``--objective pareto``); the latency is the key
-    ``<pareto_latency>_s`` (kept as an extra key: :meth:`latency_s`)."""
+    """A config of the Pareto front (``--objective pareto``); its latency is the extra key
+    ``<pareto_latency>_s`` (in ``model_extra``)."""
 
     trial: int
     output_tokens_per_s: float
     params: dict[str, ParamValue] = Field(default_factory=dict)
     serve_command: str = ""
-
-    def latency_s(self, latency: str) -> float | None:
-        """The front's latency figure, ``<latency>_s``."""
-        v = (self.model_extra or {}).get(f"{latency}_s")
-        return float(v) if isinstance(v, (int, float)) else None
 
 
 class BestFile(StudyFileModel):
@@ -163,13 +158,3 @@ class BestFile(StudyFileModel):
     cost: dict[str, JsonValue] | None = None  # autotune.cost.StudyCost.to_dict()
     pareto_latency: str | None = None  # --objective pareto
     pareto_front: list[ParetoPoint] | None = None
-
-    @property
-    def objective_value(self) -> float:
-        """The declared objective value (the median of the readings)."""
-        return self.objective.value
-
-    @property
-    def server_gpus(self) -> int:
-        """The GPUs one server of the declared config uses (1 in a file without ``gpus``)."""
-        return self.gpus.per_server if self.gpus is not None else 1

@@ -33,7 +33,3 @@ class StudyFile(StudyFileModel):
     verdict: dict[str, JsonValue] = Field(default_factory=dict)
     gpu_time: dict[str, dict[str, float]] = Field(default_factory=dict)
     settings: dict[str, JsonValue] = Field(default_factory=dict)
-
-    def setting(self, name: str) -> JsonValue:
-        """One resolved setting (None when the file does not hold it)."""
-        return self.settings.get(name)

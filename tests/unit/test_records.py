@@ -79,7 +79,8 @@ def test_a_model_round_trips_and_an_unset_field_stays_out(tmp_path: Path) -> Non
     assert type(back.params["async_scheduling"]) is bool
     doc = json.loads((tmp_path / "best.json").read_text())
     assert "cost" not in doc and "pareto_front" not in doc and "baseline" not in doc
-    assert back.server_gpus == 2 and back.objective.per_gpu is False
+    assert back.gpus is not None and back.gpus.per_server == 2
+    assert back.objective.per_gpu is False
 
 
 def test_a_file_that_is_not_a_best_json_says_which_field(tmp_path: Path) -> None:
