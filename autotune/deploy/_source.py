@@ -49,7 +49,7 @@ class ExportSource:
 
 
 def _gpus_needed(cost: Mapping[str, JsonValue] | None, capacity: CapacityDeclared | None,
-                 metrics: Mapping[str, float]) -> float | None:
+                 metrics: Mapping[str, float | None]) -> float | None:
     """Whole GPUs at the traffic's peak window with growth (best.json's ``cost``), else the
     capacity study's GPUs for the recorded rate."""
     whole: object = cost

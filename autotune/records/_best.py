@@ -77,7 +77,7 @@ class BaselineRecord(_Part):
     trial: int
     value: float | None = None
     readings: list[float] = Field(default_factory=list)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, float | None] = Field(default_factory=dict)
     server_gpus: int = 1
 
 
@@ -130,7 +130,8 @@ class BestFile(StudyFileModel):
     params: dict[str, ParamValue] = Field(default_factory=dict)
     quality: dict[str, JsonValue] | None = None  # a lossy winner's word on accuracy
     serve_command: str = ""
-    metrics: dict[str, float] = Field(default_factory=dict)  # the server's (Measurement.flat)
+    # the server's (Measurement.flat; a figure a store kept as null loads as None)
+    metrics: dict[str, float | None] = Field(default_factory=dict)
     objective: ObjectiveRecord
     gpus: GpusNeeded | None = None
     readings: list[float] = Field(default_factory=list)  # per GPU when the objective is

@@ -170,7 +170,8 @@ def _tracked_hit(client: MlflowClient, run: Run, uri: str) -> RegistryHit | None
         env=best.env if best is not None and best.env else env,
         serve_command=(best.serve_command if best is not None and best.serve_command
                        else serve_command(model or "MODEL", flags, env)),
-        metrics=best.metrics if best is not None and best.metrics else metrics,
+        metrics=({k: v for k, v in best.metrics.items() if v is not None}
+                 if best is not None and best.metrics else metrics),
         quality={k: v for k, v in metrics.items() if k.startswith("quality_")},
         shape_fingerprint=tags.get(TAGS["shape"]) or tags.get("autotune.best_for_shape", ""),
         shape_path=best.shape.path if best is not None and best.shape else None,

@@ -515,7 +515,8 @@ def log_study_end(tracker: MlflowTracker, result: TuneResult, study: Study | Non
                               shape_fingerprint=best.shape.fingerprint if best.shape else "",
                               best=best.model_copy(update={"mlflow_run_id": rid}),
                               serve_command=best.serve_command)
-        tracker.log_study_metrics({f"best_{k}": v for k, v in best.metrics.items()})
+        tracker.log_study_metrics({f"best_{k}": v for k, v in best.metrics.items()
+                                   if v is not None})
         if best.cost:  # USD per million tokens, GPUs for the traffic (cost.*)
             tracker.log_study_metrics(cost_metrics(best.cost))
     # the verdict with its interval and the GPU-time account (issue 14)

@@ -100,3 +100,16 @@ def test_save_leaves_no_temp_file_and_replaces_the_old(tmp_path: Path) -> None:
     best_file(trial=2, objective={"value": 2.0}).save(path)
     assert BestFile.load(path).trial == 2
     assert sorted(p.name for p in path.parent.iterdir()) == ["best.json"]
+
+
+def test_a_null_figure_and_an_unknown_key_load_and_save_back(tmp_path: Path) -> None:
+    doc = {"model": "m", "flags": ["--max-num-seqs", "8"], "trial": 4,
+           "objective": {"name": "throughput", "metric": "output_tokens_per_s", "value": 9.5},
+           "metrics": {"output_tokens_per_s": 9.5, "ttft_p99_s": None},
+           "rejudged": {"by": "a later rule", "verdict_at_run": "winner"}}
+    (tmp_path / "best.json").write_text(json.dumps(doc))
+    best = BestFile.load(tmp_path)
+    assert best.metrics == {"output_tokens_per_s": 9.5, "ttft_p99_s": None}
+    assert best.gpus is None and best.baseline is None  # written before they existed
+    best.save(tmp_path / "again.json")
+    assert json.loads((tmp_path / "again.json").read_text()) == doc
