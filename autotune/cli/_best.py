@@ -7,10 +7,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
 
 from autotune.config import DEFAULT_STORAGE, storage_url, store_where, tracking_url
 from autotune.measure import fmt_value
+from autotune.records import CapacityDeclared
+
+if TYPE_CHECKING:
+    from autotune.deploy import Deployable, Fit
+    from autotune.results._registry import RegistryHit
+    from autotune.space import ModelFacts
+    from autotune.traffic import ShapeDiff, TrafficShape
 
 EXIT_OK = 0
 EXIT_NOTHING = 1  # no tuned study (or no feasible trial) to answer from
@@ -76,7 +83,7 @@ def _tune_options() -> argparse.ArgumentParser:
     return tune_parser()
 
 
-def _facts(model: str) -> Any:
+def _facts(model: str) -> ModelFacts | None:
     """The model's facts for the space's rules; None where they cannot be read yet (the
     comparison needs no engine; tune() reports a missing model or vLLM itself)."""
     from autotune.engine import detect_engine
@@ -89,7 +96,7 @@ def _facts(model: str) -> Any:
         return None
 
 
-def _diff_lines(diff: Any) -> list[str]:
+def _diff_lines(diff: ShapeDiff) -> list[str]:
     lines = []
     for name, d in diff.dimensions.items():
         dist = "n/a (not measured on both)" if d.distance is None else f"{d.distance:.4g}"
@@ -98,7 +105,7 @@ def _diff_lines(diff: Any) -> list[str]:
     return lines
 
 
-def _deploy_view(hit: Any, shape: Any) -> tuple[Any, Any, str]:
+def _deploy_view(hit: RegistryHit, shape: TrafficShape) -> tuple[Fit, Deployable, str]:
     """(can it serve the shape, its flags fit to deploy, the serve command of those): the
     context against the shape's lengths; stand-in-only settings dropped."""
     from autotune.deploy import check_fit, context_of, deployable
@@ -110,7 +117,7 @@ def _deploy_view(hit: Any, shape: Any) -> tuple[Any, Any, str]:
             serve_command(hit.model or "MODEL", dep.flags, dep.env))
 
 
-def _print_command(hit: Any, shape: Any, out: Any) -> bool:
+def _print_command(hit: RegistryHit, shape: TrafficShape, out: TextIO) -> bool:
     """The serve command, or why this config cannot serve the shape (False then)."""
     from autotune.deploy import STAND_IN_NOTE
 
@@ -126,7 +133,7 @@ def _print_command(hit: Any, shape: Any, out: Any) -> bool:
     return True
 
 
-def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
+def _print_hit(hit: RegistryHit, shape: TrafficShape, out: TextIO) -> bool:
     if hit.exact:
         print(f"best known config for shape {shape.name} ({shape.fingerprint}): tuned for "
               "this exact shape", file=out)
@@ -180,7 +187,7 @@ def _print_hit(hit: Any, shape: Any, out: Any) -> bool:
     return served
 
 
-def _capacity_of(hit: Any) -> dict[str, Any]:
+def _capacity_of(hit: RegistryHit) -> CapacityDeclared:
     """best.json's ``capacity`` keys (those :func:`autotune.report.capacity_line` reads)
     from a hit's trial metrics, at the declared capacity: the hit's value is per GPU (the
     median of its readings), the metrics are its trial's server's."""
@@ -188,11 +195,12 @@ def _capacity_of(hit: Any) -> dict[str, Any]:
     per_server = m["gpus_needed"] / m["servers_needed"] if m.get("servers_needed") else 1.0
     value = hit.value * per_server
     rec = m.get("capacity_recorded_rps")
-    return {"capacity_rps": value, "capacity_rps_ci_low": m.get("capacity_rps_ci_low"),
-            "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
-            "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
-            "recorded_rps": rec,
-            "gpus_needed": rec / value * per_server if rec and value > 0 else None}
+    return CapacityDeclared(
+        capacity_rps=value, capacity_rps_ci_low=m.get("capacity_rps_ci_low"),
+        capacity_rps_ci_high=m.get("capacity_rps_ci_high"),
+        output_tokens_per_s_at_capacity=m.get("output_tokens_per_s_at_capacity"),
+        recorded_rps=rec or 0.0,
+        gpus_needed=rec / value * per_server if rec and value > 0 else None)
 
 
 def _best(args: argparse.Namespace) -> int:

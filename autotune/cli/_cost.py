@@ -3,10 +3,24 @@ that print best.json's ``cost``."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.cost import parse_api_price
+from autotune.cost import (
+    cost_from_best,
+    cost_line,
+    no_price_line,
+    parse_api_price,
+    prices_of,
+    server_gpus,
+    traffic_of,
+)
+from autotune.errors import ConfigError
+from autotune.records import BestFile, JsonValue
 
 __all__ = ["COST_OPTIONS", "add_cost_arguments", "cost_lines"]
 
@@ -31,17 +45,13 @@ COST_OPTIONS: tuple[dict[str, Any], ...] = (
 
 def _api_price_type(text: str) -> list[float] | None:
     """``--api-price`` as an argparse type: a bad value is argparse's usage error (exit 2)."""
-    import argparse
-
-    from autotune.errors import ConfigError
-
     try:
         return parse_api_price(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_cost_arguments(p: Any) -> None:
+def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     """``--gpu-hour-price``, ``--api-price``, ``--growth`` on a parser of its own (bench)."""
     g = p.add_argument_group("what it is worth (docs/cost.md; no price is built in)")
     for opt in COST_OPTIONS:
@@ -50,11 +60,9 @@ def add_cost_arguments(p: Any) -> None:
                        default=1.0 if opt["field"] == "growth" else None, help=opt["help"])
 
 
-def cost_lines(best: dict[str, Any]) -> list[str]:
+def cost_lines(best: BestFile) -> list[str]:
     """What the summary prints about cost: best.json's ``cost``, or which option adds it."""
-    from autotune.cost import cost_line, no_price_line
-
-    return [cost_line(best["cost"]) if best.get("cost") else no_price_line()]
+    return [cost_line(best.cost) if best.cost else no_price_line()]
 
 
 def bench_cost(args: Any, metrics: dict[str, Any], *, capacity: bool) -> dict[str, Any] | None:
@@ -75,10 +83,8 @@ def bench_cost(args: Any, metrics: dict[str, Any], *, capacity: bool) -> dict[st
                      device=detect_engine().device)
 
 
-def register(sub: Any) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``autotune cost``: price a finished study's best.json (at other prices, too)."""
-    import argparse
-
     p = sub.add_parser(
         "cost",
         help="what a study's declared config is worth, at the prices you give",
@@ -102,35 +108,34 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_cost)
 
 
-def _cost(args: Any) -> int:
-    import json
-    import sys
+def _gpus_per_server(cost: Mapping[str, JsonValue] | None) -> int | None:
+    n = (cost or {}).get("gpus_per_server")
+    return int(n) if isinstance(n, (int, float)) else None
 
-    from autotune.cost import cost_from_best, cost_line, prices_of, server_gpus, traffic_of
-    from autotune.errors import ConfigError
+
+def _cost(args: argparse.Namespace) -> int:
     from autotune.traffic import load_shape
 
     if args.gpu_hour_price is None:
         raise ConfigError("--gpu-hour-price is required: USD per GPU-hour, e.g. 2.5")
-    path = args.best / "best.json" if args.best.is_dir() else args.best
-    try:
-        best = json.loads(path.read_text())
-        shape_path = args.shape or Path(best["shape"]["path"])
-        device = str((best.get("engine") or {}).get("device") or "cuda")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: not a readable study best.json ({exc}); give a study's "
-                          "best.json or its output folder") from None
+    path = args.best / BestFile.FILE_NAME if args.best.is_dir() else args.best
+    best = BestFile.load(path)
+    if args.shape is None and (best.shape is None or not best.shape.path):
+        raise ConfigError(f"{path} names no traffic shape file; give --shape")
+    shape_path = args.shape or Path(best.shape.path if best.shape else "")
+    device = best.engine.device if best.engine is not None and best.engine.device else "cuda"
     if args.gpus_per_server is not None and args.gpus_per_server < 1:
         raise ConfigError(f"--gpus-per-server {args.gpus_per_server}: give 1 or more")
-    n, unit = server_gpus(args.gpus_per_server or (best.get("cost") or {}).get("gpus_per_server"),
-                          device)
+    n, unit = server_gpus(args.gpus_per_server or _gpus_per_server(best.cost), device)
     prices = prices_of(args)
-    assert prices is not None  # a price was checked above
-    cost = cost_from_best(best, prices=prices, traffic=traffic_of(load_shape(shape_path)),
-                          gpus_per_server=n, unit=unit)
+    if prices is None:  # a price was checked above
+        raise ConfigError("--gpu-hour-price is required: USD per GPU-hour, e.g. 2.5")
+    cost = cost_from_best(best.to_json(), prices=prices,
+                          traffic=traffic_of(load_shape(shape_path)), gpus_per_server=n,
+                          unit=unit)
     if args.json:
         print(json.dumps(cost.to_dict(), indent=2))
     else:
-        sys.stdout.write(f"study {best.get('study', '?')} ({path}), traffic {shape_path}:\n"
+        sys.stdout.write(f"study {best.study or '?'} ({path}), traffic {shape_path}:\n"
                          f"{cost_line(cost)}\n")
     return 0

@@ -9,9 +9,12 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.traffic import PrometheusClient, PrometheusFit
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
@@ -67,15 +70,16 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for each query (default 60)")
 
 
-def client_from_args(url: str, args: argparse.Namespace) -> Any:
-    from autotune.traffic import PrometheusClient, auth_from_env, normalize_selector
+def client_from_args(url: str, args: argparse.Namespace) -> PrometheusClient:
+    from autotune.traffic import PrometheusClient as Client
+    from autotune.traffic import auth_from_env, normalize_selector
 
     if not args.timeout > 0:
         raise ConfigError(f"--timeout must be > 0 (got {args.timeout})")
     normalize_selector(args.selector)  # a bad selector is an error before any query
     auth = auth_from_env(bearer_token_file=args.bearer_token_file,
                          basic_auth_file=args.basic_auth_file)
-    return PrometheusClient(url, auth=auth, timeout_s=args.timeout)
+    return Client(url, auth=auth, timeout_s=args.timeout)
 
 
 def register(ssub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -127,7 +131,7 @@ def resolve_range(since: str, until: str, *, now: float | None = None) -> tuple[
     return start, end
 
 
-def report_lines(fit: Any) -> list[str]:
+def report_lines(fit: PrometheusFit) -> list[str]:
     """What the user should know about a fit: burstiness, restarts, gaps, clipping."""
     a = fit.shape.arrivals
     lines = []

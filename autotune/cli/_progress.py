@@ -12,12 +12,20 @@ file, ``--quiet``) it prints the same facts as plain lines.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
 from autotune.measure import fmt_interval, fmt_ratio, fmt_value
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.live import Live
+    from rich.progress import Progress, TaskID
+
+    from autotune.events import ParamValue
+    from autotune.results import TuneResult
 
 __all__ = ["PHASE_LABELS", "ProgressDisplay", "ProgressState", "fmt_duration", "make_display",
            "stores_line"]
@@ -39,7 +47,7 @@ class _Running:
     phase: str
     since: float  # monotonic time the phase began
     started: float
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     recheck: bool = False
 
 
@@ -63,7 +71,7 @@ class ProgressState:
     in_recheck: bool = False
     running: dict[int, _Running] = field(default_factory=dict)
 
-    def apply(self, e: Any) -> None:
+    def apply(self, e: StudyEvent) -> None:
         """Update from a ``StudyEvent``."""
         self.study_name = e.study_name or self.study_name
         self.done, self.total = e.done, e.total
@@ -143,7 +151,7 @@ def stores_line(storage: str, tracking_uri: str) -> str:
     return f"stores: Optuna {store_where(storage)}{mlflow}"
 
 
-def _params(params: dict[str, Any]) -> str:
+def _params(params: Mapping[str, ParamValue]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "vLLM defaults"
 
 
@@ -152,8 +160,9 @@ class ProgressDisplay(StudyCallback):
     callable with a bare ``StudyEvent``). ``live``: draw a rich Live panel (a terminal),
     else print plain lines; ``quiet``: plain lines for finished trials and the study only."""
 
-    def __init__(self, metric_label: str, *, console: Any = None, live: bool | None = None,
-                 quiet: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, metric_label: str, *, console: Console | None = None,
+                 live: bool | None = None, quiet: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         from rich.console import Console
 
         self.console = console or Console(stderr=True, highlight=False)
@@ -161,9 +170,9 @@ class ProgressDisplay(StudyCallback):
         self.quiet = quiet
         self.live_mode = (self.console.is_terminal if live is None else live) and not quiet
         self.state = ProgressState(clock=clock)
-        self._live: Any = None
-        self._bar: Any = None
-        self._task: Any = None
+        self._live: Live | None = None
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
         self.stores = ""  # where the study's stores are (stores_line), once it started
 
     # -- the study's hooks -------------------------------------------------------------------
@@ -182,7 +191,7 @@ class ProgressDisplay(StudyCallback):
         if not record.rejected:  # a sample the space's rules forbid never ran: no line
             self(event)
 
-    def on_study_end(self, event: StudyEvent, result: Any) -> None:
+    def on_study_end(self, event: StudyEvent, result: TuneResult | None) -> None:
         if result is not None:
             self(event)
         self.close()
@@ -190,7 +199,7 @@ class ProgressDisplay(StudyCallback):
             self.console.print(self.stores, highlight=False, soft_wrap=True, markup=False)
 
     # -- events ------------------------------------------------------------------------------
-    def __call__(self, e: Any) -> None:
+    def __call__(self, e: StudyEvent) -> None:
         self.state.apply(e)
         line = self._line(e)
         if line is not None:  # a log gets whole lines, however long
@@ -211,7 +220,7 @@ class ProgressDisplay(StudyCallback):
                                soft_wrap=True)
         self.refresh()
 
-    def _line(self, e: Any) -> str | None:
+    def _line(self, e: StudyEvent) -> str | None:
         # the live panel shows done/best/time left: its lines need no such prefix
         head = f"[{e.done}/{e.total}]" if self.live_mode else self.state.head(self.label)
         if e.kind == "study_started":
@@ -227,7 +236,7 @@ class ProgressDisplay(StudyCallback):
             return f"study finished in {fmt_duration(e.elapsed_s)}"
         return None
 
-    def _outcome(self, e: Any) -> str:
+    def _outcome(self, e: StudyEvent) -> str:
         from rich.markup import escape  # a message's "[a, b] req/s" is no markup tag
 
         msg = escape((e.message or "").split("\n", 1)[0][:300])
@@ -260,13 +269,13 @@ class ProgressDisplay(StudyCallback):
                           refresh_per_second=2, transient=False)
         self._live.start()
 
-    def render(self) -> Any:
+    def render(self) -> RenderableType:
         """The live panel: the bar, best so far and time left, a row per running trial."""
         from rich.console import Group
         from rich.table import Table
 
         s = self.state
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=s.done, total=max(1, s.total))
         table = Table(box=None, show_header=bool(s.running), padding=(0, 2))
         table.add_column("trial", justify="right")
@@ -294,6 +303,6 @@ class ProgressDisplay(StudyCallback):
 
 
 def make_display(metric_label: str, *, quiet: bool = False,
-                 console: Any = None) -> ProgressDisplay:
+                 console: Console | None = None) -> ProgressDisplay:
     """The live panel on a terminal, plain lines otherwise (or with ``quiet``)."""
     return ProgressDisplay(metric_label, console=console, quiet=quiet)

@@ -8,10 +8,14 @@ import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.cli._shape import parse_duration
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.records import BestFile
+    from autotune.rollout import ManagedServer, RolloutLog, RolloutResult, RolloutSettings
 
 EXIT_PROMOTED = 0
 EXIT_ROLLED_BACK = 1
@@ -107,7 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=_rollout)
 
 
-def _settings(args: argparse.Namespace, out: Path, new: list[str]) -> Any:
+def _settings(args: argparse.Namespace, out: Path, new: list[str]) -> RolloutSettings:
     from pydantic import ValidationError
 
     from autotune.rollout import RolloutSettings
@@ -145,7 +149,7 @@ def _echo(rec: Mapping[str, Any]) -> None:
         print(f"{t} {kind}: {detail}", flush=True)
 
 
-def _dry_run(settings: Any, new: list[str]) -> int:
+def _dry_run(settings: RolloutSettings, new: list[str]) -> int:
     from autotune.rollout import RouterClient, plan_steps
 
     router = RouterClient(settings.router)
@@ -182,7 +186,7 @@ def _rollout(args: argparse.Namespace) -> int:
 
     workers = RouterClient(settings.router).list_workers()  # no router: nothing written
     out.mkdir(parents=True, exist_ok=True)
-    new: list[Any] = []
+    new: list[ManagedServer] = []
     if args.start:
         old = list(settings.old) or workers
         if not old:
@@ -190,7 +194,9 @@ def _rollout(args: argparse.Namespace) -> int:
         name = args.served_model_name or served_model_name(old[0])
         print(f"starting the new server from {args.best} (log: {out / 'new-server.log'})",
               flush=True)
-        new.append(start_new_server(best=best or {}, model=args.model, served_name=name,
+        if best is None:
+            raise ConfigError("--start needs --best BEST_JSON (the config to start)")
+        new.append(start_new_server(best=best, model=args.model, served_name=name,
                                     log_path=out / "new-server.log"))
         print(f"new server up at {new[0].url}", flush=True)
     else:
@@ -214,13 +220,13 @@ def _rollout(args: argparse.Namespace) -> int:
     return rc
 
 
-def _serve(new: list[Any]) -> None:
+def _serve(new: list[ManagedServer]) -> None:
     """A server started by --start lives as long as this process (it is its child, stopped
     with it): after promotion, stay in the foreground until Ctrl-C or SIGTERM."""
     import signal
     import time
 
-    def _sigterm(signum: int, frame: Any) -> None:
+    def _sigterm(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, _sigterm)
@@ -239,12 +245,13 @@ def _serve(new: list[Any]) -> None:
                 m.stop()
 
 
-def _finish(args: argparse.Namespace, result: Any, log: Any, best: Any, settings: Any,
-            started: str) -> int:
+def _finish(args: argparse.Namespace, result: RolloutResult, log: RolloutLog,
+            best: BestFile | None, settings: RolloutSettings, started: str) -> int:
     summary = {**result.as_dict(), "started": started,
                "finished": datetime.now(UTC).isoformat(timespec="seconds"),
                "router": settings.router, "settings": settings.model_dump(mode="json"),
-               "study": (best or {}).get("study"), "best": str(args.best) if args.best else None,
+               "study": best.study if best is not None else None,
+               "best": str(args.best) if args.best else None,
                "log": str(log.path)}
     path = log.write_summary(summary)
     if not args.no_mlflow:

@@ -23,6 +23,7 @@ from autotune.quality._caveat import caveat_line
 from autotune.report import capacity_line, needed_text
 
 if TYPE_CHECKING:
+    from autotune.records import BestFile
     from autotune.results import TuneResult, WarmStart
     from autotune.study import ResolvedStudy
 
@@ -114,43 +115,44 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
         raise ConfigError(validation_message(exc)) from None
 
 
-def _best_line(b: dict[str, Any], objective: str) -> str:
+def _best_line(b: BestFile, objective: str) -> str:
     """best.json's declared config in one line: its reading (a re-check names the trial
     that first measured the config, as the verdict line does), the value, the ratio."""
     from autotune.store import objective_label
 
-    ratio = (f" = {fmt_ratio(b['ratio_to_baseline'])} vLLM defaults" if b.get("ratio_to_baseline")
+    ratio = (f" = {fmt_ratio(b.ratio_to_baseline)} vLLM defaults" if b.ratio_to_baseline
              else "")
-    of = (f" (re-check of trial {b['recheck_of']})" if b.get("recheck_of") is not None
-          and b["recheck_of"] != b["trial"] else "")
-    n = len(b.get("readings") or [])
+    of = (f" (re-check of trial {b.recheck_of})" if b.recheck_of is not None
+          and b.recheck_of != b.trial else "")
+    n = len(b.readings)
     median = f", the median of {n} readings" if n > 1 else ""
     # a capacity search that found no failing level measured a lower bound
-    least = "at least " if (b.get("capacity") or {}).get("bracket_closed") is False else ""
-    return (f"best: trial {b['trial']}{of}: {least}{fmt_value(b['objective']['value'])} "
+    least = ("at least " if b.capacity is not None and b.capacity.bracket_closed is False
+             else "")
+    return (f"best: trial {b.trial}{of}: {least}{fmt_value(b.objective.value)} "
             f"{objective_label(objective)}{_per_gpu(b)}{median}{ratio}")
 
 
-def _per_gpu(b: dict[str, Any]) -> str:
+def _per_gpu(b: BestFile) -> str:
     """" per GPU (a server of 2 GPUs; the recorded traffic needs 1.40 servers, 2.80 GPUs)";
     from a capacity, "needs at most 1.40 server(s) (...), at most 2.80 GPU(s) (...)"; on the
     CPU build " per server (...)", no GPU to count."""
     from autotune.hardware import is_cpu
 
-    g = b.get("gpus")
-    if not g:  # a best.json written before autotune counted GPUs per server
+    g = b.gpus
+    if g is None:  # a best.json written before autotune counted GPUs per server
         return ""
-    n = int(g.get("per_server") or 1)
+    n = g.per_server
     servers = gpus = ""
-    if g.get("servers_needed") is None:
+    if g.servers_needed is None:
         pass
-    elif g.get("needed_is") == "at_most":  # a passing level's rate: an upper bound
-        servers = needed_text(g["servers_needed"], g.get("servers_needed_low"), "server(s)")
-        gpus = needed_text(g["gpus_needed"], g.get("gpus_needed_low"), "GPU(s)")
+    elif g.needed_is == "at_most":  # a passing level's rate: an upper bound
+        servers = needed_text(g.servers_needed, g.servers_needed_low, "server(s)")
+        gpus = needed_text(g.gpus_needed or 0.0, g.gpus_needed_low, "GPU(s)")
     else:
-        servers = f"{fmt_value(g['servers_needed'])} server(s)"
-        gpus = f"{fmt_value(g['gpus_needed'])} GPU(s)"
-    if is_cpu((b.get("engine") or {}).get("device")) and n == 1:  # no GPU to count
+        servers = f"{fmt_value(g.servers_needed)} server(s)"
+        gpus = f"{fmt_value(g.gpus_needed or 0.0)} GPU(s)"
+    if is_cpu(b.engine.device if b.engine is not None else None) and n == 1:  # no GPU
         return " per server" + (f" (the recorded traffic needs {servers})" if servers else "")
     need = f"; the recorded traffic needs {servers}, {gpus}" if servers else ""
     return f" per GPU (a server of {n} GPU{'s' if n > 1 else ''}{need})"
@@ -246,7 +248,7 @@ def run_study_command(settings: TuneSettings | ResolvedStudy, *, as_json: bool, 
         display.close()
         signal.signal(signal.SIGTERM, old)
     if as_json:
-        print(json.dumps(result.best, indent=2), file=out)
+        print(json.dumps(result.best.to_json() if result.best else None, indent=2), file=out)
         return 0 if result.best else 1
     print("\n".join(summary_lines(result, objective)), file=out)
     return 0 if result.best is not None else 1
@@ -264,18 +266,19 @@ def summary_lines(result: TuneResult, objective: str) -> list[str]:
                 f"every trial's reason and message: {result.out_dir}/trials.csv{report}"]
     b = result.best
     lines.append(_verdict_line(result.verdict))
-    if caveat := caveat_line(result.verdict.get("quality")):
+    quality = result.verdict.get("quality")
+    if caveat := caveat_line(quality if isinstance(quality, dict) else None):
         lines.append(caveat)
     lines.append(_best_line(b, objective))
-    if b.get("capacity"):
+    if b.capacity is not None:
         from autotune.hardware import unit_of
 
-        lines.append(capacity_line(b["capacity"], unit_of((b.get("engine") or {}).get("device"))))
+        lines.append(capacity_line(b.capacity, unit_of(b.engine.device if b.engine else None)))
     lines += cost_lines(b)
-    lines += [f"params: {json.dumps(b['params'])}", f"serve command:\n  {b['serve_command']}"]
+    lines += [f"params: {json.dumps(b.params)}", f"serve command:\n  {b.serve_command}"]
     from autotune.deploy import STAND_IN_NOTE, deployable
 
-    dep = deployable(b.get("flags") or [], b.get("env") or {})
+    dep = deployable(b.flags, b.env)
     if dep.stand_in:  # the command above is as the trials ran it; a deployment drops these
         lines.append(f"note: {STAND_IN_NOTE}; 'autotune export {result.out_dir} --format "
                      f"serve' prints it without {', '.join(dep.dropped)}")

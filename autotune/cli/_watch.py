@@ -8,12 +8,17 @@ import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.cli._from_prometheus import add_connection_args, client_from_args
 from autotune.cli._shape import _resolve, parse_duration
 from autotune.config import DEFAULT_STORAGE, storage_url, store_where
 from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.traffic import ShapeDiff, TrafficShape
+    from autotune.watch import PrometheusWindows, WatchEvent, WatchSummary
+    from autotune.watch._watch import WatchCallback
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130
@@ -83,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=_watch)
 
 
-def _tuned(ref: str, storage: str) -> tuple[Any, str | None, str | None]:
+def _tuned(ref: str, storage: str) -> tuple[TrafficShape, str | None, str | None]:
     """(shape, its path, the study's model) for --tuned: a file, a traffic/ name, a study."""
     from autotune.traffic import load_shape
 
@@ -110,11 +115,11 @@ class _Printer:
     def __init__(self, retune: str) -> None:
         self.retune = retune
 
-    def on_start(self, *, url: str, tuned: Any, every_s: float) -> None:
+    def on_start(self, *, url: str, tuned: TrafficShape, every_s: float) -> None:
         print(f"watching {url} every {every_s:g} s against {tuned.name} "
               f"[{tuned.fingerprint}] (Ctrl-C stops)", flush=True)
 
-    def on_event(self, ev: Any, diff: Any) -> None:
+    def on_event(self, ev: WatchEvent, diff: ShapeDiff | None) -> None:
         t = ev.time[11:19]
         if ev.state in ("unreachable", "not_vllm", "idle"):
             print(f"{t} {ev.state}: {ev.message}", flush=True)
@@ -125,17 +130,18 @@ class _Printer:
               f"requests, {ev.rate_rps:.3g} req/s) -> {ev.shape_path}", flush=True)
         if ev.action == "printed":
             print(f"  traffic drifted; re-tune with:\n    {self.retune} --shape "
-                  f"{shlex.quote(ev.shape_path)}", flush=True)
+                  f"{shlex.quote(ev.shape_path or '')}", flush=True)
         elif ev.action is not None:
             print(f"  drift action: {ev.action}", flush=True)
         elif ev.state == "drifted":
             print("  (still drifted: the action already ran for this episode)", flush=True)
 
-    def on_end(self, summary: Any) -> None:
+    def on_end(self, summary: WatchSummary) -> None:
         print(summary.line(), flush=True)
 
 
-def _prometheus_source(args: argparse.Namespace, tuned: Any) -> tuple[Any, str]:
+def _prometheus_source(args: argparse.Namespace, tuned: TrafficShape
+                       ) -> tuple[PrometheusWindows, str]:
     """The Prometheus windows, on the tuned shape's selector unless --selector says else
     (like with like: a note when they differ)."""
     from autotune.traffic import normalize_selector
@@ -179,17 +185,17 @@ def _watch(args: argparse.Namespace) -> int:
     model = args.model or model or "MODEL"
     retune = (f"autotune retune --model {shlex.quote(model)} --space "
               f"{shlex.quote(args.space)}")
-    callbacks: list[Any] = [_Printer(retune), JsonlLog(out / "watch.jsonl")]
+    callbacks: list[WatchCallback] = [_Printer(retune), JsonlLog(out / "watch.jsonl")]
     if not args.no_mlflow:
         callbacks.append(MlflowWatchLog(args.tracking_uri or default_tracking_uri()))
 
-    def on_drift(shape: Any, path: Path, diff: Any) -> str:
+    def on_drift(shape: TrafficShape, path: Path, diff: ShapeDiff) -> str:
         if args.on_drift is None:
             return "printed"
         rc = run_command(args.on_drift, path, diff, tuned_path=tuned_path)
         return f"ran {args.on_drift!r}: exit {rc}"
 
-    def _sigterm(signum: int, frame: Any) -> None:  # SIGTERM stops cleanly, like Ctrl-C
+    def _sigterm(signum: int, frame: object) -> None:  # SIGTERM stops cleanly, like Ctrl-C
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, _sigterm)

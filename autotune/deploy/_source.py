@@ -3,13 +3,15 @@ from the Optuna storage (:class:`ExportSource`)."""
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from autotune.config import store_where
 from autotune.errors import ConfigError, StudyError
+from autotune.records import BestFile, CapacityDeclared, JsonValue, StudyFile
+from autotune.store import A, feasible, objective_metric, open_storage, primary, verdict
 
 __all__ = ["ExportSource", "from_best_json", "from_study"]
 
@@ -46,70 +48,71 @@ class ExportSource:
         return max(1, math.ceil(self.gpus_needed / self.gpus_per_server - 1e-9))
 
 
-def _gpus_needed(cost: dict[str, Any] | None, capacity: dict[str, Any] | None,
-                 metrics: dict[str, Any]) -> float | None:
+def _gpus_needed(cost: Mapping[str, JsonValue] | None, capacity: CapacityDeclared | None,
+                 metrics: Mapping[str, float | None]) -> float | None:
     """Whole GPUs at the traffic's peak window with growth (best.json's ``cost``), else the
     capacity study's GPUs for the recorded rate."""
-    try:
-        return float(cost["best"]["gpus"]["peak"]["growth"]["whole"])  # type: ignore[index]
-    except (KeyError, TypeError):
-        pass
-    for src in (capacity or {}, metrics):
-        v = src.get("gpus_needed")
-        if isinstance(v, (int, float)) and math.isfinite(v):
+    whole: object = cost
+    for key in ("best", "gpus", "peak", "growth", "whole"):
+        whole = whole.get(key) if isinstance(whole, dict) else None
+    if isinstance(whole, (int, float)):
+        return float(whole)
+    for v in (capacity.gpus_needed if capacity is not None else None,
+              metrics.get("gpus_needed")):
+        if v is not None and math.isfinite(v):
             return float(v)
     return None
 
 
-def _server_gpus(settings: dict[str, Any], device: str) -> int:
+def _server_gpus(settings: Mapping[str, JsonValue], device: str) -> int:
     n = settings.get("gpus_per_trial")
     return int(n) if device != "cpu" and isinstance(n, int) and n > 0 else 1
+
+
+def _cpu_kv_cache_gib(settings: Mapping[str, JsonValue], device: str) -> float | None:
+    v = settings.get("cpu_kv_cache_gib", 1.0)
+    return float(v) if device == "cpu" and isinstance(v, (int, float)) else None
+
+
+def _cost_gpus_per_server(cost: Mapping[str, JsonValue] | None) -> int | None:
+    n = (cost or {}).get("gpus_per_server")
+    return int(n) if isinstance(n, (int, float)) else None
 
 
 def from_best_json(path: Path) -> ExportSource:
     """The declared config of a study's best.json (``path``: the file or its folder); the
     study.json beside it adds the settings the trial ran with."""
-    p = path / "best.json" if path.is_dir() else path
-    try:
-        best = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}; give a study's best.json "
-                          "or its output folder") from None
-    except ValueError as exc:
-        raise ConfigError(f"{p} is not JSON ({exc}); give a study's best.json") from None
-    if not isinstance(best, dict) or "flags" not in best or "model" not in best:
-        raise ConfigError(f"{p} is not a study's best.json (no 'flags' or 'model')")
-    settings: dict[str, Any] = {}
-    try:
-        settings = json.loads((p.parent / "study.json").read_text()).get("settings") or {}
-    except (OSError, ValueError, AttributeError):
-        pass
-    engine = best.get("engine") or {}
-    device = str(engine.get("device") or "cuda")
-    cost = best.get("cost") if isinstance(best.get("cost"), dict) else None
+    best = BestFile.load(path)
+    folder = path if path.is_dir() else path.parent
+    settings: dict[str, JsonValue] = {}
+    if (folder / StudyFile.FILE_NAME).exists():
+        try:
+            settings = StudyFile.load(folder / StudyFile.FILE_NAME).settings
+        except ConfigError:
+            pass  # the settings only add the server's GPUs and a CPU's KV cache
+    device = best.engine.device if best.engine is not None and best.engine.device else "cuda"
+    ratio = best.ratio_to_defaults
     return ExportSource(
-        study=str(best.get("study") or p.parent.name), trial=int(best.get("trial", -1)),
-        model=str(best["model"]), flags=[str(f) for f in best["flags"]],
-        env={str(k): str(v) for k, v in (best.get("env") or {}).items()},
-        engine_version=engine.get("version"), device=device,
+        study=best.study or folder.name, trial=best.trial,
+        model=best.model, flags=list(best.flags), env=dict(best.env),
+        engine_version=best.engine.version if best.engine is not None else None, device=device,
         feasible=True,  # best.json names a config its study measured feasible
-        verdict=best.get("verdict"), ratio_to_defaults=best.get("ratio_to_defaults"),
-        value=(best.get("objective") or {}).get("value"),
-        metric=(best.get("objective") or {}).get("metric") or "output_tokens_per_s",
-        gpus_per_server=int(cost["gpus_per_server"]) if cost else _server_gpus(settings, device),
-        gpus_needed=_gpus_needed(cost, best.get("capacity"), best.get("metrics") or {}),
-        shape_path=(best.get("shape") or {}).get("path"),
-        shape_fingerprint=(best.get("shape") or {}).get("fingerprint"),
-        cpu_kv_cache_gib=settings.get("cpu_kv_cache_gib", 1.0) if device == "cpu" else None,
+        verdict=best.verdict,
+        ratio_to_defaults=({k: v for k, v in ratio.model_dump().items()
+                            if isinstance(v, float)} if ratio is not None else None),
+        value=best.objective.value, metric=best.objective.metric,
+        gpus_per_server=(_cost_gpus_per_server(best.cost)
+                         or _server_gpus(settings, device)),
+        gpus_needed=_gpus_needed(best.cost, best.capacity, best.metrics),
+        shape_path=best.shape.path if best.shape is not None else None,
+        shape_fingerprint=best.shape.fingerprint if best.shape is not None else None,
+        cpu_kv_cache_gib=_cpu_kv_cache_gib(settings, device),
     )  # fmt: skip
 
 
 def from_study(*, storage: str, study_name: str, trial: int | None = None) -> ExportSource:
     """The declared config of a study in the Optuna storage, or its trial ``trial``."""
-    import optuna
-
-    from autotune.config import store_where
-    from autotune.store import A, feasible, objective_metric, open_storage, primary, verdict
+    import optuna  # heavy: only an export from the storage needs it
 
     st = open_storage(storage, create=False)
     if st is None:
@@ -132,7 +135,8 @@ def from_study(*, storage: str, study_name: str, trial: int | None = None) -> Ex
         if not found:
             raise ConfigError(f"--trial {trial}: study {study_name!r} has no such trial")
         t = found[0]
-    settings = attrs.get(A.SETTINGS) or {}
+    raw = attrs.get(A.SETTINGS)
+    settings: dict[str, JsonValue] = raw if isinstance(raw, dict) else {}
     device = "cpu" if attrs.get(A.GPU) == "cpu" else "cuda"
     rec = attrs.get(A.VERDICT) or {}
     cost = attrs.get(A.COST) if isinstance(attrs.get(A.COST), dict) and trial is None else None
@@ -145,8 +149,8 @@ def from_study(*, storage: str, study_name: str, trial: int | None = None) -> Ex
         engine_version=attrs.get(A.ENGINE), device=device, feasible=ok,
         verdict=rec.get("verdict"), ratio_to_defaults=rec.get("ratio_to_defaults"),
         value=primary(t) if ok else None, metric=objective_metric(objective),
-        gpus_per_server=int(cost["gpus_per_server"]) if cost else _server_gpus(settings, device),
+        gpus_per_server=_cost_gpus_per_server(cost) or _server_gpus(settings, device),
         gpus_needed=_gpus_needed(cost, None, dict(t.user_attrs.get(A.METRICS, {}))),
         shape_path=attrs.get(A.SHAPE_PATH), shape_fingerprint=attrs.get(A.SHAPE),
-        cpu_kv_cache_gib=settings.get("cpu_kv_cache_gib", 1.0) if device == "cpu" else None,
+        cpu_kv_cache_gib=_cpu_kv_cache_gib(settings, device),
     )  # fmt: skip

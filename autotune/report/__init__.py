@@ -14,9 +14,11 @@ from pathlib import Path
 from autotune.report._capacity import capacity_line, needed_text, open_search_text
 from autotune.report._data import ReportData, TrialRow, load_report_data, trial_row
 from autotune.report._html import SECTIONS, log_excerpt, render_html, write_html
+from autotune.report._importance import MIN_IMPORTANCE_TRIALS, param_importances
 from autotune.report._why import explain_no_winner, failure_summary, one_line_message
 
 __all__ = [
+    "MIN_IMPORTANCE_TRIALS",
     "SECTIONS",
     "ReportData",
     "TrialRow",
@@ -28,6 +30,7 @@ __all__ = [
     "needed_text",
     "one_line_message",
     "open_search_text",
+    "param_importances",
     "render_html",
     "trial_row",
     "write_report",

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.measure import fmt_bracket, fmt_interval, fmt_value
+from autotune.records import CapacityDeclared
+from autotune.store import capacity_cut
+from autotune.trial import flat_note
 
 __all__ = ["capacity_line", "needed_text", "open_search_text"]
 
@@ -27,37 +29,34 @@ def needed_text(at_most: float, low: float | None, unit: str = "") -> str:
 def open_search_text(status: str | None) -> str:
     """Why a capacity has no top: where its search ended before a level failed, and what
     measures beyond it (``autotune.capacity``'s status)."""
-    from autotune.store import capacity_cut
-
     where, fix = capacity_cut(status)
     return f"no load level failed before the search ended at {where}: a lower bound; {fix}"
 
 
-def _num(x: Any) -> float | None:
-    return (float(x) if isinstance(x, (int, float)) and not isinstance(x, bool)
-            and math.isfinite(x) else None)
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
 
 
-def capacity_line(c: Mapping[str, Any], unit: str = "GPU") -> str:
+def capacity_line(block: CapacityDeclared | Mapping[str, object], unit: str = "GPU") -> str:
     """best.json's ``capacity`` in one line (what operators size a fleet by), and a note
     when the capacity is chance within a range (``CapacityResult.flat_misses``). Reads
-    the keys of a ``capacity`` block; ``goodput_bar``, ``slo`` and ``search`` may be
-    missing (``autotune best`` answers from a trial's metrics). ``unit``: what is counted
+    a ``capacity`` block; ``goodput_bar``, ``slo`` and ``search`` may be missing
+    (``autotune best`` answers from a trial's metrics). ``unit``: what is counted
     ("GPU", or "server" on the CPU build: :func:`autotune.hardware.unit_of`)."""
-    from autotune.trial import flat_note
-
-    value = float(c["capacity_rps"])
-    lo, hi = _num(c.get("capacity_rps_ci_low")), _num(c.get("capacity_rps_ci_high"))
+    c = (block if isinstance(block, CapacityDeclared)
+         else CapacityDeclared.model_validate(block))
+    value = c.capacity_rps
+    lo, hi = _finite(c.capacity_rps_ci_low), _finite(c.capacity_rps_ci_high)
     # a median over fresh starts is no bracket's lower end: say whose bracket follows
     whose = ("bracket" if lo is not None and math.isclose(lo, value)
              else "the median over starts; the bracket of the reading it rests on")
-    bar = (f", >= {c['goodput_bar']:.0%} of requests within "
-           f"{', '.join(f'{k}={v:g}s' for k, v in c['slo'].items())}"
-           if c.get("goodput_bar") is not None and c.get("slo") else "")
-    tok = _num(c.get("output_tokens_per_s_at_capacity"))
+    bar = (f", >= {c.goodput_bar:.0%} of requests within "
+           f"{', '.join(f'{k}={v:g}s' for k, v in c.slo.items())}"
+           if c.goodput_bar is not None and c.slo else "")
+    tok = _finite(c.output_tokens_per_s_at_capacity)
     at = (f"{fmt_value(tok)} out tok/s at that rate" if tok is not None
           else "output tokens/s at that rate not recorded")
-    rec, gpus = _num(c.get("recorded_rps")), _num(c.get("gpus_needed"))
+    rec, gpus = _finite(c.recorded_rps), _finite(c.gpus_needed)
     if rec is not None and gpus is not None:
         # the least the bracket allows: rate / its top (gpus_needed is rate / value)
         least = gpus * value / hi if hi is not None and hi > 0 else None
@@ -67,8 +66,8 @@ def capacity_line(c: Mapping[str, Any], unit: str = "GPU") -> str:
         need = f"{unit}s needed: not known (no recorded arrival rate)"
     line = (f"capacity: {'' if hi is not None else 'at least '}{fmt_value(value)} req/s within "
             f"the SLOs ({whose} {fmt_bracket(lo, hi)}"
-            + ("" if hi is not None else f": {open_search_text(c.get('search'))}")
+            + ("" if hi is not None else f": {open_search_text(c.search)}")
             + f"{bar}); {at}; {need}")
-    if c.get("flat_misses_rps"):
-        line += f"\nnote: {flat_note(c['flat_misses_rps'])}"
+    if c.flat_misses_rps:
+        line += f"\nnote: {flat_note(c.flat_misses_rps)}"
     return line

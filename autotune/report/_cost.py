@@ -4,9 +4,13 @@ and a chart with intervals."""
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autotune.cost import cost_line, no_price_line
 from autotune.report._data import ReportData
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 __all__ = ["cost_figure", "cost_html", "why_no_cost"]
 
@@ -21,8 +25,6 @@ def _cost(d: ReportData) -> dict[str, Any] | None:
 def why_no_cost(d: ReportData) -> str:
     if _cost(d) is not None:
         return ""
-    from autotune.cost import no_price_line
-
     return no_price_line()
 
 
@@ -30,8 +32,6 @@ def cost_html(d: ReportData) -> str:
     c = _cost(d)
     if c is None:
         return ""
-    from autotune.cost import cost_line
-
     lines = cost_line(c).splitlines()
     return "".join(f"<p>{html.escape(line.strip())}</p>" for line in lines)
 
@@ -43,7 +43,7 @@ def _bar(c: dict[str, Any], key: str) -> tuple[float | None, float, float]:
     return v, (hi - v) if hi is not None else 0.0, (v - lo) if lo is not None else 0.0
 
 
-def cost_figure(d: ReportData) -> Any:
+def cost_figure(d: ReportData) -> go.Figure | None:
     """USD per million output tokens of the declared config and the defaults (95 % and
     start-to-start interval as error bars; the API's price of the traffic as a line), and
     the whole GPUs each needs at the traffic's peak, now and with growth."""

@@ -12,12 +12,22 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autotune.config import DEFAULT_OUT_ROOT, store_where
 from autotune.errors import StudyError
-from autotune.store import A
+from autotune.events import ParamValue
+from autotune.hardware import unit_of
+from autotune.report._importance import param_importances
+from autotune.store import A, latest_study, objective_metric, open_storage, server_gpus_of
+from autotune.store import verdict as study_verdict
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.trial import FrozenTrial
 
 __all__ = ["ReportData", "TrialRow", "load_report_data", "trial_row"]
 
@@ -41,7 +51,7 @@ class TrialRow:
     values: tuple[float, ...]
     baseline: bool
     recheck_of: int | None
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     metrics: dict[str, float]
     start_s: float | None
     wall_s: float | None
@@ -95,9 +105,6 @@ class ReportData:
     def unit(self) -> str:
         """What figures are per and time is counted on: "GPU", or "server" for a study on
         the CPU build of vLLM whose trials ran on no GPU (nothing to count)."""
-        from autotune.hardware import unit_of
-        from autotune.store import A
-
         if any(t.slot.startswith("gpu") for t in self.trials):
             return "GPU"
         return unit_of(str(self.attrs.get(A.GPU) or ""))
@@ -125,17 +132,15 @@ class ReportData:
         return [t for t in self.trials if t.state == "infeasible"]
 
 
-def _finite_metrics(raw: Any) -> dict[str, float]:
+def _finite_metrics(raw: object) -> dict[str, float]:
     if not isinstance(raw, dict):
         return {}
     return {str(k): float(v) for k, v in raw.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def trial_row(t: Any) -> TrialRow:
-    from optuna.trial import TrialState
-
-    from autotune.store import A, server_gpus_of
+def trial_row(t: FrozenTrial) -> TrialRow:
+    from optuna.trial import TrialState  # heavy: loaded when a report is read
 
     ua = t.user_attrs
     values = tuple(float(v) for v in (t.values or ()) if v is not None)
@@ -168,13 +173,11 @@ def trial_row(t: Any) -> TrialRow:
     )  # fmt: skip
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def _out_dir(attrs: dict[str, Any], study_name: str, out_dir: Path | None) -> Path | None:
-    from autotune.config import DEFAULT_OUT_ROOT
-
+def _out_dir(attrs: Mapping[str, object], study_name: str, out_dir: Path | None) -> Path | None:
     if out_dir is not None:
         return out_dir
     settings = attrs.get("autotune.settings") or {}
@@ -183,9 +186,9 @@ def _out_dir(attrs: dict[str, Any], study_name: str, out_dir: Path | None) -> Pa
     return path if path.is_dir() else None
 
 
-def _shape(attrs: dict[str, Any], out_dir: Path | None) -> tuple[dict[str, Any] | None, str]:
+def _shape(attrs: Mapping[str, object], out_dir: Path | None) -> tuple[dict[str, Any] | None, str]:
     raw = attrs.get("autotune.shape_path")
-    candidates = [Path(raw)] if raw else []
+    candidates = [Path(str(raw))] if raw else []
     if out_dir is not None:
         candidates.append(out_dir / "shape.json")
     for path in candidates:
@@ -219,11 +222,9 @@ def _bootstrap_ratio(win: list[float], base: list[float], seed: int = 0,
     return float(np.quantile(r, 0.025)), float(np.quantile(r, 0.975))
 
 
-def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
+def _verdict(study: Study, attrs: Mapping[str, object], out_dir: Path | None
              ) -> tuple[dict[str, Any] | None, str]:
     import numpy as np
-
-    from autotune.store import verdict as study_verdict
 
     rec = attrs.get(VERDICT_ATTR)
     if isinstance(rec, dict) and rec.get("verdict") not in (None, "none"):
@@ -233,7 +234,7 @@ def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
         return None, "none"
     med = float(np.median(win_vals))
     base_med = float(np.median(base_vals)) if base_vals else None
-    ratio: dict[str, Any] | None = None
+    ratio: dict[str, float | None] | None = None
     if base_med:
         ci = _bootstrap_ratio(win_vals, base_vals)
         ratio = {"median": med / base_med, "ci_low": ci[0] if ci else None,
@@ -249,7 +250,7 @@ def _verdict(study: Any, attrs: dict[str, Any], out_dir: Path | None
     }, "computed"
 
 
-def _gpu_time(attrs: dict[str, Any], trials: list[TrialRow]
+def _gpu_time(attrs: Mapping[str, object], trials: list[TrialRow]
               ) -> tuple[dict[str, dict[str, float]] | None, str]:
     rec = attrs.get(GPU_TIME_ATTR)
     if isinstance(rec, dict) and rec:
@@ -276,9 +277,6 @@ def load_report_data(*, storage: str, study_name: str | None = None,
     Raises :class:`StudyError` when the storage or the study cannot be read."""
     import optuna
 
-    from autotune.config import store_where
-    from autotune.results._plots import param_importances
-    from autotune.store import A, latest_study, objective_metric, open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_storage(storage, create=False)  # a report leaves no empty store behind

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.report._cost import cost_figure
 from autotune.report._data import ReportData, TrialRow
+from autotune.store import pareto_front
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 __all__ = ["FIGURES"]
 
@@ -15,14 +19,14 @@ _FAIL = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#333333")
 _PCTS = ("p50", "p90", "p99")
 
 
-def _layout(fig: Any, title: str, height: int = 420) -> Any:
+def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     fig.update_layout(title=title, height=height, template="plotly_white",
                       margin={"l": 60, "r": 20, "t": 60, "b": 50}, hovermode="closest",
                       legend={"orientation": "h", "y": -0.18})
     return fig
 
 
-def shape_figure(d: ReportData) -> Any:
+def shape_figure(d: ReportData) -> go.Figure | None:
     from plotly.subplots import make_subplots
 
     s = d.shape
@@ -56,7 +60,7 @@ def _hover(t: TrialRow) -> str:
     return f"{t.label}: {t.state}{': ' + msg if msg else ''}<br>{params or 'vLLM defaults'}"
 
 
-def history_figure(d: ReportData) -> Any:
+def history_figure(d: ReportData) -> go.Figure | None:
     from plotly.subplots import make_subplots
 
     if not d.trials:
@@ -123,7 +127,7 @@ def history_figure(d: ReportData) -> Any:
                         f"{len(d.feasible)} feasible)", 520)
 
 
-def importance_figure(d: ReportData) -> Any:
+def importance_figure(d: ReportData) -> go.Figure | None:
     import plotly.graph_objects as go
 
     if not d.importances:
@@ -137,10 +141,8 @@ def importance_figure(d: ReportData) -> Any:
                    max(260, 60 + 28 * len(items)))
 
 
-def pareto_figure(d: ReportData) -> Any:
+def pareto_figure(d: ReportData) -> go.Figure | None:
     import plotly.graph_objects as go
-
-    from autotune.store import pareto_front
 
     pts = [t for t in d.feasible if len(t.values) == 2]
     if d.n_objectives != 2 or not pts:
@@ -178,7 +180,7 @@ def leaders(d: ReportData, k: int = 3) -> list[TrialRow]:
     return out + ([base] if base is not None else [])
 
 
-def latency_figure(d: ReportData) -> Any:
+def latency_figure(d: ReportData) -> go.Figure | None:
     from plotly.subplots import make_subplots
 
     rows = [t for t in leaders(d) if any(f"ttft_{p}_s" in t.metrics for p in _PCTS)]
@@ -197,7 +199,7 @@ def latency_figure(d: ReportData) -> Any:
     return _layout(fig, "latency percentiles: the leaders against vLLM's defaults", 400)
 
 
-def failures_figure(d: ReportData) -> Any:
+def failures_figure(d: ReportData) -> go.Figure | None:
     import plotly.graph_objects as go
 
     counts: dict[str, int] = {}
@@ -214,7 +216,7 @@ def failures_figure(d: ReportData) -> Any:
     return _layout(fig, "failed, pruned and infeasible trials by reason", 320)
 
 
-def gpu_time_figure(d: ReportData) -> Any:
+def gpu_time_figure(d: ReportData) -> go.Figure | None:
     import plotly.graph_objects as go
 
     if not d.gpu_time:

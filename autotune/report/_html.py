@@ -11,10 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from autotune.credentials import redact
+from autotune.engine import classifying_lines
+from autotune.errors import StudyError
 from autotune.measure import fmt_bracket, fmt_interval, fmt_ratio, fmt_value
+from autotune.quality import quality_figure
+from autotune.report._capacity import open_search_text
 from autotune.report._cost import cost_html, why_no_cost
 from autotune.report._data import ReportData, TrialRow
 from autotune.report._figures import FIGURES, leaders
+from autotune.report._why import explain_no_winner
+from autotune.trial import flat_note
 
 __all__ = ["SECTIONS", "log_excerpt", "render_html", "write_html"]
 
@@ -74,8 +80,6 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def _verdict_html(d: ReportData) -> str:
-    from autotune.report._why import explain_no_winner
-
     v = d.verdict
     if v is None:
         return f'<p class="big">No verdict: no trial met the constraints.</p>' \
@@ -122,8 +126,6 @@ def _verdict_html(d: ReportData) -> str:
                      f"{_num(v.get('winner_value', row.value))}</p>")
     q = v.get("quality") or {}
     if q:
-        from autotune.quality import quality_figure
-
         knobs = ", ".join(f"{k}={x}" for k, x in (q.get("lossy_knobs") or {}).items())
         figure = quality_figure(q.get("figures"))
         parts.append(_note(f"lossy knobs ({knobs}): quality judged: {q.get('reason')}"
@@ -197,7 +199,6 @@ def _read_tail(path: str | None, limit: int = 400_000) -> str:
 
 def log_excerpt(t: TrialRow) -> str:
     """The lines of the trial's server log that named its failure (else its last lines)."""
-    from autotune.engine import classifying_lines
 
     text = _read_tail(t.log_path)
     if not text and "--- server log tail ---" in t.message:
@@ -239,8 +240,6 @@ def _latency_html(d: ReportData) -> str:
 def _capacity_html(d: ReportData) -> str:
     """--objective capacity: each leader's load levels in the order they ran, with which SLO
     their misses exceeded (the figures behind the bracket, and behind a flat-misses note)."""
-    from autotune.report._capacity import open_search_text
-    from autotune.trial import flat_note
 
     out = []
     for t in leaders(d):
@@ -405,8 +404,6 @@ def write_html(d: ReportData, path: Path) -> Path:
     """Write the report atomically (temp file, then ``os.replace``); returns ``path``.
     Raises :class:`StudyError` when it cannot be written."""
     import os
-
-    from autotune.errors import StudyError
 
     text = render_html(d)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from autotune.engine import classifying_lines
+
 __all__ = ["explain_no_winner", "failure_summary", "one_line_message"]
 
 #: what the study appends to a failed trial's message (the server log's tail)
@@ -25,7 +27,6 @@ _ERROR_HINTS = {
 def failure_summary(message: str, reason: str, limit: int = 300) -> str:
     """A failed trial's message in one line: its first line, plus the log line that named
     the failure (``error: unrecognized arguments: --x``), else the log's last line."""
-    from autotune.engine import classifying_lines
 
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     if not lines:

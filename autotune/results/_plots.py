@@ -15,9 +15,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.errors import TrackingError
+from autotune.report import param_importances
 from autotune.store import (
     A,
     FailureReason,
@@ -27,6 +28,11 @@ from autotune.store import (
     objective_metric,
     pareto_front,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from optuna import Study
 
 __all__ = ["PLOT_FILES", "param_importances", "pareto_front", "trial_points", "write_study_plots"]
 
@@ -56,7 +62,7 @@ class _Point:
     metrics: dict[str, float]
 
 
-def trial_points(study: Any) -> list[_Point]:
+def trial_points(study: Study) -> list[_Point]:
     from optuna.trial import TrialState
 
     out: list[_Point] = []
@@ -85,7 +91,7 @@ def trial_points(study: Any) -> list[_Point]:
     return out
 
 
-def _prior_sources(study: Any) -> dict[str, int]:
+def _prior_sources(study: Study) -> dict[str, int]:
     """Study name -> number of prior trials copied from it by a warm start."""
     out: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
@@ -96,7 +102,7 @@ def _prior_sources(study: Any) -> dict[str, int]:
     return out
 
 
-def _metric_label(study: Any) -> str:
+def _metric_label(study: Study) -> str:
     settings = study.user_attrs.get(A.SETTINGS) or {}
     objective = settings.get("objective", "throughput") if isinstance(settings, dict) else ""
     try:
@@ -105,26 +111,26 @@ def _metric_label(study: Any) -> str:
         return "objective"
 
 
-def _slo(study: Any, key: str) -> float | None:
+def _slo(study: Study, key: str) -> float | None:
     settings = study.user_attrs.get(A.SETTINGS) or {}
     slo = settings.get("slo") if isinstance(settings, dict) else None
     value = slo.get(key) if isinstance(slo, dict) else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _figure(size: tuple[float, float] = (8.0, 4.5)) -> tuple[Any, Any]:
+def _figure(size: tuple[float, float] = (8.0, 4.5)) -> tuple[Figure, Axes]:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size)
     return fig, fig.subplots()
 
 
-def _note(ax: Any, text: str) -> None:
+def _note(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10,
             color="0.35", wrap=True)
 
 
-def _save(fig: Any, path: Path, *, tight: bool = False) -> Path:
+def _save(fig: Figure, path: Path, *, tight: bool = False) -> Path:
     """Write the PNG atomically (temp file, then ``os.replace``).
 
     ``tight``: fit the margins to the labels (an extra layout pass: only where labels vary,
@@ -148,7 +154,13 @@ def _save(fig: Any, path: Path, *, tight: bool = False) -> Path:
 # Optimization history
 
 
-def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
+def _xy(points: Sequence[_Point]) -> tuple[list[int], list[float]]:
+    """Trial numbers and values of the points that have a value."""
+    have = [p for p in points if p.value is not None]
+    return [p.number for p in have], [float(p.value or 0.0) for p in have]
+
+
+def _history(study: Study, points: Sequence[_Point], path: Path) -> Path:
     fig, ax = _figure((9.0, 5.0))
     label = _metric_label(study)
     ok = [p for p in points if p.kind == "ok"]
@@ -167,8 +179,7 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
         _note(ax, "no finished trials yet")
         return _save(fig, path)
     if ok:
-        ax.scatter([p.number for p in ok], [p.value for p in ok], s=28, color="tab:blue",
-                   label="feasible", zorder=3)
+        ax.scatter(*_xy(ok), s=28, color="tab:blue", label="feasible", zorder=3)
         best_x: list[float] = []
         best_y: list[float] = []
         best = -math.inf
@@ -183,12 +194,12 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
         ax.step(best_x, best_y, where="post", color="tab:red", linewidth=1.5,
                 label=f"best so far ({best_y[-1]:,.1f})", zorder=2)
     if bad:
-        ax.scatter([p.number for p in bad], [p.value for p in bad], marker="x", s=36,
-                   color="tab:orange", label="infeasible (SLO / error rate)", zorder=3)
+        ax.scatter(*_xy(bad), marker="x", s=36, color="tab:orange",
+                   label="infeasible (SLO / error rate)", zorder=3)
     base = next((p for p in points if p.baseline and p.value is not None), None)
     if base is not None:
         ax.axhline(float(base.value or 0.0), color="tab:green", linestyle="--", linewidth=1)
-        ax.scatter([base.number], [base.value], marker="*", s=160, color="tab:green",
+        ax.scatter(*_xy([base]), marker="*", s=160, color="tab:green",
                    label=f"vLLM defaults (trial {base.number}: {base.value:,.1f})", zorder=4)
     if not ok and not bad:
         ax.set_ylim(0.0, 1.0)
@@ -220,64 +231,7 @@ def _history(study: Any, points: Sequence[_Point], path: Path) -> Path:
 # Parameter importances
 
 
-#: measured trials before parameter importances are shown: fANOVA fits a random forest to
-#: the trials' (params, objective) pairs, and on fewer points each tree splits on one or
-#: two readings, so the ranking says more about the noise of a reading (or the forest's
-#: seed) than about the knobs; an Optuna study samples its first few configs at random
-#: anyway (TPE's start-up), and a study of at least 5 has seen several settings of a knob
-MIN_IMPORTANCE_TRIALS = 5
-
-
-def param_importances(study: Any) -> tuple[dict[str, float] | None, str, int]:
-    """(importances, why not, trials used) over this study's own COMPLETE trials. "Why
-    not" is a sentence for people (the report, the PNG), never the library's error."""
-    import optuna
-    from optuna.trial import TrialState
-
-    trials = [t for t in study.get_trials(deepcopy=False)
-              if t.state == TrialState.COMPLETE and not is_prior(t)
-              and t.values and math.isfinite(t.values[0])]
-    if len(trials) < MIN_IMPORTANCE_TRIALS:
-        return None, (f"parameter importances need at least {MIN_IMPORTANCE_TRIALS} measured "
-                      f"trials (this study has {len(trials)}): from fewer, the ranking would "
-                      "be the noise of single readings"), len(trials)
-    varied = {k for t in trials for k in t.params
-              if len({repr(u.params.get(k)) for u in trials}) > 1}
-    if not varied:
-        return None, ("no parameter varied across the measured trials: nothing to attribute "
-                      "the variance of the objective to"), len(trials)
-    if len({t.values[0] for t in trials}) == 1:
-        return None, (f"every measured trial read the same objective ({trials[0].values[0]:g}): "
-                      "no variance to attribute to the parameters"), len(trials)
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        own = optuna.create_study(directions=study.directions)
-        own.add_trials(trials)
-        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-        target = (lambda t: t.values[0]) if len(study.directions) > 1 else None
-        imp = optuna.importance.get_param_importances(own, evaluator=evaluator, target=target)
-    except (RuntimeError, ValueError, ImportError) as exc:
-        # e.g. "Encountered zero total variance in all trees": the forest found no split
-        # that explains the readings; people get what that means, the log gets the error
-        logger.info("parameter importances of study %s: %s: %s", study.study_name,
-                    type(exc).__name__, exc)
-        if isinstance(exc, ImportError):
-            return None, ("parameter importances need Optuna's fANOVA evaluator, which does "
-                          "not import here"), len(trials)
-        return None, (f"parameter importances could not be computed from these {len(trials)} "
-                      "measured trials: the readings vary too little with the parameters for "
-                      "fANOVA to attribute any of it (more trials may)"), len(trials)
-    finally:
-        optuna.logging.set_verbosity(verbosity)
-    if not imp:
-        why = ("no parameter varied across the measured trials that all of them have "
-               "(conditional knobs count only where present in every trial)")
-        return None, why, len(trials)
-    return dict(imp), "", len(trials)
-
-
-def _importance(study: Any, path: Path) -> Path:
+def _importance(study: Study, path: Path) -> Path:
     fig, ax = _figure((8.0, 4.5))
     imp, why, n = param_importances(study)
     ax.set_title(f"{study.study_name}: parameter importances (fANOVA, {n} measured trials)")
@@ -297,7 +251,7 @@ def _importance(study: Any, path: Path) -> Path:
 # Pareto front
 
 
-def _pareto(study: Any, points: Sequence[_Point], path: Path) -> Path:
+def _pareto(study: Study, points: Sequence[_Point], path: Path) -> Path:
     fig, ax = _figure((8.0, 5.0))
     measured = [p for p in points if p.kind in ("ok", "infeasible")
                 and _THROUGHPUT in p.metrics and _TTFT in p.metrics]
@@ -345,7 +299,7 @@ def _pareto(study: Any, points: Sequence[_Point], path: Path) -> Path:
 # ------------------------------------------------------------------------------------------
 
 
-def write_study_plots(study: Any, out_dir: str | Path) -> dict[str, Path]:
+def write_study_plots(study: Study, out_dir: str | Path) -> dict[str, Path]:
     """Write the history, importance and Pareto PNGs of ``study`` into ``out_dir``.
 
     Returns ``{"history": path, "importance": path, "pareto": path}`` (see

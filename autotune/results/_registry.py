@@ -24,15 +24,20 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune.config import store_where
 from autotune.credentials import redact
+from autotune.engine import serve_command
 from autotune.errors import ShapeError, StudyError
+from autotune.events import ParamValue
+from autotune.records import JsonValue
 from autotune.store import A, feasible, is_prior, objective_metric, open_storage, verdict
 from autotune.traffic import ShapeDiff, TrafficShape, diff_shapes, load_shape
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import TypeAlias
 
     import optuna
-
+    from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
 
     #: An Optuna storage URL, or a storage already opened (saves a schema check per call).
     StorageLike: TypeAlias = "str | optuna.storages.BaseStorage"
@@ -85,7 +90,7 @@ class RegistryHit(BaseModel):
     readings: list[float]
     metric: str
     objective: str
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     flags: list[str]
     env: dict[str, str]
     serve_command: str
@@ -105,11 +110,11 @@ class RegistryHit(BaseModel):
     notes: list[str] = []
     # the study's verdict (study.json's "verdict": verdict, ratio_to_defaults, method, ...);
     # None where the store does not record it
-    study_verdict: dict[str, Any] | None = None
+    study_verdict: dict[str, JsonValue] | None = None
     # best.json's "cost" (autotune.cost) where the study was given a price, else None
-    cost: dict[str, Any] | None = None
+    cost: dict[str, JsonValue] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
         """A JSON-ready dict (what ``autotune best --json`` prints)."""
         return self.model_dump(mode="json")
 
@@ -151,14 +156,14 @@ class RetunePlan:
     warm_start: WarmStart | None
 
 
-def _resolve(storage: StorageLike) -> tuple[str, Any | None]:
+def _resolve(storage: StorageLike) -> tuple[str, BaseStorage | None]:
     """(a label for messages, the opened storage or None when nothing is there)."""
     if isinstance(storage, str):
         return storage, _open(storage)
     return str(getattr(storage, "url", type(storage).__name__)), storage
 
 
-def _open(storage: str) -> Any | None:
+def _open(storage: str) -> BaseStorage | None:
     """The RDB storage, or None for a SQLite file that does not exist (nothing was tuned).
 
     A missing SQLite file is not created: looking something up must not leave files behind.
@@ -166,7 +171,7 @@ def _open(storage: str) -> Any | None:
     return open_storage(storage, create=False)
 
 
-def _load_study(st: Any, name: str) -> optuna.study.Study:
+def _load_study(st: BaseStorage, name: str) -> optuna.study.Study:
     import optuna
 
     try:
@@ -176,7 +181,7 @@ def _load_study(st: Any, name: str) -> optuna.study.Study:
         raise StudyError(f"study {name!r} is not in the storage") from exc
 
 
-def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
+def _objective(attrs: Mapping[str, object]) -> tuple[str, str]:
     settings = attrs.get(A.SETTINGS) or {}
     objective = (settings.get("objective", "throughput") if isinstance(settings, dict)
                  else "throughput")
@@ -190,17 +195,17 @@ def _objective(attrs: dict[str, Any]) -> tuple[str, str]:
 class _Best:
     """A study's winner: the representative trial and every reading of its config."""
 
-    trial: Any
+    trial: FrozenTrial
     readings: list[float]
-    verdict: dict[str, Any] | None = None  # the study's (autotune.verdict), as study.json's
-    cost: dict[str, Any] | None = None  # best.json's "cost" (autotune.cost)
+    verdict: dict[str, JsonValue] | None = None  # the study's (autotune.verdict), as study.json's
+    cost: dict[str, JsonValue] | None = None  # best.json's "cost" (autotune.cost)
 
     @property
     def value(self) -> float:
         return float(statistics.median(self.readings))
 
 
-def _winner(study: Any) -> _Best | None:
+def _winner(study: optuna.Study) -> _Best | None:
     """The study's winner as ``tune()`` declares it in best.json (:func:`schema.verdict`): the
     best median over configs measured more than once when any was re-measured, else the
     best single reading; prior trials never win."""
@@ -213,7 +218,7 @@ def _winner(study: Any) -> _Best | None:
                  cost if isinstance(cost, dict) else None)
 
 
-def _scan(storage: str, st: Any | None = None, model: str | None = None,
+def _scan(storage: str, st: BaseStorage | None = None, model: str | None = None,
           gpu: str | None = None) -> list[tuple[TunedStudy, _Best | None]]:
     """Every autotune study (of ``model`` and ``gpu`` when given) with its winner (None when
     no trial was feasible).
@@ -230,7 +235,7 @@ def _scan(storage: str, st: Any | None = None, model: str | None = None,
     except Exception as exc:  # one clear error for any storage failure
         raise StudyError(f"cannot list the studies in {redact(storage)!r}: "
                          f"{redact(str(exc))}") from exc
-    out: list[tuple[TunedStudy, Any]] = []
+    out: list[tuple[TunedStudy, _Best | None]] = []
     for s in studies:
         attrs = dict(s.user_attrs)
         fp = attrs.get(A.SHAPE)
@@ -286,8 +291,8 @@ def _same_gpu(query: str, stored: str) -> bool:
     return q == s or (bool(q) and q in s)
 
 
-def _filter(rows: list[tuple[TunedStudy, Any]], model: str | None,
-            gpu: str | None) -> list[tuple[TunedStudy, Any]]:
+def _filter(rows: list[tuple[TunedStudy, _Best | None]], model: str | None,
+            gpu: str | None) -> list[tuple[TunedStudy, _Best | None]]:
     return [
         (info, best) for info, best in rows
         if (model is None or _same_model(model, info.model))
@@ -295,7 +300,7 @@ def _filter(rows: list[tuple[TunedStudy, Any]], model: str | None,
     ]  # fmt: skip
 
 
-def _prefer_metric(rows: list[tuple[TunedStudy, Any]]) -> list[tuple[TunedStudy, Any]]:
+def _prefer_metric(rows: list[tuple[TunedStudy, _Best]]) -> list[tuple[TunedStudy, _Best]]:
     """Values of different objectives do not compare: keep throughput studies when mixed."""
     metrics = {info.metric for info, _ in rows}
     if len(metrics) <= 1:
@@ -306,7 +311,6 @@ def _prefer_metric(rows: list[tuple[TunedStudy, Any]]) -> list[tuple[TunedStudy,
 
 def _hit(storage: str, info: TunedStudy, win: _Best, *, exact: bool, diff: ShapeDiff | None,
          notes: list[str]) -> RegistryHit:
-    from autotune.engine import serve_command
 
     best = win.trial
     flags = [str(f) for f in best.user_attrs.get(A.FLAGS, [])]
@@ -351,8 +355,9 @@ def _tuned_shape(info: TunedStudy, cache: dict[str, TrafficShape | str]) -> Traf
 
 
 def _find(storage: str, shape: TrafficShape, model: str | None, gpu: str | None,
-          st: Any | None = None) -> tuple[RegistryHit, ShapeDiff | None] | None:
-    rows = [(i, b) for i, b in _scan(storage, st, model, gpu) if b is not None]
+          st: BaseStorage | None = None) -> tuple[RegistryHit, ShapeDiff | None] | None:
+    rows: list[tuple[TunedStudy, _Best]] = [
+        (i, b) for i, b in _scan(storage, st, model, gpu) if b is not None]
     if not rows:
         return None
     exact = _prefer_metric([(i, b) for i, b in rows if i.shape_fingerprint == shape.fingerprint])
@@ -361,7 +366,7 @@ def _find(storage: str, shape: TrafficShape, model: str | None, gpu: str | None,
         return _hit(storage, info, best, exact=True, diff=None, notes=[]), None
     notes: list[str] = []
     cache: dict[str, TrafficShape | str] = {}
-    scored: list[tuple[float, float, TunedStudy, Any, ShapeDiff]] = []
+    scored: list[tuple[float, float, TunedStudy, _Best, ShapeDiff]] = []
     for info, best in _prefer_metric(rows):
         tuned = _tuned_shape(info, cache)
         if isinstance(tuned, str):

@@ -13,18 +13,29 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from autotune.cost import cost_metrics
 from autotune.credentials import redact, warn_if_password
 from autotune.errors import TrackingError
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
+from autotune.load import _http
 from autotune.store import A, State, schema_race, sqlite_path
+
+if TYPE_CHECKING:
+    from mlflow.entities import Metric, RunTag
+    from optuna import Study
+
+    from autotune.records import BestFile
+    from autotune.results._outputs import TuneResult
 
 __all__ = ["BEST_TAG", "BEST_VALUE", "EXPERIMENT_KIND", "TAGS", "MlflowCallback",
            "MlflowTracker", "default_tracking_uri", "log_study_end"]
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 logger = logging.getLogger(__name__)
 
 BEST_TAG = "autotune.best"
@@ -190,7 +201,8 @@ class MlflowTracker:
         return not self.disabled
 
     # -- helpers ----------------------------------------------------------------------------
-    def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _safe(self, what: str, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs
+              ) -> _R | None:
         if self.disabled:
             self.failures.append(f"MLflow: skipped: {what} (the store failed earlier)")
             return None
@@ -210,7 +222,7 @@ class MlflowTracker:
             self._failed_at = time.monotonic()
             return None
 
-    def _log_dict(self, run_id: str, obj: Any, name: str) -> None:
+    def _log_dict(self, run_id: str, obj: object, name: str) -> None:
         with tempfile.TemporaryDirectory() as d:
             p = Path(d) / name
             p.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
@@ -314,7 +326,7 @@ class MlflowTracker:
         self._half_written.append(rid)
         return None
 
-    def mark_best(self, *, run_id: str, shape_fingerprint: str, best: Mapping[str, Any],
+    def mark_best(self, *, run_id: str, shape_fingerprint: str, best: BestFile,
                   serve_command: str, artifacts: Mapping[str, str] | None = None) -> None:
         """Tag the best trial's run and record the best config on the study run: best.json
         and the serve command as artifacts, and what best.json declares (:func:`_declared`)
@@ -328,7 +340,7 @@ class MlflowTracker:
             # one batch: the best run and its declared figures are never half written
             self._safe("record the best run", self.client.log_batch, pid,
                        metrics=metrics, tags=[*tags, _tag(TAGS["best_run"], run_id)])
-            self._safe("store best.json", self._log_dict, pid, dict(best), "best.json")
+            self._safe("store best.json", self._log_dict, pid, best.to_json(), "best.json")
             self._safe("store the serve command", self._log_text, pid,
                        "#!/bin/sh\n" + serve_command + "\n", "serve_command.sh")
             for name, path in (artifacts or {}).items():
@@ -402,7 +414,7 @@ class MlflowCallback(StudyCallback):
 
     def __init__(self, tracker: MlflowTracker) -> None:
         self.tracker = tracker
-        self._study: Any = None
+        self._study: Study | None = None
         self._tags: dict[str, str] = {}
         self._unlogged: dict[int, tuple[StudyEvent, TrialRecord]] = {}
         self.late: list[int] = []  # trials logged after the store came back
@@ -475,7 +487,7 @@ class MlflowCallback(StudyCallback):
             self._study.set_user_attr(f"{A.MLFLOW_RUN}.{record.number}", rid)
         return rid
 
-    def on_study_end(self, event: StudyEvent, result: Any) -> None:
+    def on_study_end(self, event: StudyEvent, result: TuneResult | None) -> None:
         self._catch_up(current=None, every_s=0.0)  # the store may be back: one more try
         if result is None:
             self.tracker.end_study(ok=False, why=event.message)
@@ -487,25 +499,26 @@ class MlflowCallback(StudyCallback):
                 "the study run's results"]
 
 
-def log_study_end(tracker: MlflowTracker, result: Any, study: Any = None) -> None:
+def log_study_end(tracker: MlflowTracker, result: TuneResult, study: Study | None = None
+                  ) -> None:
     """The study run's record of a finished study (``result``: a
     :class:`~autotune.results.TuneResult`): the best config, the verdict, the GPU time,
     the result files, the counts; then the run is closed. ``study``: where a best trial
     logged late finds its run id."""
     best = result.best
     if best is not None:
-        rid = best.get("mlflow_run_id")
+        rid = best.mlflow_run_id
         if not rid and study is not None:
-            rid = study.user_attrs.get(f"{A.MLFLOW_RUN}.{best['trial']}")
+            rid = study.user_attrs.get(f"{A.MLFLOW_RUN}.{best.trial}")
         if rid:
-            tracker.mark_best(run_id=rid, shape_fingerprint=best["shape"]["fingerprint"],
-                              best={**best, "mlflow_run_id": rid},
-                              serve_command=best["serve_command"])
-        tracker.log_study_metrics({f"best_{k}": v for k, v in best["metrics"].items()})
-        if best.get("cost"):  # USD per million tokens, GPUs for the traffic (cost.*)
-            from autotune.cost import cost_metrics
-
-            tracker.log_study_metrics(cost_metrics(best["cost"]))
+            tracker.mark_best(run_id=rid,
+                              shape_fingerprint=best.shape.fingerprint if best.shape else "",
+                              best=best.model_copy(update={"mlflow_run_id": rid}),
+                              serve_command=best.serve_command)
+        tracker.log_study_metrics({f"best_{k}": v for k, v in best.metrics.items()
+                                   if v is not None})
+        if best.cost:  # USD per million tokens, GPUs for the traffic (cost.*)
+            tracker.log_study_metrics(cost_metrics(best.cost))
     # the verdict with its interval and the GPU-time account (issue 14)
     tracker.log_verdict(result.verdict or {})
     tracker.log_study_metrics({f"gpu_time.{label}.{k}": float(v)
@@ -520,8 +533,6 @@ def log_study_end(tracker: MlflowTracker, result: Any, study: Any = None) -> Non
 
 
 def _probe_server(uri: str, timeout_s: float = 5.0) -> None:
-    from autotune.load import _http
-
     try:
         status = _http.get(uri.rstrip("/") + "/health", timeout_s=timeout_s).status
         if status == 200:
@@ -535,13 +546,13 @@ def _probe_server(uri: str, timeout_s: float = 5.0) -> None:
     )
 
 
-def _tag(key: str, value: str) -> Any:
+def _tag(key: str, value: str) -> RunTag:
     from mlflow.entities import RunTag
 
     return RunTag(key, value)
 
 
-def _declared(best: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+def _declared(best: BestFile) -> tuple[list[Metric], list[RunTag]]:
     """The study run's record of what best.json declares: the metric :data:`BEST_VALUE` and
     the tags ``autotune.best_trial``, ``autotune.best_readings``, ``autotune.best_params``.
     A figure best.json lacks is not recorded; a tag longer than MLflow keeps is left out
@@ -551,17 +562,14 @@ def _declared(best: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
 
     from mlflow.entities import Metric
 
-    metrics: list[Any] = []
-    value = (best.get("objective") or {}).get("value")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+    metrics: list[Metric] = []
+    value = best.objective.value
+    if math.isfinite(value):
         metrics.append(Metric(BEST_VALUE, float(value), int(time.time() * 1000), 0))
-    tags: list[Any] = []
-    if best.get("trial") is not None:
-        tags.append(_tag(TAGS["best_trial"], str(best["trial"])))
-    for name in ("readings", "params"):
-        if best.get(name) is None:
-            continue
-        text = json.dumps(best[name], sort_keys=True, default=str)
+    tags: list[RunTag] = [_tag(TAGS["best_trial"], str(best.trial))]
+    declared: dict[str, object] = {"readings": best.readings, "params": best.params}
+    for name, figure in declared.items():
+        text = json.dumps(figure, sort_keys=True, default=str)
         if len(text) > _TAG_MAX:
             logger.warning("MLflow: the best config's %s (%d characters) exceed the %d of a "
                            "tag; not recorded as %s (best.json has them)", name, len(text),
@@ -571,6 +579,6 @@ def _declared(best: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
     return metrics, tags
 
 
-def _param_str(v: Any) -> str:
+def _param_str(v: object) -> str:
     s = v if isinstance(v, str) else json.dumps(v, default=str)
     return s[:6000]

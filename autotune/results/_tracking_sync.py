@@ -9,17 +9,21 @@ when the study run was never closed. Running it again writes nothing new.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.credentials import redact
-from autotune.errors import StudyError
+from autotune.errors import ConfigError, StudyError
+from autotune.records import BestFile, StudyFile
 from autotune.results._outputs import TuneResult
 from autotune.results._tracking import TAGS, MlflowTracker, log_study_end
 from autotune.store import A, State, is_prior, open_storage
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from optuna.trial import FrozenTrial
 
 __all__ = ["SyncResult", "sync_study"]
 
@@ -38,20 +42,20 @@ class SyncResult:
     failures: list[str] = field(default_factory=list)  # MLflow writes that failed again
 
 
-def _read_json(path: Path) -> Any:
+def _study_file(out_dir: Path) -> StudyFile:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise StudyError(f"cannot read {path}: {exc}; pass the output folder of a study "
-                         "that finished (the one its summary named)") from exc
+        return StudyFile.load(out_dir / StudyFile.FILE_NAME)
+    except ConfigError as exc:
+        raise StudyError(f"{exc}; pass the output folder of a study that finished (the one "
+                         "its summary named)") from None
 
 
-def _trial_runs(tracker: MlflowTracker, parent: str) -> dict[int, list[Any]]:
+def _trial_runs(tracker: MlflowTracker, parent: str) -> dict[int, list[Run]]:
     """The study run's trial runs, by trial number."""
     runs = tracker.client.search_runs(
         [tracker.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'",
         max_results=50000)
-    out: dict[int, list[Any]] = {}
+    out: dict[int, list[Run]] = {}
     for r in runs:
         number = r.data.tags.get(TAGS["trial"])
         if number is not None and number.isdigit():
@@ -59,7 +63,7 @@ def _trial_runs(tracker: MlflowTracker, parent: str) -> dict[int, list[Any]]:
     return out
 
 
-def _log_trial(tracker: MlflowTracker, t: Any, tags: dict[str, str]) -> str | None:
+def _log_trial(tracker: MlflowTracker, t: FrozenTrial, tags: dict[str, str]) -> str | None:
     """One trial's run from what the Optuna storage keeps of it."""
     ua = t.user_attrs
     state = str(ua.get(A.STATE) or ("ok" if t.state.name == "COMPLETE" else "failed"))
@@ -78,22 +82,23 @@ def _log_trial(tracker: MlflowTracker, t: Any, tags: dict[str, str]) -> str | No
         outcome={"user_attrs": dict(ua), "state": t.state.name})
 
 
-def _result_of(out_dir: Path, summary: dict[str, Any]) -> TuneResult:
+def _result_of(out_dir: Path, summary: StudyFile) -> TuneResult:
     """The study's :class:`TuneResult` as its output folder records it."""
-    best = _read_json(out_dir / "best.json") if (out_dir / "best.json").exists() else None
+    best_path = out_dir / BestFile.FILE_NAME
+    best = BestFile.load(best_path) if best_path.exists() else None
     files = {f"plots/{p.name}": p for p in sorted((out_dir / "plots").glob("*"))
              if p.is_file()}
     files.update({name: out_dir / name for name in
                   ("trials.csv", "config.yaml", "study.json", "report.html")
                   if (out_dir / name).exists()})
     return TuneResult(
-        study_name=summary["study"], storage=summary.get("storage", ""), out_dir=out_dir,
-        best=best, n_trials=int(summary.get("trials", 0)), n_ok=int(summary.get("ok", 0)),
-        n_failed=int(summary.get("failed", 0)), n_pruned=int(summary.get("pruned", 0)),
-        tracking_uri=summary.get("tracking_uri", ""),
-        failures_by_reason=dict(summary.get("failures_by_reason") or {}), files=files,
-        explanation=str(summary.get("explanation") or ""),
-        verdict=dict(summary.get("verdict") or {}), gpu_time=dict(summary.get("gpu_time") or {}))
+        study_name=summary.study, storage=summary.storage, out_dir=out_dir,
+        best=best, n_trials=summary.trials, n_ok=summary.ok,
+        n_failed=summary.failed, n_pruned=summary.pruned,
+        tracking_uri=summary.tracking_uri,
+        failures_by_reason=dict(summary.failures_by_reason), files=files,
+        explanation=summary.explanation,
+        verdict=dict(summary.verdict), gpu_time=dict(summary.gpu_time))
 
 
 def sync_study(out_dir: Path, *, storage: str | None = None, tracking_uri: str | None = None,
@@ -105,17 +110,17 @@ def sync_study(out_dir: Path, *, storage: str | None = None, tracking_uri: str |
     import optuna
     from mlflow.entities import RunStatus
 
-    summary = _read_json(out_dir / "study.json")
-    settings = summary.get("settings") or {}
-    storage = storage or summary.get("storage") or settings.get("storage")
-    tracking_uri = tracking_uri or summary.get("tracking_uri")
+    summary = _study_file(out_dir)
+    settings = summary.settings
+    storage = storage or summary.storage or str(settings.get("storage") or "")
+    tracking_uri = tracking_uri or summary.tracking_uri
     if not storage or not tracking_uri:
         raise StudyError(f"{out_dir}/study.json names no storage or tracking URI; pass "
                          "--storage and --tracking-uri")
-    name = str(summary["study"])
+    name = summary.study
     study = optuna.load_study(study_name=name, storage=open_storage(storage))
     tracker = MlflowTracker(tracking_uri, experiment=experiment
-                            or settings.get("experiment") or "autotune")
+                            or str(settings.get("experiment") or "autotune"))
     parent = study.user_attrs.get(A.MLFLOW_PARENT)
     if not parent:
         raise StudyError(f"study {name!r} has no MLflow study run in {redact(tracking_uri)}; "

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     #: An Optuna storage URL, or a storage already opened (saves a schema check per call).
     StorageLike: TypeAlias = "str | optuna.storages.BaseStorage"
+from autotune.config import SLO_KEYS
 from autotune.results._registry import (
     _NOT_COPIED,
     PRIOR_ATTR,
@@ -107,7 +108,6 @@ def warm_start_from(
 def _prior_values(t: Any, objective: str | None, latency: str,
                   scale: float) -> list[float] | None:
     """A COMPLETE trial's values for the new study (throughput scaled); None = unusable."""
-    from autotune.config import SLO_KEYS
 
     if objective is None:
         vals = [float(v) for v in t.values]

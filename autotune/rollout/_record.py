@@ -13,7 +13,10 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.records import BestFile
 
 __all__ = ["log_rollout_run"]
 
@@ -30,7 +33,7 @@ def _study_run(client: Any, experiment_id: str, study: str) -> str | None:
 
 
 def log_rollout_run(*, tracking_uri: str, summary: Mapping[str, Any], files: list[Path],
-                    best: Mapping[str, Any] | None) -> tuple[str | None, list[str]]:
+                    best: BestFile | None) -> tuple[str | None, list[str]]:
     """Write the rollout's run; returns (its id or None, what could not be written)."""
     from mlflow.entities import Metric, Param, RunStatus
 
@@ -38,7 +41,7 @@ def log_rollout_run(*, tracking_uri: str, summary: Mapping[str, Any], files: lis
 
     tracker = MlflowTracker(tracking_uri)
     client = tracker.client
-    study = str((best or {}).get("study") or "")
+    study = best.study if best is not None else ""
     tags = {TAGS["kind"]: "rollout", "autotune.rollout_outcome": str(summary["outcome"])}
     if study:
         tags[TAGS["study"]] = study
@@ -46,8 +49,8 @@ def log_rollout_run(*, tracking_uri: str, summary: Mapping[str, Any], files: lis
                                tracker.experiment_id, study)
         if parent:
             tags["mlflow.parentRunId"] = parent
-    if best and best.get("mlflow_run_id"):
-        tags["autotune.config_run_id"] = str(best["mlflow_run_id"])
+    if best is not None and best.mlflow_run_id:
+        tags["autotune.config_run_id"] = best.mlflow_run_id
     run = tracker._safe("create the rollout run", client.create_run, tracker.experiment_id,
                         run_name=f"rollout-{summary.get('started', '')}", tags=tags)
     if run is None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from autotune.errors import ConfigError, EngineError, RolloutError
 from autotune.load import _http
+from autotune.records import BestFile
 from autotune.rollout._run import ManagedServer
 
 __all__ = ["load_best", "served_model_name", "start_new_server"]
@@ -22,17 +22,12 @@ __all__ = ["load_best", "served_model_name", "start_new_server"]
 logger = logging.getLogger(__name__)
 
 
-def load_best(path: Path) -> dict[str, Any]:
-    """best.json's content; :class:`ConfigError` when it is missing or has no config."""
+def load_best(path: Path) -> BestFile:
+    """best.json; :class:`ConfigError` when it is missing or is not a study's best.json."""
     try:
-        best = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--best {path}: cannot read it ({exc}); give the best.json "
-                          "that 'autotune tune' or 'retune' wrote") from exc
-    if not isinstance(best, dict) or not isinstance(best.get("flags"), list):
-        raise ConfigError(f"--best {path}: no 'flags' list; give the best.json that "
-                          "'autotune tune' or 'retune' wrote")
-    return best
+        return BestFile.load(path)
+    except ConfigError as exc:
+        raise ConfigError(f"--best {path}: {exc}") from None
 
 
 def served_model_name(url: str) -> str:
@@ -45,7 +40,7 @@ def served_model_name(url: str) -> str:
                            "give --served-model-name") from exc
 
 
-def start_new_server(*, best: Mapping[str, Any], model: str | None, served_name: str,
+def start_new_server(*, best: BestFile, model: str | None, served_name: str,
                      log_path: Path, extra_flags: Sequence[str] = (), port: int | None = None,
                      gpus: Sequence[int] | None = None,
                      start_timeout_s: float = 900.0) -> ManagedServer:
@@ -53,11 +48,10 @@ def start_new_server(*, best: Mapping[str, Any], model: str | None, served_name:
     when it does not start (nothing in the router changed yet)."""
     from autotune.engine import VllmServer
 
-    model = model or str(best.get("model") or "")
+    model = model or best.model
     if not model:
         raise ConfigError("best.json names no model; give --model")
-    server = VllmServer(model=model, flags=[*best["flags"], *extra_flags],
-                        env={str(k): str(v) for k, v in (best.get("env") or {}).items()},
+    server = VllmServer(model=model, flags=[*best.flags, *extra_flags], env=dict(best.env),
                         log_path=log_path, port=port, served_model_name=served_name,
                         gpus=gpus, start_timeout_s=start_timeout_s)
     logger.info("starting the new server: %s %s", model, " ".join(server.flags))

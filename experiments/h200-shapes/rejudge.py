@@ -57,6 +57,7 @@ def _mlflow(uri: str, study_name: str, best: dict[str, Any], rec: dict[str, Any]
     ``only_missing``: only when the run lacks it or records another value (a study run
     whose record was never written: `autotune best` would answer with a trial's single
     reading instead of the declared median)."""
+    from autotune.records import BestFile
     from autotune.results import BEST_TAG, BEST_VALUE, TAGS, MlflowTracker, _declared
 
     tracker = MlflowTracker(uri, experiment="h200-shapes")
@@ -69,7 +70,7 @@ def _mlflow(uri: str, study_name: str, best: dict[str, Any], rec: dict[str, Any]
     run = tracker.parent_run_id = runs[0].info.run_id
     if only_missing and runs[0].data.metrics.get(BEST_VALUE) == best["objective"]["value"]:
         return ""
-    metrics, tags = _declared(best)
+    metrics, tags = _declared(BestFile.model_validate(best))
     client.log_batch(run, metrics=metrics, tags=tags)
     tracker.log_verdict(rec)
     if tracker.failures:
@@ -106,9 +107,10 @@ def rejudge(results: Path, key: str) -> str:
         return (f"study:{key}: unchanged ({old.get('verdict')}, {old.get('method')})"
                 + (f"; {note}" if note else ""))
     study.set_user_attr(A.VERDICT, rec)
-    best = best_config(_ctx(study, best_old, summary, sd))
-    if best is None:
+    declared = best_config(_ctx(study, best_old, summary, sd))
+    if declared is None:
         sys.exit(f"study:{key}: no feasible trial in {db}")
+    best = declared.to_json()
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
     run = summary.get("verdict_at_run") or old  # judged again before: the run's stays

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from autotune.cli import main
+from autotune.records import BestFile
 from autotune.results import find_best, find_best_tracked
 from autotune.results import BEST_VALUE, TAGS, MlflowTracker
 from autotune.traffic import TrafficShape, load_shape
@@ -61,7 +62,8 @@ def _study(uri: str, shape: TrafficShape, study: str, trials: list[tuple[int, fl
     rid = rids[best]
     assert rid is not None
     if artifacts:
-        tr.mark_best(run_id=rid, shape_fingerprint=shape.fingerprint, best=doc,
+        tr.mark_best(run_id=rid, shape_fingerprint=shape.fingerprint,
+                     best=BestFile.model_validate(doc),
                      serve_command=doc["serve_command"])
     else:
         tr.client.set_tag(rid, "autotune.best", "true")

@@ -166,7 +166,9 @@ def test_worse_config_rolls_back_at_the_first_step(
     best = tmp_path / "best.json"
     best.write_text(json.dumps({"flags": [*FLAGS, "--max-num-seqs", "1"],
                                 "model": str(tiny_llama), "study": "rollout-test",
-                                "env": {}}))
+                                "env": {}, "trial": 0,
+                                "objective": {"name": "throughput",
+                                              "metric": "output_tokens_per_s", "value": 1.0}}))
     out = tmp_path / "rollout"
     # 8 streams: the router's share of them at the first step must queue behind one sequence
     # at a time; with 4, the new server often held one request at once, served it as fast

@@ -132,7 +132,8 @@ def test_trials_of_1_2_and_4_gpus_are_packed_and_compared_per_gpu(model: Path,
     value = {_sizes(t.params): t.values[0] for t in trials.values() if t.values}
     assert value[(1, 1)] == pytest.approx(1000) and value[(2, 1)] == pytest.approx(900)
     assert value[(1, 2)] == pytest.approx(900) and value[(4, 1)] == pytest.approx(750)
-    best = result.best
+    assert result.best is not None
+    best = result.best.to_json()
     assert best is not None and _sizes(best["params"]) == (1, 1)
     assert best["objective"]["per_gpu"] and best["objective"]["value"] == pytest.approx(1000)
     g = best["gpus"]
@@ -164,7 +165,8 @@ def test_a_2_gpu_server_that_more_than_doubles_wins_and_says_its_gpus(model: Pat
     result = tune(_settings(model, tmp_path, trials=2, baseline=True, enqueue=enqueue,
                             recheck=1, recheck_starts=2),
                   executor=sim, tracker=False, callbacks=[sim])
-    best = result.best
+    assert result.best is not None
+    best = result.best.to_json()
     assert best is not None and best["params"]["tensor_parallel_size"] == 2
     assert best["objective"]["value"] == pytest.approx(1100, rel=0.03)
     assert best["objective"]["value_per_server"] == pytest.approx(
@@ -176,4 +178,4 @@ def test_a_2_gpu_server_that_more_than_doubles_wins_and_says_its_gpus(model: Pat
     assert result.verdict["verdict"] == "winner", result.verdict
     assert "(2 GPUs per server)" in _verdict_line(result.verdict)
     assert "per GPU (a server of 2 GPUs; the recorded traffic needs" in _best_line(
-        best, "throughput")
+        result.best, "throughput")

@@ -14,6 +14,7 @@ import pytest
 
 from autotune.config import TuneSettings
 from autotune.events import StudyCallback, StudyContext, StudyEvent, TrialRecord
+from autotune.records import BestFile
 from autotune.store import A, FailureReason, n_finished
 from autotune.study import tune
 from autotune.testing import SimulatedExecutor
@@ -90,7 +91,8 @@ def test_a_whole_study_with_a_simulated_executor(model: Path, tmp_path: Path) ->
 
     # best.json: the best measured config, its command, and the other result files
     best = json.loads((tmp_path / "out" / "best.json").read_text())
-    assert result.best == best
+    assert result.best is not None and result.best.to_json() == best
+    assert BestFile.load(tmp_path / "out") == result.best  # round-trips through its model
     ok = [t for t in trials if t.user_attrs.get(A.STATE) == "ok"]
     # the verdict rests on the fresh-server readings of the declared config (the re-check)
     same = [t for t in ok if t.params == best["params"]

@@ -162,7 +162,7 @@ def test_a_study_on_postgresql_logs_to_the_mlflow_server_over_http(
     assert sorted(int(r.data.tags["autotune.trial_number"]) for r in trials) == [0, 1, 2]
     assert {r.info.status for r in trials} == {"FINISHED"}
     best = [r for r in trials if r.data.tags.get("autotune.best") == "true"]
-    assert [r.data.tags["autotune.trial_number"] for r in best] == [str(res.best["trial"])]
+    assert [r.data.tags["autotune.trial_number"] for r in best] == [str(res.best.trial)]
     # artifacts went to the server's artifact destination, not to this machine's disk
     from mlflow.tracking import MlflowClient
 
@@ -180,7 +180,7 @@ def test_autotune_best_answers_from_the_tracking_server(
                "--tracking-uri", mlflow_server.url, "--json", env=team_env)
     assert out.returncode == 0, out.stderr
     hit = json.loads(out.stdout)
-    assert hit["study"] == "team-study" and hit["params"] == team_study.result.best["params"]
+    assert hit["study"] == "team-study" and hit["params"] == team_study.result.best.params
 
 
 def test_an_unauthenticated_client_is_refused(

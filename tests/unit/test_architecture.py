@@ -26,7 +26,7 @@ MAX_TOP_LEVEL_MODULES = 8  # autotune/*.py, __init__ and __main__ included
 # module may import its own layer and the layers below it, never one above. A name is a
 # top-level module (``errors``) or a package (``store``); "autotune" is autotune/__init__.
 LAYERS: list[tuple[str, ...]] = [
-    ("autotune", "errors", "credentials", "hardware", "cost", "config", "events"),
+    ("autotune", "errors", "credentials", "hardware", "cost", "config", "events", "records"),
     ("parallelism", "traffic"),
     ("space",),
     ("load",),

