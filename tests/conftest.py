@@ -82,6 +82,7 @@ SLOW_FILES = {
     "tests/integration/test_rollout.py": 400,
     "tests/integration/test_team_setup.py": 450,
     "tests/integration/test_study_stops_early.py": 60,
+    "tests/integration/test_space_multiturn.py": 30,
     "tests/integration/test_parallel_cpu_server.py": 120,
     "tests/integration/test_placement_ray.py": 25,
     "tests/integration/test_study_gpus.py": 8,
