@@ -5,6 +5,7 @@ autotune.trial._sessions)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -56,7 +57,7 @@ def test_sessions_are_drawn_from_the_shape(shape: TrafficShape) -> None:
     assert later and min(later) >= 0 and np.median(later) > 0
     starts = [x.start_s for x in sched.sessions]
     assert starts[0] == 0.0 and all(b is not None and a is not None and b >= a
-                                    for a, b in zip(starts, starts[1:], strict=False))
+                                    for a, b in itertools.pairwise(starts))
     # open loop at the recorded session rate
     assert len(starts) / (starts[-1] or 1.0) == pytest.approx(s.rate_sps, rel=0.2)
     ids = {i for x in sched.sessions for t in x.turns for i in t.new_token_ids}
