@@ -83,7 +83,7 @@ def _one_replay(spec: TrialSpec, sched: SessionSchedule, server: VllmServer,
     """One measured session replay: its measurement with the server's figures over the
     whole replay (None when most requests failed: the outcome says why)."""
     from autotune.load import replay
-    from autotune.measure import measure, snapshot_metrics
+    from autotune.measure import measure, server_figures, snapshot_metrics
 
     t_run = time.monotonic()
     before = snapshot_metrics(server.base_url)
@@ -94,6 +94,8 @@ def _one_replay(spec: TrialSpec, sched: SessionSchedule, server: VllmServer,
     after = snapshot_metrics(server.base_url)
     _count_prompt_tokens(outcome, run, before, after)
     m = measure(run, slo=spec.slo, server_before=before, server_after=after)
+    # the gauges (KV cache usage) over the run's samples: the snapshot after it is idle
+    m = m.model_copy(update={"server": server_figures(before, after, run.snapshots)})
     outcome.measure_s += time.monotonic() - t_run
     outcome.stop = "cap" if run.stopped_at_s is not None else "schedule_end"
     logger.info("trial %d: %d sessions, %d turns, prefix-cache hit rate %s, %s out tok/s",

@@ -122,4 +122,5 @@ def test_prefix_caching_on_beats_off_in_cache_hits(tiny_server: Any, tiny_llama:
     m = off.metrics
     assert m["session_turns_per_session"] > 1 and "session_ttft_p50_s_turn2" in m
     assert m.get("server_prefix_cache_hits", 0.0) == 0.0
+    assert "server_kv_cache_usage_max" in m and "server_preemptions" in m
     assert on.server["prefix_cache_hit_rate"] > m.get("server_prefix_cache_hit_rate", 0.0)
