@@ -197,6 +197,14 @@ class MeasureSettings(BaseModel):
                     "[1 - FRACTION, 1 + FRACTION] (0 replays the shape's lengths exactly): "
                     "streams of equal lengths otherwise lock into step again and the "
                     "throughput climbs for minutes (docs/measurement.md, section 4)")
+    replay: Literal["auto", "sessions", "independent"] = Field(
+        default="auto", json_schema_extra=_cli("--replay"),
+        description="how a shape with a sessions section is replayed: 'sessions' turn by "
+                    "turn (each turn sent its think time after the previous answer, its "
+                    "prompt the previous prompt + the answer's token ids + new tokens: a "
+                    "prefix cache hits as in production; completions API), 'independent' "
+                    "as independent requests, 'auto' sessions when the shape has them and "
+                    "the API is completions (docs/traffic.md)")
     # -- warm-up and the adaptive stop (docs/measurement.md) ------------------------------
     warmup_requests: int | None = Field(
         default=None, ge=0, json_schema_extra=_cli("--warmup-requests"),

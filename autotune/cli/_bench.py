@@ -271,6 +271,20 @@ def _bench(args: argparse.Namespace) -> int:
     return _print_measurement(outcome, m, cost, interrupted=interrupted)
 
 
+def _print_sessions(m: Mapping[str, float]) -> None:
+    """A session replay's lines: sessions, the server's prefix-cache hit rate, TTFT by turn."""
+    hit = m.get("server_prefix_cache_hit_rate")
+    per = m.get("session_turns_per_session", 0.0)
+    print(f"sessions         {int(m['session_sessions'])} ({per:.2f} turns each, "
+          f"{int(m.get('session_failed_sessions', 0))} failed); prefix-cache hit rate "
+          f"{'n/a' if hit is None else f'{hit:.1%}'}; preemptions "
+          f"{int(m.get('server_preemptions', 0))}")
+    turns = [(k.removeprefix("session_ttft_p50_s_"), v) for k, v in m.items()
+             if k.startswith("session_ttft_p50_s_")]
+    if turns:
+        print("TTFT p50 by turn " + "   ".join(f"{t} {v * 1000:.1f} ms" for t, v in sorted(turns)))
+
+
 def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
                        cost: dict[str, Any] | None, *, interrupted: bool) -> int:
     """The measurement for people (after the capacity lines of a capacity bench)."""
@@ -323,6 +337,8 @@ def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
         p50, p99 = m.get(f"{name}_p50_s"), m.get(f"{name}_p99_s")
         if p50 is not None and p99 is not None:
             print(f"{name.upper():<5} p50 {p50 * 1000:9.1f} ms   p99 {p99 * 1000:9.1f} ms")
+    if "session_sessions" in m:
+        _print_sessions(m)
     print(cost_line(cost) if cost else no_price_line())
     if interrupted:
         done = len((rm.get("repeat_tokens_per_s") if rm is not None else None) or []) or 1

@@ -1,6 +1,7 @@
 """Load: drive a recorded schedule against a server and record every request.
 
-The load generator (open or closed loop: a driver each, ``_modes``; the hooks that watch
+The load generator (open or closed loop: a driver each, ``_modes``; sessions replayed
+turn by turn, ``_sessions``; a hash-id trace replayed exactly, ``_exact``; the hooks that watch
 a run, ``_hooks``; a streaming OpenAI client on a pool of keep-alive HTTP/1.1
 connections), the prompts built for the model's tokenizer, the server's ``/metrics``
 client, and the small HTTP helper every other request uses.
@@ -13,6 +14,12 @@ from typing import TYPE_CHECKING
 from autotune import lazy_exports
 
 if TYPE_CHECKING:
+    from autotune.load._exact import (
+        HashRequest,
+        block_token_ids,
+        exact_schedule,
+        read_hash_trace,
+    )
     from autotune.load._http1 import (
         Pool,
         RequestFailure,
@@ -29,6 +36,7 @@ if TYPE_CHECKING:
         ModelPrompts,
         PromptError,
         build_prompts,
+        model_prompts,
         model_vocab_size,
         text_prompts,
     )
@@ -50,6 +58,14 @@ if TYPE_CHECKING:
         scrape_metrics,
         snapshot_metrics,
     )
+    from autotune.load._sessions import (
+        Session,
+        SessionLoop,
+        SessionSchedule,
+        Turn,
+        next_send_at,
+        session_schedule,
+    )
     from autotune.load._sse import (
         _SseParser as _SseParser,
     )
@@ -57,6 +73,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ERROR_REASONS",
     "Abort",
+    "HashRequest",
     "ModelPrompts",
     "Pool",
     "PromptError",
@@ -64,15 +81,25 @@ __all__ = [
     "RequestRecord",
     "RunResult",
     "ServerSnapshot",
+    "Session",
+    "SessionLoop",
+    "SessionSchedule",
     "Target",
+    "Turn",
+    "block_token_ids",
     "build_prompts",
+    "exact_schedule",
     "failure_abort",
     "fetch_metrics_text",
+    "model_prompts",
     "model_vocab_size",
+    "next_send_at",
     "parse_metrics",
+    "read_hash_trace",
     "replay",
     "run_schedule",
     "scrape_metrics",
+    "session_schedule",
     "snapshot_metrics",
     "staggered",
     "text_prompts",
@@ -81,6 +108,8 @@ __all__ = [
 # Each name is imported from its module on first use: importing the package (or one
 # of its modules) loads nothing else.
 __getattr__ = lazy_exports(__name__, {
+    "autotune.load._exact": ("HashRequest", "block_token_ids", "exact_schedule",
+                             "read_hash_trace"),
     "autotune.load._http1": ("Pool", "RequestFailure", "Target", "_Conn"),
     "autotune.load._loadgen": ("replay", "run_schedule"),
     "autotune.load._prompts": (
@@ -88,6 +117,7 @@ __getattr__ = lazy_exports(__name__, {
         "PromptError",
         "_prose",
         "build_prompts",
+        "model_prompts",
         "model_vocab_size",
         "text_prompts",
     ),
@@ -106,5 +136,7 @@ __getattr__ = lazy_exports(__name__, {
         "scrape_metrics",
         "snapshot_metrics",
     ),
+    "autotune.load._sessions": ("Session", "SessionLoop", "SessionSchedule", "Turn",
+                                "next_send_at", "session_schedule"),
     "autotune.load._sse": ("_SseParser",),
 })

@@ -34,6 +34,7 @@ from autotune.load._server_metrics import ServerSnapshot, fetch_metrics_text, pa
 if TYPE_CHECKING:
     import threading
 
+    from autotune.load._sessions import SessionSchedule
     from autotune.traffic import RequestSpec, Schedule
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,15 @@ def _parse_samples(samples: list[tuple[float, str]]) -> tuple[ServerSnapshot, ..
     return tuple(snaps)
 
 
+def _check_api(api: str, driver: Driver) -> None:
+    from autotune.load._sessions import SessionLoop
+
+    if api not in _PATHS:
+        raise LoadgenError(f"api is {api!r}; use 'completions' or 'chat'")
+    if api != "completions" and isinstance(driver, SessionLoop):
+        raise LoadgenError("a session replay sends token-id prompts: use api 'completions'")
+
+
 def _target(base_url: str, request_timeout_s: float, stall_timeout_s: float
             ) -> tuple[str, Target]:
     """The server's base URL and connection target; a LoadgenError for unusable ones."""
@@ -142,7 +152,7 @@ def _target(base_url: str, request_timeout_s: float, stall_timeout_s: float
 
 
 async def run_schedule(
-    schedule: Schedule,
+    schedule: Schedule | SessionSchedule,
     *,
     base_url: str,
     model: str,
@@ -178,13 +188,15 @@ async def run_schedule(
     ``RunResult.interrupted_at_s``/``complete_before_s`` say when and up to when the
     records hold every token that arrived.
 
+    A :class:`autotune.load.SessionSchedule` replays sessions turn by turn
+    (:mod:`autotune.load._sessions`; completions API only).
+
     The mode is a driver (:mod:`autotune.load._modes`: :class:`OpenLoop`,
-    :class:`ClosedLoop`); progress, segments, the abort rule and the interrupt are hooks
-    that watch the run (:mod:`autotune.load._hooks`).
+    :class:`ClosedLoop`, :class:`SessionLoop`); progress, segments, the abort rule and the
+    interrupt are hooks that watch the run (:mod:`autotune.load._hooks`).
     """
     driver = driver_for(schedule, control=control, refill=refill, stagger=stagger)
-    if api not in _PATHS:
-        raise LoadgenError(f"api is {api!r}; use 'completions' or 'chat'")
+    _check_api(api, driver)
     base, target = _target(base_url, request_timeout_s, stall_timeout_s)
     _raise_nofile(driver.connections() + 64)
     hooks = hooks_for(progress=progress, total=len(driver.requests), control=control,
@@ -266,7 +278,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop  # type: ignore[no-any-return]
 
 
-def replay(schedule: Schedule, **kwargs: Any) -> RunResult:
+def replay(schedule: Schedule | SessionSchedule, **kwargs: Any) -> RunResult:
     """Synchronous :func:`run_schedule` on a fresh event loop (uvloop when installed).
 
     Works from any thread that has no running event loop; inside a coroutine, ``await

@@ -21,6 +21,7 @@ from autotune.load._records import RequestRecord, SegmentControl, staggered
 
 if TYPE_CHECKING:
     from autotune.load._runner import _Runner
+    from autotune.load._sessions import SessionSchedule
     from autotune.traffic import RequestSpec, Schedule
 
 #: more requests for a closed loop whose schedule ran out: ``refill(next_index)``
@@ -152,10 +153,19 @@ class ClosedLoop:
                 return
 
 
-def driver_for(schedule: Schedule, *, control: SegmentControl | None = None,
+def driver_for(schedule: Schedule | SessionSchedule, *, control: SegmentControl | None = None,
                refill: Refill | None = None, stagger: bool = False) -> Driver:
     """The driver of ``schedule``'s mode; a :class:`LoadgenError` for an unusable schedule,
-    or for a closed loop's options (``control``, ``refill``, ``stagger``) on an open one."""
+    or for a closed loop's options (``control``, ``refill``, ``stagger``) on an open one.
+    A :class:`autotune.load.SessionSchedule` gets the session replay's driver."""
+    from autotune.load._sessions import SessionLoop, SessionSchedule
+
+    if isinstance(schedule, SessionSchedule):
+        if control is not None or refill is not None or stagger:
+            raise LoadgenError("control, refill and stagger do not apply to a session replay")
+        if not schedule.sessions:
+            raise LoadgenError("the session schedule has no session; draw at least one")
+        return SessionLoop(schedule)
     mode, conc, specs = _check(schedule)
     if mode == "closed":
         return ClosedLoop(specs, streams=conc or 1, refill=refill, stagger=stagger)

@@ -56,6 +56,8 @@ class RequestRecord:
     detail: str | None
     status: int | None
     sent_prompt_tokens: int = 0  # the prompt length the schedule asked for (its token ids)
+    session: int | None = None  # a session replay: the session and the turn (0 = first)
+    turn: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

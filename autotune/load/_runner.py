@@ -73,13 +73,14 @@ class _Runner:
         for hook in self.hooks:
             hook.finished(self, rec)
 
-    async def request(self, spec: RequestSpec) -> RequestRecord:
-        """Send one streaming request and record what came back."""
-        body = _body(spec, self.model, self.api)
+    async def request(self, spec: RequestSpec, ids: list[int] | None = None) -> RequestRecord:
+        """Send one streaming request and record what came back; ``ids`` (a list) collects
+        the generated token ids (completions API: the server is asked for them)."""
+        body = _body(spec, self.model, self.api, token_ids=ids is not None)
         head = self.pool.target.post_head(self.path, len(body), _HEADERS)
         t0 = self.t0
         clock = time.monotonic
-        sse = _SseParser(chat=self.api == "chat")
+        sse = _SseParser(chat=self.api == "chat", ids=ids)
         status: int | None = None
         send = clock() - t0
         self.live[sse] = send

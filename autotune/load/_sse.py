@@ -32,6 +32,7 @@ class _Choice(msgspec.Struct, gc=False):
     text: str | None = None
     delta: _Delta | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids: this chunk's new tokens
 
 
 class _Chunk(msgspec.Struct, gc=False):
@@ -46,10 +47,14 @@ _decode_chunk = msgspec.json.Decoder(_Chunk).decode
 _encode = msgspec.json.Encoder().encode
 
 
-def _body(spec: RequestSpec, model: str, api: Api) -> bytes:
+def _body(spec: RequestSpec, model: str, api: Api, *, token_ids: bool = False) -> bytes:
+    """The request's JSON; ``token_ids`` asks the server for the generated token ids
+    (vLLM's ``return_token_ids``: a session's next turn extends its prompt with them)."""
     if api == "completions":
         payload: dict[str, object] = {"model": model, "prompt": list(spec.prompt_token_ids)}
         payload["max_tokens"] = spec.max_tokens
+        if token_ids:
+            payload["return_token_ids"] = True
     else:
         text = spec.prompt
         if text is None:  # the tiny models' words: token i is "t<i>"
@@ -79,10 +84,12 @@ class _SseParser:
     malformed SSE or an in-stream error object.
     """
 
-    __slots__ = ("chat", "cum", "done", "prompt_tokens", "tail", "times", "tokens", "usage_total")
+    __slots__ = ("chat", "cum", "done", "ids", "prompt_tokens", "tail", "times", "tokens",
+                 "usage_total")
 
-    def __init__(self, *, chat: bool) -> None:
+    def __init__(self, *, chat: bool, ids: list[int] | None = None) -> None:
         self.chat = chat
+        self.ids = ids  # collects the generated token ids the server returns, when given
         self.times: list[float] = []
         self.tokens: list[int] = []
         self.prompt_tokens: int | None = None
@@ -127,6 +134,8 @@ class _SseParser:
             choices = chunk.choices
             if not choices:
                 continue
+            if self.ids is not None and choices[0].token_ids:
+                self.ids.extend(choices[0].token_ids)
             if usage is not None and usage.completion_tokens is not None:
                 n = usage.completion_tokens - self.cum
                 self.cum = usage.completion_tokens

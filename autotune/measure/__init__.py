@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from autotune.measure._server import (
         server_figures,
     )
+    from autotune.measure._sessions import (
+        session_figures,
+    )
     from autotune.measure._stats import (
         CAPACITY_BRACKETS,
         MAX_STARTS_NEEDED,
@@ -97,6 +100,7 @@ __all__ = [
     "relative_half_width",
     "scrape_metrics",
     "server_figures",
+    "session_figures",
     "slo_misses",
     "snapshot_metrics",
     "starts_needed",
@@ -114,6 +118,7 @@ __getattr__ = lazy_exports(__name__, {
                                   "PercentilesRecord", "Slo", "goodput_slo"),
     "autotune.measure._segments": ("LogWatch", "SegmentWatch", "tell_phase"),
     "autotune.measure._server": ("server_figures",),
+    "autotune.measure._sessions": ("session_figures",),
     "autotune.measure._stats": (
         "CAPACITY_BRACKETS",
         "Interval",

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from autotune.load import RequestRecord, RunResult
 from autotune.measure._model import Measurement, Percentiles, Slo
 from autotune.measure._server import SUBWINDOWS, WARMUP_FRACTION, server_figures
+from autotune.measure._sessions import session_figures
 
 
 def _finite(x: float | None) -> bool:
@@ -285,6 +286,7 @@ def measure(
         segment_kind=("segments" if bounds and rule == "steady" else "subwindows")
         if seg_rates else None,
         repeat_segments=(len(seg_rates),),
+        sessions=session_figures(recs, run.wall_s),
     )
 
 
@@ -379,5 +381,10 @@ def combine(measurements: Sequence[Measurement]) -> Measurement:
             k: v
             for k in keys
             if (v := _median(m.server.get(k) for m in ms)) is not None  # type: ignore[misc]
+        },
+        sessions={
+            k: v
+            for k in sorted({k for m in ms for k in m.sessions})
+            if (v := _median(m.sessions.get(k) for m in ms)) is not None  # type: ignore[misc]
         },
     )

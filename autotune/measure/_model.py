@@ -120,6 +120,7 @@ class MeasurementRecord(TypedDict):
     segment_kind: Literal["segments", "subwindows"] | None
     ci_method: str | None
     interval_note: str
+    sessions: dict[str, float]
 
 
 class Measurement(BaseModel):
@@ -167,6 +168,9 @@ class Measurement(BaseModel):
     ci_method: str | None = None
     # an open loop whose segments' spread follows its arrivals says so (arrivals_note)
     interval_note: str = ""
+    # a session replay's figures (autotune.measure._sessions.session_figures): TTFT by
+    # turn, per-session latency; {} for independent requests
+    sessions: dict[str, float] = Field(default_factory=dict)
 
     def record(self) -> MeasurementRecord:
         """The JSON form a trial returns (``TrialOutcome.measurement``)."""
@@ -174,7 +178,8 @@ class Measurement(BaseModel):
 
     def flat(self) -> dict[str, float]:
         """Finite floats for trackers: throughputs, counts, pXX of each latency, cv,
-        window_s and ``server_*``; a figure that is None or not finite is left out."""
+        window_s, ``server_*`` and ``session_*``; a figure that is None or not finite is
+        left out."""
         out: dict[str, float | int | None] = {
             "output_tokens_per_s": self.output_tokens_per_s,
             "output_tokens_per_s_ci_low": self.output_tokens_per_s_ci_low,
@@ -198,4 +203,6 @@ class Measurement(BaseModel):
             out["output_tokens_per_s_drift"] = d.relative
         for k, v in self.server.items():
             out[f"server_{k}"] = v
+        for k, v in self.sessions.items():
+            out[f"session_{k}"] = v
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}

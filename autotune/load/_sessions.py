@@ -1,0 +1,307 @@
+"""Session-causal replay: conversations and agent sessions sent turn by turn.
+
+A :class:`SessionSchedule` holds sessions drawn from a shape's ``sessions`` section
+(:func:`session_schedule`, pure and seeded): each session's turns, with the new tokens each
+turn adds, its output length and the think time before it. :class:`SessionLoop` (a driver
+of :mod:`autotune.load._modes`) sends them causally: new sessions arrive open loop at the
+shape's session rate (or N sessions run at once, closed loop); turn k+1 is sent its think
+time after turn k's answer came back, with turn k's prompt + the token ids the server
+returned for it + the turn's new tokens, so that a server's prefix cache can hit as it
+does in production. Completions API only (token-id prompts; the server returns the
+generated ids with vLLM's ``return_token_ids``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from autotune.errors import TrafficError
+from autotune.traffic import RequestSpec
+
+if TYPE_CHECKING:
+    from autotune.load._records import RequestRecord
+    from autotune.load._runner import _Runner
+    from autotune.traffic import LengthDist, SessionStats, TrafficShape
+
+__all__ = ["Session", "SessionLoop", "SessionSchedule", "Turn", "next_send_at",
+           "session_schedule"]
+
+logger = logging.getLogger(__name__)
+
+Basis = Literal["answer", "arrival"]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One turn: the tokens it adds (the first turn: its whole prompt), the output length
+    to force, and the think time before it (0 for a first turn)."""
+
+    new_token_ids: tuple[int, ...]
+    max_tokens: int
+    think_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One session: its turns in order, and (open loop) when its first turn is sent."""
+
+    index: int
+    turns: tuple[Turn, ...]
+    start_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SessionSchedule:
+    """What a session replay sends. Open loop: each session starts at ``start_s``;
+    closed loop: ``concurrency`` sessions run at once, a finished one replaced by the next.
+    ``think_basis``: a turn's think time counts from its parent's answer (``answer``) or
+    from its parent's send (``arrival``; never before the answer came back).
+    ``max_total_tokens``: a session ends before a turn whose prompt + output would exceed
+    it (the server's context). ``duration_s``: no sends after this many seconds."""
+
+    sessions: tuple[Session, ...]
+    mode: Literal["open", "closed"] = "open"
+    concurrency: int | None = None
+    think_basis: Basis = "answer"
+    max_total_tokens: int | None = None
+    duration_s: float | None = None
+    seed: int = 0
+
+    @property
+    def requests(self) -> tuple[RequestSpec, ...]:
+        """Every turn as a request of its own new tokens (what progress counts to)."""
+        turns = (t for s in self.sessions for t in s.turns)
+        return tuple(RequestSpec(index=i, prompt_token_ids=t.new_token_ids,
+                                 max_tokens=t.max_tokens) for i, t in enumerate(turns))
+
+    def turns(self) -> int:
+        """Turns over every session."""
+        return sum(len(s.turns) for s in self.sessions)
+
+
+def next_send_at(basis: Basis, prev_send_s: float, prev_end_s: float, think_s: float) -> float:
+    """When the next turn is sent (seconds of run time): its think time after the previous
+    answer (``answer``), or after the previous send but never before the answer
+    (``arrival``: the recorded gap then includes the answer's own time)."""
+    if basis == "answer":
+        return prev_end_s + think_s
+    return max(prev_end_s, prev_send_s + think_s)
+
+
+def _draw(dist: LengthDist, u: np.ndarray) -> np.ndarray:
+    grid = np.arange(len(dist.quantiles), dtype=np.float64)
+    return np.interp(u * (len(dist.quantiles) - 1), grid,
+                     np.asarray(dist.quantiles, dtype=np.float64))
+
+
+def _tokens(dist: LengthDist, n: int, rng: np.random.Generator, scale: float) -> np.ndarray:
+    """``n`` token counts from ``dist`` times ``scale``, at least 1."""
+    return np.maximum(1, np.rint(_draw(dist, rng.random(n)) * scale)).astype(np.int64)
+
+
+def session_schedule(
+    shape: TrafficShape,
+    *,
+    token_ids: Sequence[int],
+    seed: int = 0,
+    num_sessions: int | None = None,
+    mode: Literal["open", "closed"] = "open",
+    concurrency: int | None = None,
+    rate_sps: float | None = None,
+    time_scale: float = 1.0,
+    length_scale: float = 1.0,
+    max_total_tokens: int | None = None,
+    duration_s: float | None = None,
+    token_seed: int | None = None,
+) -> SessionSchedule:
+    """Sessions drawn from ``shape.sessions`` (deterministic for the same arguments).
+
+    Per session: its turns (the shape's turns per session), its first prompt
+    (``first_turn_tokens``), each later turn's new tokens (``new_tokens``; else
+    ``context_growth`` less the drawn output; else the shape's prompt lengths), each
+    turn's output (the shape's output lengths) and think time (``think_time_s``, else 0).
+    Token counts are multiplied by ``length_scale`` (a small model's context), times by
+    ``time_scale``. Open loop: sessions start as a Poisson process at ``rate_sps`` (else
+    the recorded session rate); closed loop: ``concurrency`` sessions at once.
+    ``num_sessions`` defaults to the shape's ``load.requests`` over the mean turns.
+    Token ids are drawn from ``token_ids`` (the model's one-token words,
+    :mod:`autotune.load._prompts`), from ``token_seed`` when given (other words, the
+    same traffic)."""
+    s = shape.sessions
+    if s is None:
+        raise TrafficError(
+            f"shape {shape.name!r} has no sessions section, so it cannot be replayed turn by "
+            "turn; fit it from a trace that links turns (session_id, parent_chat_id or "
+            "hash_ids), or replay it as independent requests")
+    for label, v in (("time_scale", time_scale), ("length_scale", length_scale)):
+        if not v > 0:
+            raise TrafficError(f"{label} must be > 0 (got {v})")
+    table = np.asarray(token_ids, dtype=np.int64)
+    if table.ndim != 1 or table.shape[0] < 2:
+        raise TrafficError(f"token_ids has {table.size} ids; prompts need at least 2")
+    n = num_sessions or max(1, round(shape.load.requests / max(1.0, s.turns.mean)))
+    rng = np.random.default_rng([seed, 0x5E55])
+    tok = np.random.default_rng([seed, 0x70C5, token_seed if token_seed is not None else 0])
+    turns = np.clip(np.rint(_draw(s.turns, rng.random(n))), 1, max(1.0, s.turns.max))
+    sessions = tuple(
+        Session(index=i, turns=_session_turns(shape, s, int(turns[i]), rng, tok, table,
+                                              length_scale, time_scale))
+        for i in range(n))
+    if mode == "open":
+        rate = rate_sps or s.rate_sps
+        if not rate or rate <= 0:
+            raise TrafficError(f"shape {shape.name!r} has no session rate; give rate_sps or "
+                               "replay its sessions closed loop (a concurrency)")
+        gaps = rng.exponential(time_scale / rate, size=n - 1)
+        starts = np.concatenate(([0.0], np.cumsum(gaps)))
+        sessions = tuple(replace(x, start_s=round(float(t), 6))
+                         for x, t in zip(sessions, starts, strict=True))
+    elif concurrency is None or concurrency < 1:
+        raise TrafficError(f"a closed-loop session replay needs concurrency >= 1 "
+                           f"(got {concurrency})")
+    return SessionSchedule(sessions=sessions, mode=mode, concurrency=concurrency,
+                           think_basis=s.think_time_basis, max_total_tokens=max_total_tokens,
+                           duration_s=duration_s, seed=seed)
+
+
+def _session_turns(shape: TrafficShape, s: SessionStats, k: int, rng: np.random.Generator,
+                   tok: np.random.Generator, table: np.ndarray, length_scale: float,
+                   time_scale: float) -> tuple[Turn, ...]:
+    """One session's ``k`` turns (see :func:`session_schedule`); ``s``: the shape's
+    sessions section."""
+    out = _tokens(shape.output_tokens, k, rng, length_scale)
+    sizes = np.empty(k, dtype=np.int64)
+    sizes[0] = _tokens(s.first_turn_tokens, 1, rng, length_scale)[0]
+    if k > 1:
+        if s.new_tokens is not None:
+            sizes[1:] = _tokens(s.new_tokens, k - 1, rng, length_scale)
+        elif s.context_growth is not None:
+            grown = _tokens(s.context_growth, k - 1, rng, length_scale)
+            sizes[1:] = np.maximum(1, grown - out[:-1])
+        else:
+            sizes[1:] = _tokens(shape.input_tokens, k - 1, rng, length_scale)
+    think = (_draw(s.think_time_s, rng.random(k)) * time_scale if s.think_time_s is not None
+             else np.zeros(k))
+    ids = table[tok.integers(0, table.shape[0], size=int(sizes.sum()))]
+    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    return tuple(Turn(new_token_ids=tuple(ids[bounds[j]:bounds[j + 1]].tolist()),
+                      max_tokens=int(out[j]), think_s=0.0 if j == 0 else float(think[j]))
+                 for j in range(k))
+
+
+@dataclass
+class _Counts:
+    """What a session replay tells after its run (logged)."""
+
+    next_index: Iterator[int]
+    cut_by_context: int = 0
+    no_ids: int = 0
+
+
+@dataclass(frozen=True)
+class SessionLoop:
+    """The driver of a :class:`SessionSchedule` (:class:`autotune.load._modes.Driver`):
+    sessions started open loop at their ``start_s`` or ``concurrency`` at once (closed
+    loop), each sending its turns causally (module docstring). Records carry their
+    ``session`` and ``turn``; a failed turn ends its session."""
+
+    schedule: SessionSchedule
+
+    @property
+    def mode(self) -> Literal["open", "closed"]:
+        return self.schedule.mode
+
+    @property
+    def concurrency(self) -> int | None:
+        return self.schedule.concurrency
+
+    @property
+    def requests(self) -> Sequence[RequestSpec]:
+        return self.schedule.requests
+
+    def connections(self) -> int:
+        if self.schedule.mode == "closed" and self.schedule.concurrency:
+            return self.schedule.concurrency
+        return max(1, len(self.schedule.sessions))
+
+    async def drive(self, run: _Runner, out: dict[int, RequestRecord]) -> None:
+        counts = _Counts(itertools.count())
+        sched = self.schedule
+        async with asyncio.TaskGroup() as tg:
+            if sched.mode == "closed":
+                queue = iter(sched.sessions)
+
+                async def slot() -> None:
+                    for sess in queue:  # one iterator: each slot takes the next session
+                        if self._stopped(run):
+                            return
+                        await self._session(run, sess, out, counts)
+
+                for _ in range(sched.concurrency or 1):
+                    tg.create_task(slot())
+            else:
+                for sess in sorted(sched.sessions, key=lambda x: x.start_s or 0.0):
+                    delay = run.t0 + (sess.start_s or 0.0) - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    if self._stopped(run):
+                        break
+                    tg.create_task(self._session(run, sess, out, counts))
+        if counts.cut_by_context:
+            logger.info("%d sessions ended early: their next turn would not fit the "
+                        "context (%s tokens)", counts.cut_by_context, sched.max_total_tokens)
+        if counts.no_ids:
+            logger.warning("%d answers came without token ids (return_token_ids): their "
+                           "next turns could not extend them", counts.no_ids)
+
+    def _stopped(self, run: _Runner) -> bool:
+        """No more sends: a hook stopped them, or the schedule's duration has passed."""
+        if run.stopped_at is not None:
+            return True
+        cap = self.schedule.duration_s
+        if cap is not None and run.now() >= cap:
+            run.stopped_at = run.now()
+            return True
+        return False
+
+    async def _session(self, run: _Runner, sess: Session, out: dict[int, RequestRecord],
+                       counts: _Counts) -> None:
+        """One session's turns, each after the previous answer and its think time."""
+        prompt: list[int] = []
+        ids: list[int] = []
+        limit = self.schedule.max_total_tokens
+        prev: RequestRecord | None = None
+        for k, turn in enumerate(sess.turns):
+            if prev is not None:
+                at = next_send_at(self.schedule.think_basis, prev.send_s,
+                                  prev.end_s if prev.end_s is not None else run.now(),
+                                  turn.think_s)
+                delay = run.t0 + at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            if self._stopped(run):
+                return
+            prompt = [*prompt, *ids, *turn.new_token_ids]
+            if limit is not None and len(prompt) + turn.max_tokens > limit:
+                counts.cut_by_context += 1
+                return
+            i = next(counts.next_index)
+            ids = []
+            spec = RequestSpec(index=i, prompt_token_ids=tuple(prompt),
+                               max_tokens=turn.max_tokens)
+            rec = replace(await run.request(spec, ids), session=sess.index, turn=k)
+            out[i] = rec
+            if not rec.ok:
+                return
+            if not ids and rec.output_tokens > 0:
+                counts.no_ids += 1
+            prev = rec
+

@@ -1,0 +1,104 @@
+"""The session trial mode: a shape's conversations and agent sessions replayed turn by
+turn (:mod:`autotune.load._sessions`), so that the server's prefix cache is measured on
+what production sends: each turn's prompt extends the previous one and its answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+from autotune.engine import VllmServer
+from autotune.errors import ConfigError
+from autotune.trial._closed import _abort, _aborted, _count_prompt_tokens
+from autotune.trial._open_trial import _warm_up_open
+from autotune.trial._replay import ClientKw, PhaseFn, _LoopMode, _Plan
+from autotune.trial._spec import TrialOutcome, TrialSpec
+
+if TYPE_CHECKING:
+    from autotune.load import SessionSchedule
+    from autotune.measure import Measurement
+
+logger = logging.getLogger(__name__)
+
+#: sessions one replay draws at most (an open loop's cap of time ends it first)
+MAX_SESSIONS = 5000
+
+
+class SessionTrial(_LoopMode):
+    """The session trial mode (:class:`~autotune.trial._modes.TrialMode`): a short warm-up
+    of independent requests, then per repeat one session replay (new sessions at the
+    shape's session rate, or ``--concurrency`` sessions at once) for at most
+    ``--measure-max-s``; its measurement carries the session figures (``session_*``) and the
+    server's prefix-cache hit rate over the whole replay."""
+
+    name = "sessions"
+
+    def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
+                outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
+        _warm_up_open(spec, plan, server, outcome, phase, client)
+        results: list[Measurement] = []
+        repeats = max(1, spec.measure.repeats)
+        for r in range(repeats):
+            sched = session_plan(spec, plan, token_seed=r)
+            phase("measuring", f"replay {r + 1}/{repeats}: {len(sched.sessions)} sessions, "
+                  f"{sched.turns()} turns at most")
+            m = _one_replay(spec, sched, server, outcome, client)
+            if m is None:
+                break
+            results.append(m)
+        return results
+
+
+def session_plan(spec: TrialSpec, plan: _Plan, *, token_seed: int = 0) -> SessionSchedule:
+    """The sessions one replay of ``spec`` sends: open loop at the shape's session rate
+    (times its ``load.time_scale``) for ``--measure-max-s``, or closed loop of
+    ``--concurrency`` sessions; ``--num-requests`` turns over the mean turns per session
+    when given."""
+    from autotune.load import model_prompts, session_schedule
+
+    shape = spec.shape
+    if shape is None or shape.sessions is None:
+        raise ConfigError(f"trial {spec.number}: no shape with sessions to replay")
+    s = shape.sessions
+    cap_s = spec.measure.measure_max_s
+    conc = spec.measure.concurrency
+    if spec.measure.num_requests is not None:
+        n = math.ceil(spec.measure.num_requests / max(1.0, s.turns.mean))
+    elif conc is not None:
+        n = max(4 * conc, 16)
+    else:
+        n = math.ceil(s.rate_sps / shape.load.time_scale * cap_s) + 1
+    return session_schedule(
+        shape, token_ids=model_prompts(spec.model).token_ids, seed=spec.seed,
+        num_sessions=max(1, min(MAX_SESSIONS, n)), mode="closed" if conc else "open",
+        concurrency=conc, time_scale=shape.load.time_scale, max_total_tokens=plan.max_len,
+        duration_s=cap_s, token_seed=token_seed)
+
+
+def _one_replay(spec: TrialSpec, sched: SessionSchedule, server: VllmServer,
+                outcome: TrialOutcome, client: ClientKw) -> Measurement | None:
+    """One measured session replay: its measurement with the server's figures over the
+    whole replay (None when most requests failed: the outcome says why)."""
+    from autotune.load import replay
+    from autotune.measure import measure, server_figures, snapshot_metrics
+
+    t_run = time.monotonic()
+    before = snapshot_metrics(server.base_url)
+    run = replay(sched, **client, metrics_interval_s=2.0, abort=_abort(spec))
+    server.check_alive()
+    if _aborted(spec, run, outcome, server):
+        return None
+    after = snapshot_metrics(server.base_url)
+    _count_prompt_tokens(outcome, run, before, after)
+    m = measure(run, slo=spec.slo, server_before=before, server_after=after)
+    # the gauges (KV cache usage) over the run's samples: the snapshot after it is idle
+    m = m.model_copy(update={"server": server_figures(before, after, run.snapshots)})
+    outcome.measure_s += time.monotonic() - t_run
+    outcome.stop = "cap" if run.stopped_at_s is not None else "schedule_end"
+    logger.info("trial %d: %d sessions, %d turns, prefix-cache hit rate %s, %s out tok/s",
+                spec.number, int(m.sessions.get("sessions", 0)), len(run.records),
+                m.server.get("prefix_cache_hit_rate"), m.output_tokens_per_s)
+    return m

@@ -1,0 +1,126 @@
+"""Session-causal replay against real CPU vLLM servers: a session's turns are causal,
+each prompt extends the answer the server returned (its prefix-cache hit counter rises
+with them, and stays near 0 for independent requests of the same lengths), and a server
+with prefix caching hits where one without it cannot (cache hits, never speed). One shared
+server with prefix caching (``tiny_server``) and one trial's server without it."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from autotune.config import MeasureSettings
+from autotune.load import (
+    RunResult,
+    SessionSchedule,
+    model_prompts,
+    replay,
+    session_schedule,
+    snapshot_metrics,
+)
+from autotune.measure import server_figures
+from autotune.traffic import (
+    LoadSpec,
+    RequestSpec,
+    Schedule,
+    SessionStats,
+    TrafficShape,
+    constant_shape,
+    length_dist,
+)
+from autotune.trial import TrialOutcome, TrialSpec, run_trial
+from autotune.trial._replay import _plan
+from autotune.trial._sessions import SessionTrial
+
+pytestmark = pytest.mark.slow
+
+TURNS, FIRST, NEW, OUT, THINK_S = 3, 256, 32, 16, 0.2
+
+
+def _shape() -> TrafficShape:
+    """Conversations of 3 turns: a 256-token first prompt, 32 new tokens a turn, 16-token
+    answers, 0.2 s of think time, 6 sessions a second."""
+    base = constant_shape(FIRST, OUT, load=LoadSpec(mode="open", rate_rps=18.0, requests=36),
+                          name="chat-sessions")
+    sessions = SessionStats(
+        source="session_id", sessions=12, rate_sps=6.0, multi_turn_fraction=1.0,
+        turns=length_dist([TURNS]), first_turn_tokens=length_dist([FIRST]),
+        new_tokens=length_dist([NEW]), think_time_s=length_dist([THINK_S]),
+        think_time_basis="answer")
+    return base.model_copy(update={"sessions": sessions})
+
+
+def _run(server: Any, sched: SessionSchedule | Schedule) -> tuple[RunResult, dict[str, float]]:
+    before = snapshot_metrics(server.base_url)
+    run = replay(sched, base_url=server.base_url, model=server.served_model_name)
+    return run, server_figures(before, snapshot_metrics(server.base_url))
+
+
+def test_turns_are_causal_and_extend_the_returned_answers(tiny_server: Any,
+                                                          tiny_llama: Path) -> None:
+    tokens = model_prompts(tiny_llama).token_ids
+    sched = session_schedule(_shape(), token_ids=tokens, num_sessions=8, seed=1,
+                             max_total_tokens=1024)
+    run, fig = _run(tiny_server, sched)
+    assert all(r.ok for r in run.records), [r.detail for r in run.records if not r.ok]
+    assert len(run.records) == 8 * TURNS
+    for s in range(8):
+        turns = sorted((r for r in run.records if r.session == s), key=lambda r: r.turn or 0)
+        assert [r.turn for r in turns] == list(range(TURNS))
+        for prev, nxt in itertools.pairwise(turns):
+            assert prev.end_s is not None
+            assert nxt.send_s >= prev.end_s + THINK_S - 0.02  # never before the answer
+            # the previous prompt + the answer's tokens + the new ones, as the server counts
+            assert nxt.prompt_tokens == prev.prompt_tokens + prev.output_tokens + NEW
+    # turns >= 2 find their session's earlier prompt and answer in the cache (in whole
+    # blocks: 128 tokens on the CPU build, so not every reusable token hits)
+    later = [r for r in run.records if (r.turn or 0) >= 1]
+    reusable = sum((r.prompt_tokens or 0) - NEW for r in later)
+    assert fig["prefix_cache_hits"] >= 0.6 * reusable, fig
+
+    # the same prompt lengths as independent requests (fresh tokens): next to no hits
+    rng = np.random.default_rng(5)
+    indep = Schedule(mode="open", requests=tuple(
+        RequestSpec(index=i, prompt_token_ids=tuple(
+            int(t) for t in rng.choice(tokens, size=r.prompt_tokens or 1)),
+            max_tokens=OUT, send_at_s=0.05 * i)
+        for i, r in enumerate(run.records)))
+    run2, fig2 = _run(tiny_server, indep)
+    assert all(r.ok for r in run2.records)
+    assert fig2["prefix_cache_hits"] <= 0.02 * fig2["prefix_cache_queries"], fig2
+    assert fig["prefix_cache_hit_rate"] > 0.3 > fig2.get("prefix_cache_hit_rate", 0.0)
+
+
+def _spec(tiny_llama: Path, flags: tuple[str, ...], log: Path) -> TrialSpec:
+    measure = MeasureSettings(replay="sessions", warmup_requests=2, measure_max_s=6.0,
+                              num_requests=30)
+    return TrialSpec(number=0, model=str(tiny_llama), shape=_shape(), seed=2,
+                     flags=("--max-model-len", "1024", "-O0", *flags), env={},
+                     log_path=str(log), measure=measure)
+
+
+def test_prefix_caching_on_beats_off_in_cache_hits(tiny_server: Any, tiny_llama: Path,
+                                                   tmp_path: Path) -> None:
+    # prefix caching on: the session trial mode on the shared server
+    on_spec = _spec(tiny_llama, (), tmp_path / "on.log")
+    client = {"base_url": tiny_server.base_url, "model": tiny_server.served_model_name,
+              "api": "completions", "request_timeout_s": 120.0}
+    outcome = TrialOutcome(number=0, ok=False)
+    (on,) = SessionTrial().measure(on_spec, _plan(on_spec), tiny_server, outcome,
+                                   lambda *_: None, client)  # type: ignore[arg-type]
+    assert on.sessions["turns_per_session"] > 1 and on.n_errors == 0
+    assert on.server["prefix_cache_hits"] > 0
+    # off: a whole trial of its own server, chosen by --replay sessions
+    off = run_trial(replace(_spec(tiny_llama, ("--no-enable-prefix-caching",),
+                                  tmp_path / "off.log")))
+    assert off.ok, off.message
+    m = off.metrics
+    assert m["session_turns_per_session"] > 1 and "session_ttft_p50_s_turn2" in m
+    assert m.get("server_prefix_cache_hits", 0.0) == 0.0
+    assert "server_kv_cache_usage_max" in m and "server_preemptions" in m
+    assert on.server["prefix_cache_hit_rate"] > m.get("server_prefix_cache_hit_rate", 0.0)

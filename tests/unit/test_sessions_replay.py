@@ -1,0 +1,189 @@
+"""Session-causal and exact replay, the pure parts: sessions drawn from a shape, turn
+scheduling, hash-id blocks, the session figures and how a trial picks its replay
+(autotune.load._sessions, autotune.load._exact, autotune.measure._sessions,
+autotune.trial._sessions)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune.config import MeasureSettings
+from autotune.errors import ConfigError, LoadgenError, TrafficError
+from autotune.load import (
+    RequestRecord,
+    SessionSchedule,
+    block_token_ids,
+    exact_schedule,
+    next_send_at,
+    read_hash_trace,
+    session_schedule,
+)
+from autotune.load._modes import driver_for
+from autotune.load._sessions import SessionLoop
+from autotune.measure import session_figures
+from autotune.traffic import Schedule, TrafficShape, fit_shape, read_trace
+from autotune.trial import MODES, CapacitySearch, TrialSpec, mode_for
+from autotune.trial._replay import _Plan
+
+MOONCAKE = Path(__file__).resolve().parents[1] / "data" / "traces" / (
+    "mooncake_fast25_conversation.jsonl")
+TOKENS = tuple(range(100, 400))
+
+
+@pytest.fixture(scope="module")
+def shape() -> TrafficShape:
+    return fit_shape(read_trace(MOONCAKE), name="mooncake")
+
+
+def test_sessions_are_drawn_from_the_shape(shape: TrafficShape) -> None:
+    s = shape.sessions
+    assert s is not None
+    sched = session_schedule(shape, token_ids=TOKENS, num_sessions=400, seed=3)
+    again = session_schedule(shape, token_ids=TOKENS, num_sessions=400, seed=3)
+    assert sched == again  # deterministic
+    turns = [len(x.turns) for x in sched.sessions]
+    assert 1 <= min(turns) and max(turns) <= s.turns.max
+    assert np.mean(turns) == pytest.approx(s.turns.mean, rel=0.25)
+    firsts = [len(x.turns[0].new_token_ids) for x in sched.sessions]
+    assert np.mean(firsts) == pytest.approx(s.first_turn_tokens.mean, rel=0.3)
+    assert all(x.turns[0].think_s == 0.0 for x in sched.sessions)
+    later = [t.think_s for x in sched.sessions for t in x.turns[1:]]
+    assert later and min(later) >= 0 and np.median(later) > 0
+    starts = [x.start_s for x in sched.sessions]
+    assert starts[0] == 0.0 and all(b is not None and a is not None and b >= a
+                                    for a, b in itertools.pairwise(starts))
+    # open loop at the recorded session rate
+    assert len(starts) / (starts[-1] or 1.0) == pytest.approx(s.rate_sps, rel=0.2)
+    ids = {i for x in sched.sessions for t in x.turns for i in t.new_token_ids}
+    assert ids <= set(TOKENS)
+    assert sched.think_basis == s.think_time_basis
+
+
+def test_scales_closed_loop_and_other_words(shape: TrafficShape) -> None:
+    base = session_schedule(shape, token_ids=TOKENS, num_sessions=50)
+    small = session_schedule(shape, token_ids=TOKENS, num_sessions=50, length_scale=1 / 32,
+                             time_scale=0.5)
+    n_base = sum(len(t.new_token_ids) for x in base.sessions for t in x.turns)
+    n_small = sum(len(t.new_token_ids) for x in small.sessions for t in x.turns)
+    assert n_small == pytest.approx(n_base / 32, rel=0.1)
+    assert small.sessions[-1].start_s == pytest.approx(0.5 * (base.sessions[-1].start_s or 0))
+    closed = session_schedule(shape, token_ids=TOKENS, num_sessions=10, mode="closed",
+                              concurrency=3)
+    assert closed.mode == "closed" and all(x.start_s is None for x in closed.sessions)
+    other = session_schedule(shape, token_ids=TOKENS, num_sessions=50, token_seed=7)
+    assert [len(t.new_token_ids) for x in other.sessions for t in x.turns] == \
+        [len(t.new_token_ids) for x in base.sessions for t in x.turns]
+    assert other.sessions[0].turns[0].new_token_ids != base.sessions[0].turns[0].new_token_ids
+
+
+def test_no_sessions_or_bad_arguments_are_one_clear_error(shape: TrafficShape) -> None:
+    bare = shape.model_copy(update={"sessions": None})
+    with pytest.raises(TrafficError, match="no sessions section"):
+        session_schedule(bare, token_ids=TOKENS)
+    with pytest.raises(TrafficError, match="concurrency"):
+        session_schedule(shape, token_ids=TOKENS, mode="closed")
+    with pytest.raises(TrafficError, match="length_scale"):
+        session_schedule(shape, token_ids=TOKENS, length_scale=0)
+
+
+def test_a_turn_is_sent_after_the_answer_and_its_think_time() -> None:
+    assert next_send_at("answer", 1.0, 3.0, 2.0) == 5.0
+    assert next_send_at("arrival", 1.0, 3.0, 5.0) == 6.0  # the gap counts from the send
+    assert next_send_at("arrival", 1.0, 3.0, 0.5) == 3.0  # never before the answer
+
+
+def test_the_driver_of_a_session_schedule(shape: TrafficShape) -> None:
+    sched = session_schedule(shape, token_ids=TOKENS, num_sessions=5)
+    driver = driver_for(sched)
+    assert isinstance(driver, SessionLoop) and driver.mode == "open"
+    assert len(driver.requests) == sched.turns()
+    with pytest.raises(LoadgenError, match="session replay"):
+        driver_for(sched, stagger=True)
+    with pytest.raises(LoadgenError, match="no session"):
+        driver_for(SessionSchedule(sessions=()))
+
+
+def _moon(tmp_path: Path, rows: list[tuple[int, int, int, list[int]]]) -> Path:
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": i, "output_length": o,
+                                        "hash_ids": h}) + "\n" for t, i, o, h in rows))
+    return path
+
+
+def test_exact_replay_builds_prompts_from_blocks(tmp_path: Path) -> None:
+    path = _moon(tmp_path, [(1000, 1024, 512, [0, 1]), (4000, 1500, 64, [0, 1, 2]),
+                            (4000, 700, 32, [0, 5])])
+    reqs = read_hash_trace(path)
+    sched = exact_schedule(reqs, token_ids=TOKENS, block_tokens=16, time_scale=0.5)
+    a, b, c = (r.prompt_token_ids for r in sched.requests)
+    table = np.asarray(TOKENS)
+    blk = [tuple(block_token_ids(h, 16, table).tolist()) for h in (0, 1, 2, 5)]
+    assert a == blk[0] + blk[1]  # 1024 / 512 * 16 = 32 tokens: two whole blocks
+    assert len(b) == round(1500 / 32) and b[:32] == a and b[32:47] == blk[2][:15]  # cut
+    assert len(c) == round(700 / 32) and c[:16] == blk[0] and c[16:] == blk[3][:6]
+    assert [r.max_tokens for r in sched.requests] == [16, 2, 1]
+    assert [r.send_at_s for r in sched.requests] == [0.0, 1.5, 1.5]
+    padded = exact_schedule([replace(reqs[0], input_length=2048)], token_ids=TOKENS)
+    p = padded.requests[0].prompt_token_ids
+    assert len(p) == 64 and p[:32] == a  # padded beyond its blocks with tokens of its own
+    clipped = exact_schedule(reqs[:1], token_ids=TOKENS, max_total_tokens=20)
+    r0 = clipped.requests[0]
+    assert r0.max_tokens + len(r0.prompt_token_ids) <= 20 and r0.prompt_token_ids == a[:4]
+
+
+def test_a_bad_hash_trace_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
+                    '{"timestamp": 0, "input_length": 5}\n')
+    with pytest.raises(TrafficError, match="line 2"):
+        read_hash_trace(path)
+
+
+def _rec(i: int, session: int | None, turn: int | None, send: float, first: float,
+         end: float, ok: bool = True) -> RequestRecord:
+    return RequestRecord(index=i, send_s=send, first_token_s=first, end_s=end,
+                         chunk_times_s=(first, end), chunk_tokens=(1, 1), prompt_tokens=10,
+                         output_tokens=2, ok=ok, error=None if ok else "http_5xx",
+                         detail=None, status=200, session=session, turn=turn)
+
+
+def test_session_figures() -> None:
+    recs = [_rec(0, 0, 0, 0.0, 0.5, 1.0), _rec(1, 0, 1, 2.0, 2.1, 3.0),
+            _rec(2, 1, 0, 1.0, 1.3, 2.0), _rec(3, 1, 1, 4.0, 4.2, 5.0, ok=False),
+            _rec(4, 2, 0, 1.0, 1.4, 1.5), _rec(5, 2, 4, 6.0, 6.1, 7.0)]
+    f = session_figures(recs, wall_s=10.0)
+    assert f["sessions"] == 3 and f["turns"] == 6 and f["failed_sessions"] == 1
+    assert f["ttft_p50_s_turn1"] == pytest.approx(0.4)
+    assert f["ttft_p50_s_turn2"] == pytest.approx(0.1)
+    assert f["ttft_p50_s_turn4plus"] == pytest.approx(0.1)
+    assert f["session_s_p50"] == pytest.approx(4.5)  # 3.0 and 6.0: session 1 failed
+    assert f["sessions_per_s"] == pytest.approx(0.3)
+    assert session_figures([_rec(0, None, None, 0.0, 0.1, 0.2)]) == {}
+
+
+def _spec(shape: TrafficShape | None, **measure: object) -> TrialSpec:
+    return TrialSpec(number=0, model="m", flags=(), env={}, shape=shape,
+                     measure=MeasureSettings(**measure))  # type: ignore[arg-type]
+
+
+def test_a_trial_replays_sessions_when_asked_or_auto(shape: TrafficShape) -> None:
+    plan = _Plan(vocab=100, max_len=2048, schedule=Schedule(mode="open", requests=()))
+    bare = shape.model_copy(update={"sessions": None})
+    assert mode_for(_spec(shape), plan) is MODES["sessions"]  # auto
+    assert mode_for(_spec(shape, replay="independent"), plan).name == "open"
+    assert mode_for(_spec(bare), plan).name == "open"  # old shapes: as before
+    assert mode_for(_spec(shape, api="chat"), plan).name == "open"  # auto: completions only
+    cap = replace(_spec(shape), capacity=CapacitySearch())
+    assert mode_for(cap, plan).name == "capacity"
+    for spec, why in ((_spec(bare, replay="sessions"), "no sessions section"),
+                      (_spec(shape, replay="sessions", api="chat"), "--api completions"),
+                      (replace(_spec(shape, replay="sessions"), capacity=CapacitySearch()),
+                       "capacity")):
+        with pytest.raises(ConfigError, match=why):
+            mode_for(spec, plan)
