@@ -127,7 +127,9 @@ def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float
         print(cap["level_note"])
     for i, lv in enumerate(cap["levels"], 1):
         tok = lv["output_tokens_per_s"]
-        print(f"level {i}: {lv['scale']:.3g}x = {fmt_value(lv['offered_rps'])} req/s "
+        sessions = (f" ({fmt_value(lv['scale'] * sps)} sessions/s)"
+                    if (sps := cap.get("recorded_sps")) is not None else "")
+        print(f"level {i}: {lv['scale']:.3g}x = {fmt_value(lv['offered_rps'])} req/s{sessions} "
               f"{'pass' if lv['passed'] else 'FAIL'}: {lv['goodput_fraction']:.1%} of "
               f"{lv['offered']} requests within the SLOs, {lv['error_rate']:.1%} failed, "
               f"{'output tokens/s not recorded' if tok is None else f'{fmt_value(tok)} out tok/s'}"
@@ -142,7 +144,9 @@ def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float
         "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
         "recorded_rps": m["capacity_recorded_rps"], "gpus_needed": m.get("gpus_needed"),
         "goodput_bar": goodput, "slo": slo, "flat_misses_rps": cap.get("flat_misses_rps"),
-        "search": cap.get("status")}, "GPU" if gpu_names() else "server"))
+        "search": cap.get("status"), "capacity_sps": m.get("capacity_sps"),
+        "capacity_sps_ci_high": m.get("capacity_sps_ci_high"),
+        "recorded_sps": m.get("capacity_recorded_sps")}, "GPU" if gpu_names() else "server"))
     print("latencies below: the level at capacity")
     return True
 

@@ -195,12 +195,15 @@ def _capacity_of(hit: RegistryHit) -> CapacityDeclared:
     per_server = m["gpus_needed"] / m["servers_needed"] if m.get("servers_needed") else 1.0
     value = hit.value * per_server
     rec = m.get("capacity_recorded_rps")
+    sps = m.get("capacity_recorded_sps")  # a session search: the same scale in sessions/s
     return CapacityDeclared(
         capacity_rps=value, capacity_rps_ci_low=m.get("capacity_rps_ci_low"),
         capacity_rps_ci_high=m.get("capacity_rps_ci_high"),
         output_tokens_per_s_at_capacity=m.get("output_tokens_per_s_at_capacity"),
         recorded_rps=rec or 0.0,
-        gpus_needed=rec / value * per_server if rec and value > 0 else None)
+        gpus_needed=rec / value * per_server if rec and value > 0 else None,
+        capacity_sps=value * sps / rec if sps is not None and rec else None,
+        recorded_sps=sps)
 
 
 def _best(args: argparse.Namespace) -> int:

@@ -86,6 +86,29 @@ class SessionSchedule:
         """Turns over every session."""
         return sum(len(s.turns) for s in self.sessions)
 
+    def within_context(self) -> SessionSchedule:
+        """The schedule without the turns its replay would not send for the context: a
+        session ends before the turn whose prompt (every earlier prompt's new tokens and
+        answer, answers as long as asked: the replay ignores EOS) plus its output would
+        exceed ``max_total_tokens``; a session whose first turn does not fit is dropped.
+        What a capacity level offers is then what it sends (unchanged without a limit)."""
+        limit = self.max_total_tokens
+        if limit is None:
+            return self
+        kept: list[Session] = []
+        for sess in self.sessions:
+            prompt, n = 0, 0
+            for turn in sess.turns:
+                prompt += len(turn.new_token_ids)
+                if prompt + turn.max_tokens > limit:
+                    break
+                prompt += turn.max_tokens
+                n += 1
+            if n:
+                kept.append(sess if n == len(sess.turns) else replace(sess,
+                                                                      turns=sess.turns[:n]))
+        return replace(self, sessions=tuple(kept))
+
 
 def next_send_at(basis: Basis, prev_send_s: float, prev_end_s: float, think_s: float) -> float:
     """When the next turn is sent (seconds of run time): its think time after the previous

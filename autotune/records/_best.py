@@ -69,6 +69,11 @@ class CapacityDeclared(GpusNeeded):
     flat_misses_rps: list[float] | None = None
     # each load level (autotune.trial.LevelRecord)
     levels: list[dict[str, JsonValue]] = Field(default_factory=list)
+    # a session capacity search (sessions replayed turn by turn): the same capacity in
+    # sessions/s, its bracket's top, and the recorded session rate (None otherwise)
+    capacity_sps: float | None = None
+    capacity_sps_ci_high: float | None = None
+    recorded_sps: float | None = None
 
 
 class BaselineRecord(_Part):

@@ -64,8 +64,16 @@ def capacity_line(block: CapacityDeclared | Mapping[str, object], unit: str = "G
                 f"{needed_text(gpus, least)}")
     else:
         need = f"{unit}s needed: not known (no recorded arrival rate)"
-    line = (f"capacity: {'' if hi is not None else 'at least '}{fmt_value(value)} req/s within "
-            f"the SLOs ({whose} {fmt_bracket(lo, hi)}"
+    sps = _finite(c.capacity_sps)
+    rate = (f"{fmt_value(value)} req/s" if sps is None  # sessions: sessions/s first
+            else f"{fmt_value(sps)} sessions/s ({fmt_value(value)} req/s of turns)")
+    bracket = fmt_bracket(lo, hi)
+    if sps is not None and value > 0:  # the same bracket in sessions/s
+        per = sps / value
+        bracket += " = " + fmt_bracket(lo * per if lo is not None else None,
+                                       hi * per if hi is not None else None, "sessions/s")
+    line = (f"capacity: {'' if hi is not None else 'at least '}{rate} within "
+            f"the SLOs ({whose} {bracket}"
             + ("" if hi is not None else f": {open_search_text(c.search)}")
             + f"{bar}); {at}; {need}")
     if c.flat_misses_rps:

@@ -181,6 +181,9 @@ def capacity_record(t: FrozenTrial, value: float,
     high = m.get("capacity_rps_ci_high")
     need = capacity_need(recorded_rps=recorded, capacity_rps=value, high_rps=high,
                          gpus_per_server=per_server)
+    # sessions/s: the same scale of the recorded session rate (a session search)
+    sps = m.get("capacity_recorded_sps")
+    per = float(sps) / recorded if sps is not None and recorded > 0 else None
     return records.CapacityDeclared(
         capacity_rps=value,
         capacity_rps_ci_low=m.get("capacity_rps_ci_low"),
@@ -198,6 +201,9 @@ def capacity_record(t: FrozenTrial, value: float,
         search=cap.get("status"),
         flat_misses_rps=cap.get("flat_misses_rps"),
         levels=cap.get("levels", []),
+        capacity_sps=value * per if per is not None else None,
+        capacity_sps_ci_high=high * per if per is not None and high is not None else None,
+        recorded_sps=float(sps) if sps is not None else None,
     )
 
 

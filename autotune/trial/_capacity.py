@@ -119,6 +119,11 @@ class CapacityRecord(TypedDict):
     level_note: NotRequired[str]
     start: NotRequired[float]
     start_note: NotRequired[str]
+    # a session capacity search (sessions replayed turn by turn): the recorded session rate
+    # the scale multiplies as well, and the capacity and its interval's top in sessions/s
+    recorded_sps: NotRequired[float]
+    capacity_sps: NotRequired[float | None]
+    ci_high_sps: NotRequired[float | None]
 
 
 @dataclass(frozen=True)
@@ -178,10 +183,26 @@ class CapacityResult:
     # ``high`` is the warm-up's: the server fell behind the arrivals there (no level failed
     # below it)
     high_from_warmup: bool = False
+    # sessions replayed turn by turn: the recorded session rate (sessions/s), scaled with
+    # the request rate; the capacity is then also in sessions/s (None: independent requests)
+    recorded_sps: float | None = None
 
     @property
     def capacity_rps(self) -> float | None:
         return self.low * self.recorded_rps if self.low is not None else None
+
+    @property
+    def capacity_sps(self) -> float | None:
+        """The capacity in sessions/s (a session capacity search; else None)."""
+        if self.low is None or self.recorded_sps is None:
+            return None
+        return self.low * self.recorded_sps
+
+    @property
+    def ci_high_sps(self) -> float | None:
+        if self.high is None or self.recorded_sps is None:
+            return None
+        return self.high * self.recorded_sps
 
     @property
     def ci_low_rps(self) -> float | None:
@@ -219,7 +240,9 @@ class CapacityResult:
         """One line for logs and trial messages; with the search it ran (and its time cap,
         ``max_s``), why the bracket is not within the tolerance when it is not."""
         r = self.recorded_rps
-        if self.low is None:
+        if self.recorded_sps is not None:
+            line = self._session_line()
+        elif self.low is None:
             line = (f"no load level met the SLOs: even {self.high or 0:.3g}x the recorded "
                     f"rate ({(self.high or 0) * r:.3g} req/s) failed ({len(self.levels)} levels)")
         elif self.high is None:
@@ -234,6 +257,24 @@ class CapacityResult:
                     f"req/s{top}, {self.status}, {len(self.levels)} levels")
         why = self.reason(search, max_s) if search is not None else ""
         return f"{line}: {why}" if why else line
+
+    def _session_line(self) -> str:
+        """:meth:`summary`'s line for a session capacity search: sessions/s first, the
+        requests (turns) per second they send beside."""
+        sps, r = self.recorded_sps or 0.0, self.recorded_rps
+        n = len(self.levels)
+        if self.low is None:
+            return (f"no load level met the SLOs: even {self.high or 0:.3g}x the recorded "
+                    f"session rate ({(self.high or 0) * sps:.3g} sessions/s, "
+                    f"{(self.high or 0) * r:.3g} req/s of turns) failed ({n} levels)")
+        at = (f"{self.low * sps:.3g} sessions/s ({self.low * r:.3g} req/s of turns; "
+              f"{self.low:.3g}x the recorded {sps:.3g} sessions/s)")
+        if self.high is None:
+            return f"capacity at least {at}, no level failed, {self.status}, {n} levels"
+        top = (" (its top: the warm-up, where the server fell behind the arrivals)"
+               if self.high_from_warmup else "")
+        return (f"capacity {at}, interval [{self.low * sps:.3g}, {self.high * sps:.3g}] "
+                f"sessions/s{top}, {self.status}, {n} levels")
 
     def reason(self, search: CapacitySearch, max_s: float | None = None) -> str:
         """Why the bracket is not closed within ``search.tolerance`` ("" when it is): what
@@ -258,12 +299,18 @@ class CapacityResult:
 
     def to_dict(self, goodput: float | None = None) -> CapacityRecord:
         flat = self.flat_misses(goodput) if goodput is not None else None
-        return {"recorded_rps": self.recorded_rps, "low": self.low, "high": self.high,
-                "flat_misses_rps": list(flat) if flat else None,
-                "status": self.status, "capacity_rps": self.capacity_rps,
-                "ci_low_rps": self.ci_low_rps, "ci_high_rps": self.ci_high_rps,
-                "high_from_warmup": self.high_from_warmup,
-                "levels": [lv.to_dict() for lv in self.levels]}
+        out: CapacityRecord = {
+            "recorded_rps": self.recorded_rps, "low": self.low, "high": self.high,
+            "flat_misses_rps": list(flat) if flat else None,
+            "status": self.status, "capacity_rps": self.capacity_rps,
+            "ci_low_rps": self.ci_low_rps, "ci_high_rps": self.ci_high_rps,
+            "high_from_warmup": self.high_from_warmup,
+            "levels": [lv.to_dict() for lv in self.levels]}
+        if self.recorded_sps is not None:
+            out["recorded_sps"] = self.recorded_sps
+            out["capacity_sps"] = self.capacity_sps
+            out["ci_high_sps"] = self.ci_high_sps
+        return out
 
 
 def flat_note(flat: Sequence[float]) -> str:
@@ -291,7 +338,8 @@ def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
                     search: CapacitySearch | None = None,
                     on_level: Callable[[Level, CapacityResult], None] | None = None,
                     room: Callable[[float], bool] | None = None,
-                    failed_at: float | None = None) -> CapacityResult:
+                    failed_at: float | None = None,
+                    recorded_sps: float | None = None) -> CapacityResult:
     """Bracket the capacity: ``probe(scale)`` runs one load level and says pass or fail.
 
     ``on_level(level, result_so_far)`` hears of each level as it ends (progress).
@@ -299,11 +347,13 @@ def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
     every level but the first, the search ends with status ``time`` when it says no (the
     bracket is then as narrow as the levels run made it).
     ``failed_at``: a scale the server was already seen not to sustain (the warm-up fell
-    behind its arrivals there): the bracket's top until a level fails below it."""
+    behind its arrivals there): the bracket's top until a level fails below it.
+    ``recorded_sps``: the recorded session rate a session search scales with the request
+    rate (the result then speaks of sessions/s)."""
     s = search or CapacitySearch()
     if not (recorded_rps > 0 and math.isfinite(recorded_rps)):
         raise ConfigError(f"recorded rate is {recorded_rps}; capacity needs a rate > 0")
-    res = CapacityResult(recorded_rps=recorded_rps)
+    res = CapacityResult(recorded_rps=recorded_rps, recorded_sps=recorded_sps)
     if failed_at is not None:
         if not (failed_at > 0 and math.isfinite(failed_at)):
             raise ConfigError(f"failed_at is {failed_at}; a scale > 0 the server did not "

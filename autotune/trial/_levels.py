@@ -22,11 +22,20 @@ from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import ConfigError, LoadgenError
 from autotune.load import Abort, RequestRecord, replay
-from autotune.measure import Measurement, Slo, measure, meets_slo, slo_misses, snapshot_metrics
+from autotune.measure import (
+    Measurement,
+    Slo,
+    measure,
+    meets_slo,
+    server_figures,
+    slo_misses,
+    snapshot_metrics,
+)
 from autotune.trial._capacity import CapacityResult, CapacitySearch, Level, search_capacity
 from autotune.trial._replay import ClientKw
 
 if TYPE_CHECKING:
+    from autotune.load import ServerSnapshot, SessionSchedule
     from autotune.measure import Percentiles
     from autotune.traffic import Schedule, TrafficShape
     from autotune.trial._spec import WarmupRecord
@@ -41,6 +50,9 @@ logger = logging.getLogger(__name__)
 #: builds the schedule of one level: keyword arguments of autotune.traffic.build_schedule
 #: (seed, mode, num_requests, rate_rps, time_scale)
 Build = Callable[..., "Schedule"]
+#: the schedule of one level at a request rate (req/s) and a level's token seed, where it is
+#: not drawn by ``Build`` (a session capacity search: sessions, turn by turn)
+LevelAt = Callable[[float, "int | None"], "Schedule | SessionSchedule"]
 
 
 def recorded_rate(shape: TrafficShape | None) -> float:
@@ -241,6 +253,14 @@ def drain(base_url: str, timeout_s: float) -> None:
                    timeout_s)
 
 
+def _snapshot(base_url: str) -> ServerSnapshot | None:
+    """The server's counters now (None when its /metrics does not answer)."""
+    try:
+        return snapshot_metrics(base_url)
+    except LoadgenError:
+        return None
+
+
 def _pct(p: Percentiles | None) -> float | None:
     return p.p99 if p is not None else None
 
@@ -264,28 +284,42 @@ def level_schedule(build: Build, plan: LevelPlan, rate: float,
 
 def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: ClientKw,
               slo: Slo | None, search: CapacitySearch, plan: LevelPlan,
-              token_seed: int | None = None) -> tuple[Level, Measurement | None]:
+              token_seed: int | None = None, level_at: LevelAt | None = None,
+              ) -> tuple[Level, Measurement | None]:
     """One load level on the running server at ``client_kw["base_url"]``: pass or fail.
     Every level draws its arrivals and lengths from ``plan.seed``; ``token_seed`` (the
     level's number) gives its prompts their own words, so that no level is served from a
-    prefix cache filled by an earlier one (the shape's sharing within the level stays)."""
+    prefix cache filled by an earlier one (the shape's sharing within the level stays).
+    ``level_at``: the level's schedule where not ``build``'s (sessions turn by turn: every
+    turn of the level's sessions is offered, and the measurement carries the server's
+    prefix-cache figures over the level)."""
+    from autotune.load import SessionSchedule
+
     rate = scale * recorded_rps
-    schedule = level_schedule(build, plan, rate, token_seed)
-    if schedule.concurrency is not None:
+    schedule = (level_at(rate, token_seed) if level_at is not None
+                else level_schedule(build, plan, rate, token_seed))
+    if not isinstance(schedule, SessionSchedule) and schedule.concurrency is not None:
         # no cap on requests in flight: a client-side queue would hide the server's queue
         # from the latencies (they count from the send), and so the capacity
         schedule = dataclasses.replace(schedule, concurrency=None)
     offered = len(schedule.requests)
+    sessions = isinstance(schedule, SessionSchedule)
+    before = _snapshot(client_kw["base_url"]) if sessions else None
     t0 = time.monotonic()
-    run = replay(schedule, **client_kw, abort=level_abort(offered, slo, search))
+    run = replay(schedule, **client_kw, abort=level_abort(offered, slo, search),
+                 metrics_interval_s=2.0 if sessions else None)
     seconds = time.monotonic() - t0
+    after = _snapshot(client_kw["base_url"]) if sessions else None
     met, failed, missed_by = 0, 0, Counter[str]()
     for r in run.records:
         why = slo_misses(r, slo)
         met += not why
         failed += not r.ok
         missed_by.update(why)
-    m = measure(run, slo=slo) if any(r.ok for r in run.records) else None
+    m = (measure(run, slo=slo, server_before=before, server_after=after)
+         if any(r.ok for r in run.records) else None)
+    if m is not None and before is not None and after is not None:
+        m = m.model_copy(update={"server": server_figures(before, after, run.snapshots)})
     good, err = met / offered, failed / offered
     passed = run.aborted is None and good >= search.goodput and err <= search.max_error_rate
     level = Level(
@@ -312,6 +346,7 @@ class _Probe:
     plan: LevelPlan
     check: Callable[[], None] | None = None  # raises if the server died
     jit: Callable[[], bool] | None = None  # was a kernel JIT-compiled since the last call?
+    level_at: LevelAt | None = None  # the levels' schedules where not build's (sessions)
     measured: dict[float, Measurement] = field(default_factory=dict)
     levels_run: int = 0
     longest_s: float = 0.0  # the longest level so far, its tail and drain included
@@ -323,7 +358,8 @@ class _Probe:
         t0 = time.monotonic()
         level, m = run_level(scale, recorded_rps=self.recorded_rps, build=self.build,
                              client_kw=self.client_kw, slo=self.slo, search=self.search,
-                             plan=self.plan, token_seed=self.levels_run)
+                             plan=self.plan, token_seed=self.levels_run,
+                             level_at=self.level_at)
         if self.check is not None:
             self.check()
         if self.jit is not None and self.jit():
@@ -349,18 +385,22 @@ def find_capacity(*, recorded_rps: float, build: Build, client_kw: ClientKw,
                   plan: LevelPlan | None = None, check: Callable[[], None] | None = None,
                   on_level: Callable[[Level, CapacityResult], None] | None = None,
                   jit: Callable[[], bool] | None = None,
-                  failed_at: float | None = None,
+                  failed_at: float | None = None, level_at: LevelAt | None = None,
+                  recorded_sps: float | None = None,
                   ) -> tuple[CapacityResult, Measurement | None]:
     """The bracketing search on one running server; returns the bracket and the
     measurement of the level the capacity rests on (None when no level passed).
     ``jit``: whether the server logged a kernel JIT compilation since its last call (each
     level's ``jit_compiled``: a warm-up that did not cover the traffic); ``failed_at``:
-    the bracket's top known before the search (:func:`warmup_bound`)."""
+    the bracket's top known before the search (:func:`warmup_bound`). A session search
+    gives ``level_at`` (each level's sessions at a request rate) and ``recorded_sps`` (the
+    recorded session rate the scale multiplies too)."""
     search = search or CapacitySearch()
     plan = plan or LevelPlan()
-    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan, check, jit)
+    probe = _Probe(recorded_rps, build, client_kw, slo, search, plan, check, jit, level_at)
     res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level,
-                          room=_room(plan, recorded_rps, probe), failed_at=failed_at)
+                          room=_room(plan, recorded_rps, probe), failed_at=failed_at,
+                          recorded_sps=recorded_sps)
     return res, (probe.measured.get(res.low) if res.low is not None else None)
 
 

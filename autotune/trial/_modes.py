@@ -3,7 +3,8 @@ once from the spec by :func:`mode_for`.
 
 A mode is a small strategy: closed loop (:class:`~autotune.trial._closed.ClosedLoopTrial`),
 open loop and capacity search (:mod:`autotune.trial._open_trial`), sessions replayed turn
-by turn (:class:`~autotune.trial._sessions.SessionTrial`). A new mode is a class
+by turn (:class:`~autotune.trial._sessions.SessionTrial`) and their capacity search
+(:class:`~autotune.trial._sessions.SessionCapacityTrial`). A new mode is a class
 with this interface and a row of :data:`MODES`.
 """
 
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from autotune.trial._closed import ClosedLoopTrial
 from autotune.trial._open_trial import CapacityTrial, OpenLoopTrial
 from autotune.trial._replay_choice import replays_sessions
-from autotune.trial._sessions import SessionTrial
+from autotune.trial._sessions import SessionCapacityTrial, SessionTrial
 
 if TYPE_CHECKING:
     from autotune.engine import VllmServer
@@ -49,13 +50,14 @@ class TrialMode(Protocol):
 
 #: the trial modes by name
 MODES: dict[str, TrialMode] = {m.name: m for m in (ClosedLoopTrial(), OpenLoopTrial(),
-                                                   CapacityTrial(), SessionTrial())}
+                                                   CapacityTrial(), SessionTrial(),
+                                                   SessionCapacityTrial())}
 
 
 def mode_for(spec: TrialSpec, plan: _Plan) -> TrialMode:
     """The trial's mode: a capacity search when the spec asks for one, a session replay
-    when its shape's sessions are replayed turn by turn (``--replay``), else the loop its
-    replay schedule drives (closed or open)."""
+    when its shape's sessions are replayed turn by turn (``--replay``; both: the session
+    capacity search), else the loop its replay schedule drives (closed or open)."""
     if replays_sessions(spec):  # first: a --replay sessions that cannot be says so
-        return MODES["sessions"]
+        return MODES["sessions" if spec.capacity is None else "session_capacity"]
     return MODES["capacity" if spec.capacity is not None else plan.schedule.mode]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from autotune.trial._capacity import CapacityRecord, CapacityResult, Level
     from autotune.trial._levels import LevelPlan
     from autotune.trial._open_segments import OpenRun
+    from autotune.trial._sessions import SessionLevels
 
 logger = logging.getLogger(__name__)
 
@@ -140,10 +142,13 @@ def _open_run(spec: TrialSpec, sched: Schedule, rule: SegmentRule, seg_s: float,
 
 def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
                       outcome: TrialOutcome, phase: PhaseFn,
-                      client_kw: ClientKw) -> list[Measurement]:
+                      client_kw: ClientKw, sessions: SessionLevels | None = None
+                      ) -> list[Measurement]:
     """--objective capacity: warm up, then the bracketing search over the arrival-rate
     scale on this server (autotune.levels). The measurement is the level the capacity
-    rests on; the levels and the bracket go to ``outcome.capacity``."""
+    rests on; the levels and the bracket go to ``outcome.capacity``. ``sessions``: each
+    level replays sessions turn by turn at the scaled session rate (the warm-up stays the
+    shape's independent arrivals: it brings the server to its batches, not its cache)."""
     from autotune.trial._levels import (
         LevelPlan,
         find_capacity,
@@ -165,8 +170,10 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     asked = spec.capacity_search()
     search, lower = start_after_warmup(asked, warm)
     failed_at = warmup_bound(asked, warm, spec.slo)
+    sps = sessions.recorded_sps if sessions is not None else None
+    rate = _rate_text(recorded, sps)
     if failed_at is not None:
-        top = (f"the bracket's top is {failed_at * recorded:.3g} req/s, where the server "
+        top = (f"the bracket's top is {rate(failed_at)}, where the server "
                "fell behind")
         lower = f"{lower}; {top}" if lower else top
     for line in (stretched, lower):
@@ -177,26 +184,15 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     def build(**kw: Any) -> Schedule:
         return _schedule(spec, plan.max_len, **kw)
 
-    def on_level(lv: Level, res: CapacityResult) -> None:
-        logger.info("trial %d level %d: %.3gx = %.3g req/s %s", spec.number,
-                    len(res.levels), lv.scale, lv.offered_rps, lv.outcome())
-        r = res.recorded_rps
-        if res.low is not None and res.high is not None:
-            bracket = (f"bracket [{res.low * r:.3g}, {res.high * r:.3g}] req/s, "
-                       f"{res.high / res.low:.3g}x wide")
-        elif res.low is not None:
-            bracket = f"at least {res.low * r:.3g} req/s, no level failed yet"
-        else:
-            bracket = f"below {(res.high or 0) * r:.3g} req/s, no level passed yet"
-        phase("capacity", f"level {len(res.levels)}: {lv.offered_rps:.3g} req/s "
-              f"{lv.outcome()}; {bracket}")
-
     t_run = time.monotonic()
-    phase("capacity", f"level 1 at {search.start:.3g}x {recorded:.3g} req/s")
+    phase("capacity", f"level 1 at {search.start:.3g}x {rate(1.0)}")
     res, m = find_capacity(recorded_rps=recorded, build=build, client_kw=client_kw,
                            slo=spec.slo, search=search, plan=level_plan,
-                           check=server.check_serving, on_level=on_level,
-                           jit=watch.jit_since_last, failed_at=failed_at)
+                           check=server.check_serving,
+                           on_level=_on_level(spec.number, phase, rate),
+                           jit=watch.jit_since_last, failed_at=failed_at,
+                           level_at=sessions.level_at(level_plan) if sessions else None,
+                           recorded_sps=sps)
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
@@ -215,9 +211,39 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
     return [m]
 
 
+def _rate_text(recorded: float, sps: float | None) -> Callable[[float], str]:
+    """A scale as the rate it offers: req/s, or sessions/s first for a session search."""
+    def rate(scale: float) -> str:
+        if sps is None:
+            return f"{scale * recorded:.3g} req/s"
+        return f"{scale * sps:.3g} sessions/s ({scale * recorded:.3g} req/s)"
+
+    return rate
+
+
+def _on_level(number: int, phase: PhaseFn, rate: Callable[[float], str]
+              ) -> Callable[[Level, CapacityResult], None]:
+    """The capacity search's progress: each level and the bracket so far, as phases."""
+    def on_level(lv: Level, res: CapacityResult) -> None:
+        logger.info("trial %d level %d: %.3gx = %s %s", number, len(res.levels), lv.scale,
+                    rate(lv.scale), lv.outcome())
+        if res.low is not None and res.high is not None:
+            bracket = (f"bracket [{rate(res.low)}, {rate(res.high)}], "
+                       f"{res.high / res.low:.3g}x wide")
+        elif res.low is not None:
+            bracket = f"at least {rate(res.low)}, no level failed yet"
+        else:
+            bracket = f"below {rate(res.high or 0)}, no level passed yet"
+        phase("capacity", f"level {len(res.levels)}: {rate(lv.scale)} "
+              f"{lv.outcome()}; {bracket}")
+
+    return on_level
+
+
 def _capacity_metrics(cap: CapacityRecord, gpus: tuple[int, ...] | None,
                       server_gpus: int = 1) -> dict[str, float]:
-    """capacity_rps (the objective), its interval, output tokens/s at capacity and the
+    """capacity_rps (the objective), its interval, output tokens/s at capacity, the
+    capacity in sessions/s (``capacity_sps``) for a session search, and the
     servers and GPUs the recorded traffic needs (recorded rate / capacity; GPUs: the
     server's, or the ones it was given when more) from ``CapacityResult.to_dict()``."""
     recorded = float(cap["recorded_rps"])
@@ -225,6 +251,12 @@ def _capacity_metrics(cap: CapacityRecord, gpus: tuple[int, ...] | None,
                              "capacity_levels": float(len(cap["levels"]))}
     if (high := cap.get("ci_high_rps")) is not None:
         out["capacity_rps_ci_high"] = float(high)
+    if (sps := cap.get("recorded_sps")) is not None:  # a session search: sessions/s
+        out["capacity_recorded_sps"] = float(sps)
+        if (high_s := cap.get("ci_high_sps")) is not None:
+            out["capacity_sps_ci_high"] = float(high_s)
+        if (cap_s := cap.get("capacity_sps")) is not None:
+            out["capacity_sps"] = float(cap_s)
     rps, low = cap.get("capacity_rps"), cap["low"]
     if rps is None or rps <= 0 or low is None:  # a capacity > 0 has a low end
         return out

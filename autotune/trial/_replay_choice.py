@@ -10,8 +10,9 @@ from autotune.trial._spec import TrialSpec
 
 def replays_sessions(spec: TrialSpec) -> bool:
     """Whether ``spec`` replays its shape's sessions turn by turn (``--replay``: 'sessions';
-    'auto' when the shape has sessions, the API is completions and no capacity search is
-    asked). A :class:`ConfigError` (one line) for 'sessions' that cannot be."""
+    'auto' when the shape has sessions and the API is completions; a capacity search then
+    scales the session rate, which 'auto' asks only of a shape that has one). A
+    :class:`ConfigError` (one line) for 'sessions' that cannot be."""
     how = spec.measure.replay
     shape = spec.shape
     has = shape is not None and shape.sessions is not None
@@ -26,8 +27,8 @@ def replays_sessions(spec: TrialSpec) -> bool:
         if spec.measure.api != "completions":
             raise ConfigError("--replay sessions sends token-id prompts: use --api "
                               "completions (or --replay independent)")
-        if spec.capacity is not None:
-            raise ConfigError("--replay sessions has no capacity search yet; use "
-                              "--replay independent with a capacity search")
         return True
-    return spec.measure.api == "completions" and spec.capacity is None
+    if spec.measure.api != "completions":
+        return False
+    sessions = shape.sessions if shape is not None else None
+    return spec.capacity is None or (sessions is not None and sessions.rate_sps > 0)

@@ -8,18 +8,22 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.engine import VllmServer
 from autotune.errors import ConfigError
 from autotune.trial._closed import _abort, _aborted, _count_prompt_tokens
-from autotune.trial._open_trial import _warm_up_open
+from autotune.trial._open_trial import _capacity_metrics, _measure_capacity, _warm_up_open
 from autotune.trial._replay import ClientKw, PhaseFn, _LoopMode, _Plan
 from autotune.trial._spec import TrialOutcome, TrialSpec
 
 if TYPE_CHECKING:
     from autotune.load import SessionSchedule
     from autotune.measure import Measurement
+    from autotune.traffic import TrafficShape
+    from autotune.trial._levels import LevelPlan
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,89 @@ class SessionTrial(_LoopMode):
                 break
             results.append(m)
         return results
+
+
+class SessionCapacityTrial:
+    """The session capacity trial mode (:class:`~autotune.trial._modes.TrialMode`,
+    ``--objective capacity`` on a shape whose sessions are replayed turn by turn): the
+    bracketing search of :class:`~autotune.trial._open_trial.CapacityTrial` with levels
+    that start new sessions at a scale of the recorded session rate and send every turn of
+    them causally; a level passes when its turns meet the SLOs as the goodput bar asks. The
+    capacity is in sessions/s (``capacity_sps``) and in requests (turns) per second
+    (``capacity_rps``, the objective: the same ranking, and what cost counts)."""
+
+    name = "session_capacity"
+    counts_prompt_tokens = False  # load levels do not count prompt tokens
+
+    def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
+                outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
+        return _measure_capacity(spec, plan, server, outcome, phase, client,
+                                 sessions=SessionLevels.of(spec, plan.max_len))
+
+    def metrics(self, spec: TrialSpec, outcome: TrialOutcome) -> dict[str, float]:
+        if outcome.capacity is None:
+            return {}
+        return _capacity_metrics(outcome.capacity, outcome.gpus, spec.server_gpus)
+
+
+@dataclass(frozen=True)
+class SessionLevels:
+    """The load levels of a session capacity search: at a request rate ``r`` (the scale x
+    the shape's recorded request rate), sessions start open loop at the same scale of the
+    recorded session rate (``recorded_sps``), as many as carry the level's requests over
+    the mean turns per session; think times as recorded."""
+
+    shape: TrafficShape
+    token_ids: tuple[int, ...]
+    recorded_rps: float
+    recorded_sps: float
+    max_len: int
+
+    @classmethod
+    def of(cls, spec: TrialSpec, max_len: int) -> SessionLevels:
+        """The levels of ``spec``'s shape; one line when it has no session rate."""
+        from autotune.load import model_prompts
+        from autotune.trial._levels import recorded_rate
+
+        shape = spec.shape
+        if shape is None or shape.sessions is None:
+            raise ConfigError(f"trial {spec.number}: no shape with sessions to replay")
+        sps = shape.sessions.rate_sps
+        if not (sps > 0 and math.isfinite(sps)):
+            raise ConfigError(
+                f"a session capacity search scales the session rate, and shape "
+                f"{shape.name!r} has none (its trace's sessions carry no arrival times); "
+                "fit it from a trace with timestamps or use --replay independent")
+        return cls(shape=shape, token_ids=tuple(model_prompts(spec.model).token_ids),
+                   recorded_rps=recorded_rate(shape), recorded_sps=float(sps),
+                   max_len=max_len)
+
+    def level_at(self, plan: LevelPlan) -> Callable[[float, int | None], SessionSchedule]:
+        """Each level's sessions (:data:`~autotune.trial._levels.LevelAt`) under ``plan``:
+        ``plan.requests(rate)`` turns' worth of sessions, drawn from ``plan.seed`` (every
+        level the same conversations; ``token_seed`` other words), without the turns the
+        context cannot hold (what a level offers is what it sends)."""
+        from autotune.load import session_schedule
+
+        sessions = self.shape.sessions
+        assert sessions is not None  # of() checked it
+        per = max(1.0, sessions.turns.mean)
+
+        def at(rate: float, token_seed: int | None) -> SessionSchedule:
+            n = max(1, math.ceil(plan.requests(rate) / per))
+            sched = session_schedule(
+                self.shape, token_ids=self.token_ids, seed=plan.seed,
+                num_sessions=min(MAX_SESSIONS, n), mode="open",
+                rate_sps=rate / self.recorded_rps * self.recorded_sps, time_scale=1.0,
+                max_total_tokens=self.max_len, token_seed=token_seed).within_context()
+            if not sched.sessions:
+                raise ConfigError(
+                    f"no session of shape {self.shape.name!r} has a first turn that fits "
+                    f"the server's context ({self.max_len} tokens); raise --max-model-len "
+                    "or fit the shape to this model")
+            return sched
+
+        return at
 
 
 def session_plan(spec: TrialSpec, plan: _Plan, *, token_seed: int = 0) -> SessionSchedule:

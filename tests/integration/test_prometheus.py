@@ -109,7 +109,7 @@ def fleet(_tiny_server_session: Any, tiny_llama: Path,
                                             tmp_path_factory.mktemp("auth"))
         # a few scrapes before the range starts, counted from the first: that lands 5-10 s
         # after ready (Prometheus' 5-s discovery and reload tickers), so a fixed sleep from
-        # ready left a range whose first 60 s window ended just after traffic_from without
+        # ready left a range whose first 60 s window ended just after the traffic began without
         # a sample, and the shape rightly started a window late
         prom.wait_scraped()
         time.sleep(3.0)
@@ -172,8 +172,12 @@ def test_fleet_shape_agrees_with_the_replay_through_a_restart(
     fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     chat = load_shape(REPO / "traffic" / "example-chat.json")
-    traffic_from = time.time()
-    # 20 requests at 1/s, the restart, 40 at 2/s: the 60 s windows' counts differ
+    # whole 60 s windows from just before the traffic (Prometheus has scraped both replicas
+    # since a few seconds before: the fixture waited for it), at least two of them: 20
+    # requests at 1/s and the restart in the first, 40 at 2/s from the second on, so the
+    # windows' counts differ however fast the restart is (a range sized to the traffic held
+    # one window when the restart took seconds, and a single window has no dispersion)
+    start = math.floor(time.time()) - 1
     sent = _both(fleet, chat, n=20, rate=1.0, seed=1)
     # what a replica serves after its last scrape is lost with it: stop b once Prometheus
     # has its last request (a loaded /metrics may miss its 1 s scrape timeout)
@@ -186,11 +190,9 @@ def test_fleet_shape_agrees_with_the_replay_through_a_restart(
     assert all("ignored SIGTERM" in e for e in errors), errors
     fleet.b.start()
     fleet.b.wait_healthy()
+    time.sleep(max(0.0, start + 62.0 - time.time()))  # the second window
     sent += _both(fleet, chat, n=40, rate=2.0, seed=3)
-    # whole 60 s windows ending just after the traffic (the range may start before
-    # Prometheus did: its first window then has fewer scrapes, and no traffic was sent)
-    end = math.ceil(time.time()) + 2
-    start = end - 60 * math.ceil((end - traffic_from) / 60)
+    end = start + 60 * max(2, math.ceil((time.time() + 2.0 - start) / 60))
     time.sleep(max(0.0, end + 3.0 - time.time()))  # the last scrapes are in
     out = tmp_path / "fleet.json"
     auth = ["--basic-auth-file", str(fleet.auth_file)] if fleet.auth_file else []

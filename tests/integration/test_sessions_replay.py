@@ -124,3 +124,52 @@ def test_prefix_caching_on_beats_off_in_cache_hits(tiny_server: Any, tiny_llama:
     assert m.get("server_prefix_cache_hits", 0.0) == 0.0
     assert "server_kv_cache_usage_max" in m and "server_preemptions" in m
     assert on.server["prefix_cache_hit_rate"] > m.get("server_prefix_cache_hit_rate", 0.0)
+
+
+def test_a_session_capacity_search_scales_the_session_rate(tiny_server: Any,
+                                                           tiny_llama: Path) -> None:
+    """Load levels of whole sessions on the shared server (prefix caching on): each level
+    offers every turn of its sessions and is judged on them; the capacity is in sessions/s
+    as well as requests/s (which level passes is the CPU's business: not asserted)."""
+    from autotune.trial import MODES, mode_for
+    from autotune.trial._levels import capacity_spec
+
+    measure = MeasureSettings(warmup_requests=2, slo={"ttft_p99": 5.0})  # --replay auto
+    spec = TrialSpec(number=0, model=str(tiny_llama), shape=_shape(), seed=2,
+                     flags=("--max-model-len", "1024", "-O0"), env={}, measure=measure,
+                     **capacity_spec(goodput=0.9, max_error_rate=0.05, start=1.0,
+                                     tolerance=0.5, level_s=4.0, max_levels=3))
+    plan = _plan(spec)
+    mode = mode_for(spec, plan)
+    assert mode is MODES["session_capacity"]  # auto: the shape has sessions and a rate
+    client = {"base_url": tiny_server.base_url, "model": tiny_server.served_model_name,
+              "api": "completions", "request_timeout_s": 120.0}
+    outcome = TrialOutcome(number=0, ok=False)
+    phases: list[str] = []
+    results = mode.measure(spec, plan, tiny_server, outcome,
+                           lambda _p, detail="": phases.append(detail), client)  # type: ignore[arg-type]
+    cap = outcome.capacity
+    assert cap is not None and cap["recorded_sps"] == 6.0 and cap["recorded_rps"] == 18.0
+    levels = cap["levels"]
+    assert 1 <= len(levels) <= 3
+    for lv in levels:
+        # every turn of whole sessions (3 each, all within the context), at least the
+        # level's 40 requests: 14 sessions at the least
+        assert lv["offered"] % TURNS == 0 and lv["offered"] >= 42, lv
+        assert lv["passed"] == (not lv["stopped_early"] and lv["goodput_fraction"] >= 0.9
+                                and lv["error_rate"] <= 0.05), lv
+    assert any("sessions/s" in p for p in phases), phases
+    assert "sessions/s" in (outcome.message or "")
+    metrics = mode.metrics(spec, outcome)
+    assert metrics["capacity_recorded_sps"] == 6.0
+    if cap["low"] is None:  # no level met the SLOs: the outcome is whole, no measurement
+        assert outcome.ok and not results and cap["capacity_sps"] is None
+        return
+    assert cap["capacity_sps"] == pytest.approx(cap["low"] * 6.0)
+    assert metrics["capacity_sps"] == pytest.approx(cap["low"] * 6.0)
+    assert metrics["capacity_rps"] == pytest.approx(cap["low"] * 18.0)
+    # the level the capacity rests on was replayed turn by turn: its later turns hit the
+    # prefix cache the earlier turns filled
+    (m,) = results
+    assert m.sessions["turns_per_session"] == pytest.approx(TURNS)
+    assert m.server["prefix_cache_hits"] > 0, m.server

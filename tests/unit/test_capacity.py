@@ -45,7 +45,12 @@ def test_capacity_records_name_the_keys_that_are_stored() -> None:
     res = search_capacity(_monotone(2.5), recorded_rps=2.0)
     d = res.to_dict(0.99)
     added = {"level_s", "level_s_asked", "level_note", "start", "start_note"}  # by the trial
-    assert set(CapacityRecord.__annotations__) == set(d) | added and not added & set(d)
+    sessions = {"recorded_sps", "capacity_sps", "ci_high_sps"}  # a session search's
+    assert set(CapacityRecord.__annotations__) == set(d) | added | sessions
+    assert not added & set(d) and not sessions & set(d)
+    d_s = search_capacity(_monotone(2.5), recorded_rps=2.0, recorded_sps=0.5).to_dict(0.99)
+    assert set(d_s) == set(d) | sessions and d_s["capacity_sps"] == pytest.approx(
+        0.5 * res.low)
     assert set(LevelRecord.__annotations__) == {f.name for f in fields(Level)} == set(
         d["levels"][0])
     assert json.loads(json.dumps(d)) == d and d["capacity_rps"] == pytest.approx(2.0 * res.low)

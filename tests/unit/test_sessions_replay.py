@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,11 +26,17 @@ from autotune.load import (
     session_schedule,
 )
 from autotune.load._modes import driver_for
-from autotune.load._sessions import SessionLoop
+from autotune.load._sessions import Session, SessionLoop, Turn
 from autotune.measure import session_figures
+from autotune.records import CapacityDeclared
+from autotune.report import capacity_line
 from autotune.traffic import Schedule, TrafficShape, fit_shape, read_trace
 from autotune.trial import MODES, CapacitySearch, TrialSpec, mode_for
+from autotune.trial._capacity import CapacityResult, Level
+from autotune.trial._levels import LevelPlan
+from autotune.trial._open_trial import _capacity_metrics
 from autotune.trial._replay import _Plan
+from autotune.trial._sessions import SessionLevels
 
 MOONCAKE = Path(__file__).resolve().parents[1] / "data" / "traces" / (
     "mooncake_fast25_conversation.jsonl")
@@ -179,11 +186,86 @@ def test_a_trial_replays_sessions_when_asked_or_auto(shape: TrafficShape) -> Non
     assert mode_for(_spec(shape, replay="independent"), plan).name == "open"
     assert mode_for(_spec(bare), plan).name == "open"  # old shapes: as before
     assert mode_for(_spec(shape, api="chat"), plan).name == "open"  # auto: completions only
+    # a capacity search over sessions: asked, or auto on a shape with a session rate
     cap = replace(_spec(shape), capacity=CapacitySearch())
-    assert mode_for(cap, plan).name == "capacity"
+    assert mode_for(cap, plan) is MODES["session_capacity"]
+    asked = replace(_spec(shape, replay="sessions"), capacity=CapacitySearch())
+    assert mode_for(asked, plan) is MODES["session_capacity"]
+    indep = replace(_spec(shape, replay="independent"), capacity=CapacitySearch())
+    assert mode_for(indep, plan).name == "capacity"
+    assert mode_for(replace(_spec(bare), capacity=CapacitySearch()), plan).name == "capacity"
+    no_rate = shape.model_copy(update={"sessions": shape.sessions.model_copy(  # type: ignore[union-attr]
+        update={"rate_sps": 0.0})})
+    assert mode_for(replace(_spec(no_rate), capacity=CapacitySearch()),
+                    plan).name == "capacity"  # auto: a session search needs a session rate
     for spec, why in ((_spec(bare, replay="sessions"), "no sessions section"),
-                      (_spec(shape, replay="sessions", api="chat"), "--api completions"),
-                      (replace(_spec(shape, replay="sessions"), capacity=CapacitySearch()),
-                       "capacity")):
+                      (_spec(shape, replay="sessions", api="chat"), "--api completions")):
         with pytest.raises(ConfigError, match=why):
             mode_for(spec, plan)
+
+
+def _turns(*shape: tuple[int, int]) -> tuple[Turn, ...]:
+    return tuple(Turn(new_token_ids=(1,) * new, max_tokens=out) for new, out in shape)
+
+
+def test_a_schedule_within_the_context_drops_what_its_replay_would_not_send() -> None:
+    sessions = (Session(0, _turns((100, 20), (30, 20), (30, 20))),  # prompts 100, 150, 200
+                Session(1, _turns((300, 10))),  # its first turn does not fit
+                Session(2, _turns((10, 5), (5, 5))))
+    full = SessionSchedule(sessions=sessions, max_total_tokens=200)
+    kept = full.within_context()
+    # turn 3 of session 0: prompt 200 + 20 out > 200; session 1 dropped; session 2 whole
+    assert [(x.index, len(x.turns)) for x in kept.sessions] == [(0, 2), (2, 2)]
+    assert kept.turns() == 4 and len(kept.requests) == 4
+    assert replace(full, max_total_tokens=None).within_context().turns() == 6
+
+
+def test_session_capacity_levels_scale_the_session_rate(shape: TrafficShape) -> None:
+    s = shape.sessions
+    assert s is not None and shape.rate_rps
+    levels = SessionLevels(shape=shape, token_ids=TOKENS, recorded_rps=shape.rate_rps,
+                           recorded_sps=s.rate_sps, max_len=100_000)
+    plan = LevelPlan(level_s=60.0, seed=4)
+    at = levels.level_at(plan)
+    rate = 2.0 * shape.rate_rps  # the scale 2
+    sched = at(rate, 1)
+    assert sched == at(rate, 1) and sched.mode == "open" and sched.duration_s is None
+    # as many sessions as carry the level's requests over the mean turns
+    assert len(sched.sessions) == math.ceil(plan.requests(rate) / max(1.0, s.turns.mean))
+    starts = [x.start_s or 0.0 for x in sched.sessions]
+    assert len(starts) / starts[-1] == pytest.approx(2.0 * s.rate_sps, rel=0.3)
+    other = at(rate, 2)  # other words, the same conversations
+    assert [len(x.turns) for x in other.sessions] == [len(x.turns) for x in sched.sessions]
+    assert other.sessions[0].turns[0].new_token_ids != sched.sessions[0].turns[0].new_token_ids
+    # a context that holds no first turn: one line
+    tiny = replace(levels, max_len=1)
+    with pytest.raises(ConfigError, match="fits the server's context"):
+        tiny.level_at(plan)(rate, 1)
+
+
+def test_a_session_capacity_speaks_of_sessions_per_second() -> None:
+    lv = Level(scale=1.0, offered_rps=6.0, passed=True, goodput_fraction=1.0, error_rate=0.0)
+    res = CapacityResult(recorded_rps=6.0, recorded_sps=2.0, low=1.0, high=1.25,
+                         status="found", levels=[lv])
+    assert res.capacity_sps == 2.0 and res.ci_high_sps == 2.5 and res.capacity_rps == 6.0
+    line = res.summary()
+    assert line.startswith("capacity 2 sessions/s (6 req/s of turns") and "[2, 2.5] sessions/s" \
+        in line, line
+    cap = res.to_dict(0.99)
+    assert (cap["recorded_sps"], cap["capacity_sps"], cap["ci_high_sps"]) == (2.0, 2.0, 2.5)
+    m = _capacity_metrics(cap, None)
+    assert m["capacity_sps"] == 2.0 and m["capacity_sps_ci_high"] == 2.5
+    assert m["capacity_rps"] == 6.0 and m["capacity_recorded_sps"] == 2.0
+    plain = CapacityResult(recorded_rps=6.0, low=1.0, high=1.25, levels=[lv])
+    assert "recorded_sps" not in plain.to_dict() and "sessions" not in plain.summary()
+    assert "capacity_sps" not in _capacity_metrics(plain.to_dict(), None)
+    # best.json's capacity line (tune's summary, bench, best) leads with sessions/s
+    line = capacity_line(CapacityDeclared(capacity_rps=6.0, capacity_rps_ci_low=6.0,
+                                          capacity_rps_ci_high=7.5, capacity_sps=2.0,
+                                          recorded_rps=6.0, recorded_sps=2.0), "server")
+    assert line.startswith("capacity: 2.00 sessions/s (6.00 req/s of turns) within the SLOs "
+                           "(bracket [6.00, 7.50] req/s = [2.00, 2.50] sessions/s)"), line
+    assert "sessions/s" not in capacity_line(CapacityDeclared(capacity_rps=6.0), "server")
+    none = CapacityResult(recorded_rps=6.0, recorded_sps=2.0, high=1 / 64, status="none",
+                          levels=[replace(lv, passed=False)])
+    assert none.capacity_sps is None and "sessions/s" in none.summary()
