@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
 from autotune.errors import ConfigError, LoadgenError
-from autotune.load import Abort, RequestRecord, replay
+from autotune.load import Abort, RequestRecord, RunResult, SessionSchedule, replay
 from autotune.measure import (
     Measurement,
     Slo,
@@ -35,7 +35,7 @@ from autotune.trial._capacity import CapacityResult, CapacitySearch, Level, sear
 from autotune.trial._replay import ClientKw
 
 if TYPE_CHECKING:
-    from autotune.load import ServerSnapshot, SessionSchedule
+    from autotune.load import ServerSnapshot
     from autotune.measure import Percentiles
     from autotune.traffic import Schedule, TrafficShape
     from autotune.trial._spec import WarmupRecord
@@ -253,6 +253,18 @@ def drain(base_url: str, timeout_s: float) -> None:
                    timeout_s)
 
 
+def with_server(run: RunResult, slo: Slo | None, before: ServerSnapshot | None,
+                after: ServerSnapshot | None) -> Measurement:
+    """The run's measurement with the server's figures over the whole run: its counters
+    from ``before`` to ``after`` and its gauges (KV cache usage) over the run's samples,
+    not the idle snapshot after it (a session replay or level; None snapshots: the run's
+    own)."""
+    m = measure(run, slo=slo, server_before=before, server_after=after)
+    if before is None or after is None:
+        return m
+    return m.model_copy(update={"server": server_figures(before, after, run.snapshots)})
+
+
 def _snapshot(base_url: str) -> ServerSnapshot | None:
     """The server's counters now (None when its /metrics does not answer)."""
     try:
@@ -293,8 +305,6 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: Cli
     ``level_at``: the level's schedule where not ``build``'s (sessions turn by turn: every
     turn of the level's sessions is offered, and the measurement carries the server's
     prefix-cache figures over the level)."""
-    from autotune.load import SessionSchedule
-
     rate = scale * recorded_rps
     schedule = (level_at(rate, token_seed) if level_at is not None
                 else level_schedule(build, plan, rate, token_seed))
@@ -316,10 +326,7 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: Cli
         met += not why
         failed += not r.ok
         missed_by.update(why)
-    m = (measure(run, slo=slo, server_before=before, server_after=after)
-         if any(r.ok for r in run.records) else None)
-    if m is not None and before is not None and after is not None:
-        m = m.model_copy(update={"server": server_figures(before, after, run.snapshots)})
+    m = (with_server(run, slo, before, after) if any(r.ok for r in run.records) else None)
     good, err = met / offered, failed / offered
     passed = run.aborted is None and good >= search.goodput and err <= search.max_error_rate
     level = Level(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from autotune.engine import VllmServer
 from autotune.errors import ConfigError
 from autotune.trial._closed import _abort, _aborted, _count_prompt_tokens
-from autotune.trial._open_trial import _capacity_metrics, _measure_capacity, _warm_up_open
+from autotune.trial._open_trial import CapacityTrial, _measure_capacity, _warm_up_open
 from autotune.trial._replay import ClientKw, PhaseFn, _LoopMode, _Plan
 from autotune.trial._spec import TrialOutcome, TrialSpec
 
@@ -56,7 +56,7 @@ class SessionTrial(_LoopMode):
         return results
 
 
-class SessionCapacityTrial:
+class SessionCapacityTrial(CapacityTrial):
     """The session capacity trial mode (:class:`~autotune.trial._modes.TrialMode`,
     ``--objective capacity`` on a shape whose sessions are replayed turn by turn): the
     bracketing search of :class:`~autotune.trial._open_trial.CapacityTrial` with levels
@@ -66,17 +66,11 @@ class SessionCapacityTrial:
     (``capacity_rps``, the objective: the same ranking, and what cost counts)."""
 
     name = "session_capacity"
-    counts_prompt_tokens = False  # load levels do not count prompt tokens
 
     def measure(self, spec: TrialSpec, plan: _Plan, server: VllmServer,
                 outcome: TrialOutcome, phase: PhaseFn, client: ClientKw) -> list[Measurement]:
         return _measure_capacity(spec, plan, server, outcome, phase, client,
                                  sessions=SessionLevels.of(spec, plan.max_len))
-
-    def metrics(self, spec: TrialSpec, outcome: TrialOutcome) -> dict[str, float]:
-        if outcome.capacity is None:
-            return {}
-        return _capacity_metrics(outcome.capacity, outcome.gpus, spec.server_gpus)
 
 
 @dataclass(frozen=True)
@@ -170,7 +164,8 @@ def _one_replay(spec: TrialSpec, sched: SessionSchedule, server: VllmServer,
     """One measured session replay: its measurement with the server's figures over the
     whole replay (None when most requests failed: the outcome says why)."""
     from autotune.load import replay
-    from autotune.measure import measure, server_figures, snapshot_metrics
+    from autotune.measure import snapshot_metrics
+    from autotune.trial._levels import with_server
 
     t_run = time.monotonic()
     before = snapshot_metrics(server.base_url)
@@ -180,9 +175,7 @@ def _one_replay(spec: TrialSpec, sched: SessionSchedule, server: VllmServer,
         return None
     after = snapshot_metrics(server.base_url)
     _count_prompt_tokens(outcome, run, before, after)
-    m = measure(run, slo=spec.slo, server_before=before, server_after=after)
-    # the gauges (KV cache usage) over the run's samples: the snapshot after it is idle
-    m = m.model_copy(update={"server": server_figures(before, after, run.snapshots)})
+    m = with_server(run, spec.slo, before, after)
     outcome.measure_s += time.monotonic() - t_run
     outcome.stop = "cap" if run.stopped_at_s is not None else "schedule_end"
     logger.info("trial %d: %d sessions, %d turns, prefix-cache hit rate %s, %s out tok/s",
