@@ -7,7 +7,8 @@
 #   bash experiments/h200-fp8/run.sh RESULTS_DIR [SECONDS]
 # SECONDS caps the whole run (default 1500); MODEL names a model folder (default: the 30B
 # hybrid + MTP stand-in, experiments/h200/model/config.json with a generated tokenizer and
-# random weights). The run writes RESULTS_DIR/pid first and RESULTS_DIR/DONE last, and
+# random weights). SPACE, ENQUEUE and STUDY override the space, the enqueued config and the
+# study's name (defaults: the H200 run below; run-80gb.sh sets them for an 80-GB card). The run writes RESULTS_DIR/pid first and RESULTS_DIR/DONE last, and
 # RESULTS_DIR/progress.txt as it goes.
 #
 # 1. The study: trial 0 = vLLM's defaults, trial 1 = quantization=fp8 (enqueued), each
@@ -47,11 +48,13 @@ SMI=$!
 # No search budget: the two configs and their re-checks are the study; SECONDS caps the
 # whole run (a study stopped by the cap keeps every finished trial in autotune.db).
 phase tune
-args=(--model "$MODEL" --shape traffic/casestudy-512x512.json --space search_spaces/hybrid-mtp.yaml
-      --trials 2 --enqueue '{"quantization": "fp8"}' --recheck 1 --recheck-starts 1
+SPACE=${SPACE:-search_spaces/hybrid-mtp.yaml}; ENQUEUE=${ENQUEUE:-'{"quantization": "fp8"}'}
+STUDY=${STUDY:-h200-fp8}
+args=(--model "$MODEL" --shape traffic/casestudy-512x512.json --space "$SPACE"
+      --trials 2 --enqueue "$ENQUEUE" --recheck 1 --recheck-starts 1
       --pruner none --precision 0.02 --measure-max-s 45 --warmup-max-s 60 --no-quality-probe
       --storage "sqlite:///$RUN/autotune.db" --tracking-uri "sqlite:///$RUN/mlflow.db"
-      --study-name h200-fp8 --out "$RUN/study" --cache-dir "$CACHE"
+      --study-name "$STUDY" --out "$RUN/study" --cache-dir "$CACHE"
       --start-timeout 480 --request-timeout 240 --seed 0)
 timeout --signal=TERM --kill-after=20 $(( $(left) - 30 )) \
   python3 -m autotune -v tune "${args[@]}" > "$RES/tune.log" 2>&1
@@ -60,9 +63,9 @@ cp "$RUN"/study/best.json "$RUN"/study/trials.csv "$RUN"/study/study.json "$RUN/
   "$RES"/ 2>/dev/null
 phase "tune done"
 # the flags and environment of the verdict's candidate and of the defaults, as the study ran them
-python3 - "$RUN/autotune.db" > "$RES/verdict-configs.json" 2>>"$RES/env.txt" <<'PY'
+python3 - "$RUN/autotune.db" "$STUDY" > "$RES/verdict-configs.json" 2>>"$RES/env.txt" <<'PY'
 import json, sys, optuna
-s = optuna.load_study(study_name="h200-fp8", storage=f"sqlite:///{sys.argv[1]}")
+s = optuna.load_study(study_name=sys.argv[2], storage=f"sqlite:///{sys.argv[1]}")
 v = s.user_attrs.get("autotune.verdict") or {}
 out = {}
 for role, key in (("candidate", "candidate_number"), ("defaults", "baseline_number")):
