@@ -278,7 +278,9 @@ class MeasureSettings(BaseModel):
                     "requests, from the busiest stretch of the recorded arrivals that holds "
                     "them); stretched to 3 of the shape's request durations as the warm-up "
                     "measured them (at most 4x), so that a level judges a sustained rate, not "
-                    "a burst; a level stops early once it cannot pass")
+                    "a burst; a level stops early once it cannot pass. A session level is "
+                    "this long a window of the steady state, whatever the think times "
+                    "(docs/traffic.md)")
     capacity_max_s: float | None = Field(
         default=None, gt=0,
         json_schema_extra=_cli("--capacity-max-s", group="capacity", metavar="SECONDS"),

@@ -64,7 +64,9 @@ if TYPE_CHECKING:
         SessionSchedule,
         Turn,
         next_send_at,
+        session_horizon,
         session_schedule,
+        steady_sessions,
     )
     from autotune.load._sse import (
         _SseParser as _SseParser,
@@ -99,9 +101,11 @@ __all__ = [
     "replay",
     "run_schedule",
     "scrape_metrics",
+    "session_horizon",
     "session_schedule",
     "snapshot_metrics",
     "staggered",
+    "steady_sessions",
     "text_prompts",
 ]
 
@@ -137,6 +141,7 @@ __getattr__ = lazy_exports(__name__, {
         "snapshot_metrics",
     ),
     "autotune.load._sessions": ("Session", "SessionLoop", "SessionSchedule", "Turn",
-                                "next_send_at", "session_schedule"),
+                                "next_send_at", "session_horizon", "session_schedule",
+                                "steady_sessions"),
     "autotune.load._sse": ("_SseParser",),
 })

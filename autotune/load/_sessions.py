@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from autotune.traffic import LengthDist, SessionStats, TrafficShape
 
 __all__ = ["Session", "SessionLoop", "SessionSchedule", "Turn", "next_send_at",
-           "session_schedule"]
+           "session_horizon", "session_schedule", "steady_sessions"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +51,19 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """One session: its turns in order, and (open loop) when its first turn is sent."""
+    """One session: its turns in order, and (open loop) when its first turn is sent.
+    A session already mid-conversation when its replay starts (:func:`steady_sessions`)
+    carries the conversation so far in ``context`` (its earlier prompts' tokens and
+    answers, which its first turn here extends), ``first_turn`` (the number of its first
+    turn here) and ``context_at_s`` (when its last earlier turn was sent, in the replay's
+    time: negative)."""
 
     index: int
     turns: tuple[Turn, ...]
     start_s: float | None = None
+    context: tuple[int, ...] = ()
+    first_turn: int = 0
+    context_at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ class SessionSchedule:
             return self
         kept: list[Session] = []
         for sess in self.sessions:
-            prompt, n = 0, 0
+            prompt, n = len(sess.context), 0
             for turn in sess.turns:
                 prompt += len(turn.new_token_ids)
                 if prompt + turn.max_tokens > limit:
@@ -108,6 +116,22 @@ class SessionSchedule:
                 kept.append(sess if n == len(sess.turns) else replace(sess,
                                                                       turns=sess.turns[:n]))
         return replace(self, sessions=tuple(kept))
+
+    def context_primer(self, *, concurrency: int = 8) -> SessionSchedule | None:
+        """What fills the server's prefix cache before a replay of sessions already
+        mid-conversation (:func:`steady_sessions`): each such session's conversation so
+        far as a prompt with a 1-token answer, in the order the sessions last spoke (the
+        longest idle first, so a least-recently-used cache holds them in production's
+        order), ``concurrency`` at once. None when no session has a context."""
+        ctx = sorted((s for s in self.sessions if s.context),
+                     key=lambda s: s.context_at_s if s.context_at_s is not None else 0.0)
+        if not ctx:
+            return None
+        return SessionSchedule(
+            sessions=tuple(Session(index=i, turns=(Turn(new_token_ids=s.context,
+                                                        max_tokens=1),))
+                           for i, s in enumerate(ctx)),
+            mode="closed", concurrency=concurrency, seed=self.seed)
 
 
 def next_send_at(basis: Basis, prev_send_s: float, prev_end_s: float, think_s: float) -> float:
@@ -195,11 +219,101 @@ def session_schedule(
                            duration_s=duration_s, seed=seed)
 
 
-def _session_turns(shape: TrafficShape, s: SessionStats, k: int, rng: np.random.Generator,
-                   tok: np.random.Generator, table: np.ndarray, length_scale: float,
-                   time_scale: float) -> tuple[Turn, ...]:
-    """One session's ``k`` turns (see :func:`session_schedule`); ``s``: the shape's
-    sessions section."""
+#: the furthest back a steady state's sessions may have started (seconds)
+HORIZON_MAX_S = 4 * 3600.0
+#: sessions drawn at most to find a steady state's population (the window keeps fewer)
+MAX_DRAWN = 500_000
+
+
+def session_horizon(s: SessionStats) -> float:
+    """How far back a session still open now may have started: the longest recorded
+    session span (else the longest think time x the most turns), at most
+    ``HORIZON_MAX_S``; 0 without think times."""
+    if s.session_span_s is not None:
+        span = s.session_span_s.max
+    elif s.think_time_s is not None:
+        span = s.think_time_s.max * max(0.0, s.turns.max - 1)
+    else:
+        span = 0.0
+    return float(min(HORIZON_MAX_S, max(0.0, span)))
+
+
+def steady_sessions(
+    shape: TrafficShape,
+    *,
+    token_ids: Sequence[int],
+    rate_sps: float,
+    window_s: float,
+    seed: int = 0,
+    token_seed: int | None = None,
+    max_total_tokens: int | None = None,
+    max_sessions: int = 5000,
+) -> SessionSchedule:
+    """The turns a server receives in ``window_s`` seconds of the steady state at
+    ``rate_sps`` new sessions a second (deterministic for the same arguments): sessions
+    start as a Poisson process from :func:`session_horizon` before the window to its end,
+    each with turns, lengths and think times drawn as :func:`session_schedule` draws them
+    and its turns at their recorded gaps; the turns that fall in the window are sent.
+    A session that started before the window begins there mid-conversation: its first
+    turn here is sent when it falls due, and extends ``context`` (the earlier turns'
+    prompts and answers, answers of the drawn length in words of the table, as the
+    server never generated them; :meth:`SessionSchedule.context_primer` puts them into
+    its cache first). New sessions start in the window at ``rate_sps``; turns due after
+    the window are not sent. A long think time thus costs no wall time: the window is
+    the level, whatever the think times."""
+    s = shape.sessions
+    if s is None:
+        raise TrafficError(f"shape {shape.name!r} has no sessions section to replay")
+    if not (rate_sps > 0 and window_s > 0):
+        raise TrafficError(f"rate_sps ({rate_sps}) and window_s ({window_s}) must be > 0")
+    table = np.asarray(token_ids, dtype=np.int64)
+    if table.ndim != 1 or table.shape[0] < 2:
+        raise TrafficError(f"token_ids has {table.size} ids; prompts need at least 2")
+    rng = np.random.default_rng([seed, 0x57EA])
+    horizon = session_horizon(s)
+    n = int(min(MAX_DRAWN, rng.poisson(rate_sps * (horizon + window_s))))
+    starts = np.sort(rng.uniform(-horizon, window_s, n))
+    k = np.clip(np.rint(_draw(s.turns, rng.random(n))), 1, max(1.0, s.turns.max)
+                ).astype(np.int64)
+    first = np.concatenate(([0], np.cumsum(k)[:-1]))
+    think = (_draw(s.think_time_s, rng.random(int(k.sum()))) if s.think_time_s is not None
+             else np.zeros(int(k.sum())))
+    think[first] = 0.0
+    cum = np.cumsum(think)
+    at = np.repeat(starts, k) + cum - np.repeat(cum[first], k)  # each turn's due time
+    due = (at >= 0) & (at < window_s)
+    kept = np.flatnonzero(np.add.reduceat(due, first) > 0)[:max_sessions]
+    tok = np.random.default_rng([seed, 0x70C5, token_seed if token_seed is not None else 0])
+    sessions = tuple(_in_window(shape, s, i, at[first[j]:first[j] + k[j]], think[
+        first[j]:first[j] + k[j]], due[first[j]:first[j] + k[j]],
+        np.random.default_rng([seed, 0x7E5, int(j)]), tok, table)
+        for i, j in enumerate(kept))
+    return SessionSchedule(sessions=sessions, mode="open", think_basis=s.think_time_basis,
+                           max_total_tokens=max_total_tokens, seed=seed)
+
+
+def _in_window(shape: TrafficShape, s: SessionStats, index: int, at: np.ndarray,
+               think: np.ndarray, due: np.ndarray, rng: np.random.Generator,
+               tok: np.random.Generator, table: np.ndarray) -> Session:
+    """One session of :func:`steady_sessions`: its turns due in the window (``due``) and,
+    before them, its conversation so far as ``context``."""
+    sizes, out = _turn_tokens(shape, s, at.shape[0], rng, 1.0)
+    j0, j1 = int(np.argmax(due)), int(np.flatnonzero(due)[-1])
+    context: list[int] = []
+    for j in range(j0):  # the earlier prompts' new tokens and answers
+        context += table[tok.integers(0, table.shape[0], size=int(sizes[j] + out[j]))].tolist()
+    turns = tuple(Turn(new_token_ids=tuple(table[tok.integers(
+        0, table.shape[0], size=int(sizes[j]))].tolist()), max_tokens=int(out[j]),
+        think_s=0.0 if j == j0 else float(think[j])) for j in range(j0, j1 + 1))
+    return Session(index=index, turns=turns, start_s=round(float(at[j0]), 6),
+                   context=tuple(context), first_turn=j0,
+                   context_at_s=round(float(at[j0 - 1]), 6) if j0 else None)
+
+
+def _turn_tokens(shape: TrafficShape, s: SessionStats, k: int, rng: np.random.Generator,
+                 length_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """The new tokens and the output length of a session's ``k`` turns (see
+    :func:`session_schedule`); ``s``: the shape's sessions section."""
     out = _tokens(shape.output_tokens, k, rng, length_scale)
     sizes = np.empty(k, dtype=np.int64)
     sizes[0] = _tokens(s.first_turn_tokens, 1, rng, length_scale)[0]
@@ -211,6 +325,15 @@ def _session_turns(shape: TrafficShape, s: SessionStats, k: int, rng: np.random.
             sizes[1:] = np.maximum(1, grown - out[:-1])
         else:
             sizes[1:] = _tokens(shape.input_tokens, k - 1, rng, length_scale)
+    return sizes, out
+
+
+def _session_turns(shape: TrafficShape, s: SessionStats, k: int, rng: np.random.Generator,
+                   tok: np.random.Generator, table: np.ndarray, length_scale: float,
+                   time_scale: float) -> tuple[Turn, ...]:
+    """One session's ``k`` turns (see :func:`session_schedule`); ``s``: the shape's
+    sessions section."""
+    sizes, out = _turn_tokens(shape, s, k, rng, length_scale)
     think = (_draw(s.think_time_s, rng.random(k)) * time_scale if s.think_time_s is not None
              else np.zeros(k))
     ids = table[tok.integers(0, table.shape[0], size=int(sizes.sum()))]
@@ -298,7 +421,7 @@ class SessionLoop:
     async def _session(self, run: _Runner, sess: Session, out: dict[int, RequestRecord],
                        counts: _Counts) -> None:
         """One session's turns, each after the previous answer and its think time."""
-        prompt: list[int] = []
+        prompt: list[int] = list(sess.context)  # the conversation so far, if any
         ids: list[int] = []
         limit = self.schedule.max_total_tokens
         prev: RequestRecord | None = None
@@ -320,7 +443,8 @@ class SessionLoop:
             ids = []
             spec = RequestSpec(index=i, prompt_token_ids=tuple(prompt),
                                max_tokens=turn.max_tokens)
-            rec = replace(await run.request(spec, ids), session=sess.index, turn=k)
+            rec = replace(await run.request(spec, ids), session=sess.index,
+                          turn=sess.first_turn + k)
             out[i] = rec
             if not rec.ok:
                 return

@@ -96,6 +96,7 @@ class LevelRecord(TypedDict):
     reruns: int
     finished: int
     missed_by: dict[str, int]
+    warmup_s: NotRequired[float]  # absent in records written before it was kept
 
 
 class CapacityRecord(TypedDict):
@@ -149,6 +150,9 @@ class Level:
     # of those, how many exceeded each SLO threshold or failed ({"tpot": 4, "ttft": 1}; a
     # request over two thresholds counts in both): which SLO binds
     missed_by: dict[str, int] = field(default_factory=dict)
+    # a session level's warm-up before it (the conversations already under way put into
+    # the prefix cache), seconds; 0 for other levels
+    warmup_s: float = 0.0
 
     def to_dict(self) -> LevelRecord:
         return cast(LevelRecord, asdict(self))

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LEVEL_MIN_REQUESTS", "LEVEL_S", "LEVEL_SPAN", "CapacityFields", "LevelPlan",
            "capacity_spec", "drain", "find_capacity", "fit_level", "level_abort",
+           "prime_contexts",
            "recorded_rate", "request_seconds", "run_level", "start_after_warmup",
            "warmup_bound"]
 
@@ -314,6 +315,7 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: Cli
         schedule = dataclasses.replace(schedule, concurrency=None)
     offered = len(schedule.requests)
     sessions = isinstance(schedule, SessionSchedule)
+    primed_s = prime_contexts(schedule, client_kw, plan.seconds(rate)) if sessions else 0.0
     before = _snapshot(client_kw["base_url"]) if sessions else None
     t0 = time.monotonic()
     run = replay(schedule, **client_kw, abort=level_abort(offered, slo, search),
@@ -336,9 +338,30 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: Cli
         e2e_p99_s=_pct(m.e2e_s) if m else None, seconds=round(seconds, 2),
         stopped_early=run.aborted is not None, note=run.aborted or "",
         finished=len(run.records), missed_by=dict(sorted(missed_by.items())),
+        warmup_s=round(primed_s, 2),
     )  # fmt: skip
     drain(client_kw["base_url"], plan.drain_timeout_s)
     return level, m
+
+
+def prime_contexts(schedule: Schedule | SessionSchedule, client_kw: ClientKw,
+                   bound_s: float) -> float:
+    """A session level's bounded warm-up: the conversations its sessions already had
+    before the level (:meth:`~autotune.load.SessionSchedule.context_primer`) sent once
+    each with a 1-token answer, so that the server's prefix cache holds them as the
+    steady state would; for at most ``bound_s`` seconds (a context not sent by then is
+    a miss, as if the cache had lost it). Returns the seconds it took."""
+    primer = (schedule.context_primer() if isinstance(schedule, SessionSchedule) else None)
+    if primer is None:
+        return 0.0
+    t0 = time.monotonic()
+    run = replay(dataclasses.replace(primer, duration_s=bound_s), **client_kw)
+    sent = len(run.records)
+    if sent < len(primer.sessions):
+        logger.info("the level's warm-up sent %d of %d conversations so far in its %.3g s; "
+                    "the rest start cold", sent, len(primer.sessions), bound_s)
+    drain(client_kw["base_url"], bound_s)
+    return time.monotonic() - t0
 
 
 @dataclass

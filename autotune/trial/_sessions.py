@@ -57,13 +57,22 @@ class SessionTrial(_LoopMode):
 
 
 class SessionCapacityTrial(CapacityTrial):
-    """The session capacity trial mode (:class:`~autotune.trial._modes.TrialMode`,
+    """Session capacity levels are windows of the steady state, bounded in time whatever
+    the think times: sessions already mid-conversation and new ones, their prior
+    conversations put into the prefix cache by a bounded warm-up, then
+    ``--capacity-level-s`` of turns at their recorded times.
+
+    The session capacity trial mode (:class:`~autotune.trial._modes.TrialMode`,
     ``--objective capacity`` on a shape whose sessions are replayed turn by turn): the
-    bracketing search of :class:`~autotune.trial._open_trial.CapacityTrial` with levels
-    that start new sessions at a scale of the recorded session rate and send every turn of
-    them causally; a level passes when its turns meet the SLOs as the goodput bar asks. The
-    capacity is in sessions/s (``capacity_sps``) and in requests (turns) per second
-    (``capacity_rps``, the objective: the same ranking, and what cost counts)."""
+    bracketing search of :class:`~autotune.trial._open_trial.CapacityTrial` with levels at a
+    scale of the recorded session rate (:func:`~autotune.load.steady_sessions`), every turn
+    of a level's window sent causally; a level passes when its turns meet the SLOs as the
+    goodput bar asks. The capacity is in sessions/s (``capacity_sps``) and in requests
+    (turns) per second (``capacity_rps``, the objective: the same ranking, and what cost
+    counts). For the cache: an idle session's prefix is put into the cache in the order
+    the sessions last spoke, without the other traffic production sent during its think
+    time, so a cache that cannot hold every idle session loses fewer of them than in
+    production (docs/traffic.md)."""
 
     name = "session_capacity"
 
@@ -107,27 +116,25 @@ class SessionLevels:
 
     def level_at(self, plan: LevelPlan) -> Callable[[float, int | None], SessionSchedule]:
         """Each level's sessions (:data:`~autotune.trial._levels.LevelAt`) under ``plan``:
-        ``plan.requests(rate)`` turns' worth of sessions, drawn from ``plan.seed`` (every
-        level the same conversations; ``token_seed`` other words), without the turns the
-        context cannot hold (what a level offers is what it sends)."""
-        from autotune.load import session_schedule
-
-        sessions = self.shape.sessions
-        assert sessions is not None  # of() checked it
-        per = max(1.0, sessions.turns.mean)
+        the turns of ``plan.seconds(rate)`` seconds of the steady state at the level's
+        session rate (:func:`~autotune.load.steady_sessions`: sessions already
+        mid-conversation and new ones; think times as recorded, however long), drawn from
+        ``plan.seed`` (``token_seed``: other words), without the turns the context cannot
+        hold (what a level offers is what it sends)."""
+        from autotune.load import steady_sessions
 
         def at(rate: float, token_seed: int | None) -> SessionSchedule:
-            n = max(1, math.ceil(plan.requests(rate) / per))
-            sched = session_schedule(
+            sched = steady_sessions(
                 self.shape, token_ids=self.token_ids, seed=plan.seed,
-                num_sessions=min(MAX_SESSIONS, n), mode="open",
-                rate_sps=rate / self.recorded_rps * self.recorded_sps, time_scale=1.0,
-                max_total_tokens=self.max_len, token_seed=token_seed).within_context()
+                rate_sps=rate / self.recorded_rps * self.recorded_sps,
+                window_s=plan.seconds(rate), max_total_tokens=self.max_len,
+                token_seed=token_seed, max_sessions=MAX_SESSIONS).within_context()
             if not sched.sessions:
                 raise ConfigError(
-                    f"no session of shape {self.shape.name!r} has a first turn that fits "
-                    f"the server's context ({self.max_len} tokens); raise --max-model-len "
-                    "or fit the shape to this model")
+                    f"no session of shape {self.shape.name!r} has a turn in a level of "
+                    f"{plan.seconds(rate):.3g} s that fits the server's context "
+                    f"({self.max_len} tokens); raise --max-model-len, fit the shape to "
+                    "this model, or raise --capacity-level-s")
             return sched
 
         return at

@@ -153,9 +153,8 @@ def test_a_session_capacity_search_scales_the_session_rate(tiny_server: Any,
     levels = cap["levels"]
     assert 1 <= len(levels) <= 3
     for lv in levels:
-        # every turn of whole sessions (3 each, all within the context), at least the
-        # level's 40 requests: 14 sessions at the least
-        assert lv["offered"] % TURNS == 0 and lv["offered"] >= 42, lv
+        # the turns of a window of the steady state: about the level's 40 requests
+        assert lv["offered"] >= 20, lv
         assert lv["passed"] == (not lv["stopped_early"] and lv["goodput_fraction"] >= 0.9
                                 and lv["error_rate"] <= 0.05), lv
     assert any("sessions/s" in p for p in phases), phases
@@ -171,5 +170,48 @@ def test_a_session_capacity_search_scales_the_session_rate(tiny_server: Any,
     # the level the capacity rests on was replayed turn by turn: its later turns hit the
     # prefix cache the earlier turns filled
     (m,) = results
-    assert m.sessions["turns_per_session"] == pytest.approx(TURNS)
+    assert 1 < m.sessions["turns_per_session"] <= TURNS  # the window cuts some sessions
+    assert m.server["prefix_cache_hits"] > 0, m.server
+
+
+def test_a_session_level_ends_within_its_bound_although_think_times_are_minutes(
+        tiny_server: Any, tiny_llama: Path) -> None:
+    """Think times of two minutes, a level of 4 s: the level sends the turns that fall due
+    in its window of the steady state (new sessions at the asked session rate, sessions
+    already mid-conversation whose earlier turns its warm-up put into the cache) and ends,
+    where a replay of whole sessions would wait out 4 minutes of think time."""
+    from autotune.trial import CapacitySearch
+    from autotune.trial._levels import LevelPlan, run_level
+    from autotune.trial._sessions import SessionLevels
+
+    base = _shape()
+    assert base.sessions is not None
+    long = base.model_copy(update={"sessions": base.sessions.model_copy(update={
+        "think_time_s": length_dist([120.0]), "session_span_s": length_dist([240.0])})})
+    levels = SessionLevels(shape=long, token_ids=tuple(model_prompts(tiny_llama).token_ids),
+                           recorded_rps=18.0, recorded_sps=6.0, max_len=1024)
+    plan = LevelPlan(level_s=4.0, seed=3)
+    window = plan.seconds(18.0)
+    sched = levels.level_at(plan)(18.0, 1)  # what the level at the scale 1 sends
+    new = [x for x in sched.sessions if x.first_turn == 0]
+    # the offered session and turn rates are the asked ones (a Poisson draw of ~24 and ~72)
+    assert len(new) / window == pytest.approx(6.0, rel=0.5)
+    assert sched.turns() / window == pytest.approx(18.0, rel=0.5)
+    assert any(x.first_turn > 0 for x in sched.sessions)
+
+    def no_build(**_: Any) -> Schedule:
+        raise AssertionError("a session level draws its own schedule")
+
+    client = {"base_url": tiny_server.base_url, "model": tiny_server.served_model_name,
+              "api": "completions", "request_timeout_s": 120.0}
+    level, m = run_level(1.0, recorded_rps=18.0, build=no_build, client_kw=client,  # type: ignore[arg-type]
+                         slo=None, search=CapacitySearch(goodput=0.5), plan=plan,
+                         token_seed=1, level_at=levels.level_at(plan))
+    assert level.offered == sched.turns() and level.finished == level.offered, level
+    # bounded: the window and the tail of its last requests, not 2 x 120 s of think time
+    assert level.seconds < window + 60.0, level
+    assert level.warmup_s > 0  # the conversations under way went into the cache first
+    assert m is not None and m.sessions["turns"] == level.offered
+    assert "ttft_p50_s_turn2" in m.sessions  # later turns keep their turn numbers
+    # turns of sessions under way extend their primed conversation: cache hits
     assert m.server["prefix_cache_hits"] > 0, m.server

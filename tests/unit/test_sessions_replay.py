@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +22,9 @@ from autotune.load import (
     exact_schedule,
     next_send_at,
     read_hash_trace,
+    session_horizon,
     session_schedule,
+    steady_sessions,
 )
 from autotune.load._modes import driver_for
 from autotune.load._sessions import Session, SessionLoop, Turn
@@ -220,7 +221,13 @@ def test_a_schedule_within_the_context_drops_what_its_replay_would_not_send() ->
     assert replace(full, max_total_tokens=None).within_context().turns() == 6
 
 
-def test_session_capacity_levels_scale_the_session_rate(shape: TrafficShape) -> None:
+def _due(sess: Session) -> list[float]:
+    """When each turn of a steady-state session falls due (recorded gaps from its start)."""
+    return list(itertools.accumulate((t.think_s for t in sess.turns),
+                                     initial=sess.start_s or 0.0))[1:]
+
+
+def test_session_capacity_levels_are_windows_of_the_steady_state(shape: TrafficShape) -> None:
     s = shape.sessions
     assert s is not None and shape.rate_rps
     levels = SessionLevels(shape=shape, token_ids=TOKENS, recorded_rps=shape.rate_rps,
@@ -228,12 +235,24 @@ def test_session_capacity_levels_scale_the_session_rate(shape: TrafficShape) -> 
     plan = LevelPlan(level_s=60.0, seed=4)
     at = levels.level_at(plan)
     rate = 2.0 * shape.rate_rps  # the scale 2
+    window = plan.seconds(rate)
     sched = at(rate, 1)
     assert sched == at(rate, 1) and sched.mode == "open" and sched.duration_s is None
-    # as many sessions as carry the level's requests over the mean turns
-    assert len(sched.sessions) == math.ceil(plan.requests(rate) / max(1.0, s.turns.mean))
-    starts = [x.start_s or 0.0 for x in sched.sessions]
-    assert len(starts) / starts[-1] == pytest.approx(2.0 * s.rate_sps, rel=0.3)
+    # every turn falls due in the window; the turns are the steady state's: the level's
+    # request rate, new sessions at the level's session rate
+    assert all(0 <= d < window for x in sched.sessions for d in _due(x))
+    assert sched.turns() / window == pytest.approx(rate, rel=0.2)
+    new = [x for x in sched.sessions if x.first_turn == 0]
+    assert len(new) / window == pytest.approx(2.0 * s.rate_sps, rel=0.2)
+    assert all(not x.context and x.context_at_s is None for x in new)
+    # sessions already mid-conversation extend what they said before the window
+    mid = [x for x in sched.sessions if x.first_turn > 0]
+    assert mid and all(x.context and (x.context_at_s or 0.0) < 0 for x in mid)
+    primer = sched.context_primer()
+    assert primer is not None and primer.mode == "closed"
+    assert [p.turns[0].new_token_ids for p in primer.sessions] == [
+        x.context for x in sorted(mid, key=lambda x: x.context_at_s or 0.0)]
+    assert all(p.turns[0].max_tokens == 1 for p in primer.sessions)
     other = at(rate, 2)  # other words, the same conversations
     assert [len(x.turns) for x in other.sessions] == [len(x.turns) for x in sched.sessions]
     assert other.sessions[0].turns[0].new_token_ids != sched.sessions[0].turns[0].new_token_ids
@@ -241,6 +260,26 @@ def test_session_capacity_levels_scale_the_session_rate(shape: TrafficShape) -> 
     tiny = replace(levels, max_len=1)
     with pytest.raises(ConfigError, match="fits the server's context"):
         tiny.level_at(plan)(rate, 1)
+
+
+def test_a_level_is_bounded_whatever_the_think_times(shape: TrafficShape) -> None:
+    """Think times of hours: a level still holds the window's turns and no more."""
+    s = shape.sessions
+    assert s is not None and s.think_time_s is not None and shape.rate_rps
+    slow = s.think_time_s.model_copy(update={
+        "quantiles": [q * 100 for q in s.think_time_s.quantiles],
+        "max": s.think_time_s.max * 100})
+    span = s.session_span_s.model_copy(update={"max": 7200.0}) if s.session_span_s else None
+    long = shape.model_copy(update={"sessions": s.model_copy(update={
+        "think_time_s": slow, "session_span_s": span})})
+    sched = steady_sessions(long, token_ids=TOKENS, rate_sps=s.rate_sps, window_s=20.0,
+                            seed=2)
+    due = [d for x in sched.sessions for d in _due(x)]
+    assert due and max(due) < 20.0
+    # no session sends two turns: its next one is hours away
+    assert all(len(x.turns) == 1 for x in sched.sessions)
+    assert any(x.context for x in sched.sessions)  # some answer a conversation of hours ago
+    assert session_horizon(long.sessions) == 7200.0  # type: ignore[arg-type]
 
 
 def test_a_session_capacity_speaks_of_sessions_per_second() -> None:
