@@ -264,7 +264,8 @@ class MeasureSettings(BaseModel):
         json_schema_extra=_cli("--capacity-goodput", group="capacity", metavar="SHARE"),
         description="a load level passes when at least this share of its offered requests "
                     "met every --slo (failed requests count as misses) and no more than "
-                    "--max-error-rate failed")
+                    "--max-error-rate failed; it fails only when its misses are credibly "
+                    "above that share (binomial rule: at 0.99 a level of 56 may miss 2)")
     capacity_tolerance: float = Field(
         default=0.25, gt=0, lt=1,
         json_schema_extra=_cli("--capacity-tolerance", group="capacity", metavar="FRACTION"),

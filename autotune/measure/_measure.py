@@ -99,6 +99,22 @@ def slo_misses(r: RequestRecord, slo: Slo | None) -> tuple[str, ...]:
     return slo.missed_by(ttft, tpot, e2e)
 
 
+def slo_excess(r: RequestRecord, slo: Slo | None) -> tuple[str, float, float] | None:
+    """How far a request missed: the threshold it exceeded most (relative to the limit)
+    as (name, its figure in seconds, the limit); None when it met every threshold or
+    failed (a failure has no figure)."""
+    if slo is None or not r.ok:
+        return None
+    ttft, tpot, e2e, _ = _latencies(r)
+    worst: tuple[str, float, float] | None = None
+    for name, lim, v in (("ttft", slo.ttft_s, ttft), ("tpot", slo.tpot_s, tpot),
+                         ("e2e", slo.e2e_s, e2e)):
+        if lim is not None and v is not None and v > lim and (
+                worst is None or v / lim > worst[1] / worst[2]):
+            worst = (name, v, lim)
+    return worst
+
+
 def meets_slo(r: RequestRecord, slo: Slo | None) -> bool:
     """A request counts toward goodput: it succeeded and met every threshold of ``slo``."""
     if not r.ok:

@@ -96,7 +96,10 @@ class LevelRecord(TypedDict):
     reruns: int
     finished: int
     missed_by: dict[str, int]
-    warmup_s: NotRequired[float]  # absent in records written before it was kept
+    # absent in records written before they were kept
+    warmup_s: NotRequired[float]
+    worst_misses: NotRequired[list[str]]
+    remeasured: NotRequired[bool]
 
 
 class CapacityRecord(TypedDict):
@@ -153,6 +156,10 @@ class Level:
     # a session level's warm-up before it (the conversations already under way put into
     # the prefix cache), seconds; 0 for other levels
     warmup_s: float = 0.0
+    # the requests that missed by most, worst first, each with its figure and the limit
+    # ("request 12 (session 3, turn 2): ttft 3.1 s > 2 s")
+    worst_misses: list[str] = field(default_factory=list)
+    remeasured: bool = False  # run again: no level of the search had passed
 
     def to_dict(self) -> LevelRecord:
         return cast(LevelRecord, asdict(self))
@@ -164,8 +171,12 @@ class Level:
         jit = "; a kernel was JIT-compiled during it" if self.jit_compiled else ""
         if self.reruns:
             jit += "; run again after a first run that failed while a kernel compiled"
+        if self.remeasured:
+            jit += "; measured again, as no level had passed"
         if self.missed_by:
             jit += "; over " + ", ".join(f"{k} {n}" for k, n in self.missed_by.items())
+        if self.worst_misses:
+            jit += "; worst: " + "; ".join(self.worst_misses[:3])
         if self.stopped_early and self.note:
             return f"fail, stopped early: {self.note}{jit}"
         return (f"{'pass' if self.passed else 'fail'} ({self.goodput_fraction:.1%} within "

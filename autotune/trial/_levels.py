@@ -40,11 +40,27 @@ if TYPE_CHECKING:
     from autotune.traffic import Schedule, TrafficShape
     from autotune.trial._spec import WarmupRecord
 
-__all__ = ["LEVEL_MIN_REQUESTS", "LEVEL_S", "LEVEL_SPAN", "CapacityFields", "LevelPlan",
-           "capacity_spec", "drain", "find_capacity", "fit_level", "level_abort",
-           "prime_contexts",
-           "recorded_rate", "request_seconds", "run_level", "start_after_warmup",
-           "warmup_bound"]
+__all__ = [
+    "LEVEL_MIN_REQUESTS",
+    "LEVEL_S",
+    "LEVEL_SPAN",
+    "CapacityFields",
+    "LevelPlan",
+    "capacity_spec",
+    "drain",
+    "find_capacity",
+    "fit_level",
+    "level_abort",
+    "level_allows",
+    "prime_contexts",
+    "recorded_rate",
+    "remeasure_lowest",
+    "request_seconds",
+    "run_level",
+    "start_after_warmup",
+    "warmup_bound",
+    "worst_misses",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -217,11 +233,46 @@ def capacity_spec(*, goodput: float, max_error_rate: float, start: float, tolera
                           capacity_plan=LevelPlan(level_s=level_s, seed=seed, max_s=max_s))
 
 
+def level_allows(offered: int, search: CapacitySearch) -> tuple[int, int]:
+    """How many of a level's ``offered`` requests may miss the SLOs (failed ones included)
+    and how many may fail: more than the bar's share only when that is not credibly above
+    it (:func:`~autotune.measure.allowed_misses`), so that a level of 56 at the 99 % bar
+    fails on its third miss, not on one slow request."""
+    from autotune.measure import allowed_misses
+
+    return (allowed_misses(offered, 1.0 - search.goodput),
+            allowed_misses(offered, search.max_error_rate))
+
+
+#: the misses a level names, worst first
+WORST_MISSES = 5
+
+
+def worst_misses(records: Iterable[RequestRecord], slo: Slo | None) -> list[str]:
+    """The requests that missed an SLO threshold by most (relative to the limit), worst
+    first, at most ``WORST_MISSES``: which request (its session and turn), which
+    threshold, its figure and the limit; failed requests after them."""
+    from autotune.measure import slo_excess
+
+    over: list[tuple[float, str]] = []
+    failed: list[str] = []
+    for r in records:
+        who = f"request {r.index}" + (f" (session {r.session}, turn {(r.turn or 0) + 1})"
+                                      if r.session is not None else "")
+        if not r.ok:
+            failed.append(f"{who}: failed ({r.error or 'error'})")
+        elif (ex := slo_excess(r, slo)) is not None:
+            name, v, lim = ex
+            over.append((v / lim, f"{who}: {name} {v:.3g} s > {lim:.3g} s"))
+    over.sort(key=lambda x: -x[0])
+    return ([w for _, w in over] + failed)[:WORST_MISSES]
+
+
 def level_abort(offered: int, slo: Slo | None, search: CapacitySearch) -> Abort:
     """Stop a level once it cannot pass any more: more misses (failed requests included)
-    than ``1 - goodput`` of the offered requests, or more failures than the error bar."""
-    may_miss = math.floor((1.0 - search.goodput) * offered + 1e-9)
-    may_fail = math.floor(search.max_error_rate * offered + 1e-9)
+    than :func:`level_allows` for ``1 - goodput`` of the offered requests, or more
+    failures than it allows for the error bar."""
+    may_miss, may_fail = level_allows(offered, search)
     missed = [0]
 
     def check(rec: RequestRecord, done: int, failed: int) -> str | None:
@@ -330,7 +381,8 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: Cli
         missed_by.update(why)
     m = (with_server(run, slo, before, after) if any(r.ok for r in run.records) else None)
     good, err = met / offered, failed / offered
-    passed = run.aborted is None and good >= search.goodput and err <= search.max_error_rate
+    may_miss, may_fail = level_allows(offered, search)
+    passed = run.aborted is None and offered - met <= may_miss and failed <= may_fail
     level = Level(
         scale=scale, offered_rps=rate, passed=passed, goodput_fraction=good, error_rate=err,
         offered=offered, output_tokens_per_s=m.output_tokens_per_s if m else None,
@@ -338,7 +390,7 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: Cli
         e2e_p99_s=_pct(m.e2e_s) if m else None, seconds=round(seconds, 2),
         stopped_early=run.aborted is not None, note=run.aborted or "",
         finished=len(run.records), missed_by=dict(sorted(missed_by.items())),
-        warmup_s=round(primed_s, 2),
+        warmup_s=round(primed_s, 2), worst_misses=worst_misses(run.records, slo),
     )  # fmt: skip
     drain(client_kw["base_url"], plan.drain_timeout_s)
     return level, m
@@ -431,7 +483,29 @@ def find_capacity(*, recorded_rps: float, build: Build, client_kw: ClientKw,
     res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level,
                           room=_room(plan, recorded_rps, probe), failed_at=failed_at,
                           recorded_sps=recorded_sps)
+    if res.low is None and res.levels:
+        remeasure_lowest(probe, res, search, on_level)
     return res, (probe.measured.get(res.low) if res.low is not None else None)
+
+
+def remeasure_lowest(probe: Callable[[float], Level], res: CapacityResult,
+                     search: CapacitySearch,
+                     on_level: Callable[[Level, CapacityResult], None] | None = None) -> None:
+    """No level passed: the lowest one runs once more before the config is called
+    infeasible (a noisy neighbour or one slow start must not cost a config its place).
+    A pass makes it the bracket's low end; ``res`` is updated in place."""
+    scale = min(lv.scale for lv in res.levels)
+    logger.info("no load level passed: the lowest (%.3gx) runs once more", scale)
+    level = dataclasses.replace(probe(scale), remeasured=True)
+    res.levels.append(level)
+    if level.passed:
+        res.low = scale
+        higher = [lv.scale for lv in res.levels if not lv.passed and lv.scale > scale]
+        res.high = min(higher) if higher else res.high
+        res.status = ("found" if res.high is not None
+                      and res.high / scale - 1.0 <= search.tolerance else "levels")
+    if on_level is not None:
+        on_level(level, res)
 
 
 def _room(plan: LevelPlan, recorded_rps: float, probe: _Probe

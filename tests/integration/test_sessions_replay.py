@@ -23,7 +23,7 @@ from autotune.load import (
     session_schedule,
     snapshot_metrics,
 )
-from autotune.measure import server_figures
+from autotune.measure import allowed_misses, server_figures
 from autotune.traffic import (
     LoadSpec,
     RequestSpec,
@@ -151,12 +151,16 @@ def test_a_session_capacity_search_scales_the_session_rate(tiny_server: Any,
     cap = outcome.capacity
     assert cap is not None and cap["recorded_sps"] == 6.0 and cap["recorded_rps"] == 18.0
     levels = cap["levels"]
-    assert 1 <= len(levels) <= 3
+    assert 1 <= len(levels) <= 4  # 3, and the lowest again when none passed
     for lv in levels:
         # the turns of a window of the steady state: about the level's 40 requests
-        assert lv["offered"] >= 20, lv
-        assert lv["passed"] == (not lv["stopped_early"] and lv["goodput_fraction"] >= 0.9
-                                and lv["error_rate"] <= 0.05), lv
+        n = lv["offered"]
+        assert n >= 20, lv
+        # judged on enough requests: misses credibly above 10 % (the binomial rule) fail it
+        missed = n - round(lv["goodput_fraction"] * n)
+        failed = round(lv["error_rate"] * n)
+        assert lv["passed"] == (not lv["stopped_early"] and missed <= allowed_misses(n, 0.1)
+                                and failed <= allowed_misses(n, 0.05)), lv
     assert any("sessions/s" in p for p in phases), phases
     assert "sessions/s" in (outcome.message or "")
     metrics = mode.metrics(spec, outcome)
