@@ -303,8 +303,12 @@ def test_a_level_that_fails_while_a_kernel_compiles_is_run_once_more(
     out = _capacity_trial(fake_model, tmp_path, "jit:100000",
                           {"warmup_tolerance": 0.3, "warmup_max_s": 1.0}, ttft_s=1e-6)
     levels = out.capacity["levels"] if out.capacity else []
-    assert len(levels) == 2 and all(not lv["passed"] and lv["jit_compiled"] for lv in levels)
+    # the two levels of the search, and the lowest once more before no capacity is called
+    assert len(levels) == 3 and all(not lv["passed"] and lv["jit_compiled"] for lv in levels)
     assert all(lv["reruns"] == 1 for lv in levels), levels
+    assert [lv.get("remeasured", False) for lv in levels] == [False, False, True]
+    assert levels[2]["scale"] == min(lv["scale"] for lv in levels)
+    assert all(lv["worst_misses"] for lv in levels), levels  # which requests missed
     # each level says which SLO its misses exceeded (all TTFT here), of the requests that
     # ended before it stopped
     assert all(0 < lv["missed_by"]["ttft"] <= lv["finished"] < lv["offered"]
