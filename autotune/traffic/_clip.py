@@ -29,19 +29,32 @@ def _clip_dist(
                       min=qs[0], p50=qs[50], p90=qs[90], p99=qs[99], max=qs[100], quantiles=qs)
 
 
-def _clip_sessions(s: SessionStats, scale: float, cap: int | None) -> SessionStats:
-    """The sessions' prompt statistics scaled and capped with the prompts (a turn's new
-    tokens and growth may be 0, so they are not floored at 1 token)."""
-    def grow(d: LengthDist | None) -> LengthDist | None:
-        return None if d is None else _clip_dist(d, scale=scale, cap=cap, floor=0.0)
+def _clip_sessions(s: SessionStats, scale: float, cap: int | None, out_before: float,
+                   out_after: float) -> SessionStats:
+    """The sessions' prompt statistics for the clipped lengths: first turns and new tokens
+    scaled and capped with the prompts (a turn's new tokens and growth may be 0, so they
+    are not floored at 1 token); a turn's context growth (its new tokens and its parent's
+    answer) and the mean prompt by turn have their answers' share moved from the mean
+    output before (``out_before``) to the mean output after (``out_after``) rather than
+    scaled as prompt tokens: ``scale x (growth - out_before) + out_after``."""
+    shift = out_after - scale * out_before
 
-    by_turn = [round(min(v * scale, cap) if cap is not None else v * scale, 1)
-               for v in s.context_by_turn]
+    def grow(d: LengthDist | None, answers: float) -> LengthDist | None:
+        if d is None:
+            return None
+        moved = d.model_copy(update={"quantiles": [
+            v + answers / scale for v in d.quantiles]}) if answers else d
+        return _clip_dist(moved, scale=scale, cap=cap, floor=0.0)
+
+    def by_turn(t: int, v: float) -> float:  # turn t + 1 holds t earlier answers
+        w = max(0.0, v * scale + t * shift)
+        return round(min(w, cap) if cap is not None else w, 1)
+
     return s.model_copy(update={
         "first_turn_tokens": _clip_dist(s.first_turn_tokens, scale=scale, cap=cap),
-        "new_tokens": grow(s.new_tokens),
-        "context_growth": grow(s.context_growth),
-        "context_by_turn": by_turn,
+        "new_tokens": grow(s.new_tokens, 0.0),
+        "context_growth": grow(s.context_growth, shift),
+        "context_by_turn": [by_turn(t, v) for t, v in enumerate(s.context_by_turn)],
     })  # fmt: skip
 
 
@@ -80,16 +93,19 @@ def clip_shape(
     if s_in != 1 or max_input_tokens is not None:
         update["input_tokens"] = _clip_dist(shape.input_tokens, scale=s_in,
                                             cap=max_input_tokens)
+    out_dist: LengthDist | None = None
     if s_out != 1 or max_output_tokens is not None:
-        update["output_tokens"] = _clip_dist(shape.output_tokens, scale=s_out,
-                                             cap=max_output_tokens)
+        update["output_tokens"] = out_dist = _clip_dist(shape.output_tokens, scale=s_out,
+                                                        cap=max_output_tokens)
     prefix = shape.prefix
     if prefix is not None and prefix.shared_prefix_tokens is not None and (
             s_in != 1 or max_input_tokens is not None):
         update["prefix"] = prefix.model_copy(update={"shared_prefix_tokens": _clip_dist(
             prefix.shared_prefix_tokens, scale=s_in, cap=max_input_tokens)})
-    if shape.sessions is not None and (s_in != 1 or max_input_tokens is not None):
-        update["sessions"] = _clip_sessions(shape.sessions, s_in, max_input_tokens)
+    if shape.sessions is not None and lengths:
+        out_after = out_dist if out_dist is not None else shape.output_tokens
+        update["sessions"] = _clip_sessions(shape.sessions, s_in, max_input_tokens,
+                                            shape.output_tokens.mean, out_after.mean)
     if rate_scale != 1:
         update["load"] = shape.load.model_copy(
             update={"time_scale": shape.load.time_scale / rate_scale})

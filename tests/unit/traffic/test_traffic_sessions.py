@@ -268,7 +268,41 @@ def test_clip_scales_the_session_prompts(multi_turn: Path, tmp_path: Path) -> No
     assert h.new_tokens is not None and h.context_growth is not None
     assert h.first_turn_tokens.max == 50 and h.first_turn_tokens.min == 30
     assert (h.new_tokens.min, h.new_tokens.max) == (s.new_tokens.min / 2, s.new_tokens.max / 2)
-    assert h.context_by_turn == [40, 63.8, 70, 70]
+    # turn 2's mean prompt: half its prompt tokens, its parent's answer at full length
+    out = shape.output_tokens.mean
+    assert h.context_by_turn[1] == pytest.approx(s.context_by_turn[1] / 2 + out / 2, abs=0.1)
+    assert h.context_by_turn[0] == 40 and h.context_by_turn[2:] == [70, 70]  # capped
     assert h.turns == s.turns and h.think_time_s == s.think_time_s
     assert half.fingerprint != shape.fingerprint
     assert load_shape(save_shape(half, tmp_path / "half.json")).sessions == h
+
+
+def test_clip_moves_the_answers_in_context_growth_to_the_clipped_outputs() -> None:
+    """A turn's context grows by its new tokens and its parent's answer: --scale-input
+    scales the first, the answer takes the clipped output length (not the input scale)."""
+    from autotune.traffic import LoadSpec, SessionStats, constant_shape, length_dist
+
+    base = constant_shape(320, 20, load=LoadSpec(mode="open", rate_rps=3.0, requests=30))
+    sessions = SessionStats(
+        source="session_id", sessions=10, rate_sps=1.0, multi_turn_fraction=1.0,
+        turns=length_dist([3]), first_turn_tokens=length_dist([320]),
+        new_tokens=length_dist([64]), context_growth=length_dist([84]),
+        context_by_turn=[320.0, 404.0, 488.0])
+    shape = base.model_copy(update={"sessions": sessions})
+
+    def clipped(**kw: float) -> SessionStats:
+        out = clip_shape(shape, **kw).sessions  # type: ignore[arg-type]
+        assert out is not None
+        return out
+
+    q = clipped(scale_input=0.25)  # new tokens 16, answers still 20
+    assert q.new_tokens is not None and q.new_tokens.p50 == 16
+    assert q.context_growth is not None and q.context_growth.p50 == 36
+    assert q.context_by_turn == [80, 116, 152]
+    both = clipped(scale_input=0.25, scale_output=0.5)  # answers of 10
+    assert both.context_growth is not None and both.context_growth.mean == 26
+    assert both.context_by_turn == [80, 106, 132]
+    assert clipped(scale_input=0.25, max_input_tokens=100).context_by_turn == [80, 100, 100]
+    same = clipped(scale_lengths=0.5)  # prompts and answers alike: growth scales as before
+    assert same.context_growth is not None and same.context_growth.p50 == 42
+    assert same.context_by_turn == [160, 202, 244]
