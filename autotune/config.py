@@ -197,14 +197,32 @@ class MeasureSettings(BaseModel):
                     "[1 - FRACTION, 1 + FRACTION] (0 replays the shape's lengths exactly): "
                     "streams of equal lengths otherwise lock into step again and the "
                     "throughput climbs for minutes (docs/measurement.md, section 4)")
-    replay: Literal["auto", "sessions", "independent"] = Field(
+    replay: Literal["auto", "sessions", "independent", "exact"] = Field(
         default="auto", json_schema_extra=_cli("--replay"),
         description="how a shape with a sessions section is replayed: 'sessions' turn by "
                     "turn (each turn sent its think time after the previous answer, its "
                     "prompt the previous prompt + the answer's token ids + new tokens: a "
                     "prefix cache hits as in production; completions API), 'independent' "
                     "as independent requests, 'auto' sessions when the shape has them and "
-                    "the API is completions (docs/traffic.md)")
+                    "the API is completions; 'exact' replays the hash-id trace --trace "
+                    "request by request with its recorded blocks and times, then the "
+                    "shape's fitted sessions on the same server, and reports both "
+                    "prefix-cache hit rates (docs/traffic.md)")
+    trace: str | None = Field(
+        default=None, json_schema_extra=_cli("--trace", metavar="FILE"),
+        description="--replay exact: the hash-id trace (Mooncake JSONL: timestamp in ms, "
+                    "input_length, output_length, hash_ids) to replay exactly; the first "
+                    "--num-requests of it when given")
+    trace_block_tokens: int = Field(
+        default=512, ge=1, json_schema_extra=_cli("--trace-block-tokens", metavar="N"),
+        description="--replay exact: tokens one hash id stands for in the trace (512 in "
+                    "Mooncake's traces)")
+    exact_block_tokens: int | None = Field(
+        default=None, ge=1, json_schema_extra=_cli("--exact-block-tokens", metavar="N"),
+        description="--replay exact: tokens one hash id becomes in the replay (default "
+                    "--trace-block-tokens: the recorded lengths); every length of both "
+                    "replays is scaled by N / --trace-block-tokens (16 of 512: 1/32, for a "
+                    "tiny model's context)")
     # -- warm-up and the adaptive stop (docs/measurement.md) ------------------------------
     warmup_requests: int | None = Field(
         default=None, ge=0, json_schema_extra=_cli("--warmup-requests"),

@@ -289,6 +289,20 @@ def _print_sessions(m: Mapping[str, float]) -> None:
         print("TTFT p50 by turn " + "   ".join(f"{t} {v * 1000:.1f} ms" for t, v in sorted(turns)))
 
 
+def _print_exact(m: Mapping[str, float], trace: str) -> None:
+    """An exact replay's line: its prefix-cache hit rate beside the fitted replay's."""
+    def pct(key: str) -> str:
+        v = m.get(key)
+        return "n/a" if v is None else f"{v:.1%}"
+
+    fitted = ("n/a (the shape has no sessions with a rate to replay)"
+              if "server_fitted_replay_prefix_cache_hit_rate" not in m
+              else pct("server_fitted_replay_prefix_cache_hit_rate"))
+    print(f"prefix-cache hit rate  exact replay of {Path(trace).name} "
+          f"{pct('server_prefix_cache_hit_rate')}; fitted session replay {fitted} "
+          "(same server, same scale)")
+
+
 def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
                        cost: dict[str, Any] | None, *, interrupted: bool) -> int:
     """The measurement for people (after the capacity lines of a capacity bench)."""
@@ -341,7 +355,9 @@ def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
         p50, p99 = m.get(f"{name}_p50_s"), m.get(f"{name}_p99_s")
         if p50 is not None and p99 is not None:
             print(f"{name.upper():<5} p50 {p50 * 1000:9.1f} ms   p99 {p99 * 1000:9.1f} ms")
-    if "session_sessions" in m:
+    if settings.replay == "exact":
+        _print_exact(m, settings.trace or "")
+    elif "session_sessions" in m:
         _print_sessions(m)
     print(cost_line(cost) if cost else no_price_line())
     if interrupted:

@@ -4,7 +4,8 @@ once from the spec by :func:`mode_for`.
 A mode is a small strategy: closed loop (:class:`~autotune.trial._closed.ClosedLoopTrial`),
 open loop and capacity search (:mod:`autotune.trial._open_trial`), sessions replayed turn
 by turn (:class:`~autotune.trial._sessions.SessionTrial`) and their capacity search
-(:class:`~autotune.trial._sessions.SessionCapacityTrial`). A new mode is a class
+(:class:`~autotune.trial._sessions.SessionCapacityTrial`), a hash-id trace replayed
+exactly (:class:`~autotune.trial._exact.ExactReplayTrial`). A new mode is a class
 with this interface and a row of :data:`MODES`.
 """
 
@@ -13,8 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from autotune.trial._closed import ClosedLoopTrial
+from autotune.trial._exact import ExactReplayTrial
 from autotune.trial._open_trial import CapacityTrial, OpenLoopTrial
-from autotune.trial._replay_choice import replays_sessions
+from autotune.trial._replay_choice import replays_exact, replays_sessions
 from autotune.trial._sessions import SessionCapacityTrial, SessionTrial
 
 if TYPE_CHECKING:
@@ -51,13 +53,17 @@ class TrialMode(Protocol):
 #: the trial modes by name
 MODES: dict[str, TrialMode] = {m.name: m for m in (ClosedLoopTrial(), OpenLoopTrial(),
                                                    CapacityTrial(), SessionTrial(),
-                                                   SessionCapacityTrial())}
+                                                   SessionCapacityTrial(),
+                                                   ExactReplayTrial())}
 
 
 def mode_for(spec: TrialSpec, plan: _Plan) -> TrialMode:
     """The trial's mode: a capacity search when the spec asks for one, a session replay
     when its shape's sessions are replayed turn by turn (``--replay``; both: the session
-    capacity search), else the loop its replay schedule drives (closed or open)."""
+    capacity search), the exact replay of a hash-id trace (``--replay exact``), else the
+    loop its replay schedule drives (closed or open)."""
+    if replays_exact(spec):
+        return MODES["exact"]
     if replays_sessions(spec):  # first: a --replay sessions that cannot be says so
         return MODES["sessions" if spec.capacity is None else "session_capacity"]
     return MODES["capacity" if spec.capacity is not None else plan.schedule.mode]

@@ -72,9 +72,10 @@ def _schedule(spec: TrialSpec, max_len: int, **kwargs: Any) -> Schedule:
 
 
 def _plan(spec: TrialSpec) -> _Plan:
-    from autotune.trial._replay_choice import replays_sessions
+    from autotune.trial._replay_choice import replays_exact, replays_sessions
 
     replays_sessions(spec)  # a --replay that cannot be is an error before the start
+    replays_exact(spec)
     vocab = model_vocab_size(spec.model)
     max_len = spec.max_model_len or model_max_len(spec.flags, spec.model)
     schedule = _schedule(spec, max_len, seed=spec.seed, concurrency=spec.measure.concurrency,

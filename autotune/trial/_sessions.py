@@ -22,7 +22,7 @@ from autotune.trial._spec import TrialOutcome, TrialSpec
 if TYPE_CHECKING:
     from autotune.load import SessionSchedule
     from autotune.measure import Measurement
-    from autotune.traffic import TrafficShape
+    from autotune.traffic import Schedule, TrafficShape
     from autotune.trial._levels import LevelPlan
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class SessionTrial(_LoopMode):
             sched = session_plan(spec, plan, token_seed=r)
             phase("measuring", f"replay {r + 1}/{repeats}: {len(sched.sessions)} sessions, "
                   f"{sched.turns()} turns at most")
-            m = _one_replay(spec, sched, server, outcome, client)
+            m = measured_replay(spec, sched, server, outcome, client)
             if m is None:
                 break
             results.append(m)
@@ -166,10 +166,11 @@ def session_plan(spec: TrialSpec, plan: _Plan, *, token_seed: int = 0) -> Sessio
         duration_s=cap_s, token_seed=token_seed)
 
 
-def _one_replay(spec: TrialSpec, sched: SessionSchedule, server: VllmServer,
-                outcome: TrialOutcome, client: ClientKw) -> Measurement | None:
-    """One measured session replay: its measurement with the server's figures over the
-    whole replay (None when most requests failed: the outcome says why)."""
+def measured_replay(spec: TrialSpec, sched: SessionSchedule | Schedule, server: VllmServer,
+                    outcome: TrialOutcome, client: ClientKw) -> Measurement | None:
+    """One measured replay (a session replay, or the exact replay of a trace): its
+    measurement with the server's figures over the whole replay (None when most requests
+    failed: the outcome says why)."""
     from autotune.load import replay
     from autotune.measure import snapshot_metrics
     from autotune.trial._levels import with_server
@@ -185,7 +186,7 @@ def _one_replay(spec: TrialSpec, sched: SessionSchedule, server: VllmServer,
     m = with_server(run, spec.slo, before, after)
     outcome.measure_s += time.monotonic() - t_run
     outcome.stop = "cap" if run.stopped_at_s is not None else "schedule_end"
-    logger.info("trial %d: %d sessions, %d turns, prefix-cache hit rate %s, %s out tok/s",
+    logger.info("trial %d: %d sessions, %d requests, prefix-cache hit rate %s, %s out tok/s",
                 spec.number, int(m.sessions.get("sessions", 0)), len(run.records),
                 m.server.get("prefix_cache_hit_rate"), m.output_tokens_per_s)
     return m

@@ -205,6 +205,61 @@ def test_a_trial_replays_sessions_when_asked_or_auto(shape: TrafficShape) -> Non
             mode_for(spec, plan)
 
 
+def test_replay_exact_picks_its_mode_or_says_what_is_missing(shape: TrafficShape,
+                                                              tmp_path: Path) -> None:
+    from autotune.cli._bench import _print_exact
+
+    plan = _Plan(vocab=100, max_len=2048, schedule=Schedule(mode="open", requests=()))
+    spec = _spec(shape, replay="exact", trace=str(MOONCAKE))
+    assert mode_for(spec, plan) is MODES["exact"]
+    for bad, why in ((_spec(shape, replay="exact"), "give it with --trace FILE"),
+                     (_spec(shape, replay="exact", trace=str(tmp_path / "none.jsonl")),
+                      "no such file"),
+                     (replace(spec, capacity=CapacitySearch()), "capacity search"),
+                     (_spec(shape, replay="exact", trace=str(MOONCAKE), api="chat"),
+                      "--api completions")):
+        with pytest.raises(ConfigError, match=why) as err:
+            mode_for(bad, plan)
+        assert "\n" not in str(err.value)
+    # the line bench prints: both hit rates, side by side
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        _print_exact({"server_prefix_cache_hit_rate": 0.591,
+                      "server_fitted_replay_prefix_cache_hit_rate": 0.243}, str(MOONCAKE))
+        _print_exact({"server_prefix_cache_hit_rate": 0.5}, "t.jsonl")
+    first, second = buf.getvalue().splitlines()
+    assert first == ("prefix-cache hit rate  exact replay of mooncake_fast25_conversation.jsonl "
+                     "59.1%; fitted session replay 24.3% (same server, same scale)")
+    assert "fitted session replay n/a (the shape has no sessions" in second
+
+
+def test_the_exact_and_the_fitted_replay_share_one_scale(
+        shape: TrafficShape, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import autotune.load
+    from autotune.trial._exact import exact_plan, fitted_plan
+
+    monkeypatch.setattr(autotune.load, "model_prompts",
+                        lambda _model: types.SimpleNamespace(token_ids=TOKENS))
+    spec = _spec(shape, replay="exact", trace=str(MOONCAKE), num_requests=200,
+                 exact_block_tokens=16)
+    plan = _Plan(vocab=100, max_len=2048, schedule=Schedule(mode="open", requests=()))
+    exact = exact_plan(spec, plan)
+    fitted = fitted_plan(spec, plan, len(exact.requests))
+    assert len(exact.requests) == 200  # --num-requests of the trace
+    assert fitted is not None and fitted.turns() == pytest.approx(200, rel=0.3)
+    # both at 16 / 512 = 1/32 of the recorded lengths
+    ex = np.mean([len(r.prompt_token_ids) for r in exact.requests])
+    fi = np.mean([len(x.turns[0].new_token_ids) for x in fitted.sessions])
+    assert shape.sessions is not None
+    assert fi == pytest.approx(shape.sessions.first_turn_tokens.mean / 32, rel=0.35)
+    assert ex == pytest.approx(shape.input_tokens.mean / 32, rel=0.35)
+
+
 def _turns(*shape: tuple[int, int]) -> tuple[Turn, ...]:
     return tuple(Turn(new_token_ids=(1,) * new, max_tokens=out) for new, out in shape)
 

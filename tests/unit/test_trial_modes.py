@@ -32,7 +32,7 @@ def test_the_mode_comes_from_the_spec_and_the_schedule(
 def test_only_the_loops_count_the_prompt_tokens_sent() -> None:
     assert {name: m.counts_prompt_tokens for name, m in MODES.items()} == {
         "closed": True, "open": True, "capacity": False, "sessions": True,
-        "session_capacity": False}
+        "session_capacity": False, "exact": True}
 
 
 def test_a_capacity_trial_adds_its_bracket_s_figures_and_the_loops_none() -> None:
