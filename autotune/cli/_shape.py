@@ -343,6 +343,11 @@ def _show_sessions(s: SessionStats) -> None:
         f"  agents        quick chains (< 1 s) {quick}, sent before the answer {flight}, "
         f"fan-out {s.fanout_fraction:.1%} (max {s.max_fanout})"
     )
+    p = s.shared_prefix
+    if p is not None:
+        print(f"  across sessions  {p.sharing_request_fraction:.1%} of first prompts share a "
+              f"prefix with other sessions' ({p.groups} group(s)); "
+              f"{p.shared_token_fraction:.1%} of first-prompt tokens a cache serves")
 
 
 def _show(args: argparse.Namespace) -> int:

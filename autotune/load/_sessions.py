@@ -198,9 +198,11 @@ def session_schedule(
     rng = np.random.default_rng([seed, 0x5E55])
     tok = np.random.default_rng([seed, 0x70C5, token_seed if token_seed is not None else 0])
     turns = np.clip(np.rint(_draw(s.turns, rng.random(n))), 1, max(1.0, s.turns.max))
+    share = _Sharing.draw(s, n, np.random.default_rng([seed, 0x5A4E]),
+                          (seed, token_seed if token_seed is not None else 0))
     sessions = tuple(
         Session(index=i, turns=_session_turns(shape, s, int(turns[i]), rng, tok, table,
-                                              length_scale, time_scale))
+                                              length_scale, time_scale, (share, i)))
         for i in range(n))
     if mode == "open":
         rate = rate_sps or s.rate_sps
@@ -217,6 +219,47 @@ def session_schedule(
     return SessionSchedule(sessions=sessions, mode=mode, concurrency=concurrency,
                            think_basis=s.think_time_basis, max_total_tokens=max_total_tokens,
                            duration_s=duration_s, seed=seed)
+
+
+@dataclass(frozen=True)
+class _Sharing:
+    """Which sessions start with a prefix shared across sessions (``shared_prefix`` of the
+    shape's sessions: a system prompt, a document), and how much of their first prompt it
+    is: a share ``sharing_request_fraction`` of the sessions joins one of
+    ``n / mean_group_size`` groups and takes the first ``ratio`` x its first prompt
+    (``ratio`` drawn from ``shared_prefix_ratio``) from its group's tokens."""
+
+    group: np.ndarray  # per session: its group, -1 for none
+    ratio: np.ndarray
+    seed: tuple[int, ...]
+
+    @classmethod
+    def draw(cls, s: SessionStats, n: int, rng: np.random.Generator,
+             seed: tuple[int, ...]) -> _Sharing:
+        p = s.shared_prefix
+        group = np.full(n, -1, dtype=np.int64)
+        ratio = np.zeros(n)
+        if p is None or p.shared_prefix_ratio is None or p.sharing_request_fraction <= 0:
+            return cls(group, ratio, seed)
+        members = np.flatnonzero(rng.random(n) < p.sharing_request_fraction)
+        groups = max(1, round(members.shape[0] / max(1.0, p.mean_group_size)))
+        group[members] = rng.integers(0, groups, size=members.shape[0])
+        grid = np.arange(len(p.shared_prefix_ratio), dtype=np.float64)
+        ratio[members] = np.interp(rng.random(members.shape[0]) * (grid.shape[0] - 1), grid,
+                                   np.asarray(p.shared_prefix_ratio, dtype=np.float64))
+        return cls(group, ratio, seed)
+
+    def apply(self, i: int, first: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """Session ``i``'s first prompt (token ids) with its group's prefix at its head:
+        the group's tokens are the same for every session of the group (a seeded stream,
+        of which each takes as much as it shares)."""
+        g = int(self.group[i]) if i < self.group.shape[0] else -1
+        k = min(first.shape[0], round(float(self.ratio[i]) * first.shape[0])) if g >= 0 else 0
+        if k <= 0:
+            return first
+        head = table[np.random.default_rng([*self.seed, 0x5A4E, g]).integers(
+            0, table.shape[0], size=k)]
+        return np.concatenate((head, first[k:]))
 
 
 #: the furthest back a steady state's sessions may have started (seconds)
@@ -284,9 +327,11 @@ def steady_sessions(
     due = (at >= 0) & (at < window_s)
     kept = np.flatnonzero(np.add.reduceat(due, first) > 0)[:max_sessions]
     tok = np.random.default_rng([seed, 0x70C5, token_seed if token_seed is not None else 0])
+    share = _Sharing.draw(s, n, np.random.default_rng([seed, 0x5A4E]),
+                          (seed, token_seed if token_seed is not None else 0))
     sessions = tuple(_in_window(shape, s, i, at[first[j]:first[j] + k[j]], think[
         first[j]:first[j] + k[j]], due[first[j]:first[j] + k[j]],
-        np.random.default_rng([seed, 0x7E5, int(j)]), tok, table)
+        np.random.default_rng([seed, 0x7E5, int(j)]), tok, table, (share, int(j)))
         for i, j in enumerate(kept))
     return SessionSchedule(sessions=sessions, mode="open", think_basis=s.think_time_basis,
                            max_total_tokens=max_total_tokens, seed=seed)
@@ -294,17 +339,25 @@ def steady_sessions(
 
 def _in_window(shape: TrafficShape, s: SessionStats, index: int, at: np.ndarray,
                think: np.ndarray, due: np.ndarray, rng: np.random.Generator,
-               tok: np.random.Generator, table: np.ndarray) -> Session:
+               tok: np.random.Generator, table: np.ndarray,
+               share: tuple[_Sharing, int]) -> Session:
     """One session of :func:`steady_sessions`: its turns due in the window (``due``) and,
-    before them, its conversation so far as ``context``."""
+    before them, its conversation so far as ``context``; its first prompt starts with its
+    group's prefix when ``share`` gives it one."""
     sizes, out = _turn_tokens(shape, s, at.shape[0], rng, 1.0)
     j0, j1 = int(np.argmax(due)), int(np.flatnonzero(due)[-1])
+
+    def words(j: int, n: int) -> np.ndarray:
+        ids = table[tok.integers(0, table.shape[0], size=n)]
+        return share[0].apply(share[1], ids, table) if j == 0 else ids
+
     context: list[int] = []
     for j in range(j0):  # the earlier prompts' new tokens and answers
-        context += table[tok.integers(0, table.shape[0], size=int(sizes[j] + out[j]))].tolist()
-    turns = tuple(Turn(new_token_ids=tuple(table[tok.integers(
-        0, table.shape[0], size=int(sizes[j]))].tolist()), max_tokens=int(out[j]),
-        think_s=0.0 if j == j0 else float(think[j])) for j in range(j0, j1 + 1))
+        context += [*words(j, int(sizes[j])).tolist(), *table[tok.integers(
+            0, table.shape[0], size=int(out[j]))].tolist()]
+    turns = tuple(Turn(new_token_ids=tuple(words(j, int(sizes[j])).tolist()),
+                       max_tokens=int(out[j]), think_s=0.0 if j == j0 else float(think[j]))
+                  for j in range(j0, j1 + 1))
     return Session(index=index, turns=turns, start_s=round(float(at[j0]), 6),
                    context=tuple(context), first_turn=j0,
                    context_at_s=round(float(at[j0 - 1]), 6) if j0 else None)
@@ -330,13 +383,16 @@ def _turn_tokens(shape: TrafficShape, s: SessionStats, k: int, rng: np.random.Ge
 
 def _session_turns(shape: TrafficShape, s: SessionStats, k: int, rng: np.random.Generator,
                    tok: np.random.Generator, table: np.ndarray, length_scale: float,
-                   time_scale: float) -> tuple[Turn, ...]:
+                   time_scale: float, share: tuple[_Sharing, int] | None = None
+                   ) -> tuple[Turn, ...]:
     """One session's ``k`` turns (see :func:`session_schedule`); ``s``: the shape's
-    sessions section."""
+    sessions section; ``share``: the sharing across sessions and this session's number."""
     sizes, out = _turn_tokens(shape, s, k, rng, length_scale)
     think = (_draw(s.think_time_s, rng.random(k)) * time_scale if s.think_time_s is not None
              else np.zeros(k))
     ids = table[tok.integers(0, table.shape[0], size=int(sizes.sum()))]
+    if share is not None:
+        ids[:sizes[0]] = share[0].apply(share[1], ids[:sizes[0]], table)
     bounds = np.concatenate(([0], np.cumsum(sizes)))
     return tuple(Turn(new_token_ids=tuple(ids[bounds[j]:bounds[j + 1]].tolist()),
                       max_tokens=int(out[j]), think_s=0.0 if j == 0 else float(think[j]))

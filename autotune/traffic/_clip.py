@@ -50,7 +50,12 @@ def _clip_sessions(s: SessionStats, scale: float, cap: int | None, out_before: f
         w = max(0.0, v * scale + t * shift)
         return round(min(w, cap) if cap is not None else w, 1)
 
+    shared = s.shared_prefix
+    if shared is not None and shared.shared_prefix_tokens is not None:
+        shared = shared.model_copy(update={"shared_prefix_tokens": _clip_dist(
+            shared.shared_prefix_tokens, scale=scale, cap=cap)})
     return s.model_copy(update={
+        "shared_prefix": shared,
         "first_turn_tokens": _clip_dist(s.first_turn_tokens, scale=scale, cap=cap),
         "new_tokens": grow(s.new_tokens, 0.0),
         "context_growth": grow(s.context_growth, shift),

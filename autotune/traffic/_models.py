@@ -49,6 +49,8 @@ _FINGERPRINT_FIELDS: Final = (
 )
 # fingerprinted only when present, so that a shape without sessions keeps its fingerprint
 _OPTIONAL_FINGERPRINT_FIELDS: Final = ("sessions",)
+# keys of ``sessions`` added after it, fingerprinted only when set
+_LATER_SESSION_KEYS: Final = ("shared_prefix",)
 
 
 class _Model(BaseModel):
@@ -212,6 +214,10 @@ class SessionStats(_Model):
     fanout_fraction: float = Field(default=0.0, ge=0, le=1)
     max_fanout: int = Field(default=0, ge=0)
     session_span_s: LengthDist | None = None
+    # prefixes sessions share with other sessions (a common system prompt or document):
+    # the sharing of the sessions' first turns among themselves (None: the trace has no
+    # blocks or prefix ids to tell, or a shape fitted before it was kept)
+    shared_prefix: PrefixStats | None = None
 
     def summary(self) -> dict[str, object]:
         """The headline numbers, for ``show``."""
@@ -238,6 +244,8 @@ class SessionStats(_Model):
             "in_flight_fraction": self.in_flight_fraction,
             "fanout_fraction": self.fanout_fraction,
             "max_fanout": self.max_fanout,
+            "shared_across_sessions_fraction": (self.shared_prefix.shared_token_fraction
+                                                if self.shared_prefix else None),
         }
 
 
@@ -379,5 +387,9 @@ def compute_fingerprint(stats: Mapping[str, object]) -> str:
     for k in _OPTIONAL_FINGERPRINT_FIELDS:
         if stats.get(k) is not None:
             canon[k] = _canonical(stats[k])
+    later = canon.get("sessions")
+    if isinstance(later, dict):  # a later key, absent: the fingerprint it had before
+        canon["sessions"] = {k: v for k, v in later.items()
+                             if not (k in _LATER_SESSION_KEYS and v is None)}
     text = json.dumps(canon, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -37,7 +37,7 @@ from autotune.traffic._collect import (
 )
 from autotune.traffic._json_readers import _read_mooncake, _read_multi_turn, _read_openai_log
 from autotune.traffic._records import TraceRecords
-from autotune.traffic._session_links import prefix_and_sessions
+from autotune.traffic._session_links import cross_session_prefix, prefix_and_sessions
 
 logger = logging.getLogger(__name__)
 
@@ -358,6 +358,7 @@ def _finish(col: _Collector, fmt: str, extra: _Extra) -> TraceRecords:
     prefix, sessions = prefix_and_sessions(
         fmt, extra, order, (ts, inp, out), name=col.name, skip_bad=col.skip_bad
     )
+    cross = cross_session_prefix(fmt, extra, order, inp, sessions)
     ts, inp, out = ts[order], inp[order], out[order]
     latencies = extra.latencies
     start = float(ts[0])
@@ -372,6 +373,7 @@ def _finish(col: _Collector, fmt: str, extra: _Extra) -> TraceRecords:
         skipped_examples=tuple(col.examples),
         prefix=prefix,
         sessions=sessions,
+        cross_prefix=cross,
         latencies_s=latencies[order] if latencies is not None else None,
         start_epoch_s=start if extra.wall_clock else None,
         was_sorted=was_sorted,

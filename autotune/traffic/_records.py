@@ -116,6 +116,9 @@ class TraceRecords:
     skipped_examples: tuple[SkippedLine, ...] = ()
     prefix: PrefixInfo | None = None
     sessions: SessionLinks | None = None
+    # the prefixes sessions share with other sessions (their first turns' sharing among
+    # themselves; 0 on later turns): autotune.traffic._session_links.cross_session_prefix
+    cross_prefix: PrefixInfo | None = None
     latencies_s: FloatArray | None = None
     start_epoch_s: float | None = None
     was_sorted: bool = True

@@ -23,6 +23,7 @@ from autotune.traffic._records import (
 )
 
 __all__ = [
+    "cross_session_prefix",
     "links_from_blocks",
     "links_from_session_ids",
     "prefix_and_sessions",
@@ -225,3 +226,38 @@ def prefix_and_sessions(
     if praw.seen_session:
         links = links_from_session_ids(session[order])
     return prefix, links
+
+
+def cross_session_prefix(fmt: str, extra: _Extra, order: IntArray, inp: IntArray,
+                         links: SessionLinks | None) -> PrefixInfo | None:
+    """The prefixes sessions share with *other* sessions (a system prompt, a document),
+    in arrival order (``order``: the raw rows sorted; ``inp``: the raw input column):
+    the sharing of the sessions' first turns among themselves, from their hash blocks or
+    prefix ids; 0 for every later turn (its reuse of its own session is the session's).
+    None without session links or without blocks or prefix ids."""
+    praw = extra.prefix
+    if links is None or praw is None:
+        return None
+    roots = order[links.parent < 0]  # raw rows of the first turns
+    n = order.shape[0]
+    if fmt in ("mooncake", "multi_turn"):
+        blocks = np.frombuffer(praw.blocks, dtype=np.int64)
+        offsets = np.frombuffer(praw.offsets, dtype=np.int64)
+        lengths = (offsets[1:] - offsets[:-1])[roots]
+        sub_off = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        sub = (np.concatenate([blocks[offsets[i]:offsets[i + 1]] for i in roots])
+               if roots.shape[0] else np.empty(0, dtype=np.int64))
+        size = _MOONCAKE_BLOCK_TOKENS if fmt == "mooncake" else _MULTI_TURN_BLOCK_TOKENS
+        info = prefix_from_blocks(sub, sub_off, inp[roots], block_tokens=size)
+    elif praw.seen_prefix:
+        info = prefix_from_ids(np.frombuffer(praw.prefix_id, dtype=np.int64)[roots],
+                               np.frombuffer(praw.prefix_tokens, dtype=np.int64)[roots],
+                               inp[roots])
+    else:
+        return None
+    shared = np.zeros(n, dtype=np.int64)
+    hits = np.zeros(n, dtype=np.float64)
+    group = np.full(n, -1, dtype=np.int64)
+    first = np.flatnonzero(links.parent < 0)
+    shared[first], hits[first], group[first] = info.shared_tokens, info.hit_tokens, info.group
+    return PrefixInfo(info.source, shared, hits, group, info.block_tokens)

@@ -7,7 +7,7 @@ from typing import Final
 
 import numpy as np
 
-from autotune.traffic._dist import length_dist, rounded
+from autotune.traffic._dist import length_dist, prefix_stats, rounded
 from autotune.traffic._models import SessionStats
 from autotune.traffic._records import TraceRecords
 
@@ -53,6 +53,9 @@ def session_stats(records: TraceRecords) -> SessionStats | None:
         "fanout_fraction": _fraction(with_next >= 2),
         "max_fanout": int(children.max()),
     }
+    if records.cross_prefix is not None and np.any(records.cross_prefix.shared_tokens > 0):
+        section["shared_prefix"] = prefix_stats(records.cross_prefix.take(np.flatnonzero(first)),
+                                                inp[first])
     if p.shape[0]:
         section |= _follow_ups(records, follow, p)
         last = np.full(n, -np.inf)

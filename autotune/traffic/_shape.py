@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from scipy import stats as sps
 
 from autotune.errors import TrafficError
-from autotune.traffic._dist import PROBS, length_dist, rounded
+from autotune.traffic._dist import PROBS, length_dist, prefix_stats, rounded
 from autotune.traffic._models import (
     ArrivalStats,
     ConcurrencyEstimate,
@@ -145,27 +145,7 @@ def _concurrency(
 
 def _prefix(records: TraceRecords) -> PrefixStats | None:
     info = records.prefix
-    if info is None:
-        return None
-    inp = records.input_tokens
-    sharing = info.shared_tokens > 0
-    n_sharing = int(np.count_nonzero(sharing))
-    groups = int(np.unique(info.group[sharing]).shape[0]) if n_sharing else 0
-    ratio = None
-    tokens = None
-    if n_sharing:
-        tokens = length_dist(info.shared_tokens[sharing])
-        ratio = [_r(v) for v in np.quantile(info.shared_tokens[sharing] / inp[sharing], _PROBS)]
-    return PrefixStats(
-        source=info.source,
-        block_tokens=info.block_tokens,
-        shared_token_fraction=_r(min(1.0, float(info.hit_tokens.sum() / inp.sum()))),
-        sharing_request_fraction=_r(n_sharing / inp.shape[0]),
-        groups=groups,
-        mean_group_size=_r(n_sharing / groups) if groups else 0.0,
-        shared_prefix_tokens=tokens,
-        shared_prefix_ratio=ratio,
-    )
+    return None if info is None else prefix_stats(info, records.input_tokens)
 
 
 def _check(records: TraceRecords) -> None:

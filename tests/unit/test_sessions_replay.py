@@ -363,3 +363,48 @@ def test_a_session_capacity_speaks_of_sessions_per_second() -> None:
     none = CapacityResult(recorded_rps=6.0, recorded_sps=2.0, high=1 / 64, status="none",
                           levels=[replace(lv, passed=False)])
     assert none.capacity_sps is None and "sessions/s" in none.summary()
+
+
+def test_prefixes_shared_across_sessions_are_fitted_and_replayed(tmp_path: Path) -> None:
+    """Three conversations open with the same two blocks (a system prompt and a document),
+    a fourth with its own; the first one has a second turn. The sessions section keeps the
+    sharing *between* sessions (their first turns'), not a session's reuse of itself, and
+    the fitted replay starts the sharing sessions' first prompts with common tokens."""
+    from autotune.traffic import compute_fingerprint
+
+    path = _moon(tmp_path, [(0, 2048, 64, [0, 1, 10, 11]), (1000, 2048, 64, [0, 1, 20, 21]),
+                            (2000, 2048, 64, [0, 1, 30, 31]), (3000, 1024, 64, [40, 41]),
+                            (60000, 2560, 64, [0, 1, 10, 11, 12])])
+    shape = fit_shape(read_trace(path), name="shared")
+    s = shape.sessions
+    assert s is not None and s.sessions == 4 and s.turns.max == 2
+    p = s.shared_prefix
+    assert p is not None and p.block_tokens == 512
+    assert (p.sharing_request_fraction, p.groups, p.mean_group_size) == (0.75, 1, 3.0)
+    assert p.shared_prefix_tokens is not None and p.shared_prefix_tokens.p50 == 1024
+    # each of the three holds 2 blocks shared by 3: 2/3 of 1,024 tokens is a hit
+    assert p.shared_token_fraction == pytest.approx(3 * 1024 * 2 / 3 / (3 * 2048 + 1024),
+                                                    abs=1e-4)
+    # a shape fitted before the key existed keeps its fingerprint
+    bare = shape.model_copy(update={"sessions": s.model_copy(update={"shared_prefix": None})})
+    dump = bare.model_dump()
+    old = {**dump, "sessions": {k: v for k, v in dump["sessions"].items()
+                                if k != "shared_prefix"}}
+    assert compute_fingerprint(dump) == compute_fingerprint(old)
+    assert compute_fingerprint(shape.model_dump()) != compute_fingerprint(dump)
+    # the replay: sessions of the group start with the same tokens, at 1/32 of the lengths
+    sched = session_schedule(shape, token_ids=TOKENS, num_sessions=200, seed=1,
+                             length_scale=1 / 32)
+    def sharing(heads: list[tuple[int, ...]]) -> float:
+        """The share of sessions whose first 16 tokens another session starts with too."""
+        return sum(heads.count(h) > 1 for h in heads) / len(heads)
+
+    # 3 in 4 sessions join groups of 3 on average (200 / 4 x 3 / 3 = 50 groups)
+    assert 0.5 <= sharing([x.turns[0].new_token_ids[:16] for x in sched.sessions]) <= 0.8
+    none = session_schedule(bare, token_ids=TOKENS, num_sessions=200, seed=1,
+                            length_scale=1 / 32)
+    assert sharing([x.turns[0].new_token_ids[:16] for x in none.sessions]) == 0.0
+    # the steady state's sessions too (first turns here, or the conversation before)
+    steady = steady_sessions(shape, token_ids=TOKENS, rate_sps=4.0, window_s=30.0, seed=2)
+    assert sharing([(x.context or x.turns[0].new_token_ids)[:16]
+                    for x in steady.sessions]) >= 0.4
