@@ -65,7 +65,7 @@ SLOW_FILES = {
     "tests/integration/test_engine.py": 99,
     "tests/integration/test_study_verdict.py": 95,
     "tests/integration/test_trial_segments.py": 94,
-    "tests/integration/test_sessions_replay.py": 90,
+    "tests/integration/test_sessions_replay.py": 130,
     "tests/faults/test_faults_stores.py": 88,
     "tests/faults/test_faults_engine.py": 72,
     "tests/integration/test_h200_shapes_matrix.py": 65,

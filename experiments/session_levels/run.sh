@@ -6,12 +6,13 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 py="${PYTHON:-$root/.venv/bin/python}"
 runs="${RUNS:-3}"
+first="${FIRST:-1}"  # the number of the first run (results/run-N.json)
 work="$(mktemp -d)"
 mkdir -p "$here/results"
 "$py" "$here/gen_trace.py" "$work/think90.jsonl" --seed 0
 "$py" -m autotune shape fit "$work/think90.jsonl" --name think90 -o "$here/results/think90.json"
 "$py" -m autotune model tiny --arch llama "$work/tiny-llama"
-for i in $(seq 1 "$runs"); do
+for i in $(seq "$first" $((first + runs - 1))); do
   t0=$(date +%s.%N)
   "$py" -m autotune bench --model "$work/tiny-llama" --shape "$here/results/think90.json" \
     --capacity --json -- --max-model-len 2048 -O0 > "$work/run-$i.json" || true

@@ -224,15 +224,15 @@ def test_a_session_level_ends_within_its_bound_although_think_times_are_minutes(
 def test_replay_exact_reports_the_trace_hit_rate_beside_the_fitted_one(
         tiny_server: Any, tiny_llama: Path) -> None:
     """``--replay exact`` (the trial mode bench and tune run) on the shared server: the
-    Mooncake excerpt's first 80 requests with their recorded blocks at 1/32 of their
+    Mooncake excerpt's first 30 requests with their recorded blocks at 1/32 of their
     lengths, then the fitted sessions at the same scale; both hit rates come back."""
     from autotune.traffic import clip_shape, fit_shape, read_trace
     from autotune.trial import MODES, mode_for
 
     trace = Path(__file__).resolve().parents[1] / "data" / "traces" / (
         "mooncake_fast25_conversation.jsonl")
-    shape = clip_shape(fit_shape(read_trace(trace), name="moon"), rate_scale=4.0)
-    measure = MeasureSettings(replay="exact", trace=str(trace), num_requests=80,
+    shape = clip_shape(fit_shape(read_trace(trace), name="moon"), rate_scale=8.0)
+    measure = MeasureSettings(replay="exact", trace=str(trace), num_requests=30,
                               exact_block_tokens=16, warmup_requests=2)
     spec = TrialSpec(number=0, model=str(tiny_llama), shape=shape, seed=1,
                      flags=("--max-model-len", "1024", "-O0"), env={}, measure=measure)
@@ -243,7 +243,7 @@ def test_replay_exact_reports_the_trace_hit_rate_beside_the_fitted_one(
               "api": "completions", "request_timeout_s": 120.0}
     outcome = TrialOutcome(number=0, ok=False)
     (m,) = mode.measure(spec, plan, tiny_server, outcome, lambda *_: None, client)  # type: ignore[arg-type]
-    assert m.n_requests == 80 and m.n_errors == 0
+    assert m.n_requests == 30 and m.n_errors == 0
     assert m.server["prefix_cache_queries"] > 0
     assert 0.0 <= m.server["prefix_cache_hit_rate"] <= 1.0
     fitted = m.server["fitted_replay_prefix_cache_hit_rate"]
