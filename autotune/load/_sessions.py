@@ -315,6 +315,9 @@ def steady_sessions(
     rng = np.random.default_rng([seed, 0x57EA])
     horizon = session_horizon(s)
     n = int(min(MAX_DRAWN, rng.poisson(rate_sps * (horizon + window_s))))
+    if n == 0:  # no session in the window: nothing to send
+        return SessionSchedule(sessions=(), mode="open", think_basis=s.think_time_basis,
+                               max_total_tokens=max_total_tokens, seed=seed)
     starts = np.sort(rng.uniform(-horizon, window_s, n))
     k = np.clip(np.rint(_draw(s.turns, rng.random(n))), 1, max(1.0, s.turns.max)
                 ).astype(np.int64)

@@ -408,3 +408,10 @@ def test_prefixes_shared_across_sessions_are_fitted_and_replayed(tmp_path: Path)
     steady = steady_sessions(shape, token_ids=TOKENS, rate_sps=4.0, window_s=30.0, seed=2)
     assert sharing([(x.context or x.turns[0].new_token_ids)[:16]
                     for x in steady.sessions]) >= 0.4
+
+
+def test_a_steady_state_without_sessions_in_its_window_is_empty(shape: TrafficShape) -> None:
+    none = steady_sessions(shape, token_ids=TOKENS, rate_sps=1e-9, window_s=1.0)
+    assert none.sessions == () and none.context_primer() is None
+    with pytest.raises(TrafficError, match="must be > 0"):
+        steady_sessions(shape, token_ids=TOKENS, rate_sps=0.0, window_s=1.0)
