@@ -211,11 +211,14 @@ def test_capacity_levels_on_the_cpu_vllm_server(tiny_server: Any, tiny_llama: Pa
                            slo=Slo(ttft_s=2.0, tpot_s=0.1),
                            search=CapacitySearch(tolerance=0.5, max_levels=4),
                            plan=LevelPlan(level_s=4.0, min_requests=8))
-    assert 2 <= len(res.levels) <= 4, res.summary()
-    assert res.low is not None or res.status == "none", res.summary()
+    # 4 at most, and the lowest once more when none passed
+    assert 2 <= len(res.levels) <= 5, res.summary()
+    assert res.low is not None or res.status in ("none", "levels"), res.summary()
     if res.low is not None:  # the CPU server sustains some fraction of the recorded rate
         assert m is not None and m.output_tokens_per_s and m.n_errors == 0
-        assert all(lv.passed == (lv.scale <= res.low) for lv in res.levels), res.to_dict()
+        again = {lv.scale for lv in res.levels if lv.remeasured}  # a fail measured again
+        assert all(lv.passed == (lv.scale <= res.low) or lv.scale in again
+                   for lv in res.levels), res.to_dict()
     for lv in res.levels:
         assert lv.offered >= 8 and 0.0 <= lv.goodput_fraction <= 1.0 and lv.error_rate == 0.0
 
