@@ -1,4 +1,5 @@
-"""The per-run table and the verdict of README.md's rule, from results/run-*.json."""
+"""The per-run table and the verdict of README.md's rule, from results/run-*.json (what
+``autotune bench --capacity --json`` printed, and the command's wall time)."""
 
 from __future__ import annotations
 
@@ -8,35 +9,37 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LIMIT_S = 300.0  # the bracket closes within the tolerance (1.25x) when status is found
+LIMIT_S = 300.0  # the bracket closes within the tolerance (1.25x) when the stop is found
 
 
 def main() -> int:
-    rows = []
+    times: list[float] = []
+    passed: list[bool] = []
     for path in sorted((HERE / "results").glob("run-*.json")):
         r = json.loads(path.read_text())
-        trial = (r.get("start_s") or 0.0) + (r.get("warmup", {}) or {}).get("seconds", 0.0) \
-            + (r.get("measure_s") or 0.0)
-        cap = r.get("capacity") or {}
-        levels = cap.get("levels", [])
-        low, high = cap.get("low"), cap.get("high")
-        ok = cap.get("status") == "found" and trial <= LIMIT_S
-        rows.append((path.stem, trial, r.get("command_wall_s"), low, high, cap.get("status"),
-                     len(levels), [round(lv["seconds"] + lv.get("warmup_s", 0.0), 1)
-                                   for lv in levels], ok))
+        m = r.get("metrics") or {}
+        warm = (r.get("warmup") or {}).get("seconds", 0.0)
+        trial = (r.get("start_s") or 0.0) + warm + (r.get("measure_s") or 0.0)
+        low, high = m.get("capacity_rps"), m.get("capacity_rps_ci_high")
+        width = high / low if low and high else None
+        ok = r.get("stop") == "capacity_found" and trial <= LIMIT_S
+        times.append(trial)
+        passed.append(ok)
         print(f"{path.stem}: trial {trial:.0f} s (start {r.get('start_s') or 0:.0f}, warm-up "
-              f"{(r.get('warmup') or {}).get('seconds', 0):.0f}, levels "
-              f"{r.get('measure_s') or 0:.0f}); command {r.get('command_wall_s')} s; bracket "
-              f"[{low}, {high}] x the recorded rate, {cap.get('status')}; {len(levels)} "
-              f"levels, seconds (window + warm-up) {rows[-1][7]}; "
+              f"{warm:.0f}, levels {r.get('measure_s') or 0:.0f}); command "
+              f"{r.get('command_wall_s')} s; {r.get('stop')}, "
+              f"{int(m.get('capacity_levels', 0))} levels; capacity "
+              f"{m.get('capacity_sps', 0):.3g} sessions/s ({low or 0:.3g} req/s, "
+              f"{m.get('capacity_scale', 0):.3g}x the recorded rate), bracket "
+              f"{width or float('nan'):.3g}x wide; prefix-cache hit rate at capacity "
+              f"{m.get('server_prefix_cache_hit_rate', float('nan')):.1%}; "
               f"{'pass' if ok else 'FAIL'}")
-    if not rows:
+    if not times:
         print("no results", file=sys.stderr)
         return 1
-    times = [r[1] for r in rows]
     print(f"trial time median {statistics.median(times):.0f} s, range {min(times):.0f}-"
-          f"{max(times):.0f} s over {len(rows)} runs; rule "
-          f"{'PASSED' if all(r[8] for r in rows) else 'FAILED'}")
+          f"{max(times):.0f} s over {len(times)} runs; rule "
+          f"{'PASSED' if all(passed) else 'FAILED'}")
     return 0
 
 
