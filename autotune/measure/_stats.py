@@ -30,6 +30,7 @@ from autotune.config import MeasureSettings
 
 __all__ = [
     "CAPACITY_BRACKETS",
+    "ONE_START_METHODS",
     "RAMP_FACTOR",
     "Drift",
     "Interval",
@@ -236,6 +237,12 @@ class RatioInterval:
     def as_dict(self) -> dict[str, float]:
         return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high}
 
+    @property
+    def one_start(self) -> bool:
+        """No config was started twice: the interval holds one run's own noise (or the
+        range a capacity's brackets allow), never the start-to-start spread."""
+        return self.method in ONE_START_METHODS
+
 
 @dataclass(frozen=True)
 class RatioBound:
@@ -391,6 +398,8 @@ def fmt_ratio(r: float) -> str:
 WITHIN_RUN_ONLY = "within-run intervals only (no repeated server start)"
 # the same for a capacity: the interval is every ratio the two brackets allow
 CAPACITY_BRACKETS = "capacity brackets (one start each)"
+# the methods of a ratio that rests on one server start of each config: never a winner
+ONE_START_METHODS = (WITHIN_RUN_ONLY, CAPACITY_BRACKETS)
 
 # beyond this many starts of each config the answer is "not worth it", not a number
 MAX_STARTS_NEEDED = 50
@@ -425,21 +434,30 @@ def starts_needed(ratio: RatioInterval | None, *, confidence: float = CONFIDENCE
 
 @dataclass(frozen=True)
 class Verdict:
-    """``winner`` when the ratio's interval lies above 1, else ``defaults_best``."""
+    """``winner`` when the ratio's interval lies above 1 over repeated server starts;
+    ``unconfirmed`` when it lies above 1 from one start of each config (a lead the next
+    start may not repeat); else ``defaults_best``."""
 
-    verdict: Literal["winner", "defaults_best"]
+    verdict: Literal["winner", "unconfirmed", "defaults_best"]
     ratio: RatioInterval | None
     reason: str
 
 
 def decide_verdict(ratio: RatioInterval | None, *, candidate_is_defaults: bool = False) -> Verdict:
-    """A winner is declared only if the whole interval of its ratio to the defaults is > 1."""
+    """A winner is declared only if the whole interval of its ratio to the defaults is > 1
+    and the interval holds the start-to-start spread (a second server start of each config);
+    from one start each such a lead is ``unconfirmed``."""
     if candidate_is_defaults:
         return Verdict("defaults_best", ratio, "the best config found is vLLM's defaults")
     if ratio is None:
         return Verdict("defaults_best", None,
                        "no ratio to the defaults could be estimated (the defaults or the "
                        "candidate have no reading)")
+    if ratio.ci_low > 1.0 and ratio.one_start:
+        return Verdict("unconfirmed", ratio,
+                       f"leads, unconfirmed: one server start each: {fmt_ratio(ratio.median)} "
+                       f"the defaults ({ratio.method}); a fresh-server re-check of it and of "
+                       "the defaults confirms it or not")
     if ratio.ci_low > 1.0:
         return Verdict("winner", ratio,
                        f"{fmt_ratio(ratio.median)} the defaults, 95 % interval "

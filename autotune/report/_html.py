@@ -13,7 +13,14 @@ from typing import Any
 from autotune.credentials import redact
 from autotune.engine import classifying_lines
 from autotune.errors import StudyError
-from autotune.measure import fmt_bracket, fmt_interval, fmt_ratio, fmt_value
+from autotune.measure import (
+    CAPACITY_BRACKETS,
+    WITHIN_RUN_ONLY,
+    fmt_bracket,
+    fmt_interval,
+    fmt_ratio,
+    fmt_value,
+)
 from autotune.quality import quality_figure
 from autotune.report._capacity import open_search_text
 from autotune.report._cost import cost_html, why_no_cost
@@ -89,11 +96,17 @@ def _verdict_html(d: ReportData) -> str:
     win = v.get("winner_number")
     what = ("vLLM's defaults are the best config found" if v.get("verdict") == "defaults_best"
             else f"trial #{win} beats vLLM's defaults" if v.get("verdict") == "winner"
+            else f"trial #{v.get('candidate_number')} leads, unconfirmed: one server start "
+                 f"each (confirm it: {v.get('confirm_command') or '--resume --recheck 1'})"
+            if v.get("verdict") == "unconfirmed"
             else f"trial #{win} is the best config found, not shown to beat vLLM's defaults: "
                  f"{v.get('reason', '')}")
     parts = [f'<p class="big">{_e(what)}</p>']
     if r.get("median") is not None:
-        ci = (f" (95 % interval {fmt_interval(r['ci_low'], r['ci_high'], '.3f')})"
+        label = ("the range the brackets allow" if v.get("method") == CAPACITY_BRACKETS
+                 else "95 % within-run interval" if v.get("method") == WITHIN_RUN_ONLY
+                 else "95 % interval")
+        ci = (f" ({label} {fmt_interval(r['ci_low'], r['ci_high'], '.3f')})"
               if r.get("ci_low") is not None and r.get("ci_high") is not None
               else " (no interval: a single reading on one side)")
         parts.append(f"<p>ratio to vLLM's defaults: <b>{_e(fmt_ratio(r['median']))}</b>"

@@ -38,7 +38,9 @@ class Verdict(NamedTuple):
 class Judgement:
     """The study's verdict and the readings (trials) behind it."""
 
-    verdict: str  # "winner" | "defaults_best" | "unverified" (no defaults measured)
+    # "winner" | "unconfirmed" (a lead from one server start each: best.json keeps the
+    # defaults) | "defaults_best" | "unverified" (no defaults measured)
+    verdict: str
     reason: str
     ratio: RatioInterval | None
     declared: list[FrozenTrial]  # readings of the config best.json names
@@ -177,8 +179,9 @@ def judge_study(study: Study) -> Judgement | None:
     spread (a capacity bracket is no noise estimate), with more it adds degrees of freedom.
     The candidate is the config with the best mean log reading.
     A winner is declared only if the 95 % interval of its ratio to the defaults lies
-    above 1; otherwise the defaults remain best and best.json names them. None: no
-    feasible trial."""
+    above 1 and holds the start-to-start spread; a lead from one server start each is
+    ``unconfirmed`` (best.json names the defaults until a re-check confirms it); otherwise
+    the defaults remain best and best.json names them. None: no feasible trial."""
     from autotune.measure._stats import (
         MAX_STARTS_NEEDED,
         bracket_bound,
@@ -297,7 +300,7 @@ class VerdictRecord(TypedDict):
     """``verdict_record()``: the ``autotune.verdict`` study attribute. A study with no
     feasible trial has only the first five keys (the keys marked not required)."""
 
-    verdict: str  # "winner" | "defaults_best" | "unverified" | "none"
+    verdict: str  # "winner" | "unconfirmed" | "defaults_best" | "unverified" | "none"
     ratio_to_defaults: dict[str, float] | None  # {"median", "ci_low", "ci_high"}
     winner_number: int | None
     baseline_number: int | None
@@ -316,6 +319,9 @@ class VerdictRecord(TypedDict):
     starts_needed: NotRequired[dict[str, int | None] | None]  # per_config, recheck_starts
     # the study adds the word on a lossy winner's quality (autotune.quality.quality_caveat)
     quality: NotRequired[dict[str, object] | None]
+    # an unconfirmed lead: the command that re-checks it and the defaults on fresh servers
+    # (the results add it: it names the study's files)
+    confirm_command: NotRequired[str | None]
 
 
 def verdict_record(j: Judgement | None) -> VerdictRecord:
@@ -331,7 +337,7 @@ def verdict_record(j: Judgement | None) -> VerdictRecord:
     return {
         "verdict": j.verdict,
         "ratio_to_defaults": j.ratio.as_dict() if j.ratio is not None else None,
-        "winner_number": first if j.verdict != "defaults_best" else None,
+        "winner_number": first if j.verdict in ("winner", "unverified") else None,
         "baseline_number": (base_rep.user_attrs.get(A.RECHECK_OF, base_rep.number)
                             if base_rep else None),
         "candidate_number": first,

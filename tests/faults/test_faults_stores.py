@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults._lab import (
+    VERDICT_EXITS,
     Lab,
     check_best_json,
     check_trials_csv,
@@ -74,7 +75,7 @@ def test_mlflow_down_leaves_nothing_that_blocks_the_next_run(
     assert lab.n_launches() == 0
 
     rc, _, err = run_cli(argv)  # the same command, with a store that works
-    assert rc == 0, err[-2000:]
+    assert rc in VERDICT_EXITS, err[-2000:]
     assert [state_of(t) for t in lab.trials()] == [("COMPLETE", None)]
 
 
@@ -213,7 +214,7 @@ def test_storage_busy_at_start_is_waited_out(lab: Lab) -> None:
         rc, _, err = run_cli(lab.argv(lab.space("ok"), trials=1))
     finally:
         lock.drop()
-    assert rc == 0, err[-2000:]
+    assert rc in VERDICT_EXITS, err[-2000:]
     assert time.monotonic() - t0 >= 2.5  # it waited for the lock
     assert [state_of(t) for t in lab.trials()] == [("COMPLETE", None)]
     assert wait_gone(lab.tag, 5) == []

@@ -321,6 +321,11 @@ def test_a_study_searched_without_its_recheck_gets_it_on_resume(tmp_path: Path,
     first, out, _ = study(tmp_path, fake_model, fn, trials=2, recheck=0)
     v = first.verdict  # type: ignore[attr-defined]
     assert v["method"] == WITHIN_RUN_ONLY and v["candidate_number"] == 1
+    # a 1.3x lead from one start each: unconfirmed, best.json keeps the defaults (issue 66)
+    assert v["verdict"] == "unconfirmed" and v["winner_number"] is None
+    assert v["confirm_command"].endswith("--study-name sim --resume --recheck 1 "
+                                         "--recheck-starts 1")
+    assert json.loads((out / "best.json").read_text())["is_baseline"] is True
     st = json.loads((out / "study.json").read_text())
     assert st["settings"]["recheck"] == 0
     again, out, _ = study(tmp_path, fake_model, fn, trials=2, recheck=1, recheck_starts=1,
@@ -330,6 +335,7 @@ def test_a_study_searched_without_its_recheck_gets_it_on_resume(tmp_path: Path,
     assert sorted(t.user_attrs.get("autotune.recheck_of") for t in trials[2:]) == [0, 1]
     v = again.verdict  # type: ignore[attr-defined]
     assert v["method"] != WITHIN_RUN_ONLY and "pooled" in v["method"]
+    assert v["verdict"] in ("winner", "defaults_best") and "confirm_command" not in v
     assert json.loads((out / "study.json").read_text())["settings"]["recheck"] == 1
 
 

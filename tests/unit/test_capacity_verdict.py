@@ -103,7 +103,9 @@ def test_a_study_of_one_start_each_judges_by_the_brackets() -> None:
                             (17, 18.60, 20.28, None, "found"),
                             (9, 10.0, 11.0, None, "found")])
     j = judge_study(study)
-    assert j is not None and j.verdict == "winner" and j.ratio is not None
+    # the brackets lie above 1, but one start each: a lead, never a winner (issue 66)
+    assert j is not None and j.verdict == "unconfirmed" and j.ratio is not None
+    assert [t.number for t in j.declared] == [0]  # best.json keeps the defaults
     assert j.ratio.method == CAPACITY_BRACKETS
     assert (j.ratio.ci_low, j.ratio.ci_high) == pytest.approx((18.60 / 13.15, 20.28 / 12.06))
     rec = verdict_record(j)
@@ -187,9 +189,15 @@ def test_the_verdict_line_gives_the_bound_and_why_never_a_point() -> None:
     line = _verdict_line(dict(verdict_record(judge_study(both))))
     assert "nothing bounds the ratio" in line and "trials 0, 1" in line
     one = capacity_study([(None, 12.06, 13.15, None, "found"), (17, 18.60, 20.28, None, "found")])
-    line = _verdict_line(dict(verdict_record(judge_study(one))))
-    assert "1.542x the defaults (95 % interval [1.414, 1.682])" in line
-    assert line.endswith("no fresh-server re-check: add it with --resume --recheck 1")
+    record = dict(verdict_record(judge_study(one)))
+    record["confirm_command"] = "autotune tune --config out/config.yaml --resume --recheck 1"
+    line = _verdict_line(record)
+    # the range two brackets allow, labelled as such (issue 66): not a 95 % interval
+    assert ("1.542x the defaults (the range the brackets allow [1.414, 1.682], not a 95 % "
+            "interval)") in line
+    assert "trial 1 leads, unconfirmed: one server start each" in line
+    assert "WINNER" not in line and "95 % interval [" not in line
+    assert line.endswith(": autotune tune --config out/config.yaml --resume --recheck 1")
 
 
 def _block(**kw: Any) -> dict[str, Any]:
