@@ -117,7 +117,7 @@ def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float
     """The levels and the capacity line; False when no level met the SLOs."""
     from autotune.hardware import gpu_names
     from autotune.measure import fmt_value
-    from autotune.report import capacity_line
+    from autotune.report import capacity_line, level_rate
 
     m, cap = outcome.metrics, outcome.capacity
     if cap is None:
@@ -129,7 +129,7 @@ def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float
         tok = lv["output_tokens_per_s"]
         sessions = (f" ({fmt_value(lv['scale'] * sps)} sessions/s)"
                     if (sps := cap.get("recorded_sps")) is not None else "")
-        print(f"level {i}: {lv['scale']:.3g}x = {fmt_value(lv['offered_rps'])} req/s{sessions} "
+        print(f"level {i}: {lv['scale']:.3g}x = {level_rate(lv)}{sessions} "
               f"{'pass' if lv['passed'] else 'FAIL'}: {lv['goodput_fraction']:.1%} of "
               f"{lv['offered']} requests within the SLOs, {lv['error_rate']:.1%} failed, "
               f"{'output tokens/s not recorded' if tok is None else f'{fmt_value(tok)} out tok/s'}"
@@ -142,6 +142,7 @@ def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float
         "capacity_rps": m["capacity_rps"], "capacity_rps_ci_low": m.get("capacity_rps_ci_low"),
         "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
         "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
+        "busiest_rps_at_capacity": m.get("capacity_busiest_rps"),
         "recorded_rps": m["capacity_recorded_rps"], "gpus_needed": m.get("gpus_needed"),
         "goodput_bar": goodput, "slo": slo, "flat_misses_rps": cap.get("flat_misses_rps"),
         "search": cap.get("status"), "capacity_sps": m.get("capacity_sps"),
@@ -328,8 +329,11 @@ def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
     if outcome.capacity is not None:  # the rate is the level's offered one, not the window's
         lv = _level_at_capacity(outcome.capacity)
         share = f"{lv['goodput_fraction']:.1%} within the SLOs; " if lv else ""
-        print(f"requests/s       {m.get('capacity_rps', float('nan')):,.2f} offered at capacity "
-              f"({share}completion rate in the level's measured window, its drain included: "
+        sent = (f"busiest stretch sent {lv['busiest_rps']:,.2f}; "
+                if lv and lv.get("busiest_rps") is not None else "")
+        print(f"requests/s       {m.get('capacity_rps', float('nan')):,.2f} mean rate offered at "
+              f"capacity ({sent}"
+              f"{share}completion rate in the level's measured window, its drain included: "
               f"{m.get('requests_per_s', float('nan')):,.2f})")
     else:
         print(f"requests/s       {m.get('requests_per_s', float('nan')):,.2f}   goodput "

@@ -21,7 +21,7 @@ from autotune.measure import (
     fmt_ratio,
     fmt_value,
 )
-from autotune.quality import quality_figure
+from autotune.quality import quality_figure, result_of
 from autotune.report._capacity import open_search_text
 from autotune.report._cost import cost_html, why_no_cost
 from autotune.report._data import ReportData, TrialRow
@@ -146,7 +146,7 @@ def _verdict_html(d: ReportData) -> str:
                            f"quality NOT judged: {q.get('subject') or 'the winner'} sets lossy "
                            f"knobs ({knobs}) and {q.get('reason')}"
                            + (f"; its probe: {figure}" if figure else "")
-                           + f". Its figure is a throughput result, not a "
+                           + f". Its figure is {result_of(q)}, not a "
                            f"recommendation: {q.get('check')}"))
     if d.verdict_source == "computed":
         parts.append(_note("computed by this report from the stored readings (median of each "
@@ -283,6 +283,8 @@ def _capacity_html(d: ReportData) -> str:
                 "a kernel compiled during it" if lv.get("jit_compiled") else "",
                 "run again (failed while a kernel compiled)" if lv.get("reruns") else "") if x)
             rows.append([str(i), _e(_num(lv.get("offered_rps"))),
+                         _e(_num(lv.get("busiest_rps")) if lv.get("busiest_rps") is not None
+                            else "not recorded"),
                          "pass" if lv.get("passed") else "<b>fail</b>",
                          _e(_fmt(100 * (lv.get("goodput_fraction") or 0.0), ".1f") + " %"),
                          _e(_ended(ended, lv.get("offered"))),
@@ -290,8 +292,10 @@ def _capacity_html(d: ReportData) -> str:
                          _e(_fmt(lv.get("ttft_p99_s"), ".3f")),
                          _e(_fmt(lv.get("tpot_p99_s"), ".3f")),
                          _e(_fmt(lv.get("seconds"), ".0f")), _e(notes)])
-        out.append(_table(["level", "req/s offered", "result", "within SLOs", "ended / offered",
-                           "misses over", "TTFT p99 s", "TPOT p99 s", "seconds", "note"],
+        out.append(_table(["level", "req/s mean (scale x recorded)",
+                           "req/s sent (busiest stretch)", "result", "within SLOs",
+                           "ended / offered", "misses over", "TTFT p99 s", "TPOT p99 s",
+                           "seconds", "note"],
                           rows))
     return "".join(out)
 

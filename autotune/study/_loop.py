@@ -251,7 +251,8 @@ class StudyLoop:
             self.space.lossy_knobs(params), params, probe=self.settings.quality_probe,
             gated=self.thresholds is not None, real_weights=self.space.facts.real_weights,
             figures=attrs.get(A.QUALITY), note=str(attrs.get(A.QUALITY_NOTE) or ""),
-            subject=subject)
+            subject=subject, result=("throughput" if self.settings.objective == "pareto"
+                                     else self.settings.objective))
 
     def _more(self) -> bool:
         if self.phase == "search" and self.settings.timeout_s is not None:

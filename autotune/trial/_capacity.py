@@ -96,6 +96,10 @@ class LevelRecord(TypedDict):
     reruns: int
     finished: int
     missed_by: dict[str, int]
+    # the rate the level sent: its requests over their send span, the recording's busiest
+    # stretch at ``scale`` (``offered_rps`` is the mean rate that scale gives); absent in
+    # records written before it was kept, None for sessions replayed turn by turn
+    busiest_rps: NotRequired[float | None]
 
 
 class CapacityRecord(TypedDict):
@@ -149,6 +153,9 @@ class Level:
     # of those, how many exceeded each SLO threshold or failed ({"tpot": 4, "ttft": 1}; a
     # request over two thresholds counts in both): which SLO binds
     missed_by: dict[str, int] = field(default_factory=dict)
+    # the rate the level sent (its requests over their send span): a level replays the
+    # recording's busiest stretch, which runs faster than the mean rate ``offered_rps``
+    busiest_rps: float | None = None
 
     def to_dict(self) -> LevelRecord:
         return cast(LevelRecord, asdict(self))

@@ -4,6 +4,7 @@ server with a known capacity (a concurrent-request limit)."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,10 @@ def test_bench_capacity_measures_one_config(fake_model: Path,
             *[a for e in env for a in ("--env", e)], "--", "--max-model-len", "1024"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "level 1: 1x = 5.53 req/s pass" in out
+    # the mean rate of the scale and the rate the level sent, its busiest stretch (issue 66)
+    assert re.search(r"level 1: 1x = 5\.53 req/s mean \(busiest stretch [\d.,]+ req/s\) pass",
+                     out), out
+    assert "req/s mean rate within the SLOs" in out and "sent " in out
     assert "capacity: " in out and "servers needed for the recorded 5.53 req/s" in out
     assert "within ttft_p99=0.5s" in out and "latencies below: the level at capacity" in out
     assert "output tokens/s" in out and "TTFT  p50" in out

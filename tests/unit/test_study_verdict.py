@@ -176,10 +176,10 @@ def test_a_median_capacity_does_not_read_as_its_own_brackets_lower_end():
          "goodput_bar": 0.99, "slo": {"ttft_p99": 1.0}, "recorded_rps": 5.53,
          "gpus_needed": 0.42, "output_tokens_per_s_at_capacity": 1655.1}
     line = capacity_line(c)
-    assert "13.2 req/s within the SLOs (the median over starts; the bracket of the reading " \
+    assert "13.2 req/s mean rate within the SLOs (the median over starts; the bracket of the reading " \
         "it rests on [14.3, 15.6] req/s" in line, line
     one = capacity_line({**c, "capacity_rps": 14.34})
-    assert "14.3 req/s within the SLOs (bracket [14.3, 15.6] req/s" in one, one
+    assert "14.3 req/s mean rate within the SLOs (bracket [14.3, 15.6] req/s" in one, one
 
 
 def test_capacities_that_are_lower_bounds_rank_nothing_however_many_starts():
