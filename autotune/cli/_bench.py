@@ -316,10 +316,14 @@ def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
           if lo is not None and hi is not None else "no interval")
     d = m.get("output_tokens_per_s_drift")  # second half of the segments over the first
     drift = f"; second half {d:+.1%} over the first" if d is not None else ""
+    rm = outcome.measurement
+    method = str((rm.get("ci_method") if rm is not None else None) or "")
+    if "widened" in method:  # the repeats' spread or a drift the warm-up missed, held in it
+        ci += " " + "; ".join(w for w in method.split("; ") if w.startswith("widened"))
     print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  ({ci}; CV "
           f"{m.get('cv', float('nan')):.1%} across "
           f"{'repeats' if repeats > 1 else 'segments'}{drift})")
-    rm = outcome.measurement  # each repeat's own figures:
+    # each repeat's own figures:
     if repeats > 1 and rm is not None and rm.get("repeat_tokens_per_s"):
         rates, srvs = rm["repeat_tokens_per_s"], rm.get("repeat_server") or []
         print("repeats          " + " / ".join(
