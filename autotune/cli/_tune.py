@@ -200,8 +200,8 @@ def _verdict_line(v: dict[str, Any]) -> str:
                 f"re-check of both confirms it: {confirm}")
     if v.get("method") in (WITHIN_RUN_ONLY, CAPACITY_BRACKETS) and not v.get("candidate_pruned"):
         # one start of each (--recheck 0): the interval holds no start-to-start spread
-        ci += ("; one server start of each, no fresh-server re-check: add it with --resume "
-               "--recheck 1")
+        ci += ("; one server start of each, no fresh-server re-check: add it with "
+               + (v.get("confirm_command") or "--resume --recheck 1"))
     if v.get("verdict") == "winner":  # the number: not in an MLflow-only record
         who = f" trial {v['winner_number']}" if v.get("winner_number") is not None else ""
         n = v.get("candidate_gpus")

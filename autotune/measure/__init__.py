@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from autotune.measure._stats import (
         CAPACITY_BRACKETS,
         MAX_STARTS_NEEDED,
+        ONE_START_METHODS,
         WITHIN_RUN_ONLY,
         Interval,
         RatioBound,
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CAPACITY_BRACKETS",
     "MAX_STARTS_NEEDED",
+    "ONE_START_METHODS",
     "WITHIN_RUN_ONLY",
     "Interval",
     "LogWatch",
@@ -123,6 +125,7 @@ __getattr__ = lazy_exports(__name__, {
         "CAPACITY_BRACKETS",
         "Interval",
         "MAX_STARTS_NEEDED",
+        "ONE_START_METHODS",
         "RatioBound",
         "SegmentRule",
         "WITHIN_RUN_ONLY",

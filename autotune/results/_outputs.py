@@ -381,10 +381,14 @@ def confirm_command(out_dir: Path, study_name: str) -> str:
 
 
 def _add_confirm_command(study: Study, out_dir: Path) -> None:
-    """An unconfirmed verdict carries the command that confirms it (study.json, best.json's
+    """A verdict from one server start each (an unconfirmed lead, or the defaults ahead)
+    carries the command that re-checks it on fresh servers (study.json, best.json's
     ``verdict_detail``, the study's ``autotune.verdict``)."""
+    from autotune.measure import ONE_START_METHODS
+
     record = dict(study.user_attrs.get(A.VERDICT) or {})
-    if record.get("verdict") == "unconfirmed":
+    if record.get("verdict") == "unconfirmed" or (
+            record.get("method") in ONE_START_METHODS and not record.get("candidate_pruned")):
         record["confirm_command"] = confirm_command(out_dir, study.study_name)
         study.set_user_attr(A.VERDICT, record)
 

@@ -89,14 +89,14 @@ def test_a_lead_of_one_start_each_on_a_bursty_trace_is_unconfirmed_never_a_winne
     best = json.loads((tmp_path / "out" / "best.json").read_text())
     assert "WINNER" not in proc.stdout and best["is_baseline"] is True
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("verdict: "))
-    assert "(the range the brackets allow [" in line and "95 % interval" not in line, line
+    assert "(the range the brackets allow [" in line and "(95 % interval" not in line, line
+    confirm = best["verdict_detail"]["confirm_command"]  # one start each: how to re-check
+    assert line.endswith(confirm)
+    assert confirm.endswith("--study-name ranks --resume --recheck 1 --recheck-starts 1")
     if high["one"] < low["many"]:  # the brackets do not overlap
         assert verdict["verdict"] == best["verdict"] == "unconfirmed", verdict
         assert proc.returncode == 3 and ratio["ci_low"] > 1.0
-        confirm = best["verdict_detail"]["confirm_command"]
         assert line.startswith("verdict: trial 1 leads, unconfirmed: one server start each: ")
-        assert line.endswith(confirm)
-        assert confirm.endswith("--study-name ranks --resume --recheck 1 --recheck-starts 1")
     else:
         assert verdict["verdict"] == best["verdict"] == "defaults_best", verdict
         assert proc.returncode == 0 and ratio["ci_low"] <= 1.0
