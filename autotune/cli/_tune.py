@@ -173,10 +173,14 @@ def _ratio_text(v: dict[str, Any]) -> str:
     r, bound = v.get("ratio_to_defaults"), v.get("ratio_bound")
     if r:
         iv = fmt_interval(r["ci_low"], r["ci_high"], ".3f")
-        what = {CAPACITY_BRACKETS: f"the range the brackets allow {iv}, not a 95 % interval",
+        prior = v.get("prior_spread")  # one start each, widened by a spread from elsewhere
+        what = {CAPACITY_BRACKETS: f"the range the brackets allow {iv}, not a 95 % interval"
+                if not prior else f"the range the brackets allow widened by the {prior}: "
+                                  f"{iv}, not a 95 % interval",
                 WITHIN_RUN_ONLY: f"95 % within-run interval {iv}: one run's own noise, no "
-                                 "start-to-start spread"}.get(str(v.get("method")),
-                                                              f"95 % interval {iv}")
+                                 "start-to-start spread" if not prior else
+                                 f"95 % interval {iv}: one run's own noise and the {prior}"
+                }.get(str(v.get("method")), f"95 % interval {iv}")
         return f"{fmt_ratio(r['median'])} the defaults ({what})"
     if bound:
         return (f"{bound['kind'].replace('_', ' ')} {fmt_ratio(bound['value'])} the defaults "

@@ -233,6 +233,9 @@ class RatioInterval:
     # capacity: the variance one start of each config adds to the log ratio through the
     # search's resolution (each config's mean squared log bracket width / 12, summed)
     log_bracket_var: float = 0.0
+    # one start each: the start-to-start SD of log readings taken from elsewhere (earlier
+    # studies, or the CPU default) that widened the interval; None when none did
+    prior_log_sd: float | None = None
 
     def as_dict(self) -> dict[str, float]:
         return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high}
@@ -300,6 +303,7 @@ def ratio_to_defaults(
     spread: Sequence[Sequence[float]] | None = None,
     brackets: Mapping[str, Sequence[Interval]] | None = None,
     confidence: float = CONFIDENCE,
+    prior: tuple[float, int | None] | None = None,
 ) -> RatioInterval | None:
     """Interval of mean(config) / mean(defaults) from readings on separate server starts.
 
@@ -326,6 +330,11 @@ def ratio_to_defaults(
     (method :data:`CAPACITY_BRACKETS`); with repeated starts each config adds its mean
     squared log bracket width / 12 over its starts to the variance. An open bracket (no
     failing level) gives no ratio (None; :func:`bracket_bound` gives its bound).
+
+    ``prior`` = (log SD, df or None): a start-to-start spread measured elsewhere (earlier
+    studies; df None for a stated default). With one start each it widens the interval by
+    the variance two starts add, 2 SD^2 (in quadrature with the within-run one; either side
+    of the brackets' range), at the Student-t quantile of its df (the normal one for None).
     """
     c, d = _finite(config), _finite(defaults)
     c, d = c[c > 0], d[d > 0]
@@ -365,9 +374,11 @@ def ratio_to_defaults(
     elif brackets is not None:
         lo = _mean_log([iv.low for iv in cb]) - _mean_log([iv.high for iv in db])
         hi = _mean_log([iv.high for iv in cb]) - _mean_log([iv.low for iv in db])
-        return RatioInterval(median=math.exp(est), ci_low=math.exp(min(lo, est)),
-                             ci_high=math.exp(max(hi, est)), method=CAPACITY_BRACKETS,
-                             n_config=int(c.size), n_defaults=int(d.size))
+        wide = _prior_half(prior, confidence)
+        return RatioInterval(median=math.exp(est), ci_low=math.exp(min(lo, est) - wide),
+                             ci_high=math.exp(max(hi, est) + wide), method=CAPACITY_BRACKETS,
+                             n_config=int(c.size), n_defaults=int(d.size),
+                             prior_log_sd=prior[0] if prior else None)
     else:
         ivs = within or {}
         ci, di = ivs.get("config"), ivs.get("defaults")
@@ -381,11 +392,27 @@ def ratio_to_defaults(
                         (di.high - di.low) / 2 / z / di.value)
         q = z
         method = WITHIN_RUN_ONLY
+        if prior is not None:  # the spread two starts add, from elsewhere
+            se = math.sqrt(se * se + 2 * prior[0] ** 2)
+            q = _prior_q(prior, confidence)
     lo, hi = est - q * se, est + q * se
     return RatioInterval(median=math.exp(est), ci_low=math.exp(lo), ci_high=math.exp(hi),
                          method=method, n_config=int(c.size), n_defaults=int(d.size),
                          log_sd=math.sqrt(ss / df) if df > 0 else None,
-                         df=df if df > 0 else None, log_bracket_var=bv)
+                         df=df if df > 0 else None, log_bracket_var=bv,
+                         prior_log_sd=prior[0] if prior and df == 0 else None)
+
+
+def _prior_q(prior: tuple[float, int | None], confidence: float) -> float:
+    """The quantile a borrowed spread is used at: Student-t of its df, normal without one."""
+    df = prior[1]
+    return float(_st.t.ppf(0.5 + confidence / 2, df) if df else
+                 _st.norm.ppf(0.5 + confidence / 2))
+
+
+def _prior_half(prior: tuple[float, int | None] | None, confidence: float) -> float:
+    """How far a borrowed start-to-start spread widens a one-start range (log scale)."""
+    return 0.0 if prior is None else _prior_q(prior, confidence) * math.sqrt(2) * prior[0]
 
 
 def fmt_ratio(r: float) -> str:

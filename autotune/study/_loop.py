@@ -40,9 +40,11 @@ from autotune.store import (
     fail_stale_trials,
     interval_keys,
     judge_study,
+    keep_spread,
     mark_failed,
     n_finished,
     primary,
+    prior_spread_of,
     readings,
     verdict_record,
 )
@@ -231,7 +233,10 @@ class StudyLoop:
         ``autotune.verdict``) for the result files, MLflow and the report."""
         self.gpu_time.close(time.monotonic() - self.t_loop)
         self.gpu_time.save(self.study)
-        record = verdict_record(judge_study(self.study))
+        judgement = judge_study(self.study, prior=prior_spread_of(self.study))
+        if judgement is not None and judgement.ratio is not None:  # repeated starts: kept
+            keep_spread(self.study, judgement.ratio.log_sd, judgement.ratio.df)
+        record = verdict_record(judgement)
         record["quality"] = self._candidate_quality(record)
         self.study.set_user_attr(A.VERDICT, record)
 
