@@ -85,15 +85,19 @@ def test_a_lead_of_one_start_each_on_a_bursty_trace_is_unconfirmed_never_a_winne
     verdict = study.user_attrs["autotune.verdict"]
     ratio = verdict["ratio_to_defaults"]
     assert ratio is not None
-    assert ratio["ci_low"] == pytest.approx(low["many"] / high["one"], rel=1e-6)
+    # the brackets' range, widened by the CPU build's stated start-to-start spread
+    assert ratio["ci_low"] < low["many"] / high["one"] < high["many"] / low["one"] < ratio[
+        "ci_high"]
+    assert "the CPU build's default" in verdict["prior_spread"]
     best = json.loads((tmp_path / "out" / "best.json").read_text())
     assert "WINNER" not in proc.stdout and best["is_baseline"] is True
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("verdict: "))
-    assert "(the range the brackets allow [" in line and "(95 % interval" not in line, line
+    assert "(the range the brackets allow " in line and "not a 95 % interval" in line, line
+    assert "(95 % interval" not in line
     confirm = best["verdict_detail"]["confirm_command"]  # one start each: how to re-check
     assert line.endswith(confirm)
     assert confirm.endswith("--study-name ranks --resume --recheck 1 --recheck-starts 1")
-    if high["one"] < low["many"]:  # the brackets do not overlap
+    if ratio["ci_low"] > 1.0:  # ranked even with the spread
         assert verdict["verdict"] == best["verdict"] == "unconfirmed", verdict
         assert proc.returncode == 3 and ratio["ci_low"] > 1.0
         assert line.startswith("verdict: trial 1 leads, unconfirmed: one server start each: ")
