@@ -107,9 +107,14 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     resolve_config(args)
     missing = [o.flag for o in OPTIONS if o.required and getattr(args, o.field, None) is None]
     if missing:
+        from autotune.hardware import gpu_names
+
+        cpu = ("; on a CPU host, the demo's tiny model and the CPU space: --model "
+               "models/tiny-hybrid (made by 'autotune model tiny models/tiny-hybrid --arch "
+               "nemotron_h') --space search_spaces/cpu.yaml" if not gpu_names() else "")
         raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
                           "required: give them as flags or in a --config file (autotune tune "
-                          "--print-config writes one)")
+                          f"--print-config writes one){cpu}")
     values = {}
     for opt in OPTIONS:
         value = getattr(args, opt.field)
