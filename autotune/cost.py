@@ -381,10 +381,10 @@ def rate_of(metrics: Mapping[str, Any], readings: Sequence[float], value: float,
     lo = [x / n for x in (ci_low,) if x is not None and x > 0]
     hi = [x / n for x in (ci_high,) if x is not None and x > 0]
     low, high = min([*vals, *lo, value]), max([*vals, *hi, value])
-    per_req = None
-    if capacity:
-        tok, rps = _num(metrics.get("output_tokens_per_s_at_capacity")), _num(metrics.get(key))
-        per_req = tok / rps if tok and rps else None
+    # at capacity: the tokens/s of the busiest stretch a level replays, at the rate it sent
+    tok = _num(metrics.get("output_tokens_per_s_at_capacity")) if capacity else None
+    rps = _num(metrics.get("capacity_busiest_rps")) or _num(metrics.get(key))
+    per_req = tok / rps if tok and rps else None
     return Rate(basis="capacity" if capacity else "throughput", value=value, low=low,
                 high=high, output_tokens_per_request=per_req,
                 open_low=ci_low is not None and ci_low <= 0,

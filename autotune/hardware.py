@@ -87,6 +87,24 @@ def cpu_has_avx512() -> bool:
     return " avx512f" in text or " amx_tile" in text
 
 
+def host_class(device: str | None) -> str:
+    """What a start-to-start spread depends on beside the engine and the model: the GPU type
+    ("NVIDIA H200"), or on the CPU build the CPU model and its count ("AMD EPYC 7763 x 2
+    CPUs"): hosts of one class spread alike."""
+    if not is_cpu(device):
+        return str(device or "unknown")
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model} x {cpu_count()} CPUs"
+
+
 def cpu_count() -> int:
     """Logical CPUs of this machine (at least 1)."""
     return os.cpu_count() or 1

@@ -19,10 +19,10 @@ def study(tmp_path: Path, model: Path, fn: Callable[[TrialSpec], TrialOutcome], 
     settings = TuneSettings(
         model=model, shape=REPO / "traffic" / "example-chat.json",
         space=REPO / "search_spaces" / "cpu.yaml",
-        storage=f"sqlite:///{tmp_path}/optuna.db", tracking_uri=tracking, study_name="sim",
-        out=tmp_path / "out", use_ray=False, quality_probe=False,
+        tracking_uri=tracking, out=tmp_path / "out", use_ray=False, quality_probe=False,
         enqueue=[{"max_num_seqs": 8}], seed=1,
-        **{"trials": 6, "recheck": 1, "recheck_starts": 2, **kw},  # type: ignore[arg-type]
+        **{"trials": 6, "recheck": 1, "recheck_starts": 2, "study_name": "sim",
+           "storage": f"sqlite:///{tmp_path}/optuna.db", **kw},  # type: ignore[arg-type]
     )  # fmt: skip
     return tune(settings, executor=InlineExecutor(fn)), tmp_path / "out", tracking
 

@@ -53,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # file whose tests changed since: its new tests' share); a file not listed runs after these.
 SLOW_FILES = {
     "tests/e2e/test_study_e2e.py": 600,
-    "tests/integration/test_capacity.py": 240,
+    "tests/integration/test_capacity.py": 260,
     "tests/integration/test_capacity_ranks.py": 170,
     "tests/faults/test_faults_tuner.py": 269,
     "tests/integration/test_quality.py": 253,

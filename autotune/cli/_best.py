@@ -105,7 +105,8 @@ def _diff_lines(diff: ShapeDiff) -> list[str]:
     return lines
 
 
-def _deploy_view(hit: RegistryHit, shape: TrafficShape) -> tuple[Fit, Deployable, str]:
+def _deploy_view(hit: RegistryHit, shape: TrafficShape,
+                 shape_path: Path | None = None) -> tuple[Fit, Deployable, str]:
     """(can it serve the shape, its flags fit to deploy, the serve command of those): the
     context against the shape's lengths; stand-in-only settings dropped."""
     from autotune.deploy import check_fit, context_of, deployable
@@ -113,15 +114,16 @@ def _deploy_view(hit: RegistryHit, shape: TrafficShape) -> tuple[Fit, Deployable
 
     dep = deployable(hit.flags, hit.env)
     ctx, where = context_of(dep.flags, hit.model)
-    return (check_fit(shape, ctx, where), dep,
+    return (check_fit(shape, ctx, where, shape_path), dep,
             serve_command(hit.model or "MODEL", dep.flags, dep.env))
 
 
-def _print_command(hit: RegistryHit, shape: TrafficShape, out: TextIO) -> bool:
+def _print_command(hit: RegistryHit, shape: TrafficShape, out: TextIO,
+                   shape_path: Path | None = None) -> bool:
     """The serve command, or why this config cannot serve the shape (False then)."""
     from autotune.deploy import STAND_IN_NOTE
 
-    fit, dep, command = _deploy_view(hit, shape)
+    fit, dep, command = _deploy_view(hit, shape, shape_path)
     if not fit.ok:
         print(f"CANNOT SERVE shape {shape.name}: {fit.message}", file=out)
         return False
@@ -133,7 +135,8 @@ def _print_command(hit: RegistryHit, shape: TrafficShape, out: TextIO) -> bool:
     return True
 
 
-def _print_hit(hit: RegistryHit, shape: TrafficShape, out: TextIO) -> bool:
+def _print_hit(hit: RegistryHit, shape: TrafficShape, out: TextIO,
+               shape_path: Path | None = None) -> bool:
     if hit.exact:
         print(f"best known config for shape {shape.name} ({shape.fingerprint}): tuned for "
               "this exact shape", file=out)
@@ -178,7 +181,7 @@ def _print_hit(hit: RegistryHit, shape: TrafficShape, out: TextIO) -> bool:
             print(f"note: that cost is for the traffic study {hit.study} was tuned for; "
                   "'autotune cost OUT --shape THIS_SHAPE --gpu-hour-price ...' prices its "
                   "best.json for this one", file=out)
-    served = _print_command(hit, shape, out)
+    served = _print_command(hit, shape, out, shape_path)
     for note in hit.notes:
         print(f"note: {note}", file=out)
     if not hit.exact and hit.verdict == "drifted":
@@ -232,13 +235,13 @@ def _best(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_NOTHING
     if args.json:
-        fit, dep, command = _deploy_view(hit, shape)
+        fit, dep, command = _deploy_view(hit, shape, args.shape)
         print(json.dumps({**hit.to_dict(), "fits_shape": fit.to_dict(),
                           "deploy": {"serve_command": command if fit.ok else None,
                                      "flags": dep.flags, "env": dep.env,
                                      "stand_in_dropped": dep.dropped}}, indent=2))
         return EXIT_OK if fit.ok else EXIT_NOTHING
-    return EXIT_OK if _print_hit(hit, shape, sys.stdout) else EXIT_NOTHING
+    return EXIT_OK if _print_hit(hit, shape, sys.stdout, args.shape) else EXIT_NOTHING
 
 
 def _retune(args: argparse.Namespace) -> int:

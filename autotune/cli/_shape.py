@@ -300,6 +300,11 @@ def _fit(args: argparse.Namespace) -> int:
     )
     if records.failed:
         print(f"left out {records.failed} failed or zero-token request(s)")
+    if records.links_cut:  # --skip-bad re-rooted turns whose parent is missing
+        cut = records.links_cut
+        print(f"cut {len(cut)} session link(s): a turn whose parent_chat_id no turn has starts "
+              f"a session of its own (--skip-bad); line(s) "
+              f"{', '.join(map(str, cut[:5]))}{' ...' if len(cut) > 5 else ''}", file=sys.stderr)
     if records.skipped:
         print(f"skipped {records.skipped} bad line(s):", file=sys.stderr)
         for ex in records.skipped_examples:

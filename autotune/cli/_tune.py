@@ -57,7 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "flags, replay the traffic shape against it, measure, and stop it. vLLM's "
             "defaults are measured first (trial 0) so results are ratios to defaults. "
             "Trials run under Ray; every trial is logged to MLflow; the best config is "
-            "written to OUT/best.json with its 'vllm serve' command."
+            "written to OUT/best.json with its 'vllm serve' command. A winner needs a "
+            "second server start of it and of the defaults (the re-check, --recheck): a lead "
+            "from one start each is 'unconfirmed', and the line gives the command that "
+            "confirms it. Exit status: 0 a verdict (a winner, or vLLM's defaults remain "
+            "best), 1 no trial met the constraints, 2 an error, 3 unconfirmed, 130 "
+            "interrupted."
         ),
     )
     add_tune_options(p)
@@ -102,9 +107,14 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
     resolve_config(args)
     missing = [o.flag for o in OPTIONS if o.required and getattr(args, o.field, None) is None]
     if missing:
+        from autotune.hardware import gpu_names
+
+        cpu = ("; on a CPU host, the demo's tiny model and the CPU space: --model "
+               "models/tiny-hybrid (made by 'autotune model tiny models/tiny-hybrid --arch "
+               "nemotron_h') --space search_spaces/cpu.yaml" if not gpu_names() else "")
         raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
                           "required: give them as flags or in a --config file (autotune tune "
-                          "--print-config writes one)")
+                          f"--print-config writes one){cpu}")
     values = {}
     for opt in OPTIONS:
         value = getattr(args, opt.field)
@@ -159,12 +169,24 @@ def _per_gpu(b: BestFile) -> str:
 
 
 def _ratio_text(v: dict[str, Any]) -> str:
-    """"1.094x the defaults (95 % interval [0.847, 1.412])", a capacity bound's "at least
-    1.234x the defaults (a bound, not a ratio)", or "no ratio to the defaults"."""
+    """"1.094x the defaults (95 % interval [0.847, 1.412])"; from one start each, what the
+    interval is: one run's own noise ("95 % within-run interval") or, for a capacity, "the
+    range the brackets allow"; a capacity bound's "at least 1.234x the defaults (a bound,
+    not a ratio)", or "no ratio to the defaults"."""
+    from autotune.measure import CAPACITY_BRACKETS, WITHIN_RUN_ONLY
+
     r, bound = v.get("ratio_to_defaults"), v.get("ratio_bound")
     if r:
-        return (f"{fmt_ratio(r['median'])} the defaults (95 % interval "
-                f"{fmt_interval(r['ci_low'], r['ci_high'], '.3f')})")
+        iv = fmt_interval(r["ci_low"], r["ci_high"], ".3f")
+        prior = v.get("prior_spread")  # one start each, widened by a spread from elsewhere
+        what = {CAPACITY_BRACKETS: f"the range the brackets allow {iv}, not a 95 % interval"
+                if not prior else f"the range the brackets allow widened by the {prior}: "
+                                  f"{iv}, not a 95 % interval",
+                WITHIN_RUN_ONLY: f"95 % within-run interval {iv}: one run's own noise, no "
+                                 "start-to-start spread" if not prior else
+                                 f"95 % interval {iv}: one run's own noise and the {prior}"
+                }.get(str(v.get("method")), f"95 % interval {iv}")
+        return f"{fmt_ratio(r['median'])} the defaults ({what})"
     if bound:
         return (f"{bound['kind'].replace('_', ' ')} {fmt_ratio(bound['value'])} the defaults "
                 "(a bound, not a ratio)")
@@ -180,10 +202,15 @@ def _verdict_line(v: dict[str, Any]) -> str:
     if not r and v.get("reason") and v.get("candidate_number") is not None:
         # a capacity without a ratio: which trial's search was cut, where, and the fix
         ci = f"{ci}; {v['reason']}" if v.get("ratio_bound") else v["reason"]
+    if v.get("verdict") == "unconfirmed":  # a lead from one start each: never a WINNER
+        confirm = v.get("confirm_command") or "add it with --resume --recheck 1"
+        return (f"verdict: trial {v.get('candidate_number')} leads, unconfirmed: one server "
+                f"start each: {ci}; best.json keeps vLLM's defaults until a fresh-server "
+                f"re-check of both confirms it: {confirm}")
     if v.get("method") in (WITHIN_RUN_ONLY, CAPACITY_BRACKETS) and not v.get("candidate_pruned"):
         # one start of each (--recheck 0): the interval holds no start-to-start spread
-        ci += ("; one server start of each, no fresh-server re-check: add it with --resume "
-               "--recheck 1")
+        ci += ("; one server start of each, no fresh-server re-check: add it with "
+               + (v.get("confirm_command") or "--resume --recheck 1"))
     if v.get("verdict") == "winner":  # the number: not in an MLflow-only record
         who = f" trial {v['winner_number']}" if v.get("winner_number") is not None else ""
         n = v.get("candidate_gpus")
@@ -191,23 +218,30 @@ def _verdict_line(v: dict[str, Any]) -> str:
             who += f" ({n} GPUs per server)"
         return f"verdict: WINNER{who}: {ci}"
     if v.get("verdict") == "defaults_best":
-        if v.get("candidate_number") is None and not r and not v.get("ratio_bound"):
-            # nothing else measured feasible
-            return (f"verdict: vLLM's defaults remain best for this shape "
-                    f"({v.get('reason') or 'no other config was measured'})")
-        how = (" (pruned as a clear loser; within-run figures)" if v.get("candidate_pruned")
-               else "")
-        need = v.get("starts_needed") or {}
-        sd = v.get("start_spread") or 0.0
-        more = (f"; to show it at the measured start-to-start SD of {sd * 100:.1f} %: "
-                f"about {need['per_config']} starts of each (rerun with --resume "
-                f"--recheck-starts {need['recheck_starts']})"
-                if need and v.get("start_spread") is not None else "")
-        who = (f" (trial {v['candidate_number']}{how})" if v.get("candidate_number") is not None
-               else how)
-        return (f"verdict: vLLM's defaults remain best for this shape; best other config"
-                f"{who}: {ci}{more}")
+        return _defaults_best_line(v, ci)
     return f"verdict: {v.get('verdict', 'none')}: {v.get('reason', '')}"
+
+
+def _defaults_best_line(v: dict[str, Any], ci: str) -> str:
+    """"vLLM's defaults remain best": why, the best other config's ratio and, when the
+    starts could not show its gain, how many starts would."""
+    r = v.get("ratio_to_defaults")
+    if v.get("candidate_number") is None and not r and not v.get("ratio_bound"):
+        # nothing else measured feasible
+        return (f"verdict: vLLM's defaults remain best for this shape "
+                f"({v.get('reason') or 'no other config was measured'})")
+    how = (" (pruned as a clear loser; within-run figures)" if v.get("candidate_pruned")
+           else "")
+    need = v.get("starts_needed") or {}
+    sd = v.get("start_spread") or 0.0
+    more = (f"; to show it at the measured start-to-start SD of {sd * 100:.1f} %: "
+            f"about {need['per_config']} starts of each (rerun with --resume "
+            f"--recheck-starts {need['recheck_starts']})"
+            if need and v.get("start_spread") is not None else "")
+    who = (f" (trial {v['candidate_number']}{how})" if v.get("candidate_number") is not None
+           else how)
+    return (f"verdict: vLLM's defaults remain best for this shape; best other config"
+            f"{who}: {ci}{more}")
 
 
 def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
@@ -226,7 +260,7 @@ def _gpu_time_lines(acct: dict[str, dict[str, float]]) -> list[str]:
 def run_study_command(settings: TuneSettings | ResolvedStudy, *, as_json: bool, out: TextIO,
                       warm_start: WarmStart | None = None, quiet: bool = False) -> int:
     """The tail ``tune`` and ``retune`` share: run the study (SIGTERM stops it like Ctrl-C)
-    with the progress display, then print the result; exit 0 when a config won, else 1.
+    with the progress display, then print the result; exit :func:`exit_code`.
     The shape is read and the objective resolved once, here, unless the caller did
     (:func:`autotune.study.resolve_study`)."""
     from autotune.store import objective_label
@@ -249,9 +283,22 @@ def run_study_command(settings: TuneSettings | ResolvedStudy, *, as_json: bool, 
         signal.signal(signal.SIGTERM, old)
     if as_json:
         print(json.dumps(result.best.to_json() if result.best else None, indent=2), file=out)
-        return 0 if result.best else 1
-    print("\n".join(summary_lines(result, objective)), file=out)
-    return 0 if result.best is not None else 1
+    else:
+        print("\n".join(summary_lines(result, objective)), file=out)
+    return exit_code(result)
+
+
+#: ``tune``'s exit status for a lead from one server start each (verdict ``unconfirmed``)
+EXIT_UNCONFIRMED = 3
+
+
+def exit_code(result: TuneResult) -> int:
+    """0: a verdict (a winner, or vLLM's defaults remain best); 1: no trial met the
+    constraints; 3: a lead from one server start each, unconfirmed (the printed command
+    confirms it)."""
+    if result.best is None:
+        return 1
+    return EXIT_UNCONFIRMED if result.verdict.get("verdict") == "unconfirmed" else 0
 
 
 def summary_lines(result: TuneResult, objective: str) -> list[str]:

@@ -69,9 +69,19 @@ class Fit:
                 "message": self.message, "warning": self.warning}
 
 
-def check_fit(shape: TrafficShape, context: int | None, source: str = "") -> Fit:
+#: more than this share of the shape's prompts beyond the context: the config cannot serve
+#: the shape (the study's preflight refuses the same share: study.MAX_CLIPPED_FRACTION)
+MAX_OVER = 0.05
+
+
+def check_fit(shape: TrafficShape, context: int | None, source: str = "",
+              shape_path: str | Path | None = None) -> Fit:
     """Whether a context of ``context`` tokens serves ``shape``: a request needs its prompt
-    plus its output; the median request (prompt p50 + output p50) must fit."""
+    plus its output; the median request must fit, and no more than :data:`MAX_OVER` of the
+    prompts (with a median output) may be longer. ``shape_path``: the shape's file, named in
+    the clip command the message gives (so that it runs as printed)."""
+    import shlex
+
     inp, out = shape.input_tokens, shape.output_tokens
     p50, p99 = float(inp.p50 + out.p50), float(inp.p99 + out.p99)
     if context is None:
@@ -79,13 +89,20 @@ def check_fit(shape: TrafficShape, context: int | None, source: str = "") -> Fit
     over = sum(1 for q in inp.quantiles if q + out.p50 > context) / len(inp.quantiles)
     what = (f"shape {shape.name}: median prompt {inp.p50:,.0f} + median output {out.p50:,.0f} "
             f"= {p50:,.0f} tokens")
-    if p50 > context:
+    clip = (f"autotune shape clip {shlex.quote(str(shape_path))} --max-total-tokens {context} "
+            f"-o {shlex.quote(f'{shape.name}-{context}.json')}" if shape_path is not None
+            else "autotune shape clip")
+    fix = ("Tune for this shape with a context that holds it ('autotune tune --shape ...' "
+           f"with a space whose --max-model-len is at least {int(p99):,}), or clip the "
+           f"shape ({clip})")
+    if p50 > context or over > MAX_OVER:
+        why = (f"{what}" if p50 > context else
+               f"{over:.0%} of its prompts with a median output (more than {MAX_OVER:.0%}) "
+               f"are longer, up to p99 prompt + p99 output = {p99:,.0f} tokens; vLLM "
+               "rejects those requests")
         return Fit(False, context, p50, p99, over,
                    f"this config cannot serve this traffic: its context is {context:,} tokens "
-                   f"({source}) but {what}; about {over:.0%} of its prompts do not fit. Tune "
-                   "for this shape with a context that holds it ('autotune tune --shape ...' "
-                   "with a space whose --max-model-len is at least "
-                   f"{int(p99):,}), or clip the shape (autotune shape clip)")
+                   f"({source}) but {why}; about {over:.0%} of its prompts do not fit. {fix}")
     warning = ""
     if p99 > context:
         warning = (f"p99 prompt + p99 output = {p99:,.0f} tokens exceeds the context of "

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from autotune.measure._stats import (
         CAPACITY_BRACKETS,
         MAX_STARTS_NEEDED,
+        ONE_START_METHODS,
         WITHIN_RUN_ONLY,
         Interval,
         RatioBound,
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CAPACITY_BRACKETS",
     "MAX_STARTS_NEEDED",
+    "ONE_START_METHODS",
     "WITHIN_RUN_ONLY",
     "Interval",
     "LogWatch",
@@ -128,6 +130,7 @@ __getattr__ = lazy_exports(__name__, {
         "CAPACITY_BRACKETS",
         "Interval",
         "MAX_STARTS_NEEDED",
+        "ONE_START_METHODS",
         "RatioBound",
         "SegmentRule",
         "WITHIN_RUN_ONLY",

@@ -20,7 +20,7 @@ import numpy as np
 from scipy import stats as _st
 
 __all__ = ["SKEW_LIMIT", "arrivals_note", "fmt_bracket", "fmt_interval", "fmt_value",
-           "rate_interval"]
+           "held_interval", "rate_interval"]
 
 #: segments whose sample skewness is beyond this (either way) are skewed: their interval is
 #: taken on the log scale (a bursty open loop's sub-windows; a closed loop's rarely are)
@@ -61,6 +61,38 @@ def rate_interval(rate: float | None, segments: Sequence[float], *, confidence: 
     draws = np.random.default_rng(0).choice(arr, size=(_BOOTSTRAP, arr.size)).mean(axis=1)
     lo, hi = np.quantile(draws, [0.5 - confidence / 2, 0.5 + confidence / 2])
     return max(0.0, rate * float(lo) / mean), rate * float(hi) / mean, "bootstrap"
+
+
+def held_interval(rate: float | None, low: float | None, high: float | None, method: str | None,
+                  *, segments: Sequence[float] = (), repeats: Sequence[float] = (),
+                  ) -> tuple[float | None, float | None, str | None]:
+    """A rate's interval widened to hold the spread that was measured beside its segments:
+    the repeats' own interval (``repeats``: each repeat's rate; two or more: the t-interval
+    of the repeats around ``rate``, which segments of one server never see), and a drift
+    the warm-up did not cover (``segments``' halves differ significantly: the steady rate
+    lies anywhere from one half's mean to the other's, so the interval reaches both).
+    Returns (low, high, method), the method saying what widened it."""
+    from autotune.measure._stats import drift
+
+    if rate is None or low is None or high is None:
+        return low, high, method
+    why = []
+    reps = [float(r) for r in repeats if math.isfinite(float(r))]
+    if len(reps) >= 2:
+        r_lo, r_hi, _ = rate_interval(rate, reps)
+        if r_lo is not None and r_hi is not None and (r_lo < low or r_hi > high):
+            low, high = min(low, r_lo), max(high, r_hi)
+            why.append(f"widened to the spread of {len(reps)} repeats")
+    d = drift(segments)
+    if d is not None and d.significant:
+        arr = np.asarray([float(v) for v in segments if math.isfinite(float(v))])
+        h = arr.size // 2
+        halves = (float(arr[:h].mean()), float(arr[arr.size - h:].mean()))
+        if min(halves) < low or max(halves) > high:
+            low, high = min(low, *halves), max(high, *halves)
+            why.append(f"widened over a drift of {d.relative:+.1%} between the halves that "
+                       "the warm-up did not cover")
+    return low, high, "; ".join([method or "t", *why]) if why else method
 
 
 def arrivals_note(served: Sequence[float], offered: Sequence[float]) -> str:

@@ -20,7 +20,7 @@ from autotune.errors import LoadgenError
 from autotune.load import (
     ServerSnapshot,
 )
-from autotune.measure._intervals import arrivals_note, rate_interval
+from autotune.measure._intervals import arrivals_note, held_interval, rate_interval
 
 if TYPE_CHECKING:
     from autotune.load import RequestRecord, RunResult
@@ -245,6 +245,9 @@ def measure(
     tok_rate, seg_rates = _token_rate(
         times, toks, window, rule, bounds if rule == "steady" else [], subwindows)
     ci_lo, ci_hi, ci_method = rate_interval(tok_rate, seg_rates)
+    if bounds and rule == "steady":  # segments in time order: a drift widens the interval
+        ci_lo, ci_hi, ci_method = held_interval(tok_rate, ci_lo, ci_hi, ci_method,
+                                                segments=seg_rates)
     cv = _cv(seg_rates) if seg_rates else None
 
     lat_set = ok
@@ -360,9 +363,14 @@ def combine(measurements: Sequence[Measurement]) -> Measurement:
     cv = _cv(per_repeat)
     windows = [m.window_s for m in ms if m.window_s is not None]
     rate = _median(m.output_tokens_per_s for m in ms)
-    # the interval pools every repeat's segments (same server: one population of segments)
+    # the interval pools every repeat's segments (same server: one population of segments),
     pooled = [v for m in ms for v in m.segment_tokens_per_s]
     ci_lo, ci_hi, method = rate_interval(rate, pooled)
+    # the repeats' spread, and a drift across them, widen it: one server's segments do not
+    # see how far apart its repeats read
+    ci_lo, ci_hi, method = held_interval(
+        rate, ci_lo, ci_hi, method, repeats=per_repeat,
+        segments=pooled if ms[0].segment_kind == "segments" else ())
     return Measurement(
         output_tokens_per_s=rate,
         output_tokens_per_s_ci_low=ci_lo,

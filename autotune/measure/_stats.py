@@ -30,6 +30,7 @@ from autotune.config import MeasureSettings
 
 __all__ = [
     "CAPACITY_BRACKETS",
+    "ONE_START_METHODS",
     "RAMP_FACTOR",
     "Drift",
     "Interval",
@@ -251,9 +252,18 @@ class RatioInterval:
     # capacity: the variance one start of each config adds to the log ratio through the
     # search's resolution (each config's mean squared log bracket width / 12, summed)
     log_bracket_var: float = 0.0
+    # one start each: the start-to-start SD of log readings taken from elsewhere (earlier
+    # studies, or the CPU default) that widened the interval; None when none did
+    prior_log_sd: float | None = None
 
     def as_dict(self) -> dict[str, float]:
         return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high}
+
+    @property
+    def one_start(self) -> bool:
+        """No config was started twice: the interval holds one run's own noise (or the
+        range a capacity's brackets allow), never the start-to-start spread."""
+        return self.method in ONE_START_METHODS
 
 
 @dataclass(frozen=True)
@@ -312,6 +322,7 @@ def ratio_to_defaults(
     spread: Sequence[Sequence[float]] | None = None,
     brackets: Mapping[str, Sequence[Interval]] | None = None,
     confidence: float = CONFIDENCE,
+    prior: tuple[float, int | None] | None = None,
 ) -> RatioInterval | None:
     """Interval of mean(config) / mean(defaults) from readings on separate server starts.
 
@@ -338,6 +349,11 @@ def ratio_to_defaults(
     (method :data:`CAPACITY_BRACKETS`); with repeated starts each config adds its mean
     squared log bracket width / 12 over its starts to the variance. An open bracket (no
     failing level) gives no ratio (None; :func:`bracket_bound` gives its bound).
+
+    ``prior`` = (log SD, df or None): a start-to-start spread measured elsewhere (earlier
+    studies; df None for a stated default). With one start each it widens the interval by
+    the variance two starts add, 2 SD^2 (in quadrature with the within-run one; either side
+    of the brackets' range), at the Student-t quantile of its df (the normal one for None).
     """
     c, d = _finite(config), _finite(defaults)
     c, d = c[c > 0], d[d > 0]
@@ -377,9 +393,11 @@ def ratio_to_defaults(
     elif brackets is not None:
         lo = _mean_log([iv.low for iv in cb]) - _mean_log([iv.high for iv in db])
         hi = _mean_log([iv.high for iv in cb]) - _mean_log([iv.low for iv in db])
-        return RatioInterval(median=math.exp(est), ci_low=math.exp(min(lo, est)),
-                             ci_high=math.exp(max(hi, est)), method=CAPACITY_BRACKETS,
-                             n_config=int(c.size), n_defaults=int(d.size))
+        wide = _prior_half(prior, confidence)
+        return RatioInterval(median=math.exp(est), ci_low=math.exp(min(lo, est) - wide),
+                             ci_high=math.exp(max(hi, est) + wide), method=CAPACITY_BRACKETS,
+                             n_config=int(c.size), n_defaults=int(d.size),
+                             prior_log_sd=prior[0] if prior else None)
     else:
         ivs = within or {}
         ci, di = ivs.get("config"), ivs.get("defaults")
@@ -393,11 +411,27 @@ def ratio_to_defaults(
                         (di.high - di.low) / 2 / z / di.value)
         q = z
         method = WITHIN_RUN_ONLY
+        if prior is not None:  # the spread two starts add, from elsewhere
+            se = math.sqrt(se * se + 2 * prior[0] ** 2)
+            q = _prior_q(prior, confidence)
     lo, hi = est - q * se, est + q * se
     return RatioInterval(median=math.exp(est), ci_low=math.exp(lo), ci_high=math.exp(hi),
                          method=method, n_config=int(c.size), n_defaults=int(d.size),
                          log_sd=math.sqrt(ss / df) if df > 0 else None,
-                         df=df if df > 0 else None, log_bracket_var=bv)
+                         df=df if df > 0 else None, log_bracket_var=bv,
+                         prior_log_sd=prior[0] if prior and df == 0 else None)
+
+
+def _prior_q(prior: tuple[float, int | None], confidence: float) -> float:
+    """The quantile a borrowed spread is used at: Student-t of its df, normal without one."""
+    df = prior[1]
+    return float(_st.t.ppf(0.5 + confidence / 2, df) if df else
+                 _st.norm.ppf(0.5 + confidence / 2))
+
+
+def _prior_half(prior: tuple[float, int | None] | None, confidence: float) -> float:
+    """How far a borrowed start-to-start spread widens a one-start range (log scale)."""
+    return 0.0 if prior is None else _prior_q(prior, confidence) * math.sqrt(2) * prior[0]
 
 
 def fmt_ratio(r: float) -> str:
@@ -410,6 +444,8 @@ def fmt_ratio(r: float) -> str:
 WITHIN_RUN_ONLY = "within-run intervals only (no repeated server start)"
 # the same for a capacity: the interval is every ratio the two brackets allow
 CAPACITY_BRACKETS = "capacity brackets (one start each)"
+# the methods of a ratio that rests on one server start of each config: never a winner
+ONE_START_METHODS = (WITHIN_RUN_ONLY, CAPACITY_BRACKETS)
 
 # beyond this many starts of each config the answer is "not worth it", not a number
 MAX_STARTS_NEEDED = 50
@@ -444,21 +480,30 @@ def starts_needed(ratio: RatioInterval | None, *, confidence: float = CONFIDENCE
 
 @dataclass(frozen=True)
 class Verdict:
-    """``winner`` when the ratio's interval lies above 1, else ``defaults_best``."""
+    """``winner`` when the ratio's interval lies above 1 over repeated server starts;
+    ``unconfirmed`` when it lies above 1 from one start of each config (a lead the next
+    start may not repeat); else ``defaults_best``."""
 
-    verdict: Literal["winner", "defaults_best"]
+    verdict: Literal["winner", "unconfirmed", "defaults_best"]
     ratio: RatioInterval | None
     reason: str
 
 
 def decide_verdict(ratio: RatioInterval | None, *, candidate_is_defaults: bool = False) -> Verdict:
-    """A winner is declared only if the whole interval of its ratio to the defaults is > 1."""
+    """A winner is declared only if the whole interval of its ratio to the defaults is > 1
+    and the interval holds the start-to-start spread (a second server start of each config);
+    from one start each such a lead is ``unconfirmed``."""
     if candidate_is_defaults:
         return Verdict("defaults_best", ratio, "the best config found is vLLM's defaults")
     if ratio is None:
         return Verdict("defaults_best", None,
                        "no ratio to the defaults could be estimated (the defaults or the "
                        "candidate have no reading)")
+    if ratio.ci_low > 1.0 and ratio.one_start:
+        return Verdict("unconfirmed", ratio,
+                       f"leads, unconfirmed: one server start each: {fmt_ratio(ratio.median)} "
+                       f"the defaults ({ratio.method}); a fresh-server re-check of it and of "
+                       "the defaults confirms it or not")
     if ratio.ci_low > 1.0:
         return Verdict("winner", ratio,
                        f"{fmt_ratio(ratio.median)} the defaults, 95 % interval "

@@ -25,7 +25,7 @@ a lossy config's greedy output leaves the reference's, which is what can be meas
 random weights and random prompts. Real accuracy needs real weights and real tasks.
 """
 
-from autotune.quality._caveat import caveat_line, quality_caveat, quality_figure
+from autotune.quality._caveat import caveat_line, quality_caveat, quality_figure, result_of
 from autotune.quality._client import ProbeOutputs, arun_probe, run_probe
 from autotune.quality._compare import (
     QUALITY_KEYS,
@@ -70,5 +70,6 @@ __all__ = [
     "quality_figure",
     "quality_violation",
     "reference_params",
+    "result_of",
     "run_probe",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["caveat_line", "quality_caveat", "quality_figure"]
+__all__ = ["caveat_line", "quality_caveat", "quality_figure", "result_of"]
 
 _CHECK = ("check accuracy with real weights on real tasks before serving it "
           "(docs/quality.md: an lm-evaluation-harness run against its server)")
@@ -13,7 +13,8 @@ _CHECK = ("check accuracy with real weights on real tasks before serving it "
 def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, object], *,
                    probe: bool, gated: bool, real_weights: bool,
                    figures: Mapping[str, object] | None = None,
-                   note: str = "", subject: str = "the winner") -> dict[str, object] | None:
+                   note: str = "", subject: str = "the winner",
+                   result: str = "throughput") -> dict[str, object] | None:
     """The ``quality`` part of a verdict for a config that sets lossy knobs (None when it
     sets none): which knobs, whether its accuracy cost was judged, and why not.
 
@@ -21,7 +22,8 @@ def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, object], *,
     them; ``real_weights``: the model is a real checkpoint (random weights make any probe
     figure say nothing of a real model's accuracy); ``figures``: the trial's probe figures;
     ``note``: why the trial has none; ``subject``: the verdict's config in words (the
-    winner, or the best other config when vLLM's defaults remain best)."""
+    winner, or the best other config when vLLM's defaults remain best); ``result``: what
+    its figure is (``throughput``, ``capacity``, ``goodput``: the study's objective)."""
     if not lossy_knobs:
         return None
     knobs = {k: params.get(k) for k in lossy_knobs}
@@ -40,7 +42,7 @@ def quality_caveat(lossy_knobs: Sequence[str], params: Mapping[str, object], *,
         judged, reason = True, "probed and within the --quality thresholds"
     return {"lossy_knobs": knobs, "judged": judged, "reason": reason,
             "figures": dict(figures) if figures is not None else None,
-            "check": None if judged else _CHECK, "subject": subject}
+            "check": None if judged else _CHECK, "subject": subject, "result": result}
 
 
 def quality_figure(figures: Mapping[str, object] | None) -> str:
@@ -71,4 +73,9 @@ def caveat_line(q: Mapping[str, object] | None) -> str:
     who = q.get("subject") or "the winner"
     return (f"quality: NOT JUDGED: {who} sets lossy knobs ({knobs}) and {q.get('reason')}"
             + (f"; its probe: {figure}" if figure else "")
-            + f"; its figure is a throughput result, not a recommendation: {q.get('check')}")
+            + f"; its figure is {result_of(q)}, not a recommendation: {q.get('check')}")
+
+
+def result_of(q: Mapping[str, object]) -> str:
+    """What a caveat's figure is, in words: "a throughput result", "a capacity result"."""
+    return f"a {q.get('result') or 'throughput'} result"

@@ -62,6 +62,9 @@ class CapacityDeclared(GpusNeeded):
     capacity_rps_ci_high: float | None = None
     bracket_closed: bool | None = None
     output_tokens_per_s_at_capacity: float | None = None
+    # the rate the level at capacity sent: the recording's busiest stretch, which each level
+    # replays (``capacity_rps`` is the mean rate of that scale); output tokens/s are its
+    busiest_rps_at_capacity: float | None = None
     recorded_rps: float = 0.0
     goodput_bar: float | None = None
     slo: dict[str, float] = Field(default_factory=dict)

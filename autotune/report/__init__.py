@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.report._capacity import capacity_line, needed_text, open_search_text
+from autotune.report._capacity import capacity_line, level_rate, needed_text, open_search_text
 from autotune.report._data import ReportData, TrialRow, load_report_data, trial_row
 from autotune.report._html import SECTIONS, log_excerpt, render_html, write_html
 from autotune.report._importance import MIN_IMPORTANCE_TRIALS, param_importances
@@ -25,6 +25,7 @@ __all__ = [
     "capacity_line",
     "explain_no_winner",
     "failure_summary",
+    "level_rate",
     "load_report_data",
     "log_excerpt",
     "needed_text",

@@ -13,7 +13,7 @@ from autotune.records import CapacityDeclared
 from autotune.store import capacity_cut
 from autotune.trial import flat_note
 
-__all__ = ["capacity_line", "needed_text", "open_search_text"]
+__all__ = ["capacity_line", "level_rate", "needed_text", "open_search_text"]
 
 
 def needed_text(at_most: float, low: float | None, unit: str = "") -> str:
@@ -53,9 +53,13 @@ def capacity_line(block: CapacityDeclared | Mapping[str, object], unit: str = "G
     bar = (f", >= {c.goodput_bar:.0%} of requests within "
            f"{', '.join(f'{k}={v:g}s' for k, v in c.slo.items())}"
            if c.goodput_bar is not None and c.slo else "")
-    tok = _finite(c.output_tokens_per_s_at_capacity)
-    at = (f"{fmt_value(tok)} out tok/s at that rate" if tok is not None
-          else "output tokens/s at that rate not recorded")
+    tok, busiest = _finite(c.output_tokens_per_s_at_capacity), _finite(c.busiest_rps_at_capacity)
+    # a level replays the recording's busiest stretch: its tokens/s are that stretch's
+    where = (f"its busiest stretch, which each level replays, sent {fmt_value(busiest)} req/s "
+             "at that mean rate" if busiest is not None else "")
+    at = ((f"{where}: {fmt_value(tok)} out tok/s there" if where
+           else f"{fmt_value(tok)} out tok/s while the level ran") if tok is not None
+          else (where or "output tokens/s at that rate not recorded"))
     rec, gpus = _finite(c.recorded_rps), _finite(c.gpus_needed)
     if rec is not None and gpus is not None:
         # the least the bracket allows: rate / its top (gpus_needed is rate / value)
@@ -65,7 +69,7 @@ def capacity_line(block: CapacityDeclared | Mapping[str, object], unit: str = "G
     else:
         need = f"{unit}s needed: not known (no recorded arrival rate)"
     sps = _finite(c.capacity_sps)
-    rate = (f"{fmt_value(value)} req/s" if sps is None  # sessions: sessions/s first
+    rate = (f"{fmt_value(value)} req/s mean rate" if sps is None  # sessions: sessions/s first
             else f"{fmt_value(sps)} sessions/s ({fmt_value(value)} req/s of turns)")
     bracket = fmt_bracket(lo, hi)
     if sps is not None and value > 0:  # the same bracket in sessions/s
@@ -79,3 +83,15 @@ def capacity_line(block: CapacityDeclared | Mapping[str, object], unit: str = "G
     if c.flat_misses_rps:
         line += f"\nnote: {flat_note(c.flat_misses_rps)}"
     return line
+
+
+def level_rate(level: Mapping[str, object]) -> str:
+    """A load level's rates in the one form every place prints them: "7.26 req/s mean
+    (busiest stretch 29.1 req/s)": the mean rate its scale gives (``offered_rps``) and the
+    rate it sent, the recording's busiest stretch (``busiest_rps``; absent in older
+    records)."""
+    mean, busiest = level.get("offered_rps"), level.get("busiest_rps")
+    text = f"{fmt_value(float(mean))} req/s mean" if isinstance(mean, (int, float)) else "?"
+    if isinstance(busiest, (int, float)):
+        text += f" (busiest stretch {fmt_value(float(busiest))} req/s)"
+    return text

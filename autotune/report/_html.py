@@ -13,8 +13,15 @@ from typing import Any
 from autotune.credentials import redact
 from autotune.engine import classifying_lines
 from autotune.errors import StudyError
-from autotune.measure import fmt_bracket, fmt_interval, fmt_ratio, fmt_value
-from autotune.quality import quality_figure
+from autotune.measure import (
+    CAPACITY_BRACKETS,
+    WITHIN_RUN_ONLY,
+    fmt_bracket,
+    fmt_interval,
+    fmt_ratio,
+    fmt_value,
+)
+from autotune.quality import quality_figure, result_of
 from autotune.report._capacity import open_search_text
 from autotune.report._cost import cost_html, why_no_cost
 from autotune.report._data import ReportData, TrialRow
@@ -89,11 +96,17 @@ def _verdict_html(d: ReportData) -> str:
     win = v.get("winner_number")
     what = ("vLLM's defaults are the best config found" if v.get("verdict") == "defaults_best"
             else f"trial #{win} beats vLLM's defaults" if v.get("verdict") == "winner"
+            else f"trial #{v.get('candidate_number')} leads, unconfirmed: one server start "
+                 f"each (confirm it: {v.get('confirm_command') or '--resume --recheck 1'})"
+            if v.get("verdict") == "unconfirmed"
             else f"trial #{win} is the best config found, not shown to beat vLLM's defaults: "
                  f"{v.get('reason', '')}")
     parts = [f'<p class="big">{_e(what)}</p>']
     if r.get("median") is not None:
-        ci = (f" (95 % interval {fmt_interval(r['ci_low'], r['ci_high'], '.3f')})"
+        label = ("the range the brackets allow" if v.get("method") == CAPACITY_BRACKETS
+                 else "95 % within-run interval" if v.get("method") == WITHIN_RUN_ONLY
+                 else "95 % interval")
+        ci = (f" ({label} {fmt_interval(r['ci_low'], r['ci_high'], '.3f')})"
               if r.get("ci_low") is not None and r.get("ci_high") is not None
               else " (no interval: a single reading on one side)")
         parts.append(f"<p>ratio to vLLM's defaults: <b>{_e(fmt_ratio(r['median']))}</b>"
@@ -133,7 +146,7 @@ def _verdict_html(d: ReportData) -> str:
                            f"quality NOT judged: {q.get('subject') or 'the winner'} sets lossy "
                            f"knobs ({knobs}) and {q.get('reason')}"
                            + (f"; its probe: {figure}" if figure else "")
-                           + f". Its figure is a throughput result, not a "
+                           + f". Its figure is {result_of(q)}, not a "
                            f"recommendation: {q.get('check')}"))
     if d.verdict_source == "computed":
         parts.append(_note("computed by this report from the stored readings (median of each "
@@ -270,6 +283,8 @@ def _capacity_html(d: ReportData) -> str:
                 "a kernel compiled during it" if lv.get("jit_compiled") else "",
                 "run again (failed while a kernel compiled)" if lv.get("reruns") else "") if x)
             rows.append([str(i), _e(_num(lv.get("offered_rps"))),
+                         _e(_num(lv.get("busiest_rps")) if lv.get("busiest_rps") is not None
+                            else "not recorded"),
                          "pass" if lv.get("passed") else "<b>fail</b>",
                          _e(_fmt(100 * (lv.get("goodput_fraction") or 0.0), ".1f") + " %"),
                          _e(_ended(ended, lv.get("offered"))),
@@ -277,8 +292,10 @@ def _capacity_html(d: ReportData) -> str:
                          _e(_fmt(lv.get("ttft_p99_s"), ".3f")),
                          _e(_fmt(lv.get("tpot_p99_s"), ".3f")),
                          _e(_fmt(lv.get("seconds"), ".0f")), _e(notes)])
-        out.append(_table(["level", "req/s offered", "result", "within SLOs", "ended / offered",
-                           "misses over", "TTFT p99 s", "TPOT p99 s", "seconds", "note"],
+        out.append(_table(["level", "req/s mean (scale x recorded)",
+                           "req/s sent (busiest stretch)", "result", "within SLOs",
+                           "ended / offered", "misses over", "TTFT p99 s", "TPOT p99 s",
+                           "seconds", "note"],
                           rows))
     return "".join(out)
 

@@ -190,6 +190,7 @@ def capacity_record(t: FrozenTrial, value: float,
         capacity_rps_ci_high=high,
         bracket_closed=high is not None,
         output_tokens_per_s_at_capacity=m.get("output_tokens_per_s_at_capacity"),
+        busiest_rps_at_capacity=m.get("capacity_busiest_rps"),
         recorded_rps=recorded,
         servers_needed=need.servers if need else None,
         gpus_needed=need.gpus if need else None,
@@ -286,8 +287,10 @@ def best_config(ctx: StudyContext) -> BestFile | None:
                            if k not in ("verdict", "ratio_to_defaults")},
         "params": dict(best_t.params),
         # a lossy winner's accuracy: judged, or plainly not (autotune.quality.quality_caveat);
-        # when the defaults remain best the verdict's word is on another config than this
-        "quality": record.get("quality") if record.get("verdict") != "defaults_best" else None,
+        # when the defaults remain best (or the leader is unconfirmed) the verdict's word is
+        # on another config than this
+        "quality": (record.get("quality")
+                    if record.get("verdict") not in ("defaults_best", "unconfirmed") else None),
         "serve_command": _serve_command(ctx.model, best_t),
         "metrics": dict(best_t.user_attrs.get(A.METRICS, {})),
         # the objective is per GPU (the server's figure / its GPUs); metrics are the server's
@@ -367,9 +370,33 @@ def _n_failed(trials: list[FrozenTrial]) -> int:
                and t.user_attrs.get(A.STATE) != State.PRUNED)
 
 
+def confirm_command(out_dir: Path, study_name: str) -> str:
+    """The command that confirms an unconfirmed lead (or not): the study resumed from its
+    saved config (OUT/config.yaml) with one fresh-server start of the leader and of the
+    defaults; no new search trial runs (``--trials`` are done)."""
+    import shlex
+
+    return (f"autotune tune --config {shlex.quote(str(out_dir / 'config.yaml'))} "
+            f"--study-name {shlex.quote(study_name)} --resume --recheck 1 --recheck-starts 1")
+
+
+def _add_confirm_command(study: Study, out_dir: Path) -> None:
+    """A verdict from one server start each (an unconfirmed lead, or the defaults ahead)
+    carries the command that re-checks it on fresh servers (study.json, best.json's
+    ``verdict_detail``, the study's ``autotune.verdict``)."""
+    from autotune.measure import ONE_START_METHODS
+
+    record = dict(study.user_attrs.get(A.VERDICT) or {})
+    if record.get("verdict") == "unconfirmed" or (
+            record.get("method") in ONE_START_METHODS and not record.get("candidate_pruned")):
+        record["confirm_command"] = confirm_command(out_dir, study.study_name)
+        study.set_user_attr(A.VERDICT, record)
+
+
 def write_results(ctx: StudyContext) -> TuneResult:
     """Write every result file of a finished study and return its :class:`TuneResult`."""
     study, settings, out_dir = ctx.study, ctx.settings, ctx.out_dir
+    _add_confirm_command(study, out_dir)
     trials = [t for t in study.get_trials(deepcopy=False) if not is_prior(t)]
     best = best_config(ctx)
     if best is not None:

@@ -56,6 +56,15 @@ if TYPE_CHECKING:
         objective_label,
         objective_metric,
     )
+    from autotune.store._spread import (
+        CPU_DEFAULT_SPREAD,
+        SpreadRecord,
+        StoredSpread,
+        keep_spread,
+        prior_spread_of,
+        record_spread,
+        stored_spread,
+    )
     from autotune.store._storage import (
         latest_study,
         open_storage,
@@ -87,6 +96,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "CPU_DEFAULT_SPREAD",
     "STOPPED",
     "A",
     "FailureReason",
@@ -94,7 +104,9 @@ __all__ = [
     "Heartbeats",
     "Owner",
     "OwnerRecord",
+    "SpreadRecord",
     "State",
+    "StoredSpread",
     "VerdictRecord",
     "baseline_trial",
     "best_trial",
@@ -105,6 +117,7 @@ __all__ = [
     "interval_keys",
     "is_prior",
     "judge_study",
+    "keep_spread",
     "latest_study",
     "mark_failed",
     "mlflow_run",
@@ -115,11 +128,14 @@ __all__ = [
     "pareto_front",
     "pareto_trials",
     "primary",
+    "prior_spread_of",
     "readings",
+    "record_spread",
     "schema_race",
     "server_gpus_of",
     "set_constraints",
     "sqlite_path",
+    "stored_spread",
     "verdict",
     "verdict_record",
 ]
@@ -138,6 +154,9 @@ __getattr__ = lazy_exports(__name__, {
         "objective_label",
         "objective_metric",
     ),
+    "autotune.store._spread": ("CPU_DEFAULT_SPREAD", "SpreadRecord", "StoredSpread",
+                               "keep_spread", "prior_spread_of", "record_spread",
+                               "stored_spread"),
     "autotune.store._storage": ("latest_study", "open_storage", "schema_race", "sqlite_path"),
     "autotune.store._trials": (
         "baseline_trial",

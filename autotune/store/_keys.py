@@ -56,6 +56,9 @@ class A(StrEnum):
     SETTINGS = "autotune.settings"
     MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
     VERDICT = "autotune.verdict"  # verdict_record(): {"verdict", "ratio_to_defaults", ...}
+    # the start-to-start spread a study with repeated starts measured (SpreadRecord:
+    # {"log_sd", "df", "host"}), read back by later studies of one start each
+    START_SPREAD = "autotune.start_spread"
     COST = "autotune.cost"  # best.json's "cost" (autotune.cost), with a --gpu-hour-price
     GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s",
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from autotune.events import ParamValue
     from autotune.measure._stats import Interval, RatioBound, RatioInterval
+    from autotune.store._spread import StoredSpread
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,9 @@ class Verdict(NamedTuple):
 class Judgement:
     """The study's verdict and the readings (trials) behind it."""
 
-    verdict: str  # "winner" | "defaults_best" | "unverified" (no defaults measured)
+    # "winner" | "unconfirmed" (a lead from one server start each: best.json keeps the
+    # defaults) | "defaults_best" | "unverified" (no defaults measured)
+    verdict: str
     reason: str
     ratio: RatioInterval | None
     declared: list[FrozenTrial]  # readings of the config best.json names
@@ -55,6 +58,9 @@ class Judgement:
     # a capacity whose search found no failing level on one side: all the brackets say
     # (the ratio is at least / at most this); ``ratio`` is then None
     bound: RatioBound | None = None
+    # one start each: the start-to-start spread from elsewhere that widened the interval,
+    # in words ("start-to-start spread 9.0 % from 3 earlier studies on this host")
+    prior_spread: str | None = None
 
 
 def _fresh(ts: list[FrozenTrial]) -> list[FrozenTrial]:
@@ -166,7 +172,7 @@ def _allowed(config: list[Interval], defaults: list[Interval]) -> tuple[float, f
             gm([iv.high for iv in config]) / gm([iv.low for iv in defaults]))
 
 
-def judge_study(study: Study) -> Judgement | None:
+def judge_study(study: Study, *, prior: StoredSpread | None = None) -> Judgement | None:
     """The verdict (docs/measurement.md): the best re-checked config against the defaults.
 
     When the re-check ran, only its fresh-server readings count (a search reading was
@@ -177,8 +183,12 @@ def judge_study(study: Study) -> Judgement | None:
     spread (a capacity bracket is no noise estimate), with more it adds degrees of freedom.
     The candidate is the config with the best mean log reading.
     A winner is declared only if the 95 % interval of its ratio to the defaults lies
-    above 1; otherwise the defaults remain best and best.json names them. None: no
-    feasible trial."""
+    above 1 and holds the start-to-start spread; a lead from one server start each is
+    ``unconfirmed`` (best.json names the defaults until a re-check confirms it); otherwise
+    the defaults remain best and best.json names them. None: no feasible trial.
+    ``prior``: a start-to-start spread measured elsewhere (:func:`autotune.store.
+    stored_spread`), which widens the interval of a verdict of one start each (said in
+    ``prior_spread``)."""
     from autotune.measure._stats import (
         MAX_STARTS_NEEDED,
         bracket_bound,
@@ -226,8 +236,11 @@ def judge_study(study: Study) -> Judgement | None:
     ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],
                               others=[[primary(t) for t in ts] for ts in pool if ts is not cand],
                               within={"config": _within(cand), "defaults": _within(base_use)},
-                              spread=spread, brackets=brackets)
+                              spread=spread, brackets=brackets,
+                              prior=(prior.log_sd, prior.df) if prior is not None else None)
     v = decide_verdict(ratio)
+    used = prior.source if prior is not None and ratio is not None and (
+        ratio.prior_log_sd is not None) else None
     n = starts_needed(ratio) if v.verdict == "defaults_best" else None
     reason, recheck = v.reason, None
     if (v.verdict == "defaults_best" and ratio is not None and ratio.median > 1
@@ -243,7 +256,8 @@ def judge_study(study: Study) -> Judgement | None:
             reason += (f"{at} more than {MAX_STARTS_NEEDED} starts of each config would not "
                        f"show {fmt_ratio(ratio.median)}")
     return Judgement(v.verdict, reason, ratio, cand if v.verdict == "winner" else base_use,
-                     cand, base_use, starts_needed=n, recheck_starts_needed=recheck)
+                     cand, base_use, starts_needed=n, recheck_starts_needed=recheck,
+                     prior_spread=used)
 
 
 def _pruned_value(t: FrozenTrial) -> float | None:
@@ -297,7 +311,7 @@ class VerdictRecord(TypedDict):
     """``verdict_record()``: the ``autotune.verdict`` study attribute. A study with no
     feasible trial has only the first five keys (the keys marked not required)."""
 
-    verdict: str  # "winner" | "defaults_best" | "unverified" | "none"
+    verdict: str  # "winner" | "unconfirmed" | "defaults_best" | "unverified" | "none"
     ratio_to_defaults: dict[str, float] | None  # {"median", "ci_low", "ci_high"}
     winner_number: int | None
     baseline_number: int | None
@@ -316,6 +330,11 @@ class VerdictRecord(TypedDict):
     starts_needed: NotRequired[dict[str, int | None] | None]  # per_config, recheck_starts
     # the study adds the word on a lossy winner's quality (autotune.quality.quality_caveat)
     quality: NotRequired[dict[str, object] | None]
+    # an unconfirmed lead: the command that re-checks it and the defaults on fresh servers
+    # (the results add it: it names the study's files)
+    confirm_command: NotRequired[str | None]
+    # one start each: the spread from elsewhere that widened the interval, in words
+    prior_spread: NotRequired[str | None]
 
 
 def verdict_record(j: Judgement | None) -> VerdictRecord:
@@ -331,7 +350,7 @@ def verdict_record(j: Judgement | None) -> VerdictRecord:
     return {
         "verdict": j.verdict,
         "ratio_to_defaults": j.ratio.as_dict() if j.ratio is not None else None,
-        "winner_number": first if j.verdict != "defaults_best" else None,
+        "winner_number": first if j.verdict in ("winner", "unverified") else None,
         "baseline_number": (base_rep.user_attrs.get(A.RECHECK_OF, base_rep.number)
                             if base_rep else None),
         "candidate_number": first,
@@ -350,6 +369,7 @@ def verdict_record(j: Judgement | None) -> VerdictRecord:
                            "recheck_starts": j.recheck_starts_needed}
                           if j.starts_needed is not None else None),
         "reason": j.reason,
+        "prior_spread": j.prior_spread,
     }
 
 

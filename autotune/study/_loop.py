@@ -40,9 +40,11 @@ from autotune.store import (
     fail_stale_trials,
     interval_keys,
     judge_study,
+    keep_spread,
     mark_failed,
     n_finished,
     primary,
+    prior_spread_of,
     readings,
     verdict_record,
 )
@@ -231,7 +233,10 @@ class StudyLoop:
         ``autotune.verdict``) for the result files, MLflow and the report."""
         self.gpu_time.close(time.monotonic() - self.t_loop)
         self.gpu_time.save(self.study)
-        record = verdict_record(judge_study(self.study))
+        judgement = judge_study(self.study, prior=prior_spread_of(self.study))
+        if judgement is not None and judgement.ratio is not None:  # repeated starts: kept
+            keep_spread(self.study, judgement.ratio.log_sd, judgement.ratio.df)
+        record = verdict_record(judgement)
         record["quality"] = self._candidate_quality(record)
         self.study.set_user_attr(A.VERDICT, record)
 
@@ -251,7 +256,8 @@ class StudyLoop:
             self.space.lossy_knobs(params), params, probe=self.settings.quality_probe,
             gated=self.thresholds is not None, real_weights=self.space.facts.real_weights,
             figures=attrs.get(A.QUALITY), note=str(attrs.get(A.QUALITY_NOTE) or ""),
-            subject=subject)
+            subject=subject, result=("throughput" if self.settings.objective == "pareto"
+                                     else self.settings.objective))
 
     def _more(self) -> bool:
         if self.phase == "search" and self.settings.timeout_s is not None:

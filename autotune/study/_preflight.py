@@ -48,7 +48,8 @@ def check_before_trial_0(*, space: SearchSpace, shape: TrafficShape, model: Path
     """Raise one clear error if the study cannot work; return (and log) warnings."""
     warnings = check_flags(space, surface=surface)
     warnings += check_context(space, shape, model, seed=settings.seed,
-                              num_requests=settings.measure.num_requests)
+                              num_requests=settings.measure.num_requests,
+                              shape_path=settings.shape)
     warnings += check_bytecode()
     for w in warnings:
         logger.warning("%s", w)
@@ -120,8 +121,10 @@ def check_vocab_size(model: Path, *, option: str = "--model") -> None:
 
 
 def check_context(space: SearchSpace, shape: TrafficShape, model: Path, *, seed: int = 0,
-                  num_requests: int | None = None) -> list[str]:
-    """Raise if the shape's prompt + output lengths do not fit the context vLLM gets."""
+                  num_requests: int | None = None,
+                  shape_path: Path | str | None = None) -> list[str]:
+    """Raise if the shape's prompt + output lengths do not fit the context vLLM gets; the
+    error's fix names ``shape_path`` (the shape's file), so that it runs as printed."""
     from autotune.traffic import context_overflow
 
     where = space.source or space.name
@@ -155,9 +158,13 @@ def check_context(space: SearchSpace, shape: TrafficShape, model: Path, *, seed:
         f"{context}-token context ({by}; longest prompt + output {longest:,.0f})"
     )
     if over / n > MAX_CLIPPED_FRACTION:
+        import shlex
+
+        source = shlex.quote(str(shape_path)) if shape_path is not None else shape.name
+        out = shlex.quote(f"{shape.name}-{context}.json")
         raise ShapeError(
             f"{line}; {fix}, or clip the shape's lengths: autotune shape clip "
-            f"{shape.name} --max-total-tokens {context} -o clipped.json"
+            f"{source} --max-total-tokens {context} -o {out} (then tune with --shape {out})"
         )
     return [f"{line}: they are clipped to fit"]
 

@@ -100,8 +100,14 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
                         spec=QualitySpec(seed=settings.seed, concurrency=conc, n_prompts=32),
                         max_model_len=model_max_len(ref.flags, model))
     cache = ReferenceCache(inputs.cache_dir / "quality")
+    # the probe's prompts are drawn from the shape: a study of the same model, flags and
+    # shape reads it from the cache; another shape computes its own once
+    cached = cache.load(cache.key(model=model, probe=probe, flags=ref.flags, env=ref.env))
     note("quality reference: the full-precision config's greedy outputs "
-         f"({len(probe.prompts)} prompts; cached after the first study)")
+         f"({len(probe.prompts)} prompts of the shape's lengths; "
+         + ("from the cache)" if cached is not None else
+            "computed now on one server start, then cached for studies of this model, "
+            "flags and shape)"))
 
     def start() -> VllmServer:
         return VllmServer(model=str(model), flags=ref.flags, env=ref.env,

@@ -122,6 +122,9 @@ class _TurnRaw:
     dropped: dict[int, int] = field(default_factory=dict)
     codes: dict[str, int] = field(default_factory=dict)
     names: list[str] = field(default_factory=list)
+    # lines of the turns whose parent no turn has, started as sessions of their own by
+    # --skip-bad (the session links it cut)
+    cut_lines: list[int] = field(default_factory=list)
 
     def add(self, chat: int, parent: int, line: int) -> None:
         """A kept turn: its code, its parent's code (-1 = none) and its line."""

@@ -58,7 +58,7 @@ def read_trace(
         raise TraceFormatError(
             f"traffic file {name} does not exist or is not a file; check the path"
         )
-    fmt = _check_format(format) if format is not None else detect_format(p)
+    fmt = _asked_format(p, format) if format is not None else detect_format(p)
     logger.info("reading %s as %s", name, fmt)
     col = _Collector(name=name, skip_bad=skip_bad)
     try:
@@ -141,6 +141,24 @@ def detect_format(path: str | Path) -> str:
 def _check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise TraceFormatError(f"unknown trace format {fmt!r}; use one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def _asked_format(p: Path, fmt: str) -> str:
+    """``--format fmt`` for ``p``, refused at once when the file is of the other kind (JSON
+    lines for a CSV format, or CSV for a JSON one): the error names the format asked and the
+    one the file looks like, not the first parse error of the wrong reader."""
+    _check_format(fmt)
+    try:
+        looks = detect_format(p)
+    except TraceFormatError:
+        return fmt  # not recognisable: the reader says what is wrong
+    if (fmt in _CSV_COLUMNS) != (looks in _CSV_COLUMNS):
+        kind = "CSV" if fmt in _CSV_COLUMNS else "JSON lines"
+        other = "CSV" if looks in _CSV_COLUMNS else "JSON lines"
+        raise TraceFormatError(
+            f"traffic file {p}: --format {fmt} reads {kind}, but the file is {other} and "
+            f"looks like {looks}; pass --format {looks}, or leave --format out to detect it")
     return fmt
 
 
@@ -377,4 +395,5 @@ def _finish(col: _Collector, fmt: str, extra: _Extra) -> TraceRecords:
         latencies_s=latencies[order] if latencies is not None else None,
         start_epoch_s=start if extra.wall_clock else None,
         was_sorted=was_sorted,
+        links_cut=tuple(extra.turns.cut_lines) if extra.turns is not None else (),
     )

@@ -122,6 +122,9 @@ class TraceRecords:
     latencies_s: FloatArray | None = None
     start_epoch_s: float | None = None
     was_sorted: bool = True
+    # lines of turns whose parent_chat_id no turn has: --skip-bad started a session at each,
+    # cutting that link (a multi-turn trace; empty otherwise)
+    links_cut: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return int(self.input_tokens.shape[0])

@@ -135,7 +135,9 @@ def resolve_turns(turns: _TurnRaw, ts: FloatArray, *, name: str, skip_bad: bool)
             continue
         if code in row_of:
             parent[i] = row_of[code]
-        elif not skip_bad:
+        elif skip_bad:
+            turns.cut_lines.append(lines[i])
+        else:
             raise TraceFormatError(
                 f"{_where(name, lines[i])}: 'parent_chat_id' is {turns.names[code]}, but no "
                 "turn has that chat_id; add the missing turn, or give a session's first turn "

@@ -100,6 +100,10 @@ class LevelRecord(TypedDict):
     warmup_s: NotRequired[float]
     worst_misses: NotRequired[list[str]]
     remeasured: NotRequired[bool]
+    # the rate the level sent: its requests over their send span, the recording's busiest
+    # stretch at ``scale`` (``offered_rps`` is the mean rate that scale gives); absent in
+    # records written before it was kept, None for sessions replayed turn by turn
+    busiest_rps: NotRequired[float | None]
 
 
 class CapacityRecord(TypedDict):
@@ -160,6 +164,9 @@ class Level:
     # ("request 12 (session 3, turn 2): ttft 3.1 s > 2 s")
     worst_misses: list[str] = field(default_factory=list)
     remeasured: bool = False  # run again: no level of the search had passed
+    # the rate the level sent (its requests over their send span): a level replays the
+    # recording's busiest stretch, which runs faster than the mean rate ``offered_rps``
+    busiest_rps: float | None = None
 
     def to_dict(self) -> LevelRecord:
         return cast(LevelRecord, asdict(self))

@@ -346,6 +346,14 @@ def level_schedule(build: Build, plan: LevelPlan, rate: float,
     return schedule
 
 
+def sent_rate(schedule: Schedule) -> float | None:
+    """The rate a level's schedule sends: its requests over their send span (the busiest
+    stretch of the recording it replays); None for fewer than two sends."""
+    times = [r.send_at_s for r in schedule.requests if r.send_at_s is not None]
+    span = max(times) - min(times) if len(times) >= 2 else 0.0
+    return (len(times) - 1) / span if span > 0 else None
+
+
 def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: ClientKw,
               slo: Slo | None, search: CapacitySearch, plan: LevelPlan,
               token_seed: int | None = None, level_at: LevelAt | None = None,
@@ -391,6 +399,7 @@ def run_level(scale: float, *, recorded_rps: float, build: Build, client_kw: Cli
         stopped_early=run.aborted is not None, note=run.aborted or "",
         finished=len(run.records), missed_by=dict(sorted(missed_by.items())),
         warmup_s=round(primed_s, 2), worst_misses=worst_misses(run.records, slo),
+        busiest_rps=None if isinstance(schedule, SessionSchedule) else sent_rate(schedule),
     )  # fmt: skip
     drain(client_kw["base_url"], plan.drain_timeout_s)
     return level, m

@@ -234,7 +234,9 @@ def _on_level(number: int, phase: PhaseFn, rate: Callable[[float], str]
             bracket = f"at least {rate(res.low)}, no level failed yet"
         else:
             bracket = f"below {rate(res.high or 0)}, no level passed yet"
-        phase("capacity", f"level {len(res.levels)}: {rate(lv.scale)} "
+        sent = (f" (busiest stretch {lv.busiest_rps:.3g} req/s)"
+                if lv.busiest_rps is not None else "")
+        phase("capacity", f"level {len(res.levels)}: {rate(lv.scale)} mean{sent} "
               f"{lv.outcome()}; {bracket}")
 
     return on_level
@@ -269,6 +271,8 @@ def _capacity_metrics(cap: CapacityRecord, gpus: tuple[int, ...] | None,
         out["capacity_goodput_fraction"] = float(at[-1]["goodput_fraction"])
         if (tok := at[-1]["output_tokens_per_s"]) is not None:
             out["output_tokens_per_s_at_capacity"] = float(tok)
+        if (busiest := at[-1].get("busiest_rps")) is not None:  # the rate it sent
+            out["capacity_busiest_rps"] = float(busiest)
     return out
 
 

@@ -262,6 +262,11 @@ def memory_cgroup_root() -> tuple[Path, str] | None:
     return None
 
 
+#: the exit status of a study that ended with a verdict: 0, or 3 when its leader is
+#: ``unconfirmed`` (a lead from one server start each: these studies run ``--recheck 0``)
+VERDICT_EXITS = (0, 3)
+
+
 def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
     """``autotune ARGV`` in this process: (exit code, stdout, stderr). Exceptions escape."""
     from autotune.cli import main

@@ -4,6 +4,8 @@ server with a known capacity (a concurrent-request limit)."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -132,13 +134,30 @@ def test_capacity_study_end_to_end_on_servers_of_known_capacity(
     levels = trials[1].user_attrs[A.CAPACITY]["levels"]
     assert {"scale", "offered_rps", "passed", "goodput_fraction", "output_tokens_per_s",
             "ttft_p99_s"} <= set(levels[0])
-    assert rc == 0 and best["verdict"] == "winner" and best["params"] == {"max_num_seqs": 16}
+    # one start each (--recheck 0): the 8x lead is unconfirmed (exit 3), never a WINNER;
+    # best.json keeps the defaults and the line gives the command that confirms it (issue 66)
+    assert rc == 3 and best["verdict"] == "unconfirmed" and best["is_baseline"] is True
+    assert "WINNER" not in text and "trial 1 leads, unconfirmed: one server start each" in text
+    # the brackets' range, widened by the CPU build's stated spread (nothing stored yet)
+    assert ("the range the brackets allow widened by the start-to-start spread 17.1 %, the "
+            "CPU build's default") in text and "not a 95 % interval" in text
+    confirm = best["verdict_detail"]["confirm_command"]
+    assert f": {confirm}" in text and confirm.startswith("autotune tune --config ")
     header = (out / "trials.csv").read_text().splitlines()[0]
     assert "capacity_rps" in header and "gpus_needed" in header
+    # the command as printed: one fresh start of the leader and of the defaults, a verdict
+    rc = main(shlex.split(confirm)[1:])
+    text = capsys.readouterr().out
+    best = json.loads((out / "best.json").read_text())
+    assert rc == 0 and best["verdict"] == "winner" and best["params"] == {"max_num_seqs": 16}
+    assert "verdict: WINNER trial 1" in text and "95 % interval [" in text
+    trials = optuna.load_study(study_name="cap", storage=storage).trials
+    assert sorted(t.user_attrs.get(A.RECHECK_OF, -1) for t in trials) == [-1, -1, 0, 1]
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("autotune").experiment_id],
                               filter_string="tags.`autotune.best` = 'true'")
-    assert runs and runs[0].data.metrics["capacity_rps"] == pytest.approx(cap["capacity_rps"])
+    assert runs and runs[0].data.metrics["capacity_rps"] == pytest.approx(
+        best["capacity"]["capacity_rps"])
 
 
 @pytest.mark.slow  # one fake server and 5 levels: about 20 s
@@ -157,7 +176,10 @@ def test_bench_capacity_measures_one_config(fake_model: Path,
             *[a for e in env for a in ("--env", e)], "--", "--max-model-len", "1024"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "level 1: 1x = 5.53 req/s pass" in out
+    # the mean rate of the scale and the rate the level sent, its busiest stretch (issue 66)
+    assert re.search(r"level 1: 1x = 5\.53 req/s mean \(busiest stretch [\d.,]+ req/s\) pass",
+                     out), out
+    assert "req/s mean rate within the SLOs" in out and "sent " in out
     assert "capacity: " in out and "servers needed for the recorded 5.53 req/s" in out
     assert "within ttft_p99=0.5s" in out and "latencies below: the level at capacity" in out
     assert "output tokens/s" in out and "TTFT  p50" in out

@@ -59,3 +59,34 @@ def test_kernels_moe_names_its_flags(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = _err(capsys, "kernels", "moe", "--model", str(_model(tmp_path)), "--shape", SHAPE,
                "--out", str(tmp_path / "k"), "--budget", "-3")
     assert "--budget: Input should be greater than 0" in err and "budget-s" not in err
+
+
+def test_the_fix_commands_the_errors_suggest_run_as_printed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every command an error suggests runs as it is printed (issue 66: the context error
+    named the shape, where `autotune shape clip` needs its file), and does what it says."""
+    import re
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    model = str(_model(tmp_path))  # a 2,048-token context
+    conv = str(REPO / "traffic" / "azure-conv.json")
+    argv = ["tune", "--model", model, "--shape", conv, "--space",
+            str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "1", "--no-ray",
+            "--out", str(tmp_path / "out")]
+    err = _err(capsys, *argv)
+    fixes = re.findall(r"autotune (shape clip [^;()]+?)(?= \(then|;|$)", err)
+    assert fixes, err
+    for fix in fixes:  # as printed, from the folder the failed command ran in
+        assert main(shlex.split(fix)) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    clipped = re.search(r"then tune with --shape (\S+)\)", err)
+    assert clipped is not None and (tmp_path / clipped.group(1)).exists(), err
+    # the clipped shape passes the check that refused the original
+    from autotune.space import load_space
+    from autotune.study import check_context
+    from autotune.traffic import load_shape
+
+    assert check_context(load_space(REPO / "search_spaces" / "cpu.yaml"),
+                         load_shape(tmp_path / clipped.group(1)), Path(model)) == []

@@ -10,6 +10,7 @@ means make both verdicts testable, which CPU vLLM's 2x start-to-start noise cann
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -317,10 +318,17 @@ def test_a_study_searched_without_its_recheck_gets_it_on_resume(tmp_path: Path,
 
     from autotune.measure import WITHIN_RUN_ONLY
 
-    fn = simulated({"defaults": 1000.0, "seqs=8": 1300.0, "other": 800.0}, start_cv=0.02)
+    fn = simulated({"defaults": 1000.0, "seqs=8": 2000.0, "other": 800.0}, start_cv=0.02)
     first, out, _ = study(tmp_path, fake_model, fn, trials=2, recheck=0)
     v = first.verdict  # type: ignore[attr-defined]
     assert v["method"] == WITHIN_RUN_ONLY and v["candidate_number"] == 1
+    # nothing stored on this store: the CPU build's default spread widens it, and says so
+    assert "the CPU build's default" in v["prior_spread"]
+    # a 2x lead from one start each: unconfirmed, best.json keeps the defaults (issue 66)
+    assert v["verdict"] == "unconfirmed" and v["winner_number"] is None
+    assert v["confirm_command"].endswith("--study-name sim --resume --recheck 1 "
+                                         "--recheck-starts 1")
+    assert json.loads((out / "best.json").read_text())["is_baseline"] is True
     st = json.loads((out / "study.json").read_text())
     assert st["settings"]["recheck"] == 0
     again, out, _ = study(tmp_path, fake_model, fn, trials=2, recheck=1, recheck_starts=1,
@@ -330,6 +338,35 @@ def test_a_study_searched_without_its_recheck_gets_it_on_resume(tmp_path: Path,
     assert sorted(t.user_attrs.get("autotune.recheck_of") for t in trials[2:]) == [0, 1]
     v = again.verdict  # type: ignore[attr-defined]
     assert v["method"] != WITHIN_RUN_ONLY and "pooled" in v["method"]
+    assert v["verdict"] in ("winner", "defaults_best") and "confirm_command" not in v
     assert json.loads((out / "study.json").read_text())["settings"]["recheck"] == 1
 
 
+def test_a_one_start_study_widens_its_interval_by_the_spread_an_earlier_study_stored(
+        tmp_path: Path, fake_model: Path) -> None:
+    # issue 66: a study with repeated starts keeps the start-to-start spread it measured
+    # (model, engine, device, host class); a later study of one start each on the same
+    # store widens its interval by it and says so
+    import optuna
+
+    from autotune.hardware import host_class
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1500.0, "other": 800.0}, start_cv=0.05)
+    study(tmp_path / "a", fake_model, fn, trials=2, recheck_starts=2, storage=storage,
+          study_name="repeated")
+    kept = optuna.load_study(study_name="repeated", storage=storage).user_attrs[
+        "autotune.start_spread"]
+    assert kept["df"] >= 2 and kept["log_sd"] > 0 and kept["host"] == host_class("cpu")
+    one, _, _ = study(tmp_path / "b", fake_model, fn, trials=2, recheck=0, storage=storage,
+                      study_name="one-start")
+    v = one.verdict  # type: ignore[attr-defined]
+    spread = math.expm1(kept["log_sd"]) * 100
+    assert v["prior_spread"] == (f"start-to-start spread {spread:.1f} % from 1 earlier study "
+                                 "on this host"), v
+    assert v["verdict"] in ("unconfirmed", "defaults_best")  # one start each: never a winner
+    # the interval holds the stored spread: at least the two starts' share of it
+    r = v["ratio_to_defaults"]
+    assert math.log(r["ci_high"] / r["ci_low"]) >= 2 * 1.9 * math.sqrt(2) * kept["log_sd"]
+    assert "autotune.start_spread" not in optuna.load_study(
+        study_name="one-start", storage=storage).user_attrs  # nothing measured to keep

@@ -103,7 +103,9 @@ def test_a_study_of_one_start_each_judges_by_the_brackets() -> None:
                             (17, 18.60, 20.28, None, "found"),
                             (9, 10.0, 11.0, None, "found")])
     j = judge_study(study)
-    assert j is not None and j.verdict == "winner" and j.ratio is not None
+    # the brackets lie above 1, but one start each: a lead, never a winner (issue 66)
+    assert j is not None and j.verdict == "unconfirmed" and j.ratio is not None
+    assert [t.number for t in j.declared] == [0]  # best.json keeps the defaults
     assert j.ratio.method == CAPACITY_BRACKETS
     assert (j.ratio.ci_low, j.ratio.ci_high) == pytest.approx((18.60 / 13.15, 20.28 / 12.06))
     rec = verdict_record(j)
@@ -187,9 +189,15 @@ def test_the_verdict_line_gives_the_bound_and_why_never_a_point() -> None:
     line = _verdict_line(dict(verdict_record(judge_study(both))))
     assert "nothing bounds the ratio" in line and "trials 0, 1" in line
     one = capacity_study([(None, 12.06, 13.15, None, "found"), (17, 18.60, 20.28, None, "found")])
-    line = _verdict_line(dict(verdict_record(judge_study(one))))
-    assert "1.542x the defaults (95 % interval [1.414, 1.682])" in line
-    assert line.endswith("no fresh-server re-check: add it with --resume --recheck 1")
+    record = dict(verdict_record(judge_study(one)))
+    record["confirm_command"] = "autotune tune --config out/config.yaml --resume --recheck 1"
+    line = _verdict_line(record)
+    # the range two brackets allow, labelled as such (issue 66): not a 95 % interval
+    assert ("1.542x the defaults (the range the brackets allow [1.414, 1.682], not a 95 % "
+            "interval)") in line
+    assert "trial 1 leads, unconfirmed: one server start each" in line
+    assert "WINNER" not in line and "95 % interval [" not in line
+    assert line.endswith(": autotune tune --config out/config.yaml --resume --recheck 1")
 
 
 def _block(**kw: Any) -> dict[str, Any]:
@@ -203,13 +211,13 @@ def test_gpus_needed_are_at_most_the_passing_levels_and_say_so() -> None:
     from autotune.cli._tune import capacity_line
 
     line = capacity_line(_block())
-    assert line == ("capacity: 14.3 req/s within the SLOs (bracket [14.3, 15.6] req/s, >= 99% "
-                    "of requests within ttft_p99=2s); 1,655 out tok/s at that rate; GPUs needed "
+    assert line == ("capacity: 14.3 req/s mean rate within the SLOs (bracket [14.3, 15.6] req/s, >= 99% "
+                    "of requests within ttft_p99=2s); 1,655 out tok/s while the level ran; GPUs needed "
                     "for the recorded 5.53 req/s: at most 0.386 (the bracket puts it in "
                     "[0.354, 0.386])")
     cut = capacity_line(_block(capacity_rps_ci_high=None, search="time",
                                output_tokens_per_s_at_capacity=None))
-    assert cut.startswith("capacity: at least 14.3 req/s within the SLOs (bracket [14.3, none "
+    assert cut.startswith("capacity: at least 14.3 req/s mean rate within the SLOs (bracket [14.3, none "
                           "failed] req/s: no load level failed before the search ended at its "
                           "time cap (--capacity-max-s): a lower bound; leave --capacity-max-s "
                           "out")
@@ -300,7 +308,7 @@ def test_one_capacity_prints_the_same_in_every_place() -> None:
     report = render_html(data).split('<section id="capacity">', 1)[1].split("</section>")[0]
     for text in (summary, best, progress, report):
         assert "[0.321, 2.57]" in text, text
-    assert "0.321 req/s within the SLOs" in summary and "0.321 req/s within the SLOs" in best
+    assert "0.321 req/s mean rate within the SLOs" in summary and "0.321 req/s mean rate within the SLOs" in best
     assert progress.startswith("best 0.321 [0.321, 2.57] req/s capacity")
     assert "0.321 req/s capacity" in line
     assert "[0.321, 2.57] req/s" in report and "<td>0.321</td>" in report
@@ -359,3 +367,41 @@ def test_the_report_says_a_bound_and_how_a_shape_replays() -> None:
     shape_html = html.split('<section id="shape">', 1)[1].split("<div")[0]  # before its figure
     assert "replayed as open loop at the recorded 5.53 req/s" in shape_html
     assert "?" not in verdict + shape_html  # no placeholder left for a figure
+
+
+# --- which rate is which (issue 66) --------------------------------------------------------
+
+
+def test_a_level_reports_the_busiest_stretchs_rate_beside_the_mean_rate() -> None:
+    # the held-out trace's level at 7.26 req/s mean sent 303 requests in 10.4 s (29 req/s)
+    from autotune.report import level_rate
+    from autotune.traffic import RequestSpec, Schedule
+    from autotune.trial._levels import sent_rate
+
+    reqs = tuple(RequestSpec(index=i, prompt_token_ids=(1, 2), max_tokens=26,
+                             send_at_s=i * 10.4 / 302) for i in range(303))
+    schedule = Schedule(mode="open", requests=reqs)
+    assert sent_rate(schedule) == pytest.approx(302 / 10.4)
+    assert sent_rate(Schedule(mode="open", requests=reqs[:1])) is None
+    assert level_rate({"offered_rps": 7.26, "busiest_rps": 29.04}) == (
+        "7.26 req/s mean (busiest stretch 29.0 req/s)")
+    assert level_rate({"offered_rps": 7.26}) == "7.26 req/s mean"  # an older record
+
+
+def test_the_capacity_line_says_whose_rate_its_tokens_per_second_are() -> None:
+    from autotune.report import capacity_line
+
+    block = {**_block(), "capacity_rps": 7.26, "capacity_rps_ci_low": 7.26,
+             "capacity_rps_ci_high": 8.0, "output_tokens_per_s_at_capacity": 644.0,
+             "busiest_rps_at_capacity": 29.0}
+    line = capacity_line(block, "server")
+    assert line.startswith("capacity: 7.26 req/s mean rate within the SLOs"), line
+    assert ("its busiest stretch, which each level replays, sent 29.0 req/s at that mean "
+            "rate: 644 out tok/s there") in line
+    # the cost's output tokens a request yields: tokens/s over the rate that sent them
+    from autotune.cost import rate_of
+
+    metrics = {"capacity_rps": 7.26, "output_tokens_per_s_at_capacity": 644.0,
+               "capacity_busiest_rps": 29.0}
+    rate = rate_of(metrics, [7.26], 7.26, capacity=True)
+    assert rate.output_tokens_per_request == pytest.approx(644.0 / 29.0)  # 22, not 89

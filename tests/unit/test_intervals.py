@@ -107,3 +107,25 @@ def test_an_idle_server_under_bursty_arrivals_measures_the_traffic() -> None:
     assert m.output_tokens_per_s_ci_low is not None and m.output_tokens_per_s_ci_low >= 0
     assert m.ci_method in ("log-t", "bootstrap")
     assert "comes from the arrivals" in m.interval_note
+
+
+def test_an_interval_holds_the_repeats_spread_and_a_drift_it_measured() -> None:
+    # issue 66: bench --repeats 3 printed 1,212.5 with [1,157, 1,269] from the segments,
+    # "CV 17.1 % across repeats; second half -23.0 % over the first", repeats 1,212.5 /
+    # 1,325.0 / 940.1 on one server
+    from autotune.measure._intervals import held_interval
+
+    repeats = [1212.5, 1325.0, 940.1]
+    lo, hi, method = held_interval(1212.5, 1157.0, 1269.0, "t", repeats=repeats)
+    assert lo is not None and hi is not None and method is not None
+    assert lo < 940.1 and hi > 1325.0  # the repeats' t-interval (2 df) reaches past both
+    assert "widened to the spread of 3 repeats" in method
+    # a drift the warm-up did not cover: the interval reaches both halves' means
+    segments = [1300.0, 1310.0, 1290.0, 1305.0, 1000.0, 1010.0, 990.0, 1005.0]
+    lo, hi, method = held_interval(1151.25, 1140.0, 1160.0, "t", segments=segments)
+    assert lo == pytest.approx(1001.25) and hi == pytest.approx(1301.25)
+    assert method is not None and "drift of -23.1% between the halves" in method
+    # steady segments and agreeing repeats leave it as it was
+    steady = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1002.0]
+    assert held_interval(1000.0, 990.0, 1010.0, "t", segments=steady,
+                         repeats=[1000.0, 1001.0, 999.0]) == (990.0, 1010.0, "t")

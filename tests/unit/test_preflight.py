@@ -27,7 +27,11 @@ def test_azure_conv_does_not_fit_the_cpu_space_and_says_how_to_fix(tmp_path: Pat
         check_context(space, shape, _model(tmp_path, 4096))
     msg = str(e.value)
     assert "\n" not in msg and "2048-token context" in msg and "the model allows 4096" in msg
-    assert "autotune shape clip azure-conv --max-total-tokens 2048" in msg
+    assert "autotune shape clip azure-conv --max-total-tokens 2048" in msg  # no file given
+    with pytest.raises(ShapeError) as e:
+        check_context(space, shape, _model(tmp_path, 4096), shape_path="traffic/azure-conv.json")
+    assert ("autotune shape clip traffic/azure-conv.json --max-total-tokens 2048 -o "
+            "azure-conv-2048.json (then tune with --shape azure-conv-2048.json)") in str(e.value)
     # the suggested fix works: the clipped shape fits
     clipped = clip_shape(shape, max_input_tokens=2048 - 601, max_output_tokens=601)
     assert check_context(space, clipped, _model(tmp_path, 4096)) == []
@@ -133,3 +137,19 @@ def test_a_model_without_vocab_size_says_where_to_add_it(tmp_path: Path) -> None
     # present at the top or in text_config (a multimodal model): nothing to say
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 64}}))
     check_vocab_size(tmp_path)
+
+
+def test_best_refuses_a_config_whose_context_misses_more_than_a_few_prompts() -> None:
+    # issue 66: `best --shape` printed a serve command (exit 0, a warning) for a shape whose
+    # prompts did not fit the winner's context; the median request fitted
+    from autotune.deploy import check_fit
+
+    shape = load_shape(REPO / "traffic" / "azure-conv.json")
+    over, n, _ = context_overflow(shape, context=2048)
+    assert over / n > 0.05 and shape.input_tokens.p50 + shape.output_tokens.p50 <= 2048
+    fit = check_fit(shape, 2048, "--max-model-len 2048", "traffic/azure-conv.json")
+    assert not fit.ok and "cannot serve this traffic" in fit.message
+    assert ("autotune shape clip traffic/azure-conv.json --max-total-tokens 2048 -o "
+            "azure-conv-2048.json") in fit.message
+    # a few long prompts still fit the config: a warning, not a refusal
+    assert check_fit(shape, 8192, "--max-model-len 8192").ok

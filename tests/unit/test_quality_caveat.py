@@ -62,3 +62,17 @@ def test_the_caveat_gives_the_probe_s_figure_and_whose_it_is() -> None:
                             gated=True, real_weights=True, figures=probe)
     assert caveat_line(judged).endswith("; 1 of 32 greedy outputs unchanged (first divergence "
                                         "after 3.2 tokens on average)")
+
+
+def test_a_capacity_studys_caveat_calls_its_figure_a_capacity_result() -> None:
+    # issue 66: a capacity study's caveat said "its figure is a throughput result"
+    from autotune.quality import caveat_line
+
+    q = quality_caveat(["kv_cache_dtype"], {"kv_cache_dtype": "fp8"}, probe=False, gated=False,
+                       real_weights=True, result="capacity")
+    line = caveat_line(q)
+    assert "its figure is a capacity result, not a recommendation" in line, line
+    assert "throughput" not in line
+    old = dict(q or {})
+    old.pop("result")  # a verdict recorded before the caveat named its result
+    assert "its figure is a throughput result" in caveat_line(old)

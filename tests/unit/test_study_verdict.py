@@ -70,9 +70,48 @@ def test_verdict_line_says_why_when_no_other_config_was_measured():
     # a study without its re-check (--recheck 0) says how to add it
     from autotune.measure import WITHIN_RUN_ONLY
 
-    line = _verdict_line({"verdict": "winner", "winner_number": 1, "method": WITHIN_RUN_ONLY,
-                          "ratio_to_defaults": {"median": 1.2, "ci_low": 1.1, "ci_high": 1.3}})
+    line = _verdict_line({"verdict": "defaults_best", "candidate_number": 1,
+                          "method": WITHIN_RUN_ONLY,
+                          "ratio_to_defaults": {"median": 0.95, "ci_low": 0.9, "ci_high": 1.01}})
     assert line.endswith("no fresh-server re-check: add it with --resume --recheck 1"), line
+    assert "95 % within-run interval [0.900, 1.010]: one run's own noise" in line
+
+
+def test_a_lead_from_one_start_each_reads_unconfirmed_with_its_figure_and_command():
+    # issue 66: the demo (--recheck 0) printed "verdict: WINNER trial 2: 1.185x the defaults
+    # (95 % interval [1.100, 1.276])" from one server start each; the next start said 1.119x
+    from autotune.cli._tune import _verdict_line
+    from autotune.measure import WITHIN_RUN_ONLY, decide_verdict, ratio_to_defaults
+    from autotune.measure._stats import Interval
+
+    r = ratio_to_defaults([1185.0], [1000.0], within={
+        "config": Interval(1185.0, 1150.0, 1220.0), "defaults": Interval(1000.0, 980.0, 1020.0)})
+    assert r is not None and r.method == WITHIN_RUN_ONLY and r.ci_low > 1 and r.one_start
+    v = decide_verdict(r)
+    assert v.verdict == "unconfirmed" and "one server start each" in v.reason
+    cmd = "autotune tune --config 'out dir/config.yaml' --study-name s --resume --recheck 1"
+    line = _verdict_line({"verdict": "unconfirmed", "candidate_number": 2, "winner_number": None,
+                          "method": WITHIN_RUN_ONLY, "ratio_to_defaults": r.as_dict(),
+                          "confirm_command": cmd})
+    assert line.startswith("verdict: trial 2 leads, unconfirmed: one server start each: "
+                           "1.185x the defaults (95 % within-run interval ["), line
+    assert "WINNER" not in line and line.endswith(cmd)
+    # the same lead over two starts each is a winner
+    two = ratio_to_defaults([1185.0, 1190.0], [1000.0, 1002.0])
+    assert two is not None and not two.one_start and decide_verdict(two).verdict == "winner"
+
+
+def test_an_unconfirmed_study_exits_3_and_a_verdict_0():
+    from types import SimpleNamespace
+
+    from autotune.cli._tune import EXIT_UNCONFIRMED, exit_code
+
+    def result(verdict: str | None, best: object = object()) -> object:
+        return SimpleNamespace(best=best, verdict={"verdict": verdict} if verdict else {})
+
+    assert exit_code(result("unconfirmed")) == EXIT_UNCONFIRMED == 3  # type: ignore[arg-type]
+    assert exit_code(result("winner")) == exit_code(result("defaults_best")) == 0  # type: ignore[arg-type]
+    assert exit_code(result(None, best=None)) == 1  # type: ignore[arg-type]
 
 
 def test_summary_counts_trials_the_budget_left_unstarted_apart_from_failures():
@@ -137,10 +176,10 @@ def test_a_median_capacity_does_not_read_as_its_own_brackets_lower_end():
          "goodput_bar": 0.99, "slo": {"ttft_p99": 1.0}, "recorded_rps": 5.53,
          "gpus_needed": 0.42, "output_tokens_per_s_at_capacity": 1655.1}
     line = capacity_line(c)
-    assert "13.2 req/s within the SLOs (the median over starts; the bracket of the reading " \
+    assert "13.2 req/s mean rate within the SLOs (the median over starts; the bracket of the reading " \
         "it rests on [14.3, 15.6] req/s" in line, line
     one = capacity_line({**c, "capacity_rps": 14.34})
-    assert "14.3 req/s within the SLOs (bracket [14.3, 15.6] req/s" in one, one
+    assert "14.3 req/s mean rate within the SLOs (bracket [14.3, 15.6] req/s" in one, one
 
 
 def test_capacities_that_are_lower_bounds_rank_nothing_however_many_starts():

@@ -279,3 +279,23 @@ def test_skip_bad_keeps_only_a_few_examples(tmp_path: Path) -> None:
     p = _write(tmp_path, "b.csv", "Timestamp,Request tokens,Response tokens\n1,2,3\n" + bad)
     r = read_trace(p, format="burstgpt", skip_bad=True)
     assert r.skipped == 50 and len(r.skipped_examples) == 10 and len(r) == 1
+
+
+def test_a_format_of_the_other_kind_names_the_asked_and_the_likely_format(
+        tmp_path: Path) -> None:
+    # issue 66: a CSV read with --format mooncake said "not valid JSON", a JSONL read with
+    # --format azure "malformed CSV (Expected 82 fields ...)"
+    csv = _write(tmp_path, "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.6805900,374,44\n")
+    with pytest.raises(TraceFormatError) as e:
+        read_trace(csv, format="mooncake")
+    msg = str(e.value)
+    assert ("--format mooncake reads JSON lines, but the file is CSV and looks like azure; "
+            "pass --format azure") in msg and "\n" not in msg
+    jsonl = _write(tmp_path, "m.jsonl", '{"timestamp": 0, "input_length": 10, '
+                   '"output_length": 2, "hash_ids": [1]}\n')
+    with pytest.raises(TraceFormatError) as e:
+        read_trace(jsonl, format="azure")
+    assert ("--format azure reads CSV, but the file is JSON lines and looks like mooncake; "
+            "pass --format mooncake") in str(e.value)
+    assert len(read_trace(csv, format="azure")) == 1  # the right kind reads as before

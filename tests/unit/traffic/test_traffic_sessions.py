@@ -256,8 +256,23 @@ def test_skip_bad_starts_a_session_at_a_missing_parent(tmp_path: Path) -> None:
     trace = _jsonl(tmp_path / "t.jsonl", [_turn(1, -1, 0.0, 10, 2), _turn(2, 99, 1.0, 10, 2)])
     with pytest.raises(TraceFormatError):
         read_trace(trace)
-    links = read_trace(trace, skip_bad=True).sessions
+    records = read_trace(trace, skip_bad=True)
+    links = records.sessions
     assert links is not None and links.parent.tolist() == [-1, -1]
+    assert records.links_cut == (2,)  # the line of the turn whose parent is missing
+
+
+def test_shape_fit_skip_bad_says_how_many_session_links_it_cut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # issue 66: `shape fit --skip-bad` re-rooted a turn whose parent was missing silently
+    trace = _jsonl(tmp_path / "t.jsonl", [_turn(1, -1, 0.0, 10, 2), _turn(2, 99, 1.0, 10, 2),
+                                          _turn(3, 98, 2.0, 10, 2)])
+    rc, _, err = _run(capsys, "shape", "fit", str(trace), "--skip-bad", "-o",
+                      str(tmp_path / "o.json"))
+    assert rc == 0, err
+    assert "cut 2 session link(s): a turn whose parent_chat_id no turn has starts a session " \
+           "of its own (--skip-bad); line(s) 2, 3" in err
 
 
 def test_clip_scales_the_session_prompts(multi_turn: Path, tmp_path: Path) -> None:
