@@ -137,10 +137,17 @@ OPTIONS: tuple[Option, ...] = (
            parse=lambda xs: [x if isinstance(x, dict) else _json_arg(x) for x in xs or []],
            help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}' or "
                 "@file.json); knobs not given take vLLM's defaults; repeatable"),
-    Option("--timeout", "timeout_s", "search", metavar="SECONDS", aliases=("--budget",),
+    Option("--timeout", "timeout_s", "search", metavar="SECONDS",
            help="time budget of the whole study, re-check included: the search stops when "
                 "what is left would not fit the re-check at the mean trial time so far; "
                 "running trials finish, then the verdict"),
+    Option("--budget", "budget", "search", metavar="GPU_TIME",
+           help="GPU time the study may spend, re-check included: 2h, 90m or 5400s "
+                "(GPU-hours, -minutes, -seconds; a trial on 2 GPUs spends 2 a second); the "
+                "study says at the start how many trials and server starts fit, stops "
+                "searching when what is left would not fit the next trial and the "
+                "re-check, and reports GPU-seconds by phase. A bare number is seconds of "
+                "wall time, as --timeout"),
     Option("--kernel-budget", "kernel_budget_s", "search", metavar="SECONDS",
            help="wall time for tuning kernels before trial 0 when the space has a knob "
                 "with 'tuned' (moe_config; once per model, GPU, shape and streams, cached "

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from enum import StrEnum
 
+from autotune.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -57,6 +59,9 @@ class A(StrEnum):
     MLFLOW_PARENT = "autotune.mlflow_parent_run_id"
     VERDICT = "autotune.verdict"  # verdict_record(): {"verdict", "ratio_to_defaults", ...}
     COST = "autotune.cost"  # best.json's "cost" (autotune.cost), with a --gpu-hour-price
+    # GPU-seconds by phase (autotune.study.PhaseAccount): {"starts", "warmup", "measuring",
+    #   "other", "screened", "pruned", "recheck", "total", "pruned_saved", "budget_s"}
+    GPU_PHASES = "autotune.gpu_phases"
     GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s",
 
 
@@ -116,8 +121,16 @@ _LABELS = {"output_tokens_per_s": "out tok/s", "goodput_rps": "goodput req/s",
 
 
 def objective_metric(objective: str) -> str:
-    """The Measurement.flat() key an objective maximises (Pareto: its first objective)."""
-    return _METRICS[objective]
+    """The Measurement.flat() key an objective maximises (Pareto: its first objective).
+    A :class:`~autotune.errors.ConfigError` for ``auto`` (resolved from the shape first)
+    or an objective that does not exist."""
+    try:
+        return _METRICS[objective]
+    except KeyError:
+        fix = ("resolve it from the traffic shape first (autotune.study.resolve_objective "
+               "or resolve_study)" if objective == "auto"
+               else f"use one of {', '.join(_METRICS)}")
+        raise ConfigError(f"objective {objective!r} names no metric; {fix}") from None
 
 
 def interval_keys(objective: str) -> tuple[str, str]:

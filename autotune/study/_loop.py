@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from autotune.quality import ProbeOutputs, ProbeSet, QualityThresholds
     from autotune.store import VerdictRecord
     from autotune.traffic import TrafficShape
+from autotune.study._budget import BudgetPlan, PhaseAccount, merge_phases
 from autotune.study._gputime import GpuTime
 from autotune.study._inputs import _retry_stopped
 from autotune.study._judge import (
@@ -147,8 +148,15 @@ class StudyLoop:
     started: float = field(default_factory=time.monotonic)
     owner: Owner = field(default_factory=Owner.this_process)  # recorded on each trial it runs
     heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the grace for owner-less trials
+    budget_plan: BudgetPlan | None = None  # --budget 2h: a trial's cost before one is measured
 
     def __post_init__(self) -> None:
+        if self.settings.objective == "auto":
+            raise StudyError(
+                "StudyLoop got --objective auto, which only the traffic shape resolves: pass "
+                "the settings through autotune.study.resolve_objective(settings, shape) (or "
+                "resolve_study) first, or set the objective (throughput, goodput, pareto, "
+                "capacity)")
         self.target = self.settings.trials  # grows by the re-check trials
         self.phase = "search"  # then "recheck": the time budget bounds the search alone
         self.flights: dict[int, _Flight] = {}  # asked and not told (the waiting one too)
@@ -163,6 +171,7 @@ class StudyLoop:
             pool.nodes[next(iter(pool.nodes))] if pool is not None and len(pool.nodes) == 1
             else ()))
         self.beats = Heartbeats(self.study._storage)  # a no-op without storage heartbeats
+        self.phases = PhaseAccount(self.settings.gpu_budget_s)  # GPU-seconds by phase
 
     # -- progress ---------------------------------------------------------------------------
     def event(self, kind: str, **kw: Any) -> StudyEvent:
@@ -231,6 +240,8 @@ class StudyLoop:
         ``autotune.verdict``) for the result files, MLflow and the report."""
         self.gpu_time.close(time.monotonic() - self.t_loop)
         self.gpu_time.save(self.study)
+        self.study.set_user_attr(A.GPU_PHASES, merge_phases(
+            self.study.user_attrs.get(A.GPU_PHASES), self.phases.record()))
         record = verdict_record(judge_study(self.study))
         record["quality"] = self._candidate_quality(record)
         self.study.set_user_attr(A.VERDICT, record)
@@ -266,7 +277,24 @@ class StudyLoop:
                            * math.ceil(n_re / max(1, self.executor.slots)))
             if time.monotonic() - self.t_loop + reserve > self.settings.timeout_s:
                 return False  # budget spent: let running trials finish, start no new one
+        if self.phase == "search" and not self._gpu_budget_holds_one_more():
+            return False
         return n_finished(self.study) + len(self.flights) < self.target
+
+    def _gpu_budget_holds_one_more(self) -> bool:
+        """``--budget 2h``: whether the GPU-seconds spent, the trials in flight, one more
+        and the re-check fit, each trial at the mean so far (before the first: the plan's
+        cost)."""
+        budget = self.settings.gpu_budget_s
+        if budget is None:
+            return True
+        per = self.phases.mean_trial()
+        if per is None:
+            cost = self.budget_plan.cost.seconds if self.budget_plan is not None else 0.0
+            per = cost * max(1, self.settings.gpus_per_trial or 1)
+        s = self.settings
+        n_re = (s.recheck + 1) * s.recheck_starts if s.recheck else 0
+        return self.phases.total + per * (len(self.flights) + 1 + n_re) <= budget
 
     def _run_until_done(self) -> None:
         while self._more() or self.flights:
@@ -405,6 +433,7 @@ class StudyLoop:
         self.walls.append(outcome.wall_s)
         self.recheck_walls.append(max(0.0, outcome.wall_s - (outcome.compile_s or 0.0)))
         self.gpu_time.add(outcome)
+        recheck = f.trial.user_attrs.get(A.RECHECK_OF) is not None
         try:
             value, state, reason = judge(f.trial, outcome, self.settings,
                                          thresholds=self.thresholds, lossy=lossy)
@@ -422,6 +451,9 @@ class StudyLoop:
             value, state, reason = None, State.FAILED, elsewhere
         finally:
             self.beats.discard(f.trial._trial_id)
+        self.phases.add(outcome, server_gpus=f.spec.server_gpus if f.spec else 1,
+                        kind="recheck" if recheck else "pruned" if state == State.PRUNED
+                        else "search")
         record = TrialRecord(number=outcome.number, params=f.params, flags=f.launch.flags,
                              env=dict(f.launch.env), state=state, reason=reason, value=value,
                              baseline=f.baseline, outcome=outcome)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from autotune.kernels._study import TrialPlan
     from autotune.quality import ProbeOutputs, ProbeSet
     from autotune.results import WarmStart
+from autotune.study._budget import BudgetPlan, plan_budget, prior_trial_seconds
 from autotune.study._inputs import StudyInputs, open_study, resolve_inputs
 from autotune.study._loop import StudyLoop, TrialTemplate
 from autotune.study._objective import ResolvedStudy
@@ -256,15 +257,18 @@ def tune(
         # vLLM's parallelism rules for this model on the executor's nodes (autotune.exec)
         inputs = replace(inputs, space=with_parallel_rules(inputs.space, model=inputs.model,
                                                            executor=runner))
+        plan = _budget_plan(inputs)
         loop = StudyLoop(study=study, settings=settings, space=inputs.space, executor=runner,
                          template=TrialTemplate(model=str(inputs.model), shape=inputs.shape,
                                                 log_dir=str(inputs.log_dir)),
                          callbacks=subs, thresholds=inputs.thresholds, started=t_start,
-                         owner=inputs.owner, heartbeat=inputs.heartbeat)
+                         owner=inputs.owner, heartbeat=inputs.heartbeat, budget_plan=plan)
         try:
             subs.on_study_start(loop.event(
                 "study_started", message=f"{n_finished(study)} finished trial(s) already"
                 + capacity_terms(settings)), ctx)
+            if plan is not None:
+                subs.on_note(loop.event("note", message=plan.line()))
             _run(loop, inputs, subs)
         except Exception:
             _drop_if_empty(study, inputs)
@@ -275,6 +279,20 @@ def tune(
     result = write_results(ctx)
     subs.on_study_end(loop.event("study_finished"), result)
     return result
+
+
+def _budget_plan(inputs: StudyInputs) -> BudgetPlan | None:
+    """``--budget 2h``: what fits, at what a trial has cost on this engine and hardware in
+    the study's store (None without a GPU budget)."""
+    settings = inputs.settings
+    if settings.gpu_budget_s is None:
+        return None
+    cost = prior_trial_seconds(
+        inputs.storage, engine=f"{inputs.engine.package} {inputs.engine.version}",
+        gpu=inputs.gpu_type, device=inputs.engine.device)
+    return plan_budget(budget_s=settings.gpu_budget_s, cost=cost, trials=settings.trials,
+                       recheck=settings.recheck, recheck_starts=settings.recheck_starts,
+                       gpus_per_trial=max(1, inputs.gpus_per_trial))
 
 
 def capacity_terms(settings: TuneSettings) -> str:

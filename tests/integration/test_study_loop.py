@@ -302,3 +302,34 @@ def test_a_lossy_candidate_s_quality_figure_is_printed_with_the_verdict(
     else:  # best.json declares the defaults: the word on the other config is not theirs
         assert best["params"] == {} or best["is_baseline"]
         assert best["quality"] is None
+
+
+def test_a_gpu_budget_is_planned_kept_and_accounted_by_phase(model: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    """--budget 20m: the plan is the study's first note, the search stops when the next
+    trial and the re-check would not fit, and the summary says where the GPU time went."""
+    from autotune.cli._tune import summary_lines
+
+    notes: list[str] = []
+
+    class Notes(StudyCallback):
+        def on_note(self, event: StudyEvent) -> None:
+            notes.append(event.message)
+
+    sim = SimulatedExecutor(_value, wall_s=100.0)  # each trial: 100 s on its slot
+    result = tune(_settings(model, tmp_path, trials=20, budget="20m"), executor=sim,
+                  tracker=False, callbacks=[sim, Notes()])
+    assert notes[0].startswith("budget: about 14 trials and 20 server starts fit in 20 "
+                               "GPU-minutes at about 60 s a start (a first guess")
+    study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
+    ran = [t for t in study.get_trials() if t.user_attrs.get(A.REASON) != "rejected"]
+    searched = [t for t in ran if A.RECHECK_OF not in t.user_attrs]
+    assert 3 <= len(searched) < 20  # the budget, not --trials, ended the search
+    phases = study.user_attrs[A.GPU_PHASES]
+    assert phases["total"] == 100.0 * len(ran) <= 1200.0
+    assert phases["recheck"] == 100.0 * (len(ran) - len(searched))
+    assert phases["starts"] + phases["other"] == 100.0 * len(searched)
+    assert result.gpu_phases == phases
+    line = [x for x in summary_lines(result, "throughput") if x.startswith("GPU-seconds")]
+    assert line and "of a 0.333 GPU-hour budget" in line[0]
