@@ -159,8 +159,9 @@ OPTIONS: tuple[Option, ...] = (
            help="kernel configs timed per token count in that tuning"),
     Option("--pruner", "pruner", "search",
            help="interval (default): stop a trial as soon as its 95 %% interval lies wholly "
-                "below the incumbent's (recorded as 'pruned'; throughput studies only); "
-                "none: measure every trial to the end"),
+                "below the incumbent's (throughput), or a capacity trial as soon as one of "
+                "its load levels fails below the incumbent's capacity (recorded as "
+                "'pruned'); none: measure every trial to the end"),
     Option("--recheck", "recheck", "measure", metavar="K",
            help="before the verdict, measure the top K configs and vLLM's defaults again on "
                 "fresh servers (--recheck-starts each); a winner is declared only if the "

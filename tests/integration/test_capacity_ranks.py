@@ -53,6 +53,9 @@ def test_the_defaults_outrank_one_sequence_at_a_time_on_a_bursty_trace(
     storage = f"sqlite:///{tmp_path}/optuna.db"
     proc = _cli(tmp_path, "tune", "--model", str(tiny_llama), "--shape", str(clipped),
                 "--space", str(space), "--trials", "2", "--enqueue", '{"max_num_seqs": 1}',
+                # both brackets closed: the pruner would stop the one-sequence config
+                # at its first level below the defaults' capacity (test_capacity_prune.py)
+                "--pruner", "none",
                 "--recheck", "0", "--no-quality-probe", "--no-ray", "--storage", storage,
                 "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--study-name", "ranks",
                 "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"))

@@ -333,3 +333,44 @@ def test_a_gpu_budget_is_planned_kept_and_accounted_by_phase(model: Path, tmp_pa
     assert result.gpu_phases == phases
     line = [x for x in summary_lines(result, "throughput") if x.startswith("GPU-seconds")]
     assert line and "of a 0.333 GPU-hour budget" in line[0]
+
+
+def test_a_capacity_study_gives_each_trial_the_incumbent_s_capacity_and_counts_pruned_apart(
+        model: Path, tmp_path: Path) -> None:
+    """The bracket pruner's study side: every search trial but the defaults and re-checks
+    is submitted with the incumbent's capacity (its bracket's low end) as its bar; a trial
+    pruned against it is PRUNED with its message, counted apart from failed, and its GPU
+    time is the account's "pruned"."""
+    bars: dict[int, float | None] = {}
+
+    def evaluate(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | TrialOutcome:
+        bars[spec.number] = spec.incumbent_low
+        cap = 2.0 + int(params.get("max_num_seqs", 16)) / 16  # req/s
+        if spec.incumbent_low is not None and cap * 1.1 < spec.incumbent_low:
+            return TrialOutcome(
+                number=spec.number, ok=True, pruned=True, stop="capacity_pruned",
+                message=f"pruned after 2 level(s): a level failed at {cap * 1.1:.3g} req/s",
+                capacity={"recorded_rps": 5.53, "low": None, "high": cap * 1.1 / 5.53,
+                          "flat_misses_rps": None, "status": "pruned", "capacity_rps": None,
+                          "ci_low_rps": None, "ci_high_rps": cap * 1.1, "levels": []},
+                metrics={"capacity_rps_ci_high": cap * 1.1})
+        return {"capacity_rps": cap, "capacity_rps_ci_low": cap,
+                "capacity_rps_ci_high": cap * 1.1, "error_rate": 0.0}
+
+    sim = SimulatedExecutor(evaluate, wall_s=50.0)
+    result = tune(_settings(model, tmp_path, objective="capacity", trials=12, recheck=1),
+                  executor=sim, tracker=False, callbacks=[sim])
+    study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
+    trials = [t for t in study.get_trials() if t.number in bars]
+    for t in trials:
+        plain = not t.user_attrs.get(A.BASELINE) and A.RECHECK_OF not in t.user_attrs
+        assert (bars[t.number] is not None) == (plain and t.number > 0), t.number
+    pruned = [t for t in trials if t.user_attrs.get(A.REASON) == "pruned"]
+    assert pruned, "no trial was pruned: the bar never reached a trial"
+    for t in pruned:
+        assert t.state.name == "PRUNED" and t.user_attrs[A.STATE] == "pruned"
+        assert t.user_attrs[A.MESSAGE].startswith("pruned after 2 level(s)")
+        assert t.user_attrs[A.CAPACITY]["status"] == "pruned"
+    assert result.n_pruned == len(pruned)
+    assert set(result.failures_by_reason) <= {"pruned", "rejected"}  # none failed
+    assert study.user_attrs[A.GPU_PHASES]["pruned"] == 50.0 * len(pruned)
