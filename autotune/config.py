@@ -392,6 +392,8 @@ class TuneSettings(BaseModel):
     budget: str | None = None
     gpu_budget_s: float | None = Field(default=None, gt=0, exclude=True)  # from budget
     pruner: Literal["interval", "none"] = "interval"
+    # steer samples away from configs the store's start failures predict (autotune.study)
+    failure_model: bool = True
     # kernels tuned before trial 0 for a knob with `tuned:` (docs/kernels.md): device time
     # for the whole tuning (split over token counts) and configs timed per token count
     kernel_budget_s: float | None = Field(default=1200.0, gt=0)

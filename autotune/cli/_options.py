@@ -162,6 +162,12 @@ OPTIONS: tuple[Option, ...] = (
                 "below the incumbent's (throughput), or a capacity trial as soon as one of "
                 "its load levels fails below the incumbent's capacity (recorded as "
                 "'pruned'); none: measure every trial to the end"),
+    Option("--no-failure-model", "failure_model", "search", action="store_false",
+           help="start every sample the rules allow; by default a model of the start "
+                "failures of the store's earlier trials (same engine version and hardware) "
+                "and of this study steers samples predicted not to start away (never "
+                "started, not counted, told to the sampler as failed), unless the sampler "
+                "insists (proposes the config again, or after 3 steered in a row)"),
     Option("--recheck", "recheck", "measure", metavar="K",
            help="before the verdict, measure the top K configs and vLLM's defaults again on "
                 "fresh servers (--recheck-starts each); a winner is declared only if the "

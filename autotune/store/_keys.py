@@ -62,6 +62,11 @@ class A(StrEnum):
     # GPU-seconds by phase (autotune.study.PhaseAccount): {"starts", "warmup", "measuring",
     #   "other", "screened", "pruned", "recheck", "total", "pruned_saved", "budget_s"}
     GPU_PHASES = "autotune.gpu_phases"
+    # the failure model: a started trial's prediction {"fail", "p_fail", "reason",
+    # "neighbours"}; on the study, its counts {"earlier_trials", "studies", "steered",
+    # "predicted_ran", "predicted_failed", "missed"}
+    PREDICTED_FAILURE = "autotune.predicted_failure"
+    FAILURE_MODEL = "autotune.failure_model"
     GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s",
 
 
@@ -95,6 +100,8 @@ class FailureReason(StrEnum):
     ERRORS = "errors"  # measured, but too many requests failed
     QUALITY = "quality"  # measured, but below the --quality bound (or quality unknown)
     REJECTED = "rejected"  # never started: the search space's rules forbid the sample
+    # never started: the failure model predicted it would not start (autotune.study)
+    PREDICTED = "predicted_failure"
     PRUNED = "pruned"  # the pruner stopped it: its interval lay below the incumbent's
     # the tuner stopped while the trial ran: says nothing about the config
     TUNER_DIED = "tuner_died"

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Literal
 from autotune.store import A
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
 
     from autotune.trial import TrialOutcome
 
@@ -94,22 +97,32 @@ def trial_gpu_seconds(outcome: TrialOutcome, server_gpus: int = 1) -> float:
     return max(0.0, outcome.wall_s) * n
 
 
+def same_engine_trials(storage: BaseStorage, *, engine: str, gpu: str,
+                       exclude: str | None = None) -> Iterator[list[FrozenTrial]]:
+    """The trials of each study in ``storage`` recorded with this engine version and
+    hardware (``autotune.engine_version``, ``autotune.gpu_type``), study ``exclude`` left
+    out: what a study learns from before its first trial."""
+    import optuna
+
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        attrs = summary.user_attrs
+        if (summary.study_name == exclude or attrs.get(A.ENGINE) != engine
+                or attrs.get(A.GPU) != gpu):
+            continue
+        study_id = storage.get_study_id_from_name(summary.study_name)
+        yield storage.get_all_trials(study_id, deepcopy=False)
+
+
 def prior_trial_seconds(storage: BaseStorage, *, engine: str, gpu: str,
                         device: str) -> TrialCost:
     """A trial's seconds (per GPU) on this engine and hardware: the median of the trials
-    of the store's studies recorded with the same ``autotune.engine_version`` and
-    ``autotune.gpu_type`` (their ``autotune.time``), else :data:`FIRST_GUESS_S`."""
-    import optuna
-
+    of the store's studies recorded with the same engine and hardware
+    (:func:`same_engine_trials`; their ``autotune.time``), else :data:`FIRST_GUESS_S`."""
     seconds: list[float] = []
     studies = 0
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        attrs = summary.user_attrs
-        if attrs.get(A.ENGINE) != engine or attrs.get(A.GPU) != gpu:
-            continue
-        study_id = storage.get_study_id_from_name(summary.study_name)
+    for trials in same_engine_trials(storage, engine=engine, gpu=gpu):
         got = 0
-        for t in storage.get_all_trials(study_id, deepcopy=False):
+        for t in trials:
             time_rec = t.user_attrs.get(A.TIME)
             if not isinstance(time_rec, dict) or t.user_attrs.get(A.PRIOR):
                 continue

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from autotune.store import VerdictRecord
     from autotune.traffic import TrafficShape
 from autotune.study._budget import BudgetPlan, PhaseAccount, merge_phases
+from autotune.study._failmodel import START_FAILURES, FailureModel
 from autotune.study._gputime import GpuTime
 from autotune.study._inputs import _retry_stopped
 from autotune.study._judge import (
@@ -130,6 +131,7 @@ class _Flight:
     launch: LaunchSpec
     baseline: bool
     spec: TrialSpec | None = None
+    predicted_fail: bool | None = None  # the failure model's word (None: not asked)
 
 
 @dataclass
@@ -149,6 +151,7 @@ class StudyLoop:
     owner: Owner = field(default_factory=Owner.this_process)  # recorded on each trial it runs
     heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the grace for owner-less trials
     budget_plan: BudgetPlan | None = None  # --budget 2h: a trial's cost before one is measured
+    failure_model: FailureModel | None = None  # steers samples away from predicted failures
 
     def __post_init__(self) -> None:
         if self.settings.objective == "auto":
@@ -242,6 +245,9 @@ class StudyLoop:
         self.gpu_time.save(self.study)
         self.study.set_user_attr(A.GPU_PHASES, merge_phases(
             self.study.user_attrs.get(A.GPU_PHASES), self.phases.record()))
+        if self.failure_model is not None:
+            self.study.set_user_attr(A.FAILURE_MODEL, self.failure_model.record())
+            self.callbacks.on_note(self.event("note", message=self.failure_model.summary()))
         record = verdict_record(judge_study(self.study))
         record["quality"] = self._candidate_quality(record)
         self.study.set_user_attr(A.VERDICT, record)
@@ -370,6 +376,9 @@ class StudyLoop:
         if problems and not is_base:
             self._reject(trial, params, problems)
             return
+        steered, predicted = self._predict(trial, params, is_base)
+        if steered:
+            return
         launch = self.space.launch_spec(params, baseline=is_base)
         gpus = server_gpus(launch.flags)
         trial.set_user_attr(A.SERVER_GPUS, gpus)
@@ -384,13 +393,34 @@ class StudyLoop:
         self.rejected_in_a_row = 0
         trial.set_user_attr(A.FLAGS, list(launch.flags))
         trial.set_user_attr(A.ENV, dict(launch.env))
-        flight = self.flights[trial.number] = _Flight(trial, params, launch, is_base, spec)
+        flight = self.flights[trial.number] = _Flight(trial, params, launch, is_base, spec,
+                                                      predicted_fail=predicted)
         if self.executor.fits(spec):
             self._submit(flight)
         else:  # its GPUs are busy: it waits, and nothing more is asked until it starts
             self.waiting = trial.number
             self._phase(trial.number, "waiting", 0.0,
                         f"waits for {gpus} free GPU(s) of one node")
+
+    def _predict(self, trial: optuna.Trial, params: dict[str, ParamValue],
+                 is_base: bool) -> tuple[bool, bool | None]:
+        """The failure model's word on a search sample: (steered away: told as a failed
+        constraint, never started; predicted to fail, recorded on a started trial). None:
+        not asked (the defaults, a queued config, the re-check, no model)."""
+        fm = self.failure_model
+        if (fm is None or is_base or self.phase != "search"
+                or trial.user_attrs.get(A.ENQUEUED) or trial.user_attrs.get(A.RETRY_OF)
+                is not None):
+            return False, None
+        pred, away = fm.steer(params)
+        if away:
+            self._reject(trial, params, [pred.text()], reason=FailureReason.PREDICTED)
+            return True, pred.fail
+        if pred.neighbours:
+            trial.set_user_attr(A.PREDICTED_FAILURE, {
+                "fail": pred.fail, "p_fail": round(pred.p_fail, 3), "reason": pred.reason,
+                "neighbours": pred.neighbours})
+        return False, pred.fail
 
     def _submit(self, f: _Flight) -> None:
         assert f.spec is not None
@@ -405,23 +435,25 @@ class StudyLoop:
             self._phase(number, "recheck", 0.0, f"re-measuring the config of trial {recheck_of}")
 
     def _reject(self, trial: optuna.Trial, params: dict[str, ParamValue],
-                problems: list[str]) -> None:
-        """A sample the space's rules forbid: PRUNED, never launched, not counted."""
+                problems: list[str],
+                reason: FailureReason = FailureReason.REJECTED) -> None:
+        """A sample the space's rules forbid (or the failure model steers away: ``reason``
+        predicted_failure): PRUNED with a failed constraint, never launched, not counted."""
         self.rejected_in_a_row += 1
         if self.rejected_in_a_row > _MAX_REJECTED_IN_A_ROW:
             raise StudyError(
                 f"the space {self.space.name} rejected {_MAX_REJECTED_IN_A_ROW} samples in a "
                 f"row (last: {problems[0]}); its rules exclude almost everything - fix them"
             )
-        mark_failed(trial, FailureReason.REJECTED, "; ".join(problems))
+        mark_failed(trial, reason, "; ".join(problems))
         _commit_tell(self.study, trial, None)
         self.beats.discard(trial._trial_id)
         record = TrialRecord(number=trial.number, params=params, flags=(), env={},
-                             state=State.FAILED, reason=FailureReason.REJECTED, value=None,
+                             state=State.FAILED, reason=reason, value=None,
                              baseline=False, outcome=None, violations=tuple(problems))
         self.callbacks.on_trial_end(self.event("trial_rejected", trial_number=trial.number,
                                                trial_ok=False, trial_params=params,
-                                               trial_reason=FailureReason.REJECTED),
+                                               trial_reason=reason),
                                     record)
 
     def _tell(self, outcome: TrialOutcome) -> tuple[StudyEvent, TrialRecord]:
@@ -454,6 +486,10 @@ class StudyLoop:
         self.phases.add(outcome, server_gpus=f.spec.server_gpus if f.spec else 1,
                         kind="recheck" if recheck else "pruned" if state == State.PRUNED
                         else "search")
+        if self.failure_model is not None and (reason in START_FAILURES
+                                               or state != State.FAILED):
+            self.failure_model.outcome(f.params, reason if reason in START_FAILURES else None,
+                                       predicted=bool(f.predicted_fail))
         record = TrialRecord(number=outcome.number, params=f.params, flags=f.launch.flags,
                              env=dict(f.launch.env), state=state, reason=reason, value=value,
                              baseline=f.baseline, outcome=outcome)

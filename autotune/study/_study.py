@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from autotune.quality import ProbeOutputs, ProbeSet
     from autotune.results import WarmStart
 from autotune.study._budget import BudgetPlan, plan_budget, prior_trial_seconds
+from autotune.study._failmodel import FailureModel, failure_model
 from autotune.study._inputs import StudyInputs, open_study, resolve_inputs
 from autotune.study._loop import StudyLoop, TrialTemplate
 from autotune.study._objective import ResolvedStudy
@@ -258,17 +259,20 @@ def tune(
         inputs = replace(inputs, space=with_parallel_rules(inputs.space, model=inputs.model,
                                                            executor=runner))
         plan = _budget_plan(inputs)
+        failures = _failure_model(inputs)
         loop = StudyLoop(study=study, settings=settings, space=inputs.space, executor=runner,
                          template=TrialTemplate(model=str(inputs.model), shape=inputs.shape,
                                                 log_dir=str(inputs.log_dir)),
                          callbacks=subs, thresholds=inputs.thresholds, started=t_start,
-                         owner=inputs.owner, heartbeat=inputs.heartbeat, budget_plan=plan)
+                         owner=inputs.owner, heartbeat=inputs.heartbeat, budget_plan=plan,
+                         failure_model=failures)
         try:
             subs.on_study_start(loop.event(
                 "study_started", message=f"{n_finished(study)} finished trial(s) already"
                 + capacity_terms(settings)), ctx)
-            if plan is not None:
-                subs.on_note(loop.event("note", message=plan.line()))
+            for line in (plan.line() if plan else "", failures.intro() if failures else ""):
+                if line:
+                    subs.on_note(loop.event("note", message=line))
             _run(loop, inputs, subs)
         except Exception:
             _drop_if_empty(study, inputs)
@@ -293,6 +297,17 @@ def _budget_plan(inputs: StudyInputs) -> BudgetPlan | None:
     return plan_budget(budget_s=settings.gpu_budget_s, cost=cost, trials=settings.trials,
                        recheck=settings.recheck, recheck_starts=settings.recheck_starts,
                        gpus_per_trial=max(1, inputs.gpus_per_trial))
+
+
+def _failure_model(inputs: StudyInputs) -> FailureModel | None:
+    """The model of start failures over the store's trials on this engine and hardware
+    (a resumed study's own included; None with ``--no-failure-model``)."""
+    settings = inputs.settings
+    if not settings.failure_model:
+        return None
+    return failure_model(
+        inputs.space, inputs.storage, engine=f"{inputs.engine.package} {inputs.engine.version}",
+        gpu=inputs.gpu_type, exclude=None if settings.resume else inputs.study_name)
 
 
 def capacity_terms(settings: TuneSettings) -> str:

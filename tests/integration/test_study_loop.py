@@ -374,3 +374,55 @@ def test_a_capacity_study_gives_each_trial_the_incumbent_s_capacity_and_counts_p
     assert result.n_pruned == len(pruned)
     assert set(result.failures_by_reason) <= {"pruned", "rejected"}  # none failed
     assert study.user_attrs[A.GPU_PHASES]["pruned"] == 50.0 * len(pruned)
+
+
+def test_a_study_steers_away_from_configs_the_store_saw_fail_to_start(model: Path,
+                                                                       tmp_path: Path) -> None:
+    """A second study in the store learns the first one's start failures (max_num_seqs >
+    24: oom): samples predicted to fail are told as failed constraints with the predicted
+    reason, never started and not counted; the first and last notes say what the model
+    learned from and how it did."""
+    notes: list[str] = []
+
+    class Notes(StudyCallback):
+        def on_note(self, event: StudyEvent) -> None:
+            notes.append(event.message)
+
+    def value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | str:
+        return FailureReason.OOM if int(params.get("max_num_seqs", 16)) > 24 else \
+            _value(params, spec)
+
+    first = SimulatedExecutor(value)
+    tune(_settings(model, tmp_path, trials=25, recheck=0, study_name="first",
+                   out=tmp_path / "first", sampler="random", failure_model=False),
+         executor=first, tracker=False, callbacks=[first])
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    earlier = optuna.load_study(study_name="first", storage=storage)
+    ooms = [t for t in earlier.trials if t.user_attrs.get(A.REASON) == "oom"]
+    assert ooms, "the first study never ran out of memory: nothing to learn"
+
+    sim = SimulatedExecutor(value)
+    tune(_settings(model, tmp_path, trials=25, recheck=0, sampler="random"), executor=sim,
+         tracker=False, callbacks=[sim, Notes()])
+    study = optuna.load_study(study_name="sim", storage=storage)
+    assert any(n.startswith("failure model: ") and " of 1 study on this engine and hardware, "
+               f"{len(ooms)} of them start failures" in n for n in notes), notes
+    steered = [t for t in study.trials if t.user_attrs.get(A.REASON) == "predicted_failure"]
+    assert steered, "no sample was steered away"
+    for t in steered:
+        assert t.state.name == "PRUNED" and t.constraints["failed"] == 1.0
+        assert t.params["max_num_seqs"] > 16
+        assert t.user_attrs[A.MESSAGE].startswith("predicted to fail to start (oom: ")
+    assert n_finished(study) == 25  # steered samples are not counted
+    model_rec = study.user_attrs[A.FAILURE_MODEL]
+    assert model_rec["steered"] == len(steered) and model_rec["studies"] == 1
+    assert notes[-1].startswith("failure model (") and "steered" in notes[-1]
+
+
+def test_no_failure_model_starts_every_sample(model: Path, tmp_path: Path) -> None:
+    sim = SimulatedExecutor(_value)
+    tune(_settings(model, tmp_path, trials=15, recheck=0, failure_model=False,
+                   sampler="random"), executor=sim, tracker=False, callbacks=[sim])
+    study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert not [t for t in study.trials if t.user_attrs.get(A.REASON) == "predicted_failure"]
+    assert A.FAILURE_MODEL not in study.user_attrs
