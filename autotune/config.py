@@ -394,6 +394,9 @@ class TuneSettings(BaseModel):
     pruner: Literal["interval", "none"] = "interval"
     # steer samples away from configs the store's start failures predict (autotune.study)
     failure_model: bool = True
+    # a new study learns from the trials of earlier studies of the model and hardware in
+    # its store, weighted by shape distance (autotune.results.learn_from_store)
+    learn: bool = True
     # kernels tuned before trial 0 for a knob with `tuned:` (docs/kernels.md): device time
     # for the whole tuning (split over token counts) and configs timed per token count
     kernel_budget_s: float | None = Field(default=1200.0, gt=0)

@@ -168,6 +168,12 @@ OPTIONS: tuple[Option, ...] = (
                 "and of this study steers samples predicted not to start away (never "
                 "started, not counted, told to the sampler as failed), unless the sampler "
                 "insists (proposes the config again, or after 3 steered in a row)"),
+    Option("--no-learn", "learn", "search", action="store_false",
+           help="start the sampler cold; by default a new study learns from the trials of "
+                "every earlier study in its store on the same model and hardware (any "
+                "shape, any space they fit), each reading weighted by how near its shape is "
+                "to this one (1 for the same shape, 0.5 at the drift threshold), and its "
+                "first lines say from which studies and with what weight"),
     Option("--recheck", "recheck", "measure", metavar="K",
            help="before the verdict, measure the top K configs and vLLM's defaults again on "
                 "fresh servers (--recheck-starts each); a winner is declared only if the "

@@ -320,8 +320,9 @@ def test_a_gpu_budget_is_planned_kept_and_accounted_by_phase(model: Path, tmp_pa
     sim = SimulatedExecutor(_value, wall_s=100.0)  # each trial: 100 s on its slot
     result = tune(_settings(model, tmp_path, trials=20, budget="20m"), executor=sim,
                   tracker=False, callbacks=[sim, Notes()])
-    assert notes[0].startswith("budget: about 14 trials and 20 server starts fit in 20 "
-                               "GPU-minutes at about 60 s a start (a first guess")
+    plan = [n for n in notes if n.startswith("budget: ")]
+    assert plan[0].startswith("budget: about 14 trials and 20 server starts fit in 20 "
+                              "GPU-minutes at about 60 s a start (a first guess")
     study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
     ran = [t for t in study.get_trials() if t.user_attrs.get(A.REASON) != "rejected"]
     searched = [t for t in ran if A.RECHECK_OF not in t.user_attrs]
@@ -426,3 +427,43 @@ def test_no_failure_model_starts_every_sample(model: Path, tmp_path: Path) -> No
     study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
     assert not [t for t in study.trials if t.user_attrs.get(A.REASON) == "predicted_failure"]
     assert A.FAILURE_MODEL not in study.user_attrs
+
+
+def test_a_study_learns_from_an_earlier_study_in_its_store(model: Path, tmp_path: Path) -> None:
+    """A new study on the same model and hardware starts from the earlier study's trials
+    (weight 1: the same shape), says so first, and samples differently from a cold study of
+    the same seed; --no-learn starts cold."""
+    notes: list[str] = []
+
+    class Notes(StudyCallback):
+        def on_note(self, event: StudyEvent) -> None:
+            notes.append(event.message)
+
+    def run(name: str, store: Path, **kw: Any) -> optuna.Study:
+        sim = SimulatedExecutor(_value)
+        storage = f"sqlite:///{store}"
+        tune(_settings(model, tmp_path, trials=8, recheck=0, study_name=name, storage=storage,
+                       out=tmp_path / name, **kw), executor=sim, tracker=False,
+             callbacks=[sim, Notes()])
+        return optuna.load_study(study_name=name, storage=storage)
+
+    run("earlier", tmp_path / "warm.db", seed=7)
+    notes.clear()
+    warm = run("warm", tmp_path / "warm.db")
+    priors = [t for t in warm.trials if A.PRIOR in t.user_attrs]
+    assert priors and all(t.user_attrs[A.PRIOR]["weight"] == 1.0 for t in priors)
+    assert notes[0] == (f"learned from {len(priors)} earlier trial(s) of 1 study, each reading "
+                        "weighted by how near its shape is to this one: earlier "
+                        f"({len(priors)} trial(s), shape distance 0.00, weight 1.00)")
+    assert n_finished(warm) == 8  # the priors do not count
+    cold = run("cold", tmp_path / "cold.db")
+    assert notes[-1].startswith("failure model") and any(
+        n.startswith("learned from no earlier study") for n in notes)
+
+    def sampled(study: optuna.Study) -> list[dict[str, Any]]:
+        return [t.params for t in study.trials
+                if A.PRIOR not in t.user_attrs and not t.user_attrs.get(A.BASELINE)]
+
+    assert sampled(warm) != sampled(cold)
+    off = run("off", tmp_path / "warm.db", learn=False)
+    assert not [t for t in off.trials if A.PRIOR in t.user_attrs]
