@@ -104,7 +104,8 @@ class FailureModel:
     def predict(self, params: Mapping[str, Any]) -> Prediction:
         """Fail when the distance-weighted share of start failures among the K nearest
         trials within :data:`NEAR` reaches :data:`THRESHOLD` (and two of them failed)."""
-        near = sorted((self.distance(params, p), reason) for p, reason in self.seen)
+        near = sorted(((self.distance(params, p), reason) for p, reason in self.seen),
+                      key=lambda dr: dr[0])  # ties: in the order seen (reasons do not sort)
         near = [(d, r) for d, r in near[:K] if d <= NEAR]
         if not near:
             return Prediction(False, 0.0, None, 0)

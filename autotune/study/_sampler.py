@@ -39,15 +39,17 @@ class WeightedTPESampler(TPESampler):
     def _build_parzen_estimator(self, study: Study, search_space: dict[str, BaseDistribution],
                                 trials: list[FrozenTrial], handle_below: bool
                                 ) -> _ParzenEstimator:
-        factors = np.array([observation_weight(t) for t in trials], dtype=float)
-        if len(trials) == 0 or np.all(factors == 1.0):
+        # the trials TPE's _get_internal_repr keeps: those with every param of the space
+        kept = [t for t in trials if search_space.keys() <= self._get_params(t, study).keys()]
+        factors = np.array([observation_weight(t) for t in kept], dtype=float)
+        if len(kept) == 0 or np.all(factors == 1.0):
             return super()._build_parzen_estimator(study, search_space, trials, handle_below)
-        observations = self._get_internal_repr(trials, search_space, study)
+        observations = self._get_internal_repr(kept, search_space, study)
         params: Any = self._parzen_estimator_parameters
         if handle_below and study._is_multi_objective():
-            base = np.ones(len(trials))
+            base = np.ones(len(kept))
         else:
-            base = np.asarray(params.weights(len(trials)), dtype=float)[:len(trials)]
+            base = np.asarray(params.weights(len(kept)), dtype=float)[:len(kept)]
         weights = base * factors
         if not np.any(weights > 0):
             weights = base

@@ -24,6 +24,9 @@ RUNS: dict[str, tuple[list[str], str | None]] = {
     "sample_efficiency/run.py": (["--seeds", "1", "--budget", "5", "--workers", "1",
                                   "--variants", "default,random", "--out", "{tmp}"],
                                  "results.json"),
+    # the study before and with its new defaults, and a retune learning from a neighbour
+    "search_cost/run.py": (["--seeds", "1", "--budget", "5", "--workers", "1", "--out",
+                            "{tmp}"], "results.json"),
     "store-races/race.py": (["optuna", "--processes", "2", "--rounds", "1"], None),
     "h200-trust/repeat-spread.py": (
         [str(EXP / "h200-trust/results-c256-jitter/bench-defaults-2-gpu0.json")], None),

@@ -87,3 +87,11 @@ def test_distance_reads_numbers_by_their_share_of_the_knob_s_range() -> None:
     assert d == 1.0
     assert m.distance(_cfg(8), _cfg(8)) == 0.0
     assert m.distance({"a": 1}, {"b": 1}) == 1.0
+
+
+def test_equally_near_trials_of_either_kind_are_weighed_together() -> None:
+    m = FailureModel(space=SPACE)
+    for reason in ("oom", None, "oom", "crash"):  # the same config, four times
+        m.add(_cfg(40), reason)
+    pred = m.predict(_cfg(40))
+    assert pred.fail and pred.reason == "oom" and pred.p_fail == 0.75 and pred.neighbours == 4

@@ -72,3 +72,14 @@ def test_the_first_line_names_the_studies_and_their_weights() -> None:
         "trial(s), shape distance 1.00, weight 0.50)")
     assert Learned([], [], ["study c: its shape file x no longer exists"]).line().startswith(
         "learned from no earlier study: none in the store on this model and hardware")
+
+
+def test_trials_without_every_param_of_the_space_are_left_out_as_tpe_does() -> None:
+    sampler = WeightedTPESampler(seed=0)
+    study = optuna.create_study(sampler=sampler)
+    other = optuna.trial.create_trial(params={"y": 1.0}, distributions={
+        "y": FloatDistribution(0.0, 2.0)}, value=1.0, user_attrs={A.PRIOR: {"weight": 0.5}})
+    trials = [_trial(0.2, 1.0, weight=0.25), other, _trial(0.8, 1.0)]
+    mpe = sampler._build_parzen_estimator(study, SPACE, trials, handle_below=False)
+    w = mpe._mixture_distribution.weights
+    assert len(w) == 3 and math.isclose(w[0] / w[1], 0.25)  # two kept, and the prior
