@@ -53,6 +53,7 @@ import surface as S  # noqa: E402 - after sys.path
 
 ROWS = ("before", "new", "retune", "retune-no-learn", "retune-no-failure-model")
 ACCEPT = {"A": dict(S.ACCEPT), "B": {**S.ACCEPT, 2: 1.9}}
+BEST_CACHE = HERE / "best-cache.json"  # surface_best's figures by the grid's key
 NEIGHBOUR_WEIGHT = 0.5  # learn_from_store's weight at shape distance 1 (the drift threshold)
 
 
@@ -166,6 +167,10 @@ def surface_best(accept: dict[int, float], measured: list[Any]) -> tuple[float, 
     cache = json.loads(SE_RUN.GRID_CACHE.read_text()) if SE_RUN.GRID_CACHE.exists() else {}
     if key in cache:
         return float(cache[key]["best_value"]), "the full grid (grid-cache.json)"
+    known = json.loads(BEST_CACHE.read_text()) if BEST_CACHE.exists() else {}
+    source = "the grid of surface.KNOBS, other knobs at their defaults"
+    if key in known:
+        return float(known[key]), source
     from autotune.space import load_space
 
     space = load_space(SE_RUN.SPACE, facts=SE_RUN._facts())
@@ -194,7 +199,11 @@ def surface_best(accept: dict[int, float], measured: list[Any]) -> tuple[float, 
             del params[names[i]]
 
     best = max((surf.value(c)[0] or 0.0) for c in cells(0, {}))
-    return best, "the grid of surface.KNOBS, other knobs at their defaults"
+    known[key] = best
+    tmp = BEST_CACHE.with_name(f".{BEST_CACHE.name}.tmp")
+    tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, BEST_CACHE)
+    return best, source
 
 
 def _jobs(seeds: int) -> list[tuple[str, str, int]]:
