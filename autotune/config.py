@@ -52,6 +52,26 @@ CAPACITY_DEFAULT_SLO = {"ttft_p99": 2.0, "tpot_p99": 0.1}
 OUTPUT_JITTER = 0.1
 
 
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(h|m|s)?\s*$", re.IGNORECASE)
+_BUDGET_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_budget(text: str | float) -> tuple[Literal["wall", "gpu"], float]:
+    """``--budget``: ``2h``, ``90m`` or ``5400s`` is GPU time (GPU-seconds: a trial on two
+    GPUs spends two a second), a bare number seconds of wall time (as ``--timeout``).
+    A :class:`ConfigError` that says both ways for anything else."""
+    m = _BUDGET.match(str(text))
+    value = float(m.group(1)) if m else math.nan
+    if not m or not math.isfinite(value) or value <= 0:
+        raise ConfigError(
+            f"--budget {text!r}: give GPU time with a unit (2h, 90m, 5400s: GPU-hours, "
+            "-minutes or -seconds) or seconds of wall time as a bare number (3600), > 0")
+    unit = (m.group(2) or "").lower()
+    if not unit:
+        return "wall", value
+    return "gpu", value * _BUDGET_UNITS[unit]
+
+
 def parse_slo(text: str | None) -> dict[str, float]:
     """Parse ``"ttft_p99=2.0,tpot_p99=0.05"`` (seconds) into ``{"ttft_p99": 2.0, ...}``."""
     if not text:
@@ -388,7 +408,16 @@ class TuneSettings(BaseModel):
     quality_probe: bool = True  # probe trials that set a lossy knob (figures logged)
     # the study's time budget (re-check included)
     timeout_s: float | None = Field(default=None, gt=0)
+    # --budget as given: "2h", "90m", "5400s" (GPU time: gpu_budget_s) or a bare number
+    # (seconds of wall time: timeout_s); autotune.study plans the trials to it
+    budget: str | None = None
+    gpu_budget_s: float | None = Field(default=None, gt=0, exclude=True)  # from budget
     pruner: Literal["interval", "none"] = "interval"
+    # steer samples away from configs the store's start failures predict (autotune.study)
+    failure_model: bool = True
+    # a new study learns from the trials of earlier studies of the model and hardware in
+    # its store, weighted by shape distance (autotune.results.learn_from_store)
+    learn: bool = True
     # kernels tuned before trial 0 for a knob with `tuned:` (docs/kernels.md): device time
     # for the whole tuning (split over token counts) and configs timed per token count
     kernel_budget_s: float | None = Field(default=1200.0, gt=0)
@@ -421,6 +450,21 @@ class TuneSettings(BaseModel):
         elif isinstance(tracking, (str, Path)):
             tracking = tracking_url(tracking)
         return {**data, "storage": storage, "tracking_uri": tracking}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget(cls, data: Any) -> Any:
+        """``budget`` sets ``gpu_budget_s`` (with a unit) or ``timeout_s`` (a bare number);
+        given beside a different value of that field, it is refused."""
+        if not isinstance(data, dict) or data.get("budget") in (None, ""):
+            return data
+        kind, seconds = parse_budget(data["budget"])
+        key = "gpu_budget_s" if kind == "gpu" else "timeout_s"
+        given = data.get(key)
+        if given is not None and not math.isclose(float(given), seconds):
+            flag = "--timeout" if key == "timeout_s" else "gpu_budget_s"
+            raise ValueError(f"--budget {data['budget']} and {flag} {given} disagree; keep one")
+        return {**data, "budget": str(data["budget"]).strip(), key: seconds}
 
     @model_validator(mode="before")
     @classmethod

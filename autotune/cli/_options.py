@@ -137,10 +137,17 @@ OPTIONS: tuple[Option, ...] = (
            parse=lambda xs: [x if isinstance(x, dict) else _json_arg(x) for x in xs or []],
            help="a config to try first, as JSON knob values (e.g. '{\"mtp_depth\": 1}' or "
                 "@file.json); knobs not given take vLLM's defaults; repeatable"),
-    Option("--timeout", "timeout_s", "search", metavar="SECONDS", aliases=("--budget",),
+    Option("--timeout", "timeout_s", "search", metavar="SECONDS",
            help="time budget of the whole study, re-check included: the search stops when "
                 "what is left would not fit the re-check at the mean trial time so far; "
                 "running trials finish, then the verdict"),
+    Option("--budget", "budget", "search", metavar="GPU_TIME",
+           help="GPU time the study may spend, re-check included: 2h, 90m or 5400s "
+                "(GPU-hours, -minutes, -seconds; a trial on 2 GPUs spends 2 a second); the "
+                "study says at the start how many trials and server starts fit, stops "
+                "searching when what is left would not fit the next trial and the "
+                "re-check, and reports GPU-seconds by phase. A bare number is seconds of "
+                "wall time, as --timeout"),
     Option("--kernel-budget", "kernel_budget_s", "search", metavar="SECONDS",
            help="wall time for tuning kernels before trial 0 when the space has a knob "
                 "with 'tuned' (moe_config; once per model, GPU, shape and streams, cached "
@@ -152,8 +159,21 @@ OPTIONS: tuple[Option, ...] = (
            help="kernel configs timed per token count in that tuning"),
     Option("--pruner", "pruner", "search",
            help="interval (default): stop a trial as soon as its 95 %% interval lies wholly "
-                "below the incumbent's (recorded as 'pruned'; throughput studies only); "
-                "none: measure every trial to the end"),
+                "below the incumbent's (throughput), or a capacity trial as soon as one of "
+                "its load levels fails below the incumbent's capacity (recorded as "
+                "'pruned'); none: measure every trial to the end"),
+    Option("--no-failure-model", "failure_model", "search", action="store_false",
+           help="start every sample the rules allow; by default a model of the start "
+                "failures of the store's earlier trials (same engine version and hardware) "
+                "and of this study steers samples predicted not to start away (never "
+                "started, not counted, told to the sampler as failed), unless the sampler "
+                "insists (proposes the config again, or after 3 steered in a row)"),
+    Option("--no-learn", "learn", "search", action="store_false",
+           help="start the sampler cold; by default a new study learns from the trials of "
+                "every earlier study in its store on the same model and hardware (any "
+                "shape, any space they fit), each reading weighted by how near its shape is "
+                "to this one (1 for the same shape, 0.5 at the drift threshold), and its "
+                "first lines say from which studies and with what weight"),
     Option("--recheck", "recheck", "measure", metavar="K",
            help="before the verdict, measure the top K configs and vLLM's defaults again on "
                 "fresh servers (--recheck-starts each); a winner is declared only if the "

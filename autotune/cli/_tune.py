@@ -330,6 +330,10 @@ def summary_lines(result: TuneResult, objective: str) -> list[str]:
         lines.append(f"note: {STAND_IN_NOTE}; 'autotune export {result.out_dir} --format "
                      f"serve' prints it without {', '.join(dep.dropped)}")
     lines += _gpu_time_lines(result.gpu_time)
+    if result.gpu_phases:
+        from autotune.study import phases_line
+
+        lines.append(phases_line(result.gpu_phases))
     lines += [f"written: {result.out_dir / 'best.json'}",
               f"browse: mlflow ui --backend-store-uri {result.tracking_uri}"]
     if result.report:

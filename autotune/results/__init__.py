@@ -52,6 +52,8 @@ if TYPE_CHECKING:
         sync_study,
     )
     from autotune.results._warm import (
+        Learned,
+        learn_from_store,
         plan_retune,
         warm_start_from,
     )
@@ -63,6 +65,7 @@ __all__ = [
     "PLOT_FILES",
     "PRIOR_ATTR",
     "TAGS",
+    "Learned",
     "MlflowCallback",
     "MlflowTracker",
     "TrialsCsvCallback",
@@ -73,6 +76,7 @@ __all__ = [
     "explain_miss",
     "find_best",
     "find_best_tracked",
+    "learn_from_store",
     "param_importances",
     "pareto_front",
     "plan_retune",
@@ -123,5 +127,6 @@ __getattr__ = lazy_exports(__name__, {
         "default_tracking_uri",
     ),
     "autotune.results._tracking_sync": ("sync_study",),
-    "autotune.results._warm": ("plan_retune", "warm_start_from"),
+    "autotune.results._warm": ("Learned", "learn_from_store", "plan_retune",
+                               "warm_start_from"),
 })

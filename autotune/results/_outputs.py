@@ -77,6 +77,7 @@ class TuneResult:
     mlflow_late: list[int] = field(default_factory=list)
     mlflow_unlogged: list[str] = field(default_factory=list)
     n_pruned: int = 0  # stopped early by the pruner as clear losers: measured, not failed
+    gpu_phases: dict[str, float] = field(default_factory=dict)  # autotune.gpu_phases
 
 
 def write_json_atomic(path: Path, obj: object) -> None:
@@ -422,6 +423,7 @@ def write_results(ctx: StudyContext) -> TuneResult:
         n_pruned=summary.pruned, tracking_uri=ctx.tracking_uri,
         failures_by_reason=summary.failures_by_reason, explanation=explanation, report=report,
         verdict=dict(study.user_attrs.get(A.VERDICT) or {}), gpu_time=summary.gpu_time,
+        gpu_phases=dict(study.user_attrs.get(A.GPU_PHASES) or {}),
         files={**{f"plots/{p.name}": p for p in plots.values()},
                "trials.csv": out_dir / "trials.csv", **extra},
     )  # fmt: skip

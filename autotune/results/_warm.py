@@ -8,10 +8,20 @@ import json
 import logging
 import math
 import statistics
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import StudyError
-from autotune.store import A, feasible, is_prior, objective_metric, primary, verdict
+from autotune.store import (
+    A,
+    FailureReason,
+    feasible,
+    is_prior,
+    objective_metric,
+    primary,
+    verdict,
+)
 from autotune.traffic import TrafficShape
 
 if TYPE_CHECKING:
@@ -29,10 +39,13 @@ from autotune.results._registry import (
     PRIOR_ATTR,
     RetunePlan,
     WarmStart,
+    _filter,
     _find,
     _load_study,
     _open,
     _resolve,
+    _scan,
+    _tuned_shape,
 )
 
 logger = logging.getLogger(__name__)
@@ -127,7 +140,7 @@ def _prior_values(t: Any, objective: str | None, latency: str,
 def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace | None,
                 value_scale: float, objective: str | None = None,
                 pareto_latency: str = "ttft_p99", st: Any | None = None,
-                include_baseline: bool = False) -> WarmStart:
+                include_baseline: bool = False, weight: float | None = None) -> WarmStart:
     import optuna
     from optuna.trial import TrialState
 
@@ -178,8 +191,9 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
     priors: list[optuna.trial.FrozenTrial] = []
     dropped = 0
     for t in trials:
-        if t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or is_prior(t):
-            continue
+        if (t.state not in (TrialState.COMPLETE, TrialState.PRUNED) or is_prior(t)
+                or t.user_attrs.get(A.REASON) == FailureReason.PREDICTED):
+            continue  # a predicted failure is the model's guess, not a reading
         fitted = _fit_to_space(dict(t.params), dict(t.distributions), space)
         if fitted is None:
             dropped += 1
@@ -188,6 +202,8 @@ def _warm_start(storage: str, study_name: str, *, top_k: int, space: SearchSpace
         attrs[PRIOR_ATTR] = {"study": study_name, "trial": t.number, "shape_fingerprint": fp,
                              "baseline": bool(t.user_attrs.get(A.BASELINE)),
                              "value_scale": value_scale}
+        if weight is not None:  # the sampler's weight of this observation (learn_from_store)
+            attrs[PRIOR_ATTR]["weight"] = weight
         system = {k: v for k, v in t.system_attrs.items()
                   if not k.startswith("constraints") and k != "fixed_params"}
         values = None
@@ -239,3 +255,76 @@ def plan_retune(
                          objective=objective, pareto_latency=pareto_latency, st=st,
                          include_baseline=include_baseline)
     return RetunePlan(hit=hit, diff=diff, drifted=drifted, warm_start=ws)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What a new study learns from the earlier studies in its store
+    (:func:`learn_from_store`): their trials as weighted prior observations, and per study
+    (name, trials taken, shape distance, weight)."""
+
+    prior_trials: list[optuna.trial.FrozenTrial]
+    sources: list[tuple[str, int, float, float]]
+    skipped: list[str]
+
+    def line(self) -> str:
+        """The study's first word on it."""
+        if not self.sources:
+            why = f" ({'; '.join(self.skipped[:3])})" if self.skipped else ""
+            return ("learned from no earlier study: none in the store on this model and "
+                    f"hardware with trials that fit this space{why}")
+        parts = ", ".join(f"{name} ({n} trial(s), shape distance {d:.2f}, weight {w:.2f})"
+                          for name, n, d, w in self.sources)
+        return (f"learned from {len(self.prior_trials)} earlier trial(s) of "
+                f"{len(self.sources)} stud{'y' if len(self.sources) == 1 else 'ies'}, each "
+                f"reading weighted by how near its shape is to this one: {parts}")
+
+
+def shape_weight(distance: float) -> float:
+    """An earlier study's weight by its shape's distance to this one (the RMS of distance /
+    threshold over the shape's dimensions, autotune.traffic.diff_shapes: <= 1 reads "the
+    same"): 1 for the same shape, 0.5 at the drift threshold, 0.1 at three times it."""
+    return 1.0 / (1.0 + distance * distance)
+
+
+def learn_from_store(storage: StorageLike, *, shape: TrafficShape, model: str, gpu: str,
+                     space: SearchSpace, objective: str, exclude: Collection[str] = (),
+                     min_weight: float = 0.05) -> Learned:
+    """The trials of every earlier study in ``storage`` on the same ``model`` and ``gpu``
+    (any shape, any space whose trials fit ``space``; ``exclude``: studies left out), as
+    prior observations for a new study: their readings for ``objective`` as measured (see
+    :func:`warm_start_from` on values of another shape), each study's weighted by
+    :func:`shape_weight` of its shape's distance (``autotune.prior`` ``weight``: the
+    sampler scales its observations by it); studies below ``min_weight``, or whose shape
+    file cannot be read back, are skipped (``skipped`` says why)."""
+    from autotune.traffic import diff_shapes
+
+    url, st = _resolve(storage)
+    if st is None:
+        return Learned([], [], [])
+    priors: list[optuna.trial.FrozenTrial] = []
+    sources: list[tuple[str, int, float, float]] = []
+    skipped: list[str] = []
+    cache: dict[str, TrafficShape | str] = {}
+    for info, _ in _filter(_scan(url, st), model, gpu):
+        if info.name in exclude:
+            continue
+        if info.shape_fingerprint == shape.fingerprint:
+            distance = 0.0
+        else:
+            tuned = _tuned_shape(info, cache)
+            if isinstance(tuned, str):
+                skipped.append(tuned)
+                continue
+            distance = diff_shapes(tuned, shape).distance
+        weight = shape_weight(distance)
+        if weight < min_weight:
+            skipped.append(f"study {info.name}: shape distance {distance:.2f} (weight "
+                           f"{weight:.2f} < {min_weight:g})")
+            continue
+        ws = _warm_start(url, info.name, top_k=0, space=space, value_scale=1.0,
+                         objective=objective, st=st, weight=round(weight, 4))
+        if ws.prior_trials:
+            priors += ws.prior_trials
+            sources.append((info.name, len(ws.prior_trials), distance, weight))
+    return Learned(priors, sources, skipped)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from enum import StrEnum
 
+from autotune.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -60,6 +62,14 @@ class A(StrEnum):
     # {"log_sd", "df", "host"}), read back by later studies of one start each
     START_SPREAD = "autotune.start_spread"
     COST = "autotune.cost"  # best.json's "cost" (autotune.cost), with a --gpu-hour-price
+    # GPU-seconds by phase (autotune.study.PhaseAccount): {"starts", "warmup", "measuring",
+    #   "other", "screened", "pruned", "recheck", "total", "pruned_saved", "budget_s"}
+    GPU_PHASES = "autotune.gpu_phases"
+    # the failure model: a started trial's prediction {"fail", "p_fail", "reason",
+    # "neighbours"}; on the study, its counts {"earlier_trials", "studies", "steered",
+    # "predicted_ran", "predicted_failed", "missed"}
+    PREDICTED_FAILURE = "autotune.predicted_failure"
+    FAILURE_MODEL = "autotune.failure_model"
     GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s",
 
 
@@ -93,6 +103,8 @@ class FailureReason(StrEnum):
     ERRORS = "errors"  # measured, but too many requests failed
     QUALITY = "quality"  # measured, but below the --quality bound (or quality unknown)
     REJECTED = "rejected"  # never started: the search space's rules forbid the sample
+    # never started: the failure model predicted it would not start (autotune.study)
+    PREDICTED = "predicted_failure"
     PRUNED = "pruned"  # the pruner stopped it: its interval lay below the incumbent's
     # the tuner stopped while the trial ran: says nothing about the config
     TUNER_DIED = "tuner_died"
@@ -119,8 +131,16 @@ _LABELS = {"output_tokens_per_s": "out tok/s", "goodput_rps": "goodput req/s",
 
 
 def objective_metric(objective: str) -> str:
-    """The Measurement.flat() key an objective maximises (Pareto: its first objective)."""
-    return _METRICS[objective]
+    """The Measurement.flat() key an objective maximises (Pareto: its first objective).
+    A :class:`~autotune.errors.ConfigError` for ``auto`` (resolved from the shape first)
+    or an objective that does not exist."""
+    try:
+        return _METRICS[objective]
+    except KeyError:
+        fix = ("resolve it from the traffic shape first (autotune.study.resolve_objective "
+               "or resolve_study)" if objective == "auto"
+               else f"use one of {', '.join(_METRICS)}")
+        raise ConfigError(f"objective {objective!r} names no metric; {fix}") from None
 
 
 def interval_keys(objective: str) -> tuple[str, str]:

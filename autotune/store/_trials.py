@@ -95,13 +95,14 @@ def mlflow_run(study: Study, t: FrozenTrial) -> str | None:
 
 def n_finished(study: Study) -> int:
     """Trials that count toward ``--trials``: measured or failed by their config (not
-    rejected samples, not priors copied from another study, not trials the tuner's own
-    death or interruption stopped)."""
+    rejected samples or samples steered away as predicted failures, not priors copied
+    from another study, not trials the tuner's own death or interruption stopped)."""
     from optuna.trial import TrialState
 
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     return sum(1 for t in study.get_trials(deepcopy=False, states=done)
-               if t.user_attrs.get(A.REASON) != FailureReason.REJECTED
+               if t.user_attrs.get(A.REASON) not in (FailureReason.REJECTED,
+                                                     FailureReason.PREDICTED)
                and not (t.state == TrialState.FAIL and t.user_attrs.get(A.REASON) in STOPPED)
                and not is_prior(t))
 

@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from autotune.store import (
         A,
     )
+    from autotune.study._budget import (
+        BudgetPlan,
+        PhaseAccount,
+        TrialCost,
+        phases_line,
+        plan_budget,
+    )
     from autotune.study._gputime import (
         GpuTime,
     )
@@ -68,10 +75,13 @@ if TYPE_CHECKING:
 __all__ = [
     "BYTECODE_PROBES",
     "A",
+    "BudgetPlan",
     "GpuTime",
+    "PhaseAccount",
     "ResolvedStudy",
     "StudyEvent",
     "StudyLoop",
+    "TrialCost",
     "TrialTemplate",
     "check_bytecode",
     "check_context",
@@ -80,6 +90,8 @@ __all__ = [
     "judge",
     "make_sampler",
     "open_study",
+    "phases_line",
+    "plan_budget",
     "replayed_shape",
     "resolve_inputs",
     "resolve_objective",
@@ -93,6 +105,8 @@ __all__ = [
 __getattr__ = lazy_exports(__name__, {
     "autotune.events": ("StudyEvent",),
     "autotune.store": ("A",),
+    "autotune.study._budget": ("BudgetPlan", "PhaseAccount", "TrialCost", "phases_line",
+                               "plan_budget"),
     "autotune.study._gputime": ("GpuTime",),
     "autotune.study._inputs": (
         "_complete_params",

@@ -40,17 +40,20 @@ if TYPE_CHECKING:
     from optuna.storages import BaseStorage
 
     from autotune.quality import QualityThresholds
-    from autotune.results import WarmStart
+    from autotune.results import Learned, WarmStart
     from autotune.traffic import TrafficShape
 
 logger = logging.getLogger(__name__)
 
 
 def make_sampler(settings: TuneSettings) -> BaseSampler:
-    """The sampler ``--sampler`` names: TPE with constraints (Bayesian) or random."""
+    """The sampler ``--sampler`` names: TPE with constraints (Bayesian; observations
+    copied from earlier studies weighted, :class:`WeightedTPESampler`) or random."""
     import warnings
 
     import optuna
+
+    from autotune.study._sampler import WeightedTPESampler
 
     if settings.sampler == "random":
         return optuna.samplers.RandomSampler(seed=settings.seed)
@@ -58,7 +61,7 @@ def make_sampler(settings: TuneSettings) -> BaseSampler:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # Constraints come from trial.set_constraint(); TPE ranks infeasible trials last.
-        return optuna.samplers.TPESampler(
+        return WeightedTPESampler(
             seed=settings.seed,
             n_startup_trials=n_startup,
             multivariate=True,
@@ -327,8 +330,10 @@ def _start_new(study: optuna.Study, inputs: StudyInputs,
 
 
 def open_study(inputs: StudyInputs, *, sampler: BaseSampler | None = None,
-               warm_start: WarmStart | None = None) -> optuna.Study:
-    """Create the study (its attributes, baseline, enqueued configs and warm start) or, on
+               warm_start: WarmStart | None = None,
+               learned: Learned | None = None) -> optuna.Study:
+    """Create the study (its attributes, baseline, enqueued configs, warm start and the
+    ``learned`` priors of earlier studies) or, on
     ``--resume``, load it, fail the trials that tuners now gone left running
     (:func:`autotune.schema.fail_stale_trials`) and retry them."""
     import optuna
@@ -347,4 +352,6 @@ def open_study(inputs: StudyInputs, *, sampler: BaseSampler | None = None,
         _resume(study, inputs)
     else:
         _start_new(study, inputs, warm_start)
+        if learned is not None and learned.prior_trials:  # after the queued configs
+            study.add_trials(learned.prior_trials)
     return study

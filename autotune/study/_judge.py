@@ -15,6 +15,7 @@ from autotune.store import (
     FailureReason,
     State,
     best_trial,
+    interval_keys,
     mark_failed,
     objective_metric,
     primary,
@@ -109,12 +110,13 @@ def _report_segments(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneS
 
 
 def _mark_pruned(trial: optuna.Trial, outcome: TrialOutcome) -> None:
-    """A clear loser the pruner stopped: feasible constraints, state and reason pruned."""
+    """A clear loser the pruner stopped: feasible constraints, state and reason pruned (a
+    capacity trial's message gives its bound and the incumbent's, from the trial)."""
     lo = outcome.metrics.get("output_tokens_per_s_ci_low", math.nan)
     hi = outcome.metrics.get("output_tokens_per_s_ci_high", math.nan)
     trial.set_user_attr(A.STATE, State.PRUNED)
     trial.set_user_attr(A.REASON, FailureReason.PRUNED)
-    trial.set_user_attr(A.MESSAGE, (
+    trial.set_user_attr(A.MESSAGE, outcome.message if outcome.capacity is not None else (
         f"stopped after {len(outcome.segments)} segments: its 95 % interval "
         f"[{lo:,.1f}, {hi:,.1f}] out tok/s lay below the incumbent's"))
     set_constraints(trial, failed=0.0, slo=0.0, errors=0.0, quality=0.0)
@@ -282,15 +284,17 @@ def _skip_waiting(study: optuna.Study, storage: BaseStorage) -> list[int]:
 
 def _incumbent_low(study: optuna.Study, settings: TuneSettings, trial: optuna.Trial
                    ) -> float | None:
-    """The pruner's bar for a new trial: the low end of the incumbent's interval.
+    """The pruner's bar for a new trial: the low end of the incumbent's interval (output
+    tokens/s), or of its capacity bracket (req/s: a capacity trial stops once a level
+    fails below it).
 
     Passed in with the trial (it runs in a Ray worker; no storage round-trip mid-trial).
-    None (never pruned) for the defaults, re-check trials, studies that do not maximise
-    throughput, and ``--pruner none``."""
-    if (settings.pruner == "none" or settings.objective != "throughput"
+    None (never pruned) for the defaults, re-check trials, studies that maximise neither
+    throughput nor capacity, and ``--pruner none``."""
+    if (settings.pruner == "none" or settings.objective not in ("throughput", "capacity")
             or trial.user_attrs.get(A.BASELINE) or trial.user_attrs.get(A.RECHECK_OF) is not None):
         return None
     best = best_trial(study)
-    low = _metric(best, "output_tokens_per_s_ci_low")
+    low = _metric(best, interval_keys(settings.objective)[0])
     # per GPU: the bar of a trial on n GPUs is n x the incumbent's low end per GPU
     return None if low is None else low / server_gpus_of(best) * server_gpus_of(trial)

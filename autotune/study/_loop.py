@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from autotune.quality import ProbeOutputs, ProbeSet, QualityThresholds
     from autotune.store import VerdictRecord
     from autotune.traffic import TrafficShape
+from autotune.study._budget import BudgetPlan, PhaseAccount, merge_phases
+from autotune.study._failmodel import START_FAILURES, FailureModel
 from autotune.study._gputime import GpuTime
 from autotune.study._inputs import _retry_stopped
 from autotune.study._judge import (
@@ -131,6 +133,7 @@ class _Flight:
     launch: LaunchSpec
     baseline: bool
     spec: TrialSpec | None = None
+    predicted_fail: bool | None = None  # the failure model's word (None: not asked)
 
 
 @dataclass
@@ -149,8 +152,16 @@ class StudyLoop:
     started: float = field(default_factory=time.monotonic)
     owner: Owner = field(default_factory=Owner.this_process)  # recorded on each trial it runs
     heartbeat: Heartbeat = field(default_factory=Heartbeat)  # the grace for owner-less trials
+    budget_plan: BudgetPlan | None = None  # --budget 2h: a trial's cost before one is measured
+    failure_model: FailureModel | None = None  # steers samples away from predicted failures
 
     def __post_init__(self) -> None:
+        if self.settings.objective == "auto":
+            raise StudyError(
+                "StudyLoop got --objective auto, which only the traffic shape resolves: pass "
+                "the settings through autotune.study.resolve_objective(settings, shape) (or "
+                "resolve_study) first, or set the objective (throughput, goodput, pareto, "
+                "capacity)")
         self.target = self.settings.trials  # grows by the re-check trials
         self.phase = "search"  # then "recheck": the time budget bounds the search alone
         self.flights: dict[int, _Flight] = {}  # asked and not told (the waiting one too)
@@ -165,6 +176,7 @@ class StudyLoop:
             pool.nodes[next(iter(pool.nodes))] if pool is not None and len(pool.nodes) == 1
             else ()))
         self.beats = Heartbeats(self.study._storage)  # a no-op without storage heartbeats
+        self.phases = PhaseAccount(self.settings.gpu_budget_s)  # GPU-seconds by phase
 
     # -- progress ---------------------------------------------------------------------------
     def event(self, kind: str, **kw: Any) -> StudyEvent:
@@ -233,6 +245,11 @@ class StudyLoop:
         ``autotune.verdict``) for the result files, MLflow and the report."""
         self.gpu_time.close(time.monotonic() - self.t_loop)
         self.gpu_time.save(self.study)
+        self.study.set_user_attr(A.GPU_PHASES, merge_phases(
+            self.study.user_attrs.get(A.GPU_PHASES), self.phases.record()))
+        if self.failure_model is not None:
+            self.study.set_user_attr(A.FAILURE_MODEL, self.failure_model.record())
+            self.callbacks.on_note(self.event("note", message=self.failure_model.summary()))
         judgement = judge_study(self.study, prior=prior_spread_of(self.study))
         if judgement is not None and judgement.ratio is not None:  # repeated starts: kept
             keep_spread(self.study, judgement.ratio.log_sd, judgement.ratio.df)
@@ -272,7 +289,24 @@ class StudyLoop:
                            * math.ceil(n_re / max(1, self.executor.slots)))
             if time.monotonic() - self.t_loop + reserve > self.settings.timeout_s:
                 return False  # budget spent: let running trials finish, start no new one
+        if self.phase == "search" and not self._gpu_budget_holds_one_more():
+            return False
         return n_finished(self.study) + len(self.flights) < self.target
+
+    def _gpu_budget_holds_one_more(self) -> bool:
+        """``--budget 2h``: whether the GPU-seconds spent, the trials in flight, one more
+        and the re-check fit, each trial at the mean so far (before the first: the plan's
+        cost)."""
+        budget = self.settings.gpu_budget_s
+        if budget is None:
+            return True
+        per = self.phases.mean_trial()
+        if per is None:
+            cost = self.budget_plan.cost.seconds if self.budget_plan is not None else 0.0
+            per = cost * max(1, self.settings.gpus_per_trial or 1)
+        s = self.settings
+        n_re = (s.recheck + 1) * s.recheck_starts if s.recheck else 0
+        return self.phases.total + per * (len(self.flights) + 1 + n_re) <= budget
 
     def _run_until_done(self) -> None:
         while self._more() or self.flights:
@@ -348,6 +382,9 @@ class StudyLoop:
         if problems and not is_base:
             self._reject(trial, params, problems)
             return
+        steered, predicted = self._predict(trial, params, is_base)
+        if steered:
+            return
         launch = self.space.launch_spec(params, baseline=is_base)
         gpus = server_gpus(launch.flags)
         trial.set_user_attr(A.SERVER_GPUS, gpus)
@@ -362,13 +399,34 @@ class StudyLoop:
         self.rejected_in_a_row = 0
         trial.set_user_attr(A.FLAGS, list(launch.flags))
         trial.set_user_attr(A.ENV, dict(launch.env))
-        flight = self.flights[trial.number] = _Flight(trial, params, launch, is_base, spec)
+        flight = self.flights[trial.number] = _Flight(trial, params, launch, is_base, spec,
+                                                      predicted_fail=predicted)
         if self.executor.fits(spec):
             self._submit(flight)
         else:  # its GPUs are busy: it waits, and nothing more is asked until it starts
             self.waiting = trial.number
             self._phase(trial.number, "waiting", 0.0,
                         f"waits for {gpus} free GPU(s) of one node")
+
+    def _predict(self, trial: optuna.Trial, params: dict[str, ParamValue],
+                 is_base: bool) -> tuple[bool, bool | None]:
+        """The failure model's word on a search sample: (steered away: told as a failed
+        constraint, never started; predicted to fail, recorded on a started trial). None:
+        not asked (the defaults, a queued config, the re-check, no model)."""
+        fm = self.failure_model
+        if (fm is None or is_base or self.phase != "search"
+                or trial.user_attrs.get(A.ENQUEUED) or trial.user_attrs.get(A.RETRY_OF)
+                is not None):
+            return False, None
+        pred, away = fm.steer(params)
+        if away:
+            self._reject(trial, params, [pred.text()], reason=FailureReason.PREDICTED)
+            return True, pred.fail
+        if pred.neighbours:
+            trial.set_user_attr(A.PREDICTED_FAILURE, {
+                "fail": pred.fail, "p_fail": round(pred.p_fail, 3), "reason": pred.reason,
+                "neighbours": pred.neighbours})
+        return False, pred.fail
 
     def _submit(self, f: _Flight) -> None:
         assert f.spec is not None
@@ -383,23 +441,25 @@ class StudyLoop:
             self._phase(number, "recheck", 0.0, f"re-measuring the config of trial {recheck_of}")
 
     def _reject(self, trial: optuna.Trial, params: dict[str, ParamValue],
-                problems: list[str]) -> None:
-        """A sample the space's rules forbid: PRUNED, never launched, not counted."""
+                problems: list[str],
+                reason: FailureReason = FailureReason.REJECTED) -> None:
+        """A sample the space's rules forbid (or the failure model steers away: ``reason``
+        predicted_failure): PRUNED with a failed constraint, never launched, not counted."""
         self.rejected_in_a_row += 1
         if self.rejected_in_a_row > _MAX_REJECTED_IN_A_ROW:
             raise StudyError(
                 f"the space {self.space.name} rejected {_MAX_REJECTED_IN_A_ROW} samples in a "
                 f"row (last: {problems[0]}); its rules exclude almost everything - fix them"
             )
-        mark_failed(trial, FailureReason.REJECTED, "; ".join(problems))
+        mark_failed(trial, reason, "; ".join(problems))
         _commit_tell(self.study, trial, None)
         self.beats.discard(trial._trial_id)
         record = TrialRecord(number=trial.number, params=params, flags=(), env={},
-                             state=State.FAILED, reason=FailureReason.REJECTED, value=None,
+                             state=State.FAILED, reason=reason, value=None,
                              baseline=False, outcome=None, violations=tuple(problems))
         self.callbacks.on_trial_end(self.event("trial_rejected", trial_number=trial.number,
                                                trial_ok=False, trial_params=params,
-                                               trial_reason=FailureReason.REJECTED),
+                                               trial_reason=reason),
                                     record)
 
     def _tell(self, outcome: TrialOutcome) -> tuple[StudyEvent, TrialRecord]:
@@ -411,6 +471,7 @@ class StudyLoop:
         self.walls.append(outcome.wall_s)
         self.recheck_walls.append(max(0.0, outcome.wall_s - (outcome.compile_s or 0.0)))
         self.gpu_time.add(outcome)
+        recheck = f.trial.user_attrs.get(A.RECHECK_OF) is not None
         try:
             value, state, reason = judge(f.trial, outcome, self.settings,
                                          thresholds=self.thresholds, lossy=lossy)
@@ -428,6 +489,13 @@ class StudyLoop:
             value, state, reason = None, State.FAILED, elsewhere
         finally:
             self.beats.discard(f.trial._trial_id)
+        self.phases.add(outcome, server_gpus=f.spec.server_gpus if f.spec else 1,
+                        kind="recheck" if recheck else "pruned" if state == State.PRUNED
+                        else "search")
+        if self.failure_model is not None and (reason in START_FAILURES
+                                               or state != State.FAILED):
+            self.failure_model.outcome(f.params, reason if reason in START_FAILURES else None,
+                                       predicted=bool(f.predicted_fail))
         record = TrialRecord(number=outcome.number, params=f.params, flags=f.launch.flags,
                              env=dict(f.launch.env), state=state, reason=reason, value=value,
                              baseline=f.baseline, outcome=outcome)

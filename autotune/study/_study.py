@@ -59,7 +59,9 @@ if TYPE_CHECKING:
     from autotune.exec import Executor
     from autotune.kernels._study import TrialPlan
     from autotune.quality import ProbeOutputs, ProbeSet
-    from autotune.results import WarmStart
+    from autotune.results import Learned, WarmStart
+from autotune.study._budget import BudgetPlan, plan_budget, prior_trial_seconds
+from autotune.study._failmodel import FailureModel, failure_model
 from autotune.study._inputs import StudyInputs, open_study, resolve_inputs
 from autotune.study._loop import StudyLoop, TrialTemplate
 from autotune.study._objective import ResolvedStudy
@@ -252,7 +254,8 @@ def tune(
     settings = inputs.settings  # the objective resolved from the shape
     write_config(settings, inputs.out_dir / "config.yaml")
     subs = _subscribers(inputs, tracker, on_event, callbacks)
-    study = open_study(inputs, sampler=sampler, warm_start=warm_start)
+    learned = _learned(inputs, warm_start)
+    study = open_study(inputs, sampler=sampler, warm_start=warm_start, learned=learned)
     ctx = StudyContext(study=study, settings=settings, space=inputs.space, shape=inputs.shape,
                        model=inputs.model, engine=inputs.engine, gpu_type=inputs.gpu_type,
                        out_dir=inputs.out_dir, tracking_uri=inputs.tracking_uri)
@@ -262,15 +265,22 @@ def tune(
         # vLLM's parallelism rules for this model on the executor's nodes (autotune.exec)
         inputs = replace(inputs, space=with_parallel_rules(inputs.space, model=inputs.model,
                                                            executor=runner))
+        plan = _budget_plan(inputs)
+        failures = _failure_model(inputs)
         loop = StudyLoop(study=study, settings=settings, space=inputs.space, executor=runner,
                          template=TrialTemplate(model=str(inputs.model), shape=inputs.shape,
                                                 log_dir=str(inputs.log_dir)),
                          callbacks=subs, thresholds=inputs.thresholds, started=t_start,
-                         owner=inputs.owner, heartbeat=inputs.heartbeat)
+                         owner=inputs.owner, heartbeat=inputs.heartbeat, budget_plan=plan,
+                         failure_model=failures)
         try:
             subs.on_study_start(loop.event(
                 "study_started", message=f"{n_finished(study)} finished trial(s) already"
                 + capacity_terms(settings)), ctx)
+            for line in (learned.line() if learned else "", plan.line() if plan else "",
+                         failures.intro() if failures else ""):
+                if line:
+                    subs.on_note(loop.event("note", message=line))
             _run(loop, inputs, subs)
         except Exception:
             _drop_if_empty(study, inputs)
@@ -281,6 +291,46 @@ def tune(
     result = write_results(ctx)
     subs.on_study_end(loop.event("study_finished"), result)
     return result
+
+
+def _budget_plan(inputs: StudyInputs) -> BudgetPlan | None:
+    """``--budget 2h``: what fits, at what a trial has cost on this engine and hardware in
+    the study's store (None without a GPU budget)."""
+    settings = inputs.settings
+    if settings.gpu_budget_s is None:
+        return None
+    cost = prior_trial_seconds(
+        inputs.storage, engine=f"{inputs.engine.package} {inputs.engine.version}",
+        gpu=inputs.gpu_type, device=inputs.engine.device)
+    return plan_budget(budget_s=settings.gpu_budget_s, cost=cost, trials=settings.trials,
+                       recheck=settings.recheck, recheck_starts=settings.recheck_starts,
+                       gpus_per_trial=max(1, inputs.gpus_per_trial))
+
+
+def _learned(inputs: StudyInputs, warm_start: WarmStart | None) -> Learned | None:
+    """A new study's priors from the earlier studies in its store on this model and
+    hardware (None on ``--resume`` or with ``--no-learn``; a warm start's own study is
+    left out: its trials come with it)."""
+    from autotune.results import learn_from_store
+
+    settings = inputs.settings
+    if not settings.learn or settings.resume:
+        return None
+    exclude = {inputs.study_name} | ({warm_start.source_study} if warm_start else set())
+    return learn_from_store(inputs.storage, shape=inputs.shape, model=str(inputs.model),
+                            gpu=inputs.gpu_type, space=inputs.space,
+                            objective=settings.objective, exclude=exclude)
+
+
+def _failure_model(inputs: StudyInputs) -> FailureModel | None:
+    """The model of start failures over the store's trials on this engine and hardware
+    (a resumed study's own included; None with ``--no-failure-model``)."""
+    settings = inputs.settings
+    if not settings.failure_model:
+        return None
+    return failure_model(
+        inputs.space, inputs.storage, engine=f"{inputs.engine.package} {inputs.engine.version}",
+        gpu=inputs.gpu_type, exclude=None if settings.resume else inputs.study_name)
 
 
 def capacity_terms(settings: TuneSettings) -> str:

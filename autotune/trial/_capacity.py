@@ -38,7 +38,7 @@ from autotune.errors import ConfigError
 __all__ = ["CapacityRecord", "CapacityResult", "CapacitySearch", "Level", "LevelRecord",
            "flat_note", "search_capacity"]
 
-Status = Literal["found", "levels", "time", "capped", "none"]
+Status = Literal["found", "levels", "time", "capped", "none", "pruned"]
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class CapacityResult:
     high: float | None = None  # the lowest scale that failed (None: none failed)
     # found: bracket within tolerance; levels: probes spent first; time: the time cap
     # ended the search first (--capacity-max-s); capped: passed at max_scale; none: failed
-    # at min_scale
+    # at min_scale; pruned: its top fell below the incumbent's capacity (``prune_below``)
     status: Status = "levels"
     levels: list[Level] = field(default_factory=list)
     # ``high`` is the warm-up's: the server fell behind the arrivals there (no level failed
@@ -312,6 +312,9 @@ class CapacityResult:
         if self.status == "levels":
             return (f"--capacity-max-levels {search.max_levels} levels were spent before the "
                     f"bracket was within {width}; raise it")
+        if self.status == "pruned":
+            return ("stopped early: a level failed below the incumbent's capacity, so this "
+                    "config cannot win (--pruner none measures it to the end)")
         if self.status == "capped":
             return (f"the server still met the SLOs at the highest rate searched "
                     f"({search.max_scale:g}x the recorded rate): its capacity is at least "
@@ -356,12 +359,17 @@ class _OutOfTime(Exception):
     """The time cap left no room for the next level (internal to search_capacity)."""
 
 
+class _Pruned(Exception):
+    """The bracket's top fell below ``prune_below`` (internal to search_capacity)."""
+
+
 def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
                     search: CapacitySearch | None = None,
                     on_level: Callable[[Level, CapacityResult], None] | None = None,
                     room: Callable[[float], bool] | None = None,
                     failed_at: float | None = None,
-                    recorded_sps: float | None = None) -> CapacityResult:
+                    recorded_sps: float | None = None,
+                    prune_below: float | None = None) -> CapacityResult:
     """Bracket the capacity: ``probe(scale)`` runs one load level and says pass or fail.
 
     ``on_level(level, result_so_far)`` hears of each level as it ends (progress).
@@ -371,7 +379,10 @@ def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
     ``failed_at``: a scale the server was already seen not to sustain (the warm-up fell
     behind its arrivals there): the bracket's top until a level fails below it.
     ``recorded_sps``: the recorded session rate a session search scales with the request
-    rate (the result then speaks of sessions/s)."""
+    rate (the result then speaks of sessions/s).
+    ``prune_below``: the incumbent's capacity (its low end) as a scale; the search stops
+    with status ``pruned`` once a level fails below it (this config's capacity is then
+    below the incumbent's: it cannot win)."""
     s = search or CapacitySearch()
     if not (recorded_rps > 0 and math.isfinite(recorded_rps)):
         raise ConfigError(f"recorded rate is {recorded_rps}; capacity needs a rate > 0")
@@ -381,11 +392,19 @@ def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
             raise ConfigError(f"failed_at is {failed_at}; a scale > 0 the server did not "
                               "sustain")
         res.high, res.high_from_warmup = failed_at, True
+    def stop_if_pruned(lv: Level, r: CapacityResult) -> None:
+        if on_level is not None:
+            on_level(lv, r)
+        if prune_below is not None and r.high is not None and r.high < prune_below:
+            raise _Pruned
+
     try:
-        return _bracket(probe, s, res, on_level, room)
+        return _bracket(probe, s, res, stop_if_pruned, room)
     except _OutOfTime:
         res.status = "time"
-        return res
+    except _Pruned:
+        res.status = "pruned"
+    return res
 
 
 def _bracket(probe: Callable[[float], Level], s: CapacitySearch, res: CapacityResult,

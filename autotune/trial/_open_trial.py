@@ -192,7 +192,9 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
                            on_level=_on_level(spec.number, phase, rate),
                            jit=watch.jit_since_last, failed_at=failed_at,
                            level_at=sessions.level_at(level_plan) if sessions else None,
-                           recorded_sps=sps)
+                           recorded_sps=sps,
+                           prune_below=(spec.incumbent_low / recorded
+                                        if spec.incumbent_low else None))
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
@@ -202,6 +204,12 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
                               "start_note": lower}
     outcome.stop = f"capacity_{res.status}"
     outcome.message = res.summary(search, level_plan.max_s)
+    if res.status == "pruned" and spec.incumbent_low and res.high is not None:
+        outcome.pruned = True
+        outcome.message = (
+            f"pruned after {len(res.levels)} level(s): a level failed at {rate(res.high)}, "
+            f"below the incumbent's capacity of {spec.incumbent_low:.3g} req/s, so this "
+            "config cannot win (--pruner none measures it to the end)")
     logger.info("trial %d: %s", spec.number, outcome.message)
     if m is None:  # no level met the SLOs: measured, but no capacity (infeasible)
         outcome.ok = True

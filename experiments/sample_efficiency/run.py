@@ -23,6 +23,7 @@ cells (columns = knob names + output_tokens_per_s, or a study's trials.csv).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -46,6 +47,9 @@ import surface as S
 
 SPACE = REPO / "search_spaces" / "hybrid-mtp.yaml"
 TOL = 0.03
+# the grid's summary per surface (grid_summary): computing it checks the space's rules on
+# every combination, minutes on 2 cores; --no-grid-cache computes it again
+GRID_CACHE = HERE / "grid-cache.json"
 
 # Sampler variants tried when the default misses the goal (see results.md). "default" and
 # "random" are exactly autotune.study.make_sampler for --sampler tpe / random.
@@ -89,7 +93,9 @@ def _settings(variant: str, seed: int, budget: int) -> Any:
 
     return TuneSettings(model=Path("m"), shape=Path("s"), space=SPACE, trials=budget,
                         seed=seed, sampler="random" if variant == "random" else "tpe",
-                        recheck=0, use_ray=False, quality_probe=False)
+                        recheck=0, use_ray=False, quality_probe=False,
+                        # the surface's traffic: 256 closed-loop streams (tokens/s ranks)
+                        objective="throughput")
 
 
 @dataclass
@@ -175,6 +181,52 @@ def one_run(variant: str, seed: int, budget: int, noise: float, best: float,
                score.failed, score.rejected, time.monotonic() - t0)
 
 
+def _grid_key(measured: list[Any], accept: dict[int, float]) -> str:
+    """What the grid's summary depends on: the space file, the surface model, the measured
+    cells and the acceptance lengths."""
+    h = hashlib.sha256()
+    for part in (SPACE.read_bytes(), (HERE / "surface.py").read_bytes(),
+                 repr(sorted(map(repr, measured))).encode(), repr(sorted(accept.items())).encode(),
+                 str(TOL).encode()):
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
+def grid_summary(surf: Any, measured: list[Any], accept: dict[int, float], *,
+                 cache: Path | None) -> dict[str, Any]:
+    """Cell counts, the best cell and the baseline's value over every valid cell (minutes
+    on 2 cores: the space's rules are checked on every combination). ``cache``: a JSON file
+    of summaries by :func:`_grid_key`, read when it holds this key, written when not."""
+    from autotune.space import load_space
+
+    key = _grid_key(measured, accept)
+    known = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
+    if key in known:
+        return dict(known[key])
+    space = load_space(SPACE, facts=_facts())
+    values: list[tuple[float, dict[str, Any], bool]] = []
+    n_cells = n_fail = n_measured = 0
+    for cell in S.grid(space):
+        n_cells += 1
+        v, _, is_m = surf.value(cell)
+        n_measured += is_m
+        if v is None:
+            n_fail += 1
+        else:
+            values.append((v, cell, is_m))
+    best_v, best_cell, best_measured = max(values, key=lambda x: x[0])
+    out = {"cells": n_cells, "start_failures": n_fail, "measured_cells": n_measured,
+           "best_value": best_v, "best_cell": best_cell, "best_is_measured": best_measured,
+           "cells_within_tol": sum(1 for v, _, _ in values if v >= (1 - TOL) * best_v),
+           "baseline_value": surf.value(space.baseline_params())[0]}
+    if cache is not None:
+        known[key] = out
+        tmp = cache.with_name(f".{cache.name}.tmp")
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, cache)
+    return out
+
+
 def _sampler_config(sampler: Any) -> dict[str, Any]:
     """The settings of a sampler that matter here (recorded beside the numbers)."""
     keys = ("_n_startup_trials", "_multivariate", "_group", "_constant_liar",
@@ -226,6 +278,8 @@ def main() -> int:
                          "derives 2.12; 1.9 makes MTP 1 the best depth, as in the case study)")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--out", type=Path, default=HERE, help="folder for results.json/.md")
+    ap.add_argument("--no-grid-cache", action="store_true",
+                    help="compute the grid's summary again instead of reading grid-cache.json")
     ap.add_argument("--tag", default="", help="suffix of the result files (results-TAG.*)")
     args = ap.parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -233,28 +287,16 @@ def main() -> int:
     if bad:
         ap.error(f"unknown variant(s) {bad}; choose from {VARIANTS}")
 
-    from autotune.space import load_space
-
     measured = S.read_measured(HERE / "measured.csv")
     for p in args.measured:
         measured += S.read_measured(p)
-    space = load_space(SPACE, facts=_facts())
     accept = {**S.ACCEPT, 2: args.mtp2_acceptance}
     surf = S.Surface(measured, accept)
     t0 = time.monotonic()
-    values: list[tuple[float, dict[str, Any], bool]] = []
-    n_cells = n_fail = n_measured = 0
-    for cell in S.grid(space):
-        n_cells += 1
-        v, _, is_m = surf.value(cell)
-        n_measured += is_m
-        if v is None:
-            n_fail += 1
-        else:
-            values.append((v, cell, is_m))
-    best_v, best_cell, best_measured = max(values, key=lambda x: x[0])
-    near = sum(1 for v, _, _ in values if v >= (1 - TOL) * best_v)
-    base_v = surf.value(space.baseline_params())[0]
+    g = grid_summary(surf, measured, accept, cache=None if args.no_grid_cache else GRID_CACHE)
+    n_cells, n_fail, n_measured = g["cells"], g["start_failures"], g["measured_cells"]
+    best_v, best_cell, best_measured = g["best_value"], g["best_cell"], g["best_is_measured"]
+    near, base_v = g["cells_within_tol"], g["baseline_value"]
     print(f"{n_cells} valid cells ({n_fail} start failures, {n_measured} measured); best "
           f"{best_v:,.0f} ({'measured' if best_measured else 'modelled'}); {near} cells within "
           f"{TOL:.0%} ({near / n_cells:.2%}); grid in {time.monotonic() - t0:.0f} s",

@@ -56,6 +56,9 @@ def test_a_lead_of_one_start_each_on_a_bursty_trace_is_unconfirmed_never_a_winne
     storage = f"sqlite:///{tmp_path}/optuna.db"
     proc = _cli(tmp_path, "tune", "--model", str(tiny_llama), "--shape", str(clipped),
                 "--space", str(space), "--trials", "2", "--enqueue", '{"max_num_seqs": 256}',
+                # both brackets closed: the pruner would stop a config at its first level
+                # below the incumbent's capacity (test_capacity_prune.py)
+                "--pruner", "none",
                 "--recheck", "0", "--no-quality-probe", "--no-ray", "--storage", storage,
                 "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--study-name", "ranks",
                 "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"))

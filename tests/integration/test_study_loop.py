@@ -302,3 +302,168 @@ def test_a_lossy_candidate_s_quality_figure_is_printed_with_the_verdict(
     else:  # best.json declares the defaults: the word on the other config is not theirs
         assert best["params"] == {} or best["is_baseline"]
         assert best["quality"] is None
+
+
+def test_a_gpu_budget_is_planned_kept_and_accounted_by_phase(model: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    """--budget 20m: the plan is the study's first note, the search stops when the next
+    trial and the re-check would not fit, and the summary says where the GPU time went."""
+    from autotune.cli._tune import summary_lines
+
+    notes: list[str] = []
+
+    class Notes(StudyCallback):
+        def on_note(self, event: StudyEvent) -> None:
+            notes.append(event.message)
+
+    sim = SimulatedExecutor(_value, wall_s=100.0)  # each trial: 100 s on its slot
+    result = tune(_settings(model, tmp_path, trials=20, budget="20m"), executor=sim,
+                  tracker=False, callbacks=[sim, Notes()])
+    plan = [n for n in notes if n.startswith("budget: ")]
+    assert plan[0].startswith("budget: about 14 trials and 20 server starts fit in 20 "
+                              "GPU-minutes at about 60 s a start (a first guess")
+    study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
+    ran = [t for t in study.get_trials() if t.user_attrs.get(A.REASON) != "rejected"]
+    searched = [t for t in ran if A.RECHECK_OF not in t.user_attrs]
+    assert 3 <= len(searched) < 20  # the budget, not --trials, ended the search
+    phases = study.user_attrs[A.GPU_PHASES]
+    assert phases["total"] == 100.0 * len(ran) <= 1200.0
+    assert phases["recheck"] == 100.0 * (len(ran) - len(searched))
+    assert phases["starts"] + phases["other"] == 100.0 * len(searched)
+    assert result.gpu_phases == phases
+    line = [x for x in summary_lines(result, "throughput") if x.startswith("GPU-seconds")]
+    assert line and "of a 0.333 GPU-hour budget" in line[0]
+
+
+def test_a_capacity_study_gives_each_trial_the_incumbent_s_capacity_and_counts_pruned_apart(
+        model: Path, tmp_path: Path) -> None:
+    """The bracket pruner's study side: every search trial but the defaults and re-checks
+    is submitted with the incumbent's capacity (its bracket's low end) as its bar; a trial
+    pruned against it is PRUNED with its message, counted apart from failed, and its GPU
+    time is the account's "pruned"."""
+    bars: dict[int, float | None] = {}
+
+    def evaluate(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | TrialOutcome:
+        bars[spec.number] = spec.incumbent_low
+        cap = 2.0 + int(params.get("max_num_seqs", 16)) / 16  # req/s
+        if spec.incumbent_low is not None and cap * 1.1 < spec.incumbent_low:
+            return TrialOutcome(
+                number=spec.number, ok=True, pruned=True, stop="capacity_pruned",
+                message=f"pruned after 2 level(s): a level failed at {cap * 1.1:.3g} req/s",
+                capacity={"recorded_rps": 5.53, "low": None, "high": cap * 1.1 / 5.53,
+                          "flat_misses_rps": None, "status": "pruned", "capacity_rps": None,
+                          "ci_low_rps": None, "ci_high_rps": cap * 1.1, "levels": []},
+                metrics={"capacity_rps_ci_high": cap * 1.1})
+        return {"capacity_rps": cap, "capacity_rps_ci_low": cap,
+                "capacity_rps_ci_high": cap * 1.1, "error_rate": 0.0}
+
+    sim = SimulatedExecutor(evaluate, wall_s=50.0)
+    result = tune(_settings(model, tmp_path, objective="capacity", trials=12, recheck=1),
+                  executor=sim, tracker=False, callbacks=[sim])
+    study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
+    trials = [t for t in study.get_trials() if t.number in bars]
+    for t in trials:
+        plain = not t.user_attrs.get(A.BASELINE) and A.RECHECK_OF not in t.user_attrs
+        assert (bars[t.number] is not None) == (plain and t.number > 0), t.number
+    pruned = [t for t in trials if t.user_attrs.get(A.REASON) == "pruned"]
+    assert pruned, "no trial was pruned: the bar never reached a trial"
+    for t in pruned:
+        assert t.state.name == "PRUNED" and t.user_attrs[A.STATE] == "pruned"
+        assert t.user_attrs[A.MESSAGE].startswith("pruned after 2 level(s)")
+        assert t.user_attrs[A.CAPACITY]["status"] == "pruned"
+    assert result.n_pruned == len(pruned)
+    assert set(result.failures_by_reason) <= {"pruned", "rejected"}  # none failed
+    assert study.user_attrs[A.GPU_PHASES]["pruned"] == 50.0 * len(pruned)
+
+
+def test_a_study_steers_away_from_configs_the_store_saw_fail_to_start(model: Path,
+                                                                       tmp_path: Path) -> None:
+    """A second study in the store learns the first one's start failures (max_num_seqs >
+    24: oom): samples predicted to fail are told as failed constraints with the predicted
+    reason, never started and not counted; the first and last notes say what the model
+    learned from and how it did."""
+    notes: list[str] = []
+
+    class Notes(StudyCallback):
+        def on_note(self, event: StudyEvent) -> None:
+            notes.append(event.message)
+
+    def value(params: dict[str, Any], spec: TrialSpec) -> dict[str, float] | str:
+        return FailureReason.OOM if int(params.get("max_num_seqs", 16)) > 24 else \
+            _value(params, spec)
+
+    first = SimulatedExecutor(value)
+    tune(_settings(model, tmp_path, trials=25, recheck=0, study_name="first",
+                   out=tmp_path / "first", sampler="random", failure_model=False),
+         executor=first, tracker=False, callbacks=[first])
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    earlier = optuna.load_study(study_name="first", storage=storage)
+    ooms = [t for t in earlier.trials if t.user_attrs.get(A.REASON) == "oom"]
+    assert ooms, "the first study never ran out of memory: nothing to learn"
+
+    sim = SimulatedExecutor(value)
+    tune(_settings(model, tmp_path, trials=25, recheck=0, sampler="random"), executor=sim,
+         tracker=False, callbacks=[sim, Notes()])
+    study = optuna.load_study(study_name="sim", storage=storage)
+    assert any(n.startswith("failure model: ") and " of 1 study on this engine and hardware, "
+               f"{len(ooms)} of them start failures" in n for n in notes), notes
+    steered = [t for t in study.trials if t.user_attrs.get(A.REASON) == "predicted_failure"]
+    assert steered, "no sample was steered away"
+    for t in steered:
+        assert t.state.name == "PRUNED" and t.constraints["failed"] == 1.0
+        assert t.params["max_num_seqs"] > 16
+        assert t.user_attrs[A.MESSAGE].startswith("predicted to fail to start (oom: ")
+    assert n_finished(study) == 25  # steered samples are not counted
+    model_rec = study.user_attrs[A.FAILURE_MODEL]
+    assert model_rec["steered"] == len(steered) and model_rec["studies"] == 1
+    assert notes[-1].startswith("failure model (") and "steered" in notes[-1]
+
+
+def test_no_failure_model_starts_every_sample(model: Path, tmp_path: Path) -> None:
+    sim = SimulatedExecutor(_value)
+    tune(_settings(model, tmp_path, trials=15, recheck=0, failure_model=False,
+                   sampler="random"), executor=sim, tracker=False, callbacks=[sim])
+    study = optuna.load_study(study_name="sim", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert not [t for t in study.trials if t.user_attrs.get(A.REASON) == "predicted_failure"]
+    assert A.FAILURE_MODEL not in study.user_attrs
+
+
+def test_a_study_learns_from_an_earlier_study_in_its_store(model: Path, tmp_path: Path) -> None:
+    """A new study on the same model and hardware starts from the earlier study's trials
+    (weight 1: the same shape), says so first, and samples differently from a cold study of
+    the same seed; --no-learn starts cold."""
+    notes: list[str] = []
+
+    class Notes(StudyCallback):
+        def on_note(self, event: StudyEvent) -> None:
+            notes.append(event.message)
+
+    def run(name: str, store: Path, **kw: Any) -> optuna.Study:
+        sim = SimulatedExecutor(_value)
+        storage = f"sqlite:///{store}"
+        tune(_settings(model, tmp_path, trials=8, recheck=0, study_name=name, storage=storage,
+                       out=tmp_path / name, **kw), executor=sim, tracker=False,
+             callbacks=[sim, Notes()])
+        return optuna.load_study(study_name=name, storage=storage)
+
+    run("earlier", tmp_path / "warm.db", seed=7)
+    notes.clear()
+    warm = run("warm", tmp_path / "warm.db")
+    priors = [t for t in warm.trials if A.PRIOR in t.user_attrs]
+    assert priors and all(t.user_attrs[A.PRIOR]["weight"] == 1.0 for t in priors)
+    assert notes[0] == (f"learned from {len(priors)} earlier trial(s) of 1 study, each reading "
+                        "weighted by how near its shape is to this one: earlier "
+                        f"({len(priors)} trial(s), shape distance 0.00, weight 1.00)")
+    assert n_finished(warm) == 8  # the priors do not count
+    cold = run("cold", tmp_path / "cold.db")
+    assert notes[-1].startswith("failure model") and any(
+        n.startswith("learned from no earlier study") for n in notes)
+
+    def sampled(study: optuna.Study) -> list[dict[str, Any]]:
+        return [t.params for t in study.trials
+                if A.PRIOR not in t.user_attrs and not t.user_attrs.get(A.BASELINE)]
+
+    assert sampled(warm) != sampled(cold)
+    off = run("off", tmp_path / "warm.db", learn=False)
+    assert not [t for t in off.trials if A.PRIOR in t.user_attrs]

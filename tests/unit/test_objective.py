@@ -61,3 +61,13 @@ def test_concurrency_replays_an_open_loop_shape_as_a_closed_loop() -> None:
     assert replayed_shape(shape, None) is shape
     chat = load_shape(CLOSED)
     assert replayed_shape(chat, 2) is chat  # a closed loop keeps its own load
+
+
+def test_an_unresolved_objective_names_the_fix_instead_of_a_key_error() -> None:
+    from autotune.store import objective_metric
+
+    with pytest.raises(ConfigError, match="objective 'auto' names no metric; resolve it from "
+                                          "the traffic shape first"):
+        objective_metric("auto")
+    with pytest.raises(ConfigError, match="use one of throughput, goodput, pareto, capacity"):
+        objective_metric("latency")
