@@ -33,6 +33,10 @@ RUNS: dict[str, tuple[list[str], str | None]] = {
     "h200-trust/stop-replay.py": ([], None),
     "h200-shapes/pooled.py": (["--out", "{tmp}/pooled.md"], "pooled.md"),
     "results.py": (["q1-azure"], None),
+    # the synthetic think-time trace, a few minutes of it
+    "session_levels/gen_trace.py": (["{tmp}/trace.jsonl", "--hours", "0.02"], "trace.jsonl"),
+    # the rule's table from the committed runs
+    "session_levels/summarize.py": ([], None),
 }
 
 #: scripts a test of their own runs
@@ -42,6 +46,7 @@ TESTED_ELSEWHERE = {
     "h200-shapes/cells.py": "tests/integration/test_h200_shapes_matrix.py (through dryrun.py)",
     "h200-shapes/steps.py": "tests/unit/test_h200_shapes_matrix.py",
     "h200-kernels/e2e.py": "tests/unit/test_h200_kernels_e2e.py",
+    "aa_verdict/summarize.py": "test_aa_verdict_counts_the_committed_studies (below)",
 }
 
 #: scripts that need a GPU, a vLLM server or rewrite their committed results in place
@@ -94,3 +99,16 @@ def test_every_experiment_script_is_accounted_for() -> None:
         "a script under experiments/ runs in no test: add it to RUNS (at a tiny size), "
         "TESTED_ELSEWHERE or NOT_RUN in tests/integration/test_experiments.py")
     assert known - scripts == set(), "scripts named here that no longer exist"
+
+
+def test_aa_verdict_counts_the_committed_studies() -> None:
+    """The A/A benchmark's count of its committed studies: every mode it ran is judged by
+    its rule, and none printed WINNER."""
+    results = sorted(str(p) for p in (EXP / "aa_verdict" / "results").glob("*.jsonl"))
+    assert results
+    proc = subprocess.run(
+        [sys.executable, str(EXP / "aa_verdict/summarize.py"), "count", *results], cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "recheck0:" in proc.stdout and "WINNER printed 0" in proc.stdout, proc.stdout
