@@ -235,7 +235,8 @@ def bench_spec(args: argparse.Namespace, *, number: int = 0,
         log_path = _claim_log(args.log)
     return trial_spec(number=number, model=str(args.model.resolve()), flags=flags, env=env,
                       shape=shape, measure=measure, seed=args.seed, capacity=args.capacity,
-                      log_path=str(log_path) if log_path else None, stagger=args.stagger)
+                      log_path=str(log_path) if log_path else None, stagger=args.stagger,
+                      shape_path=args.shape)
 
 
 def bench_json(spec: TrialSpec, outcome: TrialOutcome) -> dict[str, object]:

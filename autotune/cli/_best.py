@@ -179,15 +179,31 @@ def _print_hit(hit: RegistryHit, shape: TrafficShape, out: TextIO,
         print(cost_line(hit.cost), file=out)
         if not hit.exact:
             print(f"note: that cost is for the traffic study {hit.study} was tuned for; "
-                  "'autotune cost OUT --shape THIS_SHAPE --gpu-hour-price ...' prices its "
-                  "best.json for this one", file=out)
+                  f"'autotune cost' of that study's output folder {_cost_options(hit, shape_path)}"
+                  " prices its best.json for this one", file=out)
     served = _print_command(hit, shape, out, shape_path)
     for note in hit.notes:
         print(f"note: {note}", file=out)
     if not hit.exact and hit.verdict == "drifted":
-        print("this shape drifted from every tuned one: 'autotune retune --shape ... --model "
-              "... --space ...' tunes for it, warm-started from this study", file=out)
+        import shlex
+
+        given = " ".join(f"{flag} {shlex.quote(str(v))}" for flag, v in
+                         (("--shape", shape_path), ("--model", hit.model)) if v is not None)
+        print(f"this shape drifted from every tuned one: 'autotune retune' with {given} and "
+              "the study's --space tunes for it, warm-started from this study", file=out)
     return served
+
+
+def _cost_options(hit: RegistryHit, shape_path: Path | None) -> str:
+    """The options of the ``autotune cost`` that prices a hit's study for another shape:
+    this shape's file and the price the study was given (no placeholder to fill in)."""
+    import shlex
+
+    prices = (hit.cost or {}).get("prices")
+    price = prices.get("gpu_hour_usd") if isinstance(prices, dict) else None
+    opts = [f"--shape {shlex.quote(str(shape_path))}" if shape_path is not None else "",
+            f"--gpu-hour-price {price:g}" if isinstance(price, (int, float)) else ""]
+    return "with " + " ".join(o for o in opts if o) if any(opts) else "with --shape this shape"
 
 
 def _capacity_of(hit: RegistryHit) -> CapacityDeclared:

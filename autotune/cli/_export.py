@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -65,7 +66,10 @@ def _export(args: argparse.Namespace) -> int:
 
     if (args.source is None) == (args.study_name is None):
         raise ConfigError("give a best.json (or a study's output folder) or --study-name "
-                          "NAME, not both: e.g. autotune export experiments/STUDY --format k8s")
+                          "(with --storage), one of them: "
+                          + (f"e.g. autotune export {shlex.quote(str(args.source))} --format "
+                             f"{args.fmt}" if args.source is not None else
+                             "'autotune export --help' shows both"))
     if args.trial is not None and args.study_name is None:
         raise ConfigError("--trial needs --study-name (best.json holds one config)")
     if args.replicas is not None and args.replicas < 0:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         Abort,
         RequestRecord,
         RunResult,
+        clip_command,
         failure_abort,
         staggered,
     )
@@ -90,6 +91,7 @@ __all__ = [
     "Turn",
     "block_token_ids",
     "build_prompts",
+    "clip_command",
     "exact_schedule",
     "failure_abort",
     "fetch_metrics_text",
@@ -130,6 +132,7 @@ __getattr__ = lazy_exports(__name__, {
         "ERROR_REASONS",
         "RequestRecord",
         "RunResult",
+        "clip_command",
         "failure_abort",
         "staggered",
     ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from autotune.load._server_metrics import ServerSnapshot
@@ -118,12 +119,54 @@ _CONTEXT_HINT = ("maximum context length", "max_model_len", "max-model-len",
                  "context length", "too long")
 
 
-def failure_abort(*, min_requests: int = 20, max_failed_fraction: float = 0.5) -> Abort:
+def _context_of(detail: str) -> int | None:
+    """The context length a server's 4xx names ("maximum context length is 1024 tokens")."""
+    import re
+
+    m = re.search(r"(?:context length|max_model_len)\D{0,20}(\d+)", detail)
+    return int(m.group(1)) if m else None
+
+
+def clip_command(shape_path: str | Path, *, context: int | None = None,
+                 rate_scale: float | None = None) -> str:
+    """The ``autotune shape clip`` command, as it runs verbatim, that writes a copy of the
+    shape at ``shape_path`` next to it with the lengths clipped to ``context`` tokens
+    and/or the rate multiplied by ``rate_scale``."""
+    import shlex
+
+    src = Path(shape_path)
+    opts, tag = [], []
+    if context is not None:
+        opts.append(f"--max-total-tokens {context}")
+        tag.append(f"{context}")
+    if rate_scale is not None:
+        opts.append(f"--rate-scale {rate_scale:g}")
+        tag.append(f"x{rate_scale:g}")
+    out = src.with_name(f"{src.stem}-{'-'.join(tag) or 'clipped'}.json")
+    return (f"autotune shape clip {shlex.quote(str(src))} {' '.join(opts)} "
+            f"-o {shlex.quote(str(out))}")
+
+
+def served_scale(done: int, failed: int) -> float:
+    """A rate scale the server would likely serve, from a run where ``failed`` of ``done``
+    requests failed: the share it served, less a fifth, at 2 significant figures (at
+    least 0.01)."""
+    share = max(0.0, (done - failed) / done) if done > 0 else 0.0
+    return max(0.01, float(f"{share * 0.8:.2g}"))
+
+
+def failure_abort(*, min_requests: int = 20, max_failed_fraction: float = 0.5,
+                  shape_path: str | Path | None = None,
+                  context: int | None = None) -> Abort:
     """Stop a run once more than ``max_failed_fraction`` of at least ``min_requests``
     finished requests failed, with the likely cause in one line: prompts beyond the
-    context (4xx naming it), or an offered load beyond what the server serves."""
+    context (4xx naming it), or an offered load beyond what the server serves.
+    ``shape_path``: the replayed shape's file and ``context``: the server's context
+    length (when the 4xx does not name it), so that the clip command the line suggests
+    runs as printed (:func:`clip_command`)."""
     errors: dict[str, int] = {}
-    context = [0]
+    hits = [0]  # failures whose 4xx names the context
+    ctx_at = [context]  # the context length, as the 4xx names it
 
     def check(rec: RequestRecord, done: int, failed: int) -> str | None:
         if rec.error is not None:
@@ -131,16 +174,22 @@ def failure_abort(*, min_requests: int = 20, max_failed_fraction: float = 0.5) -
             if rec.error == "http_4xx" and rec.detail and any(
                 h in rec.detail.lower() for h in _CONTEXT_HINT
             ):
-                context[0] += 1
+                hits[0] += 1
+                ctx_at[0] = _context_of(rec.detail) or ctx_at[0]
         if done < min_requests or failed <= max_failed_fraction * done:
             return None
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(errors.items(), key=lambda kv: -kv[1]))
         head = f"stopped after {failed} of {done} requests failed ({kinds})"
-        if context[0] * 2 >= failed:
-            return (f"{head}: prompts + outputs beyond the server's context; raise "
+        if hits[0] * 2 >= failed:
+            ctx = ctx_at[0]
+            clip = (f"({clip_command(shape_path, context=ctx)})"
+                    if shape_path is not None and ctx is not None
+                    else "(clip the shape's file with 'autotune shape clip' and "
+                         "--max-total-tokens set to the server's context)")
+            return (f"{head}: prompts + outputs beyond the server's "
+                    f"{f'{ctx}-token ' if ctx is not None else ''}context; raise "
                     "--max-model-len in the space (up to the model's max_position_embeddings) "
-                    "or clip the shape's lengths (autotune shape clip SHAPE "
-                    "--max-total-tokens CONTEXT -o OUT)")
+                    f"or clip the shape's lengths {clip}")
         gone = sum(errors.get(k, 0) for k in ("connection_refused", "connect_error",
                                                "disconnected"))
         if gone >= failed / 2:
@@ -148,8 +197,11 @@ def failure_abort(*, min_requests: int = 20, max_failed_fraction: float = 0.5) -
         if errors.get("timeout", 0) + errors.get("stalled", 0) < failed / 2:
             return (f"{head}: the server rejects or fails the requests; its log says why "
                     "(the trial's server log)")
+        scale = served_scale(done, failed)
+        lower = (clip_command(shape_path, rate_scale=scale) if shape_path is not None
+                 else f"'autotune shape clip' of the shape's file with --rate-scale {scale:g}")
         return (f"{head}: the offered load is beyond what this server serves; lower the rate "
-                "(autotune shape clip SHAPE --rate-scale 0.25 -o OUT) or cap the requests in "
-                "flight (--concurrency N)")
+                f"({lower}: {done - failed} of {done} were served) or cap the requests in "
+                "flight (--concurrency, a closed loop of that many streams)")
 
     return check

@@ -412,8 +412,8 @@ def explain_miss(*, storage: StorageLike, model: str | None = None,
         return (f"no tuned study in {storage}"
                 f"{'' if st is not None else ' (no such file)'}; a study keeps its stores in "
                 "its --out folder: point --storage at that folder (or at the database the "
-                "study was given), or tune one first (autotune tune --model DIR --shape FILE "
-                "--space FILE --out DIR)")
+                "study was given), or tune one first ('autotune tune' with --model, --shape, "
+                "--space and --out)")
     matching = _filter(rows, model, gpu)
     if not matching:
         models = sorted({i.model or "?" for i, _ in rows})

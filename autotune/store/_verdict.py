@@ -113,17 +113,35 @@ _CUT = {
              "--capacity-tolerance) or raise it"),
     "levels": ("its level budget (--capacity-max-levels)", "raise --capacity-max-levels"),
     "capped": ("its top scale (64x the recorded rate, or --capacity-start when higher)",
-               "start the search higher (--capacity-start) or replay a faster copy of the "
-               "shape (autotune shape clip --rate-scale F)"),
+               "start the search higher (--capacity-start {start:g}: the search's top is "
+               "then that scale) or replay a faster copy of the shape ({faster})"),
 }
 _CUT_UNKNOWN = ("its time cap or its top scale (not recorded which)",
                 "raise --capacity-max-s or --capacity-start")
 
 
-def capacity_cut(status: str | None) -> tuple[str, str]:
+def capacity_cut(status: str | None, *, top: float | None = None,
+                 shape_path: str | None = None) -> tuple[str, str]:
     """(where a capacity search that found no failing level ended, what measures beyond
-    it) for its ``autotune.capacity`` status: ``time``, ``levels`` or ``capped``."""
-    return _CUT.get(str(status or ""), _CUT_UNKNOWN)
+    it) for its ``autotune.capacity`` status: ``time``, ``levels`` or ``capped``.
+    ``top``: the scale a capped search passed at (64 when not known); ``shape_path``: the
+    shape's file, so that the clip command the fix gives runs as printed."""
+    import shlex
+    from pathlib import Path
+
+    where, fix = _CUT.get(str(status or ""), _CUT_UNKNOWN)
+    if status != "capped":
+        return where, fix
+    scale = top if top is not None and math.isfinite(top) and top > 0 else 64.0
+    if shape_path is not None:
+        src = Path(shape_path)
+        out = src.with_name(f"{src.stem}-x{scale:g}.json")
+        faster = (f"autotune shape clip {shlex.quote(str(src))} --rate-scale {scale:g} "
+                  f"-o {shlex.quote(str(out))}")
+    else:
+        faster = f"its file through 'autotune shape clip' with --rate-scale {scale:g}"
+    # a search's top scale is max(64, its start): 4x the top passed gives room above it
+    return where, fix.format(start=scale * 4, faster=faster)
 
 
 def _cut_short(t: FrozenTrial, bracket: Interval) -> bool:
@@ -134,14 +152,18 @@ def _cut_short(t: FrozenTrial, bracket: Interval) -> bool:
 
 
 def _open_reason(cut: list[FrozenTrial], bound: RatioBound | None,
-                 allowed: tuple[float, float] | None = None) -> str:
+                 allowed: tuple[float, float] | None = None,
+                 shape_path: str | None = None) -> str:
     """Why a capacity verdict has no ratio: which trials' searches were cut short, where,
-    the bound (or range) the brackets still give, and what measures beyond them."""
+    the bound (or range) the brackets still give, and what measures beyond them
+    (``shape_path``: the study's shape file, named in the clip command)."""
     from autotune.measure._stats import fmt_ratio
 
     where: dict[tuple[str, str], list[int]] = {}
     for t in cut:
-        where.setdefault(capacity_cut((t.user_attrs.get(A.CAPACITY) or {}).get("status")),
+        cap = t.user_attrs.get(A.CAPACITY) or {}
+        top = cap.get("low") if isinstance(cap.get("low"), (int, float)) else None
+        where.setdefault(capacity_cut(cap.get("status"), top=top, shape_path=shape_path),
                          []).append(t.number)
     ends = "; ".join(f"trial{'s' if len(ns) > 1 else ''} {', '.join(map(str, sorted(ns)))} at "
                      f"{at}" for (at, _), ns in where.items())
@@ -230,7 +252,10 @@ def judge_study(study: Study, *, prior: StoredSpread | None = None) -> Judgement
         if cut:
             bound = bracket_bound(cb, db)
             allowed = _allowed(cb, db)
-            return Judgement("defaults_best", _open_reason(cut, bound, allowed), None,
+            path = study.user_attrs.get(A.SHAPE_PATH)
+            reason = _open_reason(cut, bound, allowed,
+                                  str(path) if isinstance(path, str) else None)
+            return Judgement("defaults_best", reason, None,
                              base_use, cand, base_use, bound=bound)
         brackets = {"config": cb, "defaults": db}
     ratio = ratio_to_defaults([primary(t) for t in cand], [primary(t) for t in base_use],

@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import MeasureSettings, TuneSettings
@@ -82,11 +83,12 @@ def trial_spec(*, number: int, model: str, flags: Sequence[str], env: Mapping[st
                log_path: str | None = None, quality_probe: ProbeSet | None = None,
                quality_reference: ProbeOutputs | None = None,
                incumbent_low: float | None = None, server_gpus: int = 1,
-               stagger: bool = True) -> TrialSpec:
+               stagger: bool = True, shape_path: str | Path | None = None) -> TrialSpec:
     """The :class:`TrialSpec` of one trial, a study's (:class:`TrialTemplate`) or
     ``autotune bench``'s: ``measure`` as the settings give it, its cache folder resolved
     (``--cache-dir`` or :data:`autotune.config.DEFAULT_CACHE_DIR`); ``capacity``: a
-    capacity search over the arrival rate (its bracket from ``measure``)."""
+    capacity search over the arrival rate (its bracket from ``measure``); ``shape_path``:
+    the shape's file, named in the fix commands a failed replay suggests."""
     from autotune.trial import capacity_spec
 
     cap = capacity_spec(
@@ -99,7 +101,8 @@ def trial_spec(*, number: int, model: str, flags: Sequence[str], env: Mapping[st
         measure=measure.model_copy(update={"cache_dir": measure.cache_path()}),
         log_dir=log_dir, log_path=log_path, quality_probe=quality_probe,
         quality_reference=quality_reference, incumbent_low=incumbent_low,
-        server_gpus=server_gpus, stagger=stagger, **cap)
+        server_gpus=server_gpus, stagger=stagger,
+        shape_path=str(shape_path) if shape_path is not None else None, **cap)
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class TrialTemplate:
             capacity=settings.objective == "capacity", log_dir=self.log_dir,
             quality_probe=self.quality_probe if probe else None,
             quality_reference=self.quality_reference, incumbent_low=incumbent_low,
-            server_gpus=server_gpus)
+            server_gpus=server_gpus, shape_path=settings.shape)
 
 
 @dataclass

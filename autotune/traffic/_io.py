@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def load_shape(path: str | Path) -> TrafficShape:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise ShapeError(
-            f"traffic shape {p} does not exist; fit one with 'autotune shape fit TRACE -o {p}'"
+            f"traffic shape {p} does not exist; fit one from a recorded trace with 'autotune "
+            f"shape fit' and -o {shlex.quote(str(p))}"
         ) from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ShapeError(f"traffic shape {p} cannot be read: {exc}") from exc

@@ -221,7 +221,8 @@ def _abort(spec: TrialSpec, min_requests: int = 20) -> Abort | None:
     if spec.abort_failed_fraction is None:
         return None
     return failure_abort(min_requests=min_requests,
-                         max_failed_fraction=spec.abort_failed_fraction)
+                         max_failed_fraction=spec.abort_failed_fraction,
+                         shape_path=spec.shape_path, context=spec.max_model_len)
 
 
 def _aborted(spec: TrialSpec, run: RunResult, outcome: TrialOutcome,

@@ -85,7 +85,7 @@ def recorded_rate(shape: TrafficShape | None) -> float:
             f"capacity (--objective capacity, bench --capacity) needs a shape with arrivals: "
             f"shape {shape.name if shape is not None else '?'!r} has no recorded arrival "
             "rate (a closed-loop or synthetic shape); fit the shape from a trace with "
-            "arrival timestamps (autotune shape fit TRACE -o SHAPE.json), or use "
+            "arrival timestamps ('autotune shape fit' of that trace), or use "
             "--objective throughput")
     return rate
 

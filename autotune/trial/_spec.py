@@ -72,6 +72,8 @@ class TrialSpec:
     flags: tuple[str, ...]
     env: dict[str, str]
     shape: TrafficShape | None  # None: a trial that replays nothing (a simulated executor)
+    # the shape's file: the fix commands a failed replay suggests name it (issue 66)
+    shape_path: str | None = None
     seed: int = 0
     # how it is measured (warm-up, adaptive stop, SLOs, timeouts, caches): the settings of
     # ``autotune tune`` and ``autotune bench`` (autotune.study.trial_spec builds both)

@@ -5,11 +5,13 @@ CLI in this process; each error comes before any server starts."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from autotune.cli import main
+from autotune.load import RequestRecord
 from tests.conftest import REPO
 
 SHAPE = str(REPO / "traffic" / "example-chat.json")
@@ -90,3 +92,131 @@ def test_the_fix_commands_the_errors_suggest_run_as_printed(
 
     assert check_context(load_space(REPO / "search_spaces" / "cpu.yaml"),
                          load_shape(tmp_path / clipped.group(1)), Path(model)) == []
+
+
+def _run_as_printed(command: str, cwd: Path) -> str:
+    """Run an ``autotune ...`` command as a user pastes it: its own process, from ``cwd``,
+    and the file its ``-o`` names (if any) is written; its standard output."""
+    import shlex
+    import subprocess
+    import sys
+
+    argv = shlex.split(command)
+    assert argv[0] == "autotune", command
+    done = subprocess.run([sys.executable, "-m", "autotune", *argv[1:]], cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"{command}: {done.stderr}"
+    assert "-o" not in argv or (cwd / argv[argv.index("-o") + 1]).is_file(), command
+    return done.stdout
+
+
+def _clip_commands(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"autotune shape clip .*? -o [^\s):;']+", text)
+
+
+def _help(command: str) -> str:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "autotune", command, "--help"], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+
+
+def test_the_clip_commands_of_the_load_generator_verdict_and_fit_run_as_printed(
+        tmp_path: Path) -> None:
+    """Issue 66: a failed replay, a capacity verdict whose search hit its top scale and a
+    context check each suggest an ``autotune shape clip`` of the shape's own file, with
+    the real context and a rate scale from what was measured; each runs as printed."""
+    import shutil
+
+    from autotune.deploy import check_fit
+    from autotune.load import failure_abort
+    from autotune.store import judge_study
+    from autotune.traffic import load_shape
+    from tests._capacity_study import capacity_study
+
+    shape = tmp_path / "shapes" / "chat.json"
+    shape.parent.mkdir()
+    shutil.copy(SHAPE, shape)
+
+    def rec(error: str, detail: str | None = None) -> RequestRecord:
+        return RequestRecord(index=0, send_s=0.0, first_token_s=None, end_s=1.0,
+                             chunk_times_s=(), chunk_tokens=(), prompt_tokens=None,
+                             output_tokens=0, ok=False, error=error, detail=detail, status=None)
+
+    messages = []
+    # prompts beyond the context: vLLM's 400 names it, the command clips to it
+    check = failure_abort(min_requests=4, shape_path=shape)
+    detail = "This model's maximum context length is 1024 tokens. However, you requested 1500"
+    messages.append(next(m for i in range(1, 5)
+                         if (m := check(rec("http_4xx", detail), i, i)) is not None))
+    assert "1024-token context" in messages[-1] and "--max-total-tokens 1024" in messages[-1]
+    # an offered load beyond the server: 3 of 10 served, a scale of 0.24
+    check = failure_abort(min_requests=10, shape_path=shape)
+    for i in range(1, 11):
+        line = check(rec("timeout") if i > 3 else _ok(), i, max(0, i - 3))
+    assert line is not None and "--rate-scale 0.24" in line and "SHAPE" not in line
+    messages.append(line)
+    # a capacity search that passed at its top scale: a copy 64x as fast
+    study = capacity_study([(None, 12.06 * 64, None, None, "capped"),
+                            (17, 18.60, 20.28, None, "found")], recorded_rps=12.06)
+    study.set_user_attr("autotune.shape_path", str(shape))
+    j = judge_study(study)
+    assert j is not None and "--capacity-start 256" in j.reason, j.reason
+    messages.append(j.reason)
+    # a context that does not hold the shape (autotune best, export)
+    fit = check_fit(load_shape(shape), 256, "test", shape_path=shape)
+    assert not fit.ok
+    messages.append(fit.message)
+    for text in messages:
+        commands = _clip_commands(text)
+        assert len(commands) == 1, text
+        for word in ("SHAPE", "OUT", "CONTEXT", " F)", "NAME"):
+            assert word not in text, text
+        _run_as_printed(commands[0], tmp_path)
+    assert (shape.parent / "chat-1024.json").is_file()
+    assert load_shape(shape.parent / "chat-x0.24.json").input_tokens == (
+        load_shape(shape).input_tokens)
+
+
+def _ok() -> RequestRecord:
+    return RequestRecord(index=0, send_s=0.0, first_token_s=0.1, end_s=1.0, chunk_times_s=(),
+                         chunk_tokens=(), prompt_tokens=10, output_tokens=5, ok=True,
+                         error=None, detail=None, status=200)
+
+
+def test_a_suggested_command_that_needs_a_server_names_real_files_and_options() -> None:
+    """The commands that start servers (the confirm command of an unconfirmed lead, the
+    re-check a verdict asks for) are not run here: their files exist and every option
+    they give is one ``autotune tune --help`` lists."""
+    import re
+    import shlex
+
+    from autotune.results._outputs import confirm_command
+
+    out = REPO / "experiments" / "h200-shapes" / "results" / "study-mooncake"
+    argv = shlex.split(confirm_command(out, "study-mooncake"))
+    assert argv[:2] == ["autotune", "tune"]
+    assert Path(argv[argv.index("--config") + 1]).is_file()
+    listed = set(re.findall(r"--[a-z][a-z0-9-]+", _help("tune")))
+    # and the options the verdicts' texts name (store/_verdict.py)
+    given = {a for a in argv if a.startswith("--")} | {
+        "--resume", "--recheck-starts", "--capacity-start", "--capacity-max-s",
+        "--capacity-max-levels", "--capacity-tolerance", "--concurrency"}
+    assert given <= listed, given - listed
+
+
+def test_the_export_error_suggests_a_command_that_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Given both a results folder and --study-name, export suggests the folder alone."""
+    import re
+
+    results = REPO / "experiments" / "h200-shapes" / "results" / "study-mooncake"
+    err = _err(capsys, "export", str(results), "--study-name", "x", "--format", "compose")
+    found = re.search(r"e\.g\. (autotune export .*--format compose)", err)
+    assert found is not None, err
+    assert "services:" in _run_as_printed(found.group(1), tmp_path)

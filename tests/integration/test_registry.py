@@ -421,6 +421,8 @@ def test_cli_best(reg: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> No
     assert main(["best", "--shape", str(far), "--storage", st, "--model", "tiny-hybrid"]) == 0
     out = capsys.readouterr().out
     assert "nearest tuned shape" in out and "autotune retune" in out
+    # the retune it suggests names this shape's file, no placeholder (issue 66)
+    assert f"'autotune retune' with --shape {far} --model " in out and "..." not in out
 
 
 def test_cli_best_without_studies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
