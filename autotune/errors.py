@@ -7,6 +7,9 @@ the offending value, and the fix.
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 __all__ = [
     "AutotuneError",
     "ConfigError",
@@ -22,6 +25,7 @@ __all__ = [
     "TraceFormatError",
     "TrackingError",
     "TrafficError",
+    "clip_command",
 ]
 
 
@@ -89,3 +93,21 @@ class ModelGenError(AutotuneError):
 
 class RolloutError(AutotuneError):
     """A rollout cannot start or go on (router, servers, options)."""
+
+
+def clip_command(shape_path: str | Path, *, context: int | None = None,
+                 rate_scale: float | None = None) -> str:
+    """The ``autotune shape clip`` command, as it runs verbatim, that writes a copy of the
+    shape at ``shape_path`` next to it with the lengths clipped to ``context`` tokens
+    and/or the rate multiplied by ``rate_scale``: the fix an error message suggests."""
+    src = Path(shape_path)
+    opts, tag = [], []
+    if context is not None:
+        opts.append(f"--max-total-tokens {context}")
+        tag.append(f"{context}")
+    if rate_scale is not None:
+        opts.append(f"--rate-scale {rate_scale:g}")
+        tag.append(f"x{rate_scale:g}")
+    out = src.with_name(f"{src.stem}-{'-'.join(tag) or 'clipped'}.json")
+    return (f"autotune shape clip {shlex.quote(str(src))} {' '.join(opts)} "
+            f"-o {shlex.quote(str(out))}")

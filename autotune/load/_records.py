@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from autotune.errors import clip_command
 from autotune.load._server_metrics import ServerSnapshot
 
 if TYPE_CHECKING:
@@ -125,26 +126,6 @@ def _context_of(detail: str) -> int | None:
 
     m = re.search(r"(?:context length|max_model_len)\D{0,20}(\d+)", detail)
     return int(m.group(1)) if m else None
-
-
-def clip_command(shape_path: str | Path, *, context: int | None = None,
-                 rate_scale: float | None = None) -> str:
-    """The ``autotune shape clip`` command, as it runs verbatim, that writes a copy of the
-    shape at ``shape_path`` next to it with the lengths clipped to ``context`` tokens
-    and/or the rate multiplied by ``rate_scale``."""
-    import shlex
-
-    src = Path(shape_path)
-    opts, tag = [], []
-    if context is not None:
-        opts.append(f"--max-total-tokens {context}")
-        tag.append(f"{context}")
-    if rate_scale is not None:
-        opts.append(f"--rate-scale {rate_scale:g}")
-        tag.append(f"x{rate_scale:g}")
-    out = src.with_name(f"{src.stem}-{'-'.join(tag) or 'clipped'}.json")
-    return (f"autotune shape clip {shlex.quote(str(src))} {' '.join(opts)} "
-            f"-o {shlex.quote(str(out))}")
 
 
 def served_scale(done: int, failed: int) -> float:

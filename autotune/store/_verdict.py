@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, NotRequired, TypedDict
 
+from autotune.errors import clip_command
 from autotune.store._keys import _METRICS, A, State, interval_keys
 from autotune.store._trials import feasible, primary, readings, server_gpus_of
 
@@ -126,20 +127,12 @@ def capacity_cut(status: str | None, *, top: float | None = None,
     it) for its ``autotune.capacity`` status: ``time``, ``levels`` or ``capped``.
     ``top``: the scale a capped search passed at (64 when not known); ``shape_path``: the
     shape's file, so that the clip command the fix gives runs as printed."""
-    import shlex
-    from pathlib import Path
-
     where, fix = _CUT.get(str(status or ""), _CUT_UNKNOWN)
     if status != "capped":
         return where, fix
     scale = top if top is not None and math.isfinite(top) and top > 0 else 64.0
-    if shape_path is not None:
-        src = Path(shape_path)
-        out = src.with_name(f"{src.stem}-x{scale:g}.json")
-        faster = (f"autotune shape clip {shlex.quote(str(src))} --rate-scale {scale:g} "
-                  f"-o {shlex.quote(str(out))}")
-    else:
-        faster = f"its file through 'autotune shape clip' with --rate-scale {scale:g}"
+    faster = (clip_command(shape_path, rate_scale=scale) if shape_path is not None
+              else f"its file through 'autotune shape clip' with --rate-scale {scale:g}")
     # a search's top scale is max(64, its start): 4x the top passed gives room above it
     return where, fix.format(start=scale * 4, faster=faster)
 
