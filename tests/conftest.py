@@ -52,7 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # (longest first). Rough seconds summed over each file's tests in fresh-clone CI runs (a
 # file whose tests changed since: its new tests' share); a file not listed runs after these.
 SLOW_FILES = {
-    "tests/e2e/test_study_e2e.py": 600,
+    "tests/e2e/test_study_e2e.py": 690,
     "tests/integration/test_capacity.py": 260,
     "tests/integration/test_capacity_ranks.py": 170,
     "tests/faults/test_faults_tuner.py": 269,

@@ -225,6 +225,30 @@ def _capacity_of(hit: RegistryHit) -> CapacityDeclared:
         recorded_sps=sps)
 
 
+def _tracked_miss_fix(args: argparse.Namespace, uri: str, storage: str) -> str:
+    """The commands that answer when an MLflow store has no best for the shape, as they
+    run: the lookup of the nearest tuned shape in the Optuna storage and, where the store
+    names a model and a space (its newest study's, of --model), the study of this shape."""
+    import shlex
+
+    from autotune.results import tracked_inputs
+
+    shape = shlex.quote(str(args.shape))
+    gpu = f" --gpu {shlex.quote(args.gpu)}" if args.gpu else ""
+    model = f" --model {shlex.quote(args.model)}" if args.model else ""
+    look = (f"look up the nearest tuned shape in the Optuna storage: 'autotune best --shape "
+            f"{shape} --storage {shlex.quote(store_where(storage))}{model}{gpu}'")
+    known = tracked_inputs(tracking_uri=uri, model=args.model)
+    if known is None:
+        return (f"{look}, or tune this shape ('autotune tune' with --model, --space and "
+                f"--tracking-uri {shlex.quote(store_where(uri))})")
+    space = Path(known[1])
+    return (f"tune it with 'autotune tune --model {shlex.quote(known[0])} --space "
+            f"{shlex.quote(str(space.resolve() if space.exists() else space))} --shape "
+            f"{shape} --tracking-uri {shlex.quote(store_where(uri))}' (the model and space "
+            f"of the newest study there), or {look}")
+
+
 def _best(args: argparse.Namespace) -> int:
     from autotune.results import explain_miss, find_best
     from autotune.traffic import load_shape
@@ -240,9 +264,8 @@ def _best(args: argparse.Namespace) -> int:
             print(f"autotune: no MLflow run in {store_where(uri)} is tagged "
                   f"autotune.best_for_shape={shape.fingerprint} (shape {shape.name}"
                   f"{', model ' + args.model if args.model else ''}"
-                  f"{', GPU ' + args.gpu if args.gpu else ''}); tune it with 'autotune tune "
-                  f"--shape {args.shape} --tracking-uri {args.tracking_uri} ...', or look up "
-                  "the nearest tuned shape in the Optuna storage (--storage)", file=sys.stderr)
+                  f"{', GPU ' + args.gpu if args.gpu else ''}); "
+                  f"{_tracked_miss_fix(args, uri, storage)}", file=sys.stderr)
             return EXIT_NOTHING
     else:
         hit = find_best(storage=storage, shape=shape, model=args.model, gpu=args.gpu)

@@ -16,6 +16,7 @@ from autotune.config import DEFAULT_STORAGE, storage_url, store_where
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
+    from autotune.results import TunedStudy
     from autotune.traffic import ShapeDiff, TrafficShape
     from autotune.watch import PrometheusWindows, WatchEvent, WatchSummary
     from autotune.watch._watch import WatchCallback
@@ -81,15 +82,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="MLflow store (default sqlite:///experiments/mlflow.db)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--model", default=None,
-                   help="model for the printed retune command (default: the study's)")
-    p.add_argument("--space", default="SPACE.yaml",
-                   help="search space for the printed retune command")
+                   help="model for the printed retune command (default: that of the study "
+                   "tuned for --tuned, else the one the server at URL serves)")
+    p.add_argument("--space", default=None,
+                   help="search space for the printed retune command (default: that of the "
+                   "study tuned for --tuned)")
     add_connection_args(p)
     p.set_defaults(func=_watch)
 
 
-def _tuned(ref: str, storage: str) -> tuple[TrafficShape, str | None, str | None]:
-    """(shape, its path, the study's model) for --tuned: a file, a traffic/ name, a study."""
+def _tuned(ref: str, storage: str) -> tuple[TrafficShape, str | None, TunedStudy | None]:
+    """(shape, its path, its study) for --tuned: a file or a traffic/ name (no study), or a
+    study in ``storage`` (its recorded shape)."""
     from autotune.traffic import load_shape
 
     path = _resolve(ref)
@@ -103,10 +107,45 @@ def _tuned(ref: str, storage: str) -> tuple[TrafficShape, str | None, str | None
                 raise ConfigError(
                     f"--tuned {ref}: study {ref} recorded the shape file "
                     f"{info.shape_path!r}, which does not exist here; pass the shape file")
-            return load_shape(info.shape_path), info.shape_path, info.model
+            return load_shape(info.shape_path), info.shape_path, info
     raise ConfigError(f"--tuned {ref!r} is neither a shape file, a name in traffic/, nor a "
                       f"study in {store_where(storage)}; pass a shape JSON file or a study "
                       "name (with --storage of its --out folder)")
+
+
+def _retune_command(args: argparse.Namespace, tuned: TrafficShape, storage: str,
+                    study: TunedStudy | None) -> str:
+    """The ``autotune retune`` printed on drift (before ``--shape NEW``), every value a real
+    one: the model and space from --model/--space, else the study --tuned names or the
+    newest tuned for its shape, else (the model) what the server at URL serves; its storage
+    when not the default one.
+    ConfigError when one stays unknown and no --on-drift replaces the printed command."""
+    from autotune.results import tuned_studies
+    from autotune.watch import served_model
+
+    if args.on_drift is not None:  # runs that command instead: nothing printed
+        return ""
+    if study is None and not (args.model and args.space):  # the newest tuned for the shape
+        same = [s for s in tuned_studies(storage=storage)
+                if s.shape_fingerprint == tuned.fingerprint]
+        study = same[-1] if same else None
+    model = args.model or (study.model if study else None) or (
+        served_model(args.url) if args.url else None)
+    space = args.space or (study.space if study else None)
+    missing = [opt for opt, v in (("--model", model), ("--space", space)) if not v]
+    if missing:
+        why = (f"no study in {store_where(storage)} was tuned for {tuned.name} "
+               f"[{tuned.fingerprint}]")
+        if "--model" in missing and args.url:
+            why += f" and {args.url} named no model at /v1/models"
+        raise ConfigError(
+            f"the retune command printed on drift needs {' and '.join(missing)}: {why}; give "
+            f"{' and '.join(missing)} (the model the server serves, the search space to "
+            "tune), or --on-drift CMD to run a command of your own instead")
+    where = (f" --storage {shlex.quote(store_where(storage))}"
+             if storage != DEFAULT_STORAGE else "")
+    return (f"autotune retune --model {shlex.quote(str(model))} --space "
+            f"{shlex.quote(str(space))}{where}")
 
 
 class _Printer:
@@ -177,14 +216,13 @@ def _watch(args: argparse.Namespace) -> int:
         metrics_url(args.url)  # validates the URL's form before anything else
     if args.request_log and not Path(args.request_log).is_file():
         raise ConfigError(f"--request-log {args.request_log}: no such file")
-    tuned, tuned_path, model = _tuned(args.tuned, storage_url(args.storage))
+    storage = storage_url(args.storage)
+    tuned, tuned_path, study = _tuned(args.tuned, storage)
+    retune = _retune_command(args, tuned, storage, study)
     source, where = _prometheus_source(args, tuned) if args.prometheus else (None, args.url)
     out = args.out or Path("experiments") / "watch" / datetime.now(UTC).strftime(
         "%Y%m%dT%H%M%SZ")
     out.mkdir(parents=True, exist_ok=True)
-    model = args.model or model or "MODEL"
-    retune = (f"autotune retune --model {shlex.quote(model)} --space "
-              f"{shlex.quote(args.space)}")
     callbacks: list[WatchCallback] = [_Printer(retune), JsonlLog(out / "watch.jsonl")]
     if not args.no_mlflow:
         callbacks.append(MlflowWatchLog(args.tracking_uri or default_tracking_uri()))

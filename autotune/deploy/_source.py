@@ -6,12 +6,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune.config import store_where
 from autotune.errors import ConfigError, StudyError
 from autotune.records import BestFile, CapacityDeclared, JsonValue, StudyFile
 from autotune.store import A, feasible, objective_metric, open_storage, primary, verdict
+
+if TYPE_CHECKING:
+    from optuna.storages import BaseStorage
 
 __all__ = ["ExportSource", "from_best_json", "from_study"]
 
@@ -110,6 +115,24 @@ def from_best_json(path: Path) -> ExportSource:
     )  # fmt: skip
 
 
+def _not_stored(st: BaseStorage, storage: str, study_name: str) -> str:
+    """Why ``study_name`` cannot be exported from ``storage``: the studies it holds, and the
+    export of the newest, as it runs (the storage by its absolute path, no password)."""
+    import shlex
+
+    import optuna
+
+    names = [s.study_name for s in sorted(
+        optuna.get_all_study_summaries(st, include_best_trial=False),
+        key=lambda s: s.datetime_start or datetime.min)]
+    where = store_where(storage)
+    if not names:
+        return f"study {study_name!r} is not in {where}: it holds no study"
+    return (f"study {study_name!r} is not in {where}; it holds "
+            f"{', '.join(repr(n) for n in names)}: e.g. 'autotune export --storage "
+            f"{shlex.quote(where)} --study-name {shlex.quote(names[-1])}' (the newest)")
+
+
 def from_study(*, storage: str, study_name: str, trial: int | None = None) -> ExportSource:
     """The declared config of a study in the Optuna storage, or its trial ``trial``."""
     import optuna  # heavy: only an export from the storage needs it
@@ -121,8 +144,7 @@ def from_study(*, storage: str, study_name: str, trial: int | None = None) -> Ex
     try:
         study = optuna.load_study(study_name=study_name, storage=st)
     except KeyError:
-        raise StudyError(f"study {study_name!r} is not in {store_where(storage)}; 'autotune "
-                         "report --storage ...' lists the studies there") from None
+        raise StudyError(_not_stored(st, storage, study_name)) from None
     attrs = study.user_attrs
     if trial is None:
         t = verdict(study)[0]

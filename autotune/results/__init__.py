@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from autotune.results._registry import (
         PRIOR_ATTR,
+        TunedStudy,
         WarmStart,
         explain_miss,
         find_best,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     )
     from autotune.results._tracked import (
         find_best_tracked,
+        tracked_inputs,
     )
     from autotune.results._tracking import (
         BEST_TAG,
@@ -70,6 +72,7 @@ __all__ = [
     "MlflowTracker",
     "TrialsCsvCallback",
     "TuneResult",
+    "TunedStudy",
     "WarmStart",
     "best_config",
     "default_tracking_uri",
@@ -81,6 +84,7 @@ __all__ = [
     "pareto_front",
     "plan_retune",
     "sync_study",
+    "tracked_inputs",
     "tuned_studies",
     "warm_start_from",
     "write_atomic",
@@ -110,12 +114,13 @@ __getattr__ = lazy_exports(__name__, {
     ),
     "autotune.results._registry": (
         "PRIOR_ATTR",
+        "TunedStudy",
         "WarmStart",
         "explain_miss",
         "find_best",
         "tuned_studies",
     ),
-    "autotune.results._tracked": ("find_best_tracked",),
+    "autotune.results._tracked": ("find_best_tracked", "tracked_inputs"),
     "autotune.results._tracking": (
         "BEST_TAG",
         "BEST_VALUE",

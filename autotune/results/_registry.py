@@ -62,6 +62,8 @@ class TunedStudy(BaseModel):
     engine_version: str | None
     gpu_type: str
     objective: str
+    # the search space file it was given (its settings' ``space``; None before they held it)
+    space: str | None = None
     metric: str
     started: datetime | None
     n_trials: int
@@ -255,7 +257,7 @@ def _scan(storage: str, st: BaseStorage | None = None, model: str | None = None,
         info = TunedStudy(
             name=s.study_name, shape_fingerprint=str(fp),
             shape_path=attrs.get(A.SHAPE_PATH), model=attrs.get(A.MODEL),
-            engine_version=attrs.get(A.ENGINE),
+            engine_version=attrs.get(A.ENGINE), space=_space_of(attrs),
             gpu_type=gpu_type, objective=objective,
             metric=metric, started=min(starts) if starts else None,
             n_trials=sum(1 for t in trials if not is_prior(t)), n_feasible=len(ok),
@@ -264,6 +266,13 @@ def _scan(storage: str, st: BaseStorage | None = None, model: str | None = None,
         )  # fmt: skip
         out.append((info, best))
     return out
+
+
+def _space_of(attrs: dict[str, object]) -> str | None:
+    """The search space file a study's recorded settings name."""
+    settings = attrs.get(A.SETTINGS)
+    space = settings.get("space") if isinstance(settings, dict) else None
+    return str(space) if space else None
 
 
 def tuned_studies(*, storage: StorageLike) -> list[TunedStudy]:

@@ -232,3 +232,25 @@ def find_best_tracked(*, tracking_uri: str, shape: TrafficShape, model: str | No
         return None
     keep = _THROUGHPUT if any(h.metric == _THROUGHPUT for h in hits) else hits[0].metric
     return max((h for h in hits if h.metric == keep), key=lambda h: h.value)
+
+
+def tracked_inputs(*, tracking_uri: str, model: str | None = None) -> tuple[str, str] | None:
+    """(model, search space file) of the newest study run in an MLflow store (of ``model``
+    when given, matched as :func:`find_best` matches it): what a study of another shape
+    in that store takes, for a command a message suggests. None when it holds none."""
+    from mlflow.tracking import MlflowClient
+
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.exists():  # a lookup must not leave a new store behind
+        return None
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    if not exps:
+        return None
+    runs = client.search_runs(exps, filter_string=f"tags.`{TAGS['kind']}` = 'study'",
+                              order_by=["attributes.start_time DESC"])
+    for run in runs:
+        found, space = run.data.tags.get(TAGS["model"]), run.data.params.get("space")
+        if found and space and (model is None or _same_model(model, found)):
+            return found, space
+    return None

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         metrics_url,
         run_command,
         sample_shape,
+        served_model,
         watch,
     )
 
@@ -34,6 +35,7 @@ __all__ = [
     "metrics_url",
     "run_command",
     "sample_shape",
+    "served_model",
     "watch",
 ]
 
@@ -50,6 +52,7 @@ __getattr__ = lazy_exports(__name__, {
         "metrics_url",
         "run_command",
         "sample_shape",
+        "served_model",
         "watch",
     ),
 })

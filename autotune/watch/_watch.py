@@ -49,6 +49,7 @@ __all__ = [
     "run_command",
     "sample_shape",
     "sample_window",
+    "served_model",
     "watch",
 ]
 
@@ -75,6 +76,21 @@ def metrics_url(url: str) -> str:
     if not u.startswith(("http://", "https://")):
         raise TrafficError(f"endpoint {url!r} must start with http:// or https://")
     return u if u.endswith("/metrics") else u + "/metrics"
+
+
+def served_model(url: str, *, timeout_s: float = 5.0) -> str | None:
+    """The model the vLLM server at ``url`` serves, as it was started (``/v1/models``: the
+    first model's ``root``, its ``--model``, else its ``id``); None when it does not say
+    (unreachable, not vLLM, no model): a hint for a printed command, never an error."""
+    base = metrics_url(url).removesuffix("/metrics")
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout_s) as resp:
+            data = json.loads(resp.read().decode("utf-8", errors="replace")).get("data") or []
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError, AttributeError):
+        return None  # the watch itself reports an endpoint it cannot read
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    name = first.get("root") or first.get("id")
+    return str(name) if name else None
 
 
 def fetch_metrics(url: str, *, timeout_s: float = 10.0) -> str:

@@ -1,20 +1,27 @@
 """End to end: `autotune tune` against real CPU vLLM servers, SQLite Optuna, MLflow, local Ray;
 then, on the same storage, `autotune best` and `autotune retune`: on the same shape (no
 drift, nothing runs) and on a recorded, bursty public trace (warm-started from the study,
-its capacity bracketed to a verdict)."""
+its capacity bracketed to a verdict); last, a study of one start each that borrows the
+start-to-start spread the first study's re-check stored."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
 from tests.conftest import REPO, needs_vllm
+
+if TYPE_CHECKING:
+    import optuna
 
 #: the Azure trace's first rows: the test reads the same whether the fixture holds the
 #: whole trace or an excerpt of it
@@ -287,8 +294,65 @@ def test_tune_end_to_end(tiny_hybrid: Path, shared_traces: Path, tmp_path: Path)
         assert m["capacity_rps"] > 0 and m["capacity_rps_ci_low"] <= m["capacity_rps"]
         assert json.loads((tmp_path / "out2" / "best.json").read_text())[
             "capacity"]["capacity_rps"] > 0
+
+    # A study of one start each on the same store (issue 66): its interval borrows the
+    # start-to-start spread the first study's re-check measured, and says so
+    _one_start_study_borrows_the_stored_spread(
+        cli, study, model=tiny_hybrid, storage=storage, tracking=tracking, tmp_path=tmp_path)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tiny_hybrid) not in ps
+
+
+def _one_start_study_borrows_the_stored_spread(
+        cli: Callable[..., subprocess.CompletedProcess[str]], first: optuna.study.Study, *,
+        model: Path, storage: str, tracking: str, tmp_path: Path) -> None:
+    """A study with repeated starts keeps the spread they measured (``autotune.start_spread``,
+    keyed by model, engine, device and host class); the next study of the same model on
+    the same store, one start each (``--recheck 0``), widens its interval by it and says
+    so in its verdict line and study.json. With nothing kept (no config but the defaults
+    was feasible, so nothing was re-checked) it says it took the CPU build's default."""
+    import optuna
+
+    from autotune.hardware import host_class
+    from autotune.store import judge_study
+
+    first = optuna.load_study(study_name=first.study_name, storage=storage)  # as it ended
+    kept = first.user_attrs.get("autotune.start_spread")
+    if any("autotune.recheck_of" in t.user_attrs for t in first.trials):
+        assert kept is not None and kept["df"] >= 1 and kept["host"] == host_class("cpu")
+        assert first.user_attrs["autotune.verdict"]["start_spread"] == pytest.approx(
+            math.expm1(kept["log_sd"]))
+        words = (f"start-to-start spread {math.expm1(kept['log_sd']) * 100:.1f} % from 1 "
+                 "earlier study on this host")
+    else:
+        assert kept is None
+        words = "the CPU build's default"
+    out = tmp_path / "out3"
+    proc = cli("tune", "--model", str(model),
+               "--shape", str(REPO / "traffic" / "example-chat.json"),
+               "--space", str(REPO / "search_spaces" / "cpu.yaml"), "--trials", "2",
+               "--enqueue", '{"max_num_seqs": 8}', "--recheck", "0", "--storage", storage,
+               "--tracking-uri", tracking, "--study-name", "e2e-one-start", "--out", str(out),
+               "--cache-dir", str(tmp_path / "cache"), "--no-ray", "--no-quality-probe",
+               "--pruner", "none", "--num-requests", "16", "--concurrency", "4",
+               "--segment-requests", "4", "--precision", "0.1", "--warmup-max-s", "8",
+               "--measure-max-s", "8")  # fmt: skip
+    assert proc.returncode in (0, 3), (proc.stdout + proc.stderr)[-5000:]
+    v = json.loads((out / "study.json").read_text())["verdict"]
+    assert words in (v.get("prior_spread") or ""), v
+    assert v["verdict"] in ("unconfirmed", "defaults_best")  # one start each: never a winner
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("verdict: "))
+    assert "one run's own noise and the start-to-start spread" in line and words in line, line
+    # wider than the interval the two runs' own noise gives (the same trials judged with
+    # no spread from elsewhere)
+    second = optuna.load_study(study_name="e2e-one-start", storage=storage)
+    alone = judge_study(second)
+    assert alone is not None and alone.ratio is not None and alone.prior_spread is None
+    r = v["ratio_to_defaults"]
+    assert r["median"] == pytest.approx(alone.ratio.median)
+    assert (math.log(r["ci_high"] / r["ci_low"])
+            > math.log(alone.ratio.ci_high / alone.ratio.ci_low)), (r, alone.ratio)
+    assert "autotune.start_spread" not in second.user_attrs  # nothing measured to keep
 
 
 def _fit_clipped(traces: Path, tmp: Path) -> Path:

@@ -220,3 +220,74 @@ def test_the_export_error_suggests_a_command_that_runs(
     found = re.search(r"e\.g\. (autotune export .*--format compose)", err)
     assert found is not None, err
     assert "services:" in _run_as_printed(found.group(1), tmp_path)
+
+
+def test_the_store_hints_of_export_watch_and_best_run_as_printed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_model: Path) -> None:
+    """Issue 66: export of a study the storage does not hold, the retune command a watch
+    prints on drift, and best's miss in an MLflow store each give their commands with the
+    storage, model and space in use (none of 'report --storage ...', MODEL, SPACE.yaml
+    or '...'); each runs as printed, or names files and options that exist."""
+    import argparse
+    import re
+    import shlex
+
+    from autotune.cli._watch import _retune_command
+    from autotune.errors import ConfigError
+    from autotune.traffic import load_shape
+    from tests._study_verdict import study
+    from tests.integration.test_study_verdict import simulated
+
+    fn = simulated({"defaults": 1000.0, "seqs=8": 1200.0, "other": 800.0}, start_cv=0.01)
+    storage, tracking = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    study(tmp_path, fake_model, fn, trials=2, recheck=0)
+    elsewhere = tmp_path / "elsewhere"  # the user's shell is anywhere: absolute paths only
+    elsewhere.mkdir()
+
+    # export: the studies the storage holds, and the export of the newest
+    err = _err(capsys, "export", "--storage", storage, "--study-name", "nope", "--format",
+               "serve")
+    assert "'sim'" in err and "report --storage" not in err, err
+    found = re.search(r"e\.g\. '(autotune export [^']+)'", err)
+    assert found is not None, err
+    assert "study sim" in _run_as_printed(found.group(1), elsewhere)
+
+    # watch: the retune command from the study tuned for the shape (its model and space,
+    # the storage given), run on that same shape: no drift, nothing runs
+    args = argparse.Namespace(model=None, space=None, url=None, on_drift=None)
+    command = _retune_command(args, load_shape(SHAPE), storage, None)
+    assert "MODEL" not in command and "SPACE" not in command, command
+    assert f"--storage {_where(storage)}" in command and str(fake_model) in command
+    out = _run_as_printed(f"{command} --shape {shlex.quote(SHAPE)}", elsewhere)
+    assert "did not drift" in out, out
+    # nothing tuned for the shape and no --model/--space: refused at the start, not a
+    # placeholder on the first drift
+    with pytest.raises(ConfigError, match="needs --model and --space: no study in"):
+        _retune_command(args, load_shape(SHAPE), f"sqlite:///{tmp_path}/none.db", None)
+    assert _retune_command(argparse.Namespace(model=None, space=None, url=None,
+                                              on_drift="true"),
+                           load_shape(SHAPE), f"sqlite:///{tmp_path}/none.db", None) == ""
+
+    # best in an MLflow store without a best for this shape: tune it with the store's
+    # model and space, or look up the nearest tuned shape in the Optuna storage (runs)
+    other = str(REPO / "traffic" / "casestudy-512x512.json")
+    assert main(["best", "--shape", other, "--tracking-uri", tracking, "--storage",
+                 storage]) == 1
+    err = capsys.readouterr().err
+    assert "..." not in err, err
+    tune = re.search(r"tune it with '(autotune tune [^']+)'", err)
+    look = re.search(r"'(autotune best [^']+)'", err)
+    assert tune is not None and look is not None, err
+    argv = shlex.split(tune.group(1))
+    assert Path(argv[argv.index("--model") + 1]) == fake_model.resolve()
+    assert Path(argv[argv.index("--space") + 1]).is_file()
+    assert argv[argv.index("--shape") + 1] == other
+    listed = set(re.findall(r"--[a-z][a-z0-9-]+", _help("tune")))
+    assert {a for a in argv if a.startswith("--")} <= listed, argv
+    assert "study sim" in _run_as_printed(look.group(1), elsewhere)
+
+
+def _where(url: str) -> str:
+    from autotune.config import store_where
+
+    return store_where(url)

@@ -34,6 +34,7 @@ from autotune.watch import (
 from tests._vllm_metrics_text import metrics_text
 
 REPO = Path(__file__).resolve().parents[2]
+SPACE = str(REPO / "search_spaces" / "cpu.yaml")
 MODES = {"short": ([30.0, 60.0, 120.0], [8.0, 16.0, 30.0]),
          "long": ([300.0, 450.0, 700.0], [60.0, 120.0, 300.0])}
 
@@ -256,14 +257,15 @@ def test_cli_watch_checks_then_ctrl_c(fake: FakeVllm, tuned_short: TrafficShape,
 
     tuned = save_shape(tuned_short, tmp_path / "tuned.json")
     p = _cli("watch", fake.url, "--tuned", str(tuned), "--every", "0.5", "--interval", "0.1",
-             "--checks", "2", "--no-mlflow", "--out", str(tmp_path / "o"), "--model", "m")
+             "--checks", "2", "--no-mlflow", "--out", str(tmp_path / "o"), "--model", "m",
+             "--space", SPACE)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     assert out.count(" check ") == 2 and "2 comparison(s) (2 same" in out, out
     # drifted traffic: the retune command, printed once; then Ctrl-C: 130 and a summary
     fake.mode = "long"
     p = _cli("watch", fake.url, "--tuned", str(tuned), "--every", "0.4", "--interval", "0.1",
-             "--no-mlflow", "--out", str(tmp_path / "o2"), "--model", "m")
+             "--no-mlflow", "--out", str(tmp_path / "o2"), "--model", "m", "--space", SPACE)
     deadline = time.monotonic() + 60
     seen = ""
     while time.monotonic() < deadline and seen.count(" check ") < 3:
@@ -274,7 +276,7 @@ def test_cli_watch_checks_then_ctrl_c(fake: FakeVllm, tuned_short: TrafficShape,
     out = seen + out
     assert p.returncode == 130, err
     assert out.count("re-tune with:") == 1, out
-    assert "autotune retune --model m --space SPACE.yaml --shape" in out
+    assert f"autotune retune --model m --space {SPACE} --shape" in out
     assert "watch interrupted:" in out and "1 drift action(s)" in out
     assert "Traceback" not in err
 
@@ -315,9 +317,9 @@ def test_tuned_study_resolves_to_its_shape(tmp_path: Path, tuned_short: TrafficS
     st.set_user_attr(A.SHAPE, tuned_short.fingerprint)
     st.set_user_attr(A.SHAPE_PATH, str(path))
     st.set_user_attr(A.MODEL, "models/m")
-    shape, shape_path, model = _tuned("prod-1", storage)
+    shape, shape_path, study = _tuned("prod-1", storage)
     assert shape.fingerprint == tuned_short.fingerprint and shape_path == str(path)
-    assert model == "models/m"
+    assert study is not None and study.model == "models/m"
     assert _tuned(str(path), storage)[0].fingerprint == tuned_short.fingerprint
     with pytest.raises(ConfigError, match="neither a shape file"):
         _tuned("nope", storage)
