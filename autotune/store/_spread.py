@@ -16,13 +16,23 @@ if TYPE_CHECKING:
     from optuna.storages import BaseStorage
     from optuna.study import Study
 
-__all__ = ["CPU_DEFAULT_SPREAD", "SpreadRecord", "StoredSpread", "keep_spread",
-           "prior_spread_of", "record_spread", "stored_spread"]
+__all__ = ["CPU_DEFAULT_DF", "CPU_DEFAULT_SOURCE", "CPU_DEFAULT_SPREAD", "SpreadRecord",
+           "StoredSpread", "keep_spread", "prior_spread_of", "record_spread", "stored_spread"]
 
 #: with nothing stored, a CPU study of one start each takes this start-to-start spread (the
-#: SD of a reading, exp(s) - 1): the CV of 17.1 % that repeats of vLLM's defaults showed on
-#: the CPU build (the demo's shape, 3 repeats; CPU readings vary up to 2x between starts)
-CPU_DEFAULT_SPREAD = 0.171
+#: SD of a reading, exp(s) - 1) with :data:`CPU_DEFAULT_DF` degrees of freedom: what the
+#: store's own estimator gives for the 8 A/A studies of experiments/aa_verdict (results/
+#: recheck0.jsonl: the tiny hybrid model on the demo's shape, vLLM's defaults started twice,
+#: as trial 0 and as its own flags written out). Their log ratios (true value 0) have an
+#: RMS of 0.170 over 8 pairs, i.e. a log SD of 0.170 / sqrt(2) = 0.120 per start, 12.8 %.
+#: Like a stored spread it holds each reading's within-run noise too (the intervals put
+#: the start-only share at about 10 %), on a shared 2-core machine (load 4.4-20.5). It
+#: replaced 17.1 %, the CV of 3 repeats on one server: no between-start figure.
+CPU_DEFAULT_SPREAD = 0.128
+#: the degrees of freedom of :data:`CPU_DEFAULT_SPREAD`: 8 pairs with a known mean
+CPU_DEFAULT_DF = 8
+#: where the CPU default comes from, in the words a verdict prints
+CPU_DEFAULT_SOURCE = "8 A/A studies of one start each, experiments/aa_verdict"
 
 
 class SpreadRecord(TypedDict):
@@ -37,8 +47,8 @@ class SpreadRecord(TypedDict):
 
 @dataclass(frozen=True)
 class StoredSpread:
-    """A start-to-start spread a one-start study uses: ``log_sd`` (pooled), ``df`` (None
-    for the stated CPU default) and where it came from, in words."""
+    """A start-to-start spread a one-start study uses: ``log_sd`` (pooled), ``df`` (its
+    degrees of freedom; None for a figure without any) and where it came from, in words."""
 
     log_sd: float
     df: int | None
@@ -86,9 +96,10 @@ def stored_spread(storage: BaseStorage, *, model: str, engine: str, device: str,
             f"start-to-start spread {math.expm1(log_sd) * 100:.1f} % from {n} earlier "
             f"stud{'y' if n == 1 else 'ies'} on this host"))
     if is_cpu(device):
-        return StoredSpread(math.log1p(CPU_DEFAULT_SPREAD), None, (
+        return StoredSpread(math.log1p(CPU_DEFAULT_SPREAD), CPU_DEFAULT_DF, (
             f"start-to-start spread {CPU_DEFAULT_SPREAD * 100:.1f} %, the CPU build's default "
-            "(no earlier study of this model on this host stored one)"))
+            f"from {CPU_DEFAULT_SOURCE} (no earlier study of this model on this host "
+            "stored one)"))
     return None
 
 

@@ -47,10 +47,28 @@ def test_the_spread_is_pooled_over_matching_studies_only() -> None:
 def test_with_nothing_stored_the_cpu_default_is_stated_and_a_gpu_gets_none() -> None:
     storage = _storage_with()
     cpu = stored_spread(storage, model="m", engine="e", device="cpu", host="h")  # type: ignore[arg-type]
-    assert cpu is not None and cpu.df is None
+    assert cpu is not None and cpu.df == 8
     assert cpu.relative == pytest.approx(CPU_DEFAULT_SPREAD)
-    assert "17.1 %, the CPU build's default" in cpu.source
+    assert ("12.8 %, the CPU build's default from 8 A/A studies of one start each, "
+            "experiments/aa_verdict" in cpu.source)
     assert stored_spread(storage, model="m", engine="e", device="NVIDIA H200", host="h") is None  # type: ignore[arg-type]
+
+
+def test_the_cpu_default_is_what_the_estimator_gives_for_the_a_a_studies() -> None:
+    """CPU_DEFAULT_SPREAD is measured: each A/A study started vLLM's defaults twice (trial 0
+    and its own flags written out); as two starts of one config each, pooled the way the
+    store pools a study's starts (known ratio 1: one degree of freedom a pair)."""
+    import json
+
+    from autotune.store._spread import CPU_DEFAULT_DF
+    from tests.conftest import REPO
+
+    rows = [json.loads(line) for line in (REPO / "experiments" / "aa_verdict" / "results" /
+                                          "recheck0.jsonl").read_text().splitlines() if line]
+    logs = [math.log(r["ratio"]["median"]) for r in rows]
+    assert len(logs) == CPU_DEFAULT_DF == 8
+    log_sd = math.sqrt(sum(x * x for x in logs) / len(logs) / 2)  # per start: / sqrt 2
+    assert round(math.expm1(log_sd), 3) == CPU_DEFAULT_SPREAD
 
 
 def test_a_borrowed_spread_widens_a_one_start_interval_and_keeps_it_one_start() -> None:
