@@ -9,14 +9,10 @@ from autotune.quality import (
     QualitySpec,
     build_probe,
 )
-from autotune.traffic import LoadSpec, constant_shape
 
 VOCAB = 4096
 
 
-SHAPE = constant_shape(700, 64, load=LoadSpec(mode="closed", concurrency=4))
-
-
 def _small_probe(**kw: Any) -> ProbeSet:
-    return build_probe(SHAPE, vocab_size=VOCAB,
+    return build_probe(vocab_size=VOCAB,
                        spec=QualitySpec(n_prompts=6, max_input_tokens=12, output_tokens=5, **kw))

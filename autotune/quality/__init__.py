@@ -5,7 +5,8 @@ whose config sets such a knob (``lossy: true`` in the search space) away from it
 value runs a small, seeded probe on its own server after the measurement: greedy
 continuations with per-token logprobs of a fixed prompt set, compared with the same prompts
 on the *reference* config (the study's defaults with every lossy knob at its full-precision
-default and no speculation), computed once per study and cached on disk.
+default and no speculation), computed once per model, flags and engine and cached on disk:
+the prompt set is the same for every traffic shape, so a study of another shape reads it.
 
 The pieces, in the order a study uses them (one private module per concern, re-exported
 here):

@@ -1,4 +1,4 @@
-"""The probe: a fixed, seeded set of prompts drawn from the traffic shape."""
+"""The probe: a fixed, seeded set of prompts, the same for every traffic shape."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    from autotune.traffic import TrafficShape
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +55,6 @@ class ProbeSet(BaseModel):
     concurrency: int = Field(default=1, ge=1)
     request_timeout_s: float = Field(default=300.0, gt=0)
     seed: int = 0
-    shape_fingerprint: str = ""
 
     @property
     def digest(self) -> str:
@@ -70,22 +67,35 @@ class ProbeSet(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+#: the probe's shortest prompt; the longest is ``max_input_tokens`` (or what the context
+#: leaves), the lengths between spread evenly on a log scale
+MIN_PROMPT_TOKENS = 16
+#: the first prompt id drawn (ids below are special tokens in most vocabularies), as
+#: :func:`autotune.traffic.build_schedule` draws them
+_FIRST_ID = 4
+
+
 def build_probe(
-    shape: TrafficShape,
     *,
     vocab_size: int,
     spec: QualitySpec | None = None,
     max_model_len: int | None = None,
     text_model: str | Path | None = None,
 ) -> ProbeSet:
-    """The probe's prompt set for ``shape`` (deterministic: same arguments, same prompts).
+    """The probe's prompt set (deterministic: same arguments, same prompts).
 
-    Input lengths are drawn from the shape (with its prefix sharing) and capped at
-    ``spec.max_input_tokens`` and, when given, ``max_model_len - spec.output_tokens``.
+    The same set for every traffic shape, so that the reference outputs (one server start,
+    49-70 s on the CPU build) are computed once per model, flags and engine and read from
+    the cache by a study of any shape: ``spec.n_prompts`` prompts whose lengths run from
+    :data:`MIN_PROMPT_TOKENS` to ``spec.max_input_tokens`` (capped, when given, at
+    ``max_model_len - spec.output_tokens``), evenly on a log scale, of ids drawn with
+    ``spec.seed``. What the probe asks is whether a lossy knob changes the model's greedy
+    tokens; a range of lengths up to 256 asks it of short and long prompts alike, where
+    drawing them from a shape only changed which of those lengths came up.
     ``text_model`` (a real checkpoint's folder): the prompts are real text of those lengths,
     tokenized with its tokenizer (:func:`autotune.load.text_prompts`), not random ids.
     """
-    from autotune.traffic import build_schedule
+    import numpy as np
 
     spec = spec or QualitySpec()
     max_in = spec.max_input_tokens
@@ -97,12 +107,13 @@ def build_probe(
                 f"before {spec.output_tokens} output tokens; lower output_tokens"
             )
         max_in = min(max_in, room)
-    schedule = build_schedule(
-        shape, vocab_size=vocab_size, seed=spec.seed, mode="closed", concurrency=1,
-        num_requests=spec.n_prompts, max_input_tokens=max_in,
-        max_output_tokens=spec.output_tokens,
-    )  # fmt: skip
-    prompts = tuple(r.prompt_token_ids for r in schedule.requests)
+    if vocab_size <= _FIRST_ID:
+        raise ConfigError(f"quality probe: vocab_size {vocab_size} leaves no token id to draw "
+                          f"(ids {_FIRST_ID} and up are drawn); check the model's config.json")
+    lengths = np.geomspace(min(MIN_PROMPT_TOKENS, max_in), max_in, spec.n_prompts)
+    rng = np.random.default_rng(spec.seed)
+    prompts = tuple(tuple(int(t) for t in rng.integers(_FIRST_ID, vocab_size, size=n))
+                    for n in np.rint(lengths).astype(int))
     if text_model is not None:
         from autotune.load import text_prompts
 
@@ -114,5 +125,4 @@ def build_probe(
         concurrency=spec.concurrency,
         request_timeout_s=spec.request_timeout_s,
         seed=spec.seed,
-        shape_fingerprint=shape.fingerprint,
     )

@@ -69,22 +69,30 @@ from autotune.study._objective import ResolvedStudy
 logger = logging.getLogger(__name__)
 
 
-def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
-                       ) -> tuple[ProbeSet | None, ProbeOutputs | None]:
-    """The probe and the reference outputs (cached per model, probe and flags; computed on
-    one extra server start the first time)."""
-    from autotune.engine import VllmServer
-    from autotune.quality import (
-        QualitySpec,
-        ReferenceCache,
-        build_probe,
-        ensure_reference,
-        reference_params,
-    )
+def _quality_probe(inputs: StudyInputs, flags: tuple[str, ...]) -> ProbeSet:
+    """The study's probe: :func:`autotune.quality.build_probe` for its model, seed and
+    device, within the context ``flags`` (the reference's) give; not the shape's."""
+    from autotune.quality import QualitySpec, build_probe
     from autotune.trial import model_max_len, model_vocab_size
 
+    model = inputs.model
+    # On the CPU build batching does not change outputs (seen bit-exact): probe 8 at a time.
+    conc = 8 if inputs.engine.device == "cpu" else 1
+    return build_probe(vocab_size=model_vocab_size(model),
+                       text_model=model if inputs.space.facts.real_weights else None,
+                       spec=QualitySpec(seed=inputs.settings.seed, concurrency=conc,
+                                        n_prompts=32),
+                       max_model_len=model_max_len(flags, model))
+
+
+def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
+                       ) -> tuple[ProbeSet | None, ProbeOutputs | None]:
+    """The probe and the reference outputs (cached per model, probe, flags and engine, for
+    every shape; computed on one extra server start the first time)."""
+    from autotune.engine import VllmServer
+    from autotune.quality import ReferenceCache, ensure_reference, reference_params
+
     settings, model = inputs.settings, inputs.model
-    real = inputs.space.facts.real_weights  # a real checkpoint: probe with real text
     ref = inputs.space.launch_spec(reference_params(inputs.space))
     routing = ref.env.get(ROUTING_SIMULATION_ENV, "")
     if routing:  # a stand-in's simulated routing: no server's tokens are the model's
@@ -95,21 +103,18 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
                              f"{ROUTING_SIMULATION_ENV} to \"\" in the space's stand_in part")
         note(f"quality probe off: {why}")
         return None, None
-    # On the CPU build batching does not change outputs (seen bit-exact): probe 8 at a time.
-    conc = 8 if inputs.engine.device == "cpu" else 1
-    probe = build_probe(inputs.shape, vocab_size=model_vocab_size(model),
-                        text_model=model if real else None,
-                        spec=QualitySpec(seed=settings.seed, concurrency=conc, n_prompts=32),
-                        max_model_len=model_max_len(ref.flags, model))
+    probe = _quality_probe(inputs, ref.flags)
     cache = ReferenceCache(inputs.cache_dir / "quality")
-    # the probe's prompts are drawn from the shape: a study of the same model, flags and
-    # shape reads it from the cache; another shape computes its own once
+    # the probe is the same for every shape: a study of the same model, flags and engine
+    # reads the reference from the cache, whatever its shape
     cached = cache.load(cache.key(model=model, probe=probe, flags=ref.flags, env=ref.env))
+    lengths = sorted(len(p) for p in probe.prompts)
     note("quality reference: the full-precision config's greedy outputs "
-         f"({len(probe.prompts)} prompts of the shape's lengths; "
+         f"({len(probe.prompts)} prompts of {lengths[0]}-{lengths[-1]} tokens, the same for "
+         "every shape; "
          + ("from the cache)" if cached is not None else
-            "computed now on one server start, then cached for studies of this model, "
-            "flags and shape)"))
+            "computed now on one server start, then cached for studies of this model and "
+            "flags, any shape)"))
 
     def start() -> VllmServer:
         return VllmServer(model=str(model), flags=ref.flags, env=ref.env,

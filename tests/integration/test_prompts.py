@@ -142,10 +142,9 @@ def test_quality_probe_on_real_text_for_a_real_checkpoint(bpe: Path) -> None:
 
     from autotune.quality import QualitySpec, build_probe
 
-    shape = load_shape(REPO / "traffic" / "example-chat.json")
     spec = QualitySpec(n_prompts=6)
-    rand = build_probe(shape, vocab_size=2048, spec=spec)
-    text = build_probe(shape, vocab_size=2048, spec=spec, text_model=bpe)
+    rand = build_probe(vocab_size=2048, spec=spec)
+    text = build_probe(vocab_size=2048, spec=spec, text_model=bpe)
     assert [len(p) for p in text.prompts] == [len(p) for p in rand.prompts]
     assert text.digest != rand.digest
     tok = Tokenizer.from_file(str(bpe / "tokenizer.json"))
@@ -159,4 +158,4 @@ def test_quality_probe_on_real_text_for_a_real_checkpoint(bpe: Path) -> None:
         return sum(w in vocab for w in words) / len(words)
 
     assert own(text) > 0.9 and own(rand) < 0.5, (own(text), own(rand))
-    assert build_probe(shape, vocab_size=2048, spec=spec, text_model=bpe).digest == text.digest
+    assert build_probe(vocab_size=2048, spec=spec, text_model=bpe).digest == text.digest

@@ -37,7 +37,7 @@ from autotune.quality import (
     quality_violation,
     run_probe,
 )
-from tests._quality import SHAPE, VOCAB, _small_probe
+from tests._quality import VOCAB, _small_probe
 from tests.conftest import needs_vllm
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ def _cpu_has_fp8_kv() -> bool:
 def hybrid_reference(tiny_hybrid: Path, tmp_path_factory: pytest.TempPathFactory
                      ) -> tuple[ProbeSet, ProbeOutputs, ReferenceCache]:
     tmp = tmp_path_factory.mktemp("quality")
-    probe = build_probe(SHAPE, vocab_size=VOCAB, spec=_SLOW_SPEC, max_model_len=1024)
+    probe = build_probe(vocab_size=VOCAB, spec=_SLOW_SPEC, max_model_len=1024)
     cache = ReferenceCache(tmp / "cache")
     ref = ensure_reference(cache, model=tiny_hybrid, reference_flags=_REF_FLAGS,
                            reference_env={}, probe=probe,

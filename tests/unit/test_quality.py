@@ -29,7 +29,7 @@ from autotune.quality import (
     reference_params,
 )
 from autotune.space import ModelFacts, load_space
-from tests._quality import SHAPE, VOCAB, _small_probe
+from tests._quality import VOCAB, _small_probe
 from tests.conftest import REPO
 
 
@@ -42,26 +42,26 @@ def _outputs(tokens: list[list[int]], logprobs: list[list[float | None]] | None 
 
 def test_probe_is_deterministic_and_capped() -> None:
     spec = QualitySpec(n_prompts=40, max_input_tokens=256, output_tokens=16, seed=3)
-    a = build_probe(SHAPE, vocab_size=VOCAB, spec=spec)
-    b = build_probe(SHAPE, vocab_size=VOCAB, spec=spec)
+    a = build_probe(vocab_size=VOCAB, spec=spec)
+    b = build_probe(vocab_size=VOCAB, spec=spec)
     assert a == b and a.digest == b.digest
     assert len(a.prompts) == 40 and a.output_tokens == 16
     assert all(1 <= len(p) <= 256 for p in a.prompts)
     assert all(4 <= t < VOCAB for p in a.prompts for t in p)
-    other = build_probe(SHAPE, vocab_size=VOCAB, spec=spec.model_copy(update={"seed": 4}))
+    other = build_probe(vocab_size=VOCAB, spec=spec.model_copy(update={"seed": 4}))
     assert other.digest != a.digest
     # what decides the outputs is in the digest; the timeout is not
-    assert build_probe(SHAPE, vocab_size=VOCAB, spec=spec.model_copy(
+    assert build_probe(vocab_size=VOCAB, spec=spec.model_copy(
         update={"output_tokens": 17})).digest != a.digest
-    assert build_probe(SHAPE, vocab_size=VOCAB, spec=spec.model_copy(
+    assert build_probe(vocab_size=VOCAB, spec=spec.model_copy(
         update={"request_timeout_s": 9.0})).digest == a.digest
 
 
 def test_probe_respects_max_model_len() -> None:
-    p = build_probe(SHAPE, vocab_size=VOCAB, spec=QualitySpec(output_tokens=32), max_model_len=100)
+    p = build_probe(vocab_size=VOCAB, spec=QualitySpec(output_tokens=32), max_model_len=100)
     assert max(len(x) for x in p.prompts) == 68
     with pytest.raises(ConfigError, match="max_model_len 20"):
-        build_probe(SHAPE, vocab_size=VOCAB, spec=QualitySpec(output_tokens=32), max_model_len=20)
+        build_probe(vocab_size=VOCAB, spec=QualitySpec(output_tokens=32), max_model_len=20)
 
 
 def test_spec_rejects_bad_values() -> None:
@@ -311,3 +311,47 @@ def test_lm_eval_command() -> None:
 def test_lm_eval_command_errors(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         lm_eval_command("http://h:1", "m", **kw)
+
+
+def test_a_study_of_another_shape_reads_the_reference_its_model_cached(
+        tmp_path: Path, fake_model: Path) -> None:
+    """The quality reference (one server start, 49-70 s on the CPU) is cached per model,
+    flags, engine and probe, and the probe is the same for every shape: a study of the
+    same model on another shape reads it from the cache and starts no server for it."""
+    from types import SimpleNamespace
+
+    from autotune.quality import ProbeOutputs, ReferenceCache, reference_params
+    from autotune.space import ModelFacts, load_space
+    from autotune.study import _quality_reference
+    from autotune.traffic import load_shape
+    from tests.conftest import REPO
+
+    space = load_space(REPO / "search_spaces" / "cpu.yaml",
+                       facts=ModelFacts.from_model_dir(fake_model, device="cpu"))
+
+    def inputs(shape: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            settings=SimpleNamespace(quality=None, seed=1, measure=SimpleNamespace(
+                start_timeout_s=5.0, cpu_kv_cache_gib=None)),
+            model=fake_model, space=space, engine=SimpleNamespace(device="cpu"),
+            shape=load_shape(REPO / "traffic" / shape), cache_dir=tmp_path / "cache",
+            log_dir=tmp_path / "logs")
+
+    # the first study (example-chat) computed its reference: in the cache as it keeps it
+    from autotune.study._study import _quality_probe
+
+    ref = space.launch_spec(reference_params(space))
+    first = inputs("example-chat.json")
+    probe = _quality_probe(first, ref.flags)  # type: ignore[arg-type]
+    outputs = ProbeOutputs(probe_digest=probe.digest,
+                           token_ids=tuple((5,) * probe.output_tokens for _ in probe.prompts),
+                           logprobs=tuple((-0.5,) * probe.output_tokens for _ in probe.prompts))
+    cache = ReferenceCache(tmp_path / "cache" / "quality")
+    cache.save(cache.key(model=fake_model, probe=probe, flags=ref.flags, env=ref.env), outputs)
+    # a study of another shape (longer prompts, another mix): the same probe, a cache hit
+    notes: list[str] = []
+    got_probe, got = _quality_reference(inputs("azure-conv.json"), notes.append)  # type: ignore[arg-type]
+    assert got_probe == probe and got == outputs
+    assert len(notes) == 1 and "the same for every shape; from the cache" in notes[0], notes
+    assert not (tmp_path / "logs" / "quality-reference.log").exists()  # no server started
+    assert len(list((tmp_path / "cache" / "quality").glob("quality-reference-*.json"))) == 1
