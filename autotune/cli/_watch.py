@@ -114,17 +114,19 @@ def _tuned(ref: str, storage: str) -> tuple[TrafficShape, str | None, TunedStudy
 
 
 def _retune_command(args: argparse.Namespace, tuned: TrafficShape, storage: str,
-                    study: TunedStudy | None) -> str:
-    """The ``autotune retune`` printed on drift (before ``--shape NEW``), every value a real
-    one: the model and space from --model/--space, else the study --tuned names or the
-    newest tuned for its shape, else (the model) what the server at URL serves; its storage
-    when not the default one.
-    ConfigError when one stays unknown and no --on-drift replaces the printed command."""
+                    study: TunedStudy | None) -> tuple[str | None, str]:
+    """(the ``autotune retune`` printed on drift, before ``--shape NEW``; why there is none).
+
+    Every value in it is a real one: the model and space from --model/--space, else the
+    study --tuned names or the newest tuned for its shape, else (the model) what the
+    server at URL serves; its storage when not the default one. When the model or the
+    space stays unknown no command is made (a placeholder would not run): the reason says
+    which to give. None with no reason under --on-drift, which runs instead."""
     from autotune.results import tuned_studies
     from autotune.watch import served_model
 
     if args.on_drift is not None:  # runs that command instead: nothing printed
-        return ""
+        return None, ""
     if study is None and not (args.model and args.space):  # the newest tuned for the shape
         same = [s for s in tuned_studies(storage=storage)
                 if s.shape_fingerprint == tuned.fingerprint]
@@ -138,21 +140,21 @@ def _retune_command(args: argparse.Namespace, tuned: TrafficShape, storage: str,
                f"[{tuned.fingerprint}]")
         if "--model" in missing and args.url:
             why += f" and {args.url} named no model at /v1/models"
-        raise ConfigError(
-            f"the retune command printed on drift needs {' and '.join(missing)}: {why}; give "
-            f"{' and '.join(missing)} (the model the server serves, the search space to "
-            "tune), or --on-drift CMD to run a command of your own instead")
+        need = " and ".join(missing)
+        return None, (f"no retune command: it needs {need} ({why}); give watch {need} (the "
+                      "model the server serves, the search space to tune), or --on-drift CMD")
     where = (f" --storage {shlex.quote(store_where(storage))}"
              if storage != DEFAULT_STORAGE else "")
     return (f"autotune retune --model {shlex.quote(str(model))} --space "
-            f"{shlex.quote(str(space))}{where}")
+            f"{shlex.quote(str(space))}{where}"), ""
 
 
 class _Printer:
-    """Prints each state as one line (the retune command on the first drift)."""
+    """Prints each state as one line (the retune command on the first drift, or why there
+    is none)."""
 
-    def __init__(self, retune: str) -> None:
-        self.retune = retune
+    def __init__(self, retune: str | None, why_not: str = "") -> None:
+        self.retune, self.why_not = retune, why_not
 
     def on_start(self, *, url: str, tuned: TrafficShape, every_s: float) -> None:
         print(f"watching {url} every {every_s:g} s against {tuned.name} "
@@ -167,7 +169,9 @@ class _Printer:
                 else "DRIFTED in " + ", ".join(ev.drifted_dimensions))
         print(f"{t} check {ev.check}: {what} (distance {ev.distance:.3g}; {ev.requests} "
               f"requests, {ev.rate_rps:.3g} req/s) -> {ev.shape_path}", flush=True)
-        if ev.action == "printed":
+        if ev.action == "printed" and self.retune is None:
+            print(f"  traffic drifted; {self.why_not}", flush=True)
+        elif ev.action == "printed":
             print(f"  traffic drifted; re-tune with:\n    {self.retune} --shape "
                   f"{shlex.quote(ev.shape_path or '')}", flush=True)
         elif ev.action is not None:
@@ -218,12 +222,14 @@ def _watch(args: argparse.Namespace) -> int:
         raise ConfigError(f"--request-log {args.request_log}: no such file")
     storage = storage_url(args.storage)
     tuned, tuned_path, study = _tuned(args.tuned, storage)
-    retune = _retune_command(args, tuned, storage, study)
+    retune, why_not = _retune_command(args, tuned, storage, study)
+    if why_not:  # said now, not first at a drift hours later
+        print(f"note: {why_not}", file=sys.stderr, flush=True)
     source, where = _prometheus_source(args, tuned) if args.prometheus else (None, args.url)
     out = args.out or Path("experiments") / "watch" / datetime.now(UTC).strftime(
         "%Y%m%dT%H%M%SZ")
     out.mkdir(parents=True, exist_ok=True)
-    callbacks: list[WatchCallback] = [_Printer(retune), JsonlLog(out / "watch.jsonl")]
+    callbacks: list[WatchCallback] = [_Printer(retune, why_not), JsonlLog(out / "watch.jsonl")]
     if not args.no_mlflow:
         callbacks.append(MlflowWatchLog(args.tracking_uri or default_tracking_uri()))
 

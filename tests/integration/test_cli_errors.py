@@ -227,13 +227,13 @@ def test_the_store_hints_of_export_watch_and_best_run_as_printed(
     """Issue 66: export of a study the storage does not hold, the retune command a watch
     prints on drift, and best's miss in an MLflow store each give their commands with the
     storage, model and space in use (none of 'report --storage ...', MODEL, SPACE.yaml
-    or '...'); each runs as printed, or names files and options that exist."""
+    or '...'); each runs as printed, or names files and options that exist. Where a value
+    is not known, no command is printed, but what to give."""
     import argparse
     import re
     import shlex
 
     from autotune.cli._watch import _retune_command
-    from autotune.errors import ConfigError
     from autotune.traffic import load_shape
     from tests._study_verdict import study
     from tests.integration.test_study_verdict import simulated
@@ -255,18 +255,21 @@ def test_the_store_hints_of_export_watch_and_best_run_as_printed(
     # watch: the retune command from the study tuned for the shape (its model and space,
     # the storage given), run on that same shape: no drift, nothing runs
     args = argparse.Namespace(model=None, space=None, url=None, on_drift=None)
-    command = _retune_command(args, load_shape(SHAPE), storage, None)
+    command, why_not = _retune_command(args, load_shape(SHAPE), storage, None)
+    assert command is not None and why_not == ""
     assert "MODEL" not in command and "SPACE" not in command, command
     assert f"--storage {_where(storage)}" in command and str(fake_model) in command
     out = _run_as_printed(f"{command} --shape {shlex.quote(SHAPE)}", elsewhere)
     assert "did not drift" in out, out
-    # nothing tuned for the shape and no --model/--space: refused at the start, not a
-    # placeholder on the first drift
-    with pytest.raises(ConfigError, match="needs --model and --space: no study in"):
-        _retune_command(args, load_shape(SHAPE), f"sqlite:///{tmp_path}/none.db", None)
+    # nothing tuned for the shape and no --model/--space: no command with a placeholder,
+    # but what to give (watch says it at its start, and again on the drift)
+    command, why_not = _retune_command(args, load_shape(SHAPE),
+                                       f"sqlite:///{tmp_path}/none.db", None)
+    assert command is None and "it needs --model and --space (no study in" in why_not
     assert _retune_command(argparse.Namespace(model=None, space=None, url=None,
                                               on_drift="true"),
-                           load_shape(SHAPE), f"sqlite:///{tmp_path}/none.db", None) == ""
+                           load_shape(SHAPE), f"sqlite:///{tmp_path}/none.db", None) == (
+        None, "")
 
     # best in an MLflow store without a best for this shape: tune it with the store's
     # model and space, or look up the nearest tuned shape in the Optuna storage (runs)
