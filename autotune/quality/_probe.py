@@ -67,9 +67,6 @@ class ProbeSet(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-#: the probe's shortest prompt; the longest is ``max_input_tokens`` (or what the context
-#: leaves), the lengths between spread evenly on a log scale
-MIN_PROMPT_TOKENS = 16
 #: the first prompt id drawn (ids below are special tokens in most vocabularies), as
 #: :func:`autotune.traffic.build_schedule` draws them
 _FIRST_ID = 4
@@ -86,13 +83,16 @@ def build_probe(
 
     The same set for every traffic shape, so that the reference outputs (one server start,
     49-70 s on the CPU build) are computed once per model, flags and engine and read from
-    the cache by a study of any shape: ``spec.n_prompts`` prompts whose lengths run from
-    :data:`MIN_PROMPT_TOKENS` to ``spec.max_input_tokens`` (capped, when given, at
-    ``max_model_len - spec.output_tokens``), evenly on a log scale, of ids drawn with
-    ``spec.seed``. What the probe asks is whether a lossy knob changes the model's greedy
-    tokens; a range of lengths up to 256 asks it of short and long prompts alike, where
-    drawing them from a shape only changed which of those lengths came up.
-    ``text_model`` (a real checkpoint's folder): the prompts are real text of those lengths,
+    the cache by a study of any shape: ``spec.n_prompts`` prompts of ids drawn with
+    ``spec.seed``, each ``spec.max_input_tokens`` long (capped, when given, at
+    ``max_model_len - spec.output_tokens``). What the probe asks is whether a lossy knob
+    changes the model's greedy tokens, over ``output_tokens`` decode steps; lengths drawn
+    from a shape (capped at 256 all the same) did not change that question. One length
+    keeps the outputs independent of the batch a prompt lands in: on the CPU build 8
+    prompts of one length in flight gave the same bytes as 1, while prompts of 16 to 256
+    tokens in flight together did not (a rerun of the reference config: 23 of 24 prompts
+    identical, logprobs 2e-4 apart; tests/integration/test_quality.py).
+    ``text_model`` (a real checkpoint's folder): the prompts are real text of that length,
     tokenized with its tokenizer (:func:`autotune.load.text_prompts`), not random ids.
     """
     import numpy as np
@@ -110,10 +110,9 @@ def build_probe(
     if vocab_size <= _FIRST_ID:
         raise ConfigError(f"quality probe: vocab_size {vocab_size} leaves no token id to draw "
                           f"(ids {_FIRST_ID} and up are drawn); check the model's config.json")
-    lengths = np.geomspace(min(MIN_PROMPT_TOKENS, max_in), max_in, spec.n_prompts)
     rng = np.random.default_rng(spec.seed)
-    prompts = tuple(tuple(int(t) for t in rng.integers(_FIRST_ID, vocab_size, size=n))
-                    for n in np.rint(lengths).astype(int))
+    prompts = tuple(tuple(int(t) for t in rng.integers(_FIRST_ID, vocab_size, size=max_in))
+                    for _ in range(spec.n_prompts))
     if text_model is not None:
         from autotune.load import text_prompts
 

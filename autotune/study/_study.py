@@ -108,9 +108,8 @@ def _quality_reference(inputs: StudyInputs, note: Callable[[str], None]
     # the probe is the same for every shape: a study of the same model, flags and engine
     # reads the reference from the cache, whatever its shape
     cached = cache.load(cache.key(model=model, probe=probe, flags=ref.flags, env=ref.env))
-    lengths = sorted(len(p) for p in probe.prompts)
     note("quality reference: the full-precision config's greedy outputs "
-         f"({len(probe.prompts)} prompts of {lengths[0]}-{lengths[-1]} tokens, the same for "
+         f"({len(probe.prompts)} prompts of {len(probe.prompts[0])} tokens, the same for "
          "every shape; "
          + ("from the cache)" if cached is not None else
             "computed now on one server start, then cached for studies of this model and "
