@@ -25,12 +25,14 @@ SERVEGEN = TRACES / "servegen_offline_trace_a_head300.jsonl"
 #: the cross-user trace's arrivals and answers, which its source does not record: Poisson
 #: arrivals at this rate (requests/s, seed 0) and every answer this many tokens
 SERVEGEN_RATE_RPS, SERVEGEN_OUTPUT = 4.0, 32
+#: the ServeGen lengths' factor in the Mooncake-format file (16-token blocks as 512)
+SERVEGEN_UP = 32
 
 #: per trace: the trace's prefix block (tokens), the replay's block (the length scale is
 #: their ratio), the time scale of every replay of it
 SETUP: dict[str, dict[str, float]] = {
     "mooncake": {"trace_block": 512, "block": 16, "time_scale": 0.1},
-    "servegen": {"trace_block": 16, "block": 16, "time_scale": 1.0},
+    "servegen": {"trace_block": 512, "block": 16, "time_scale": 1.0},  # lengths x 32 in
     "think90": {"trace_block": 1, "block": 1, "time_scale": 0.2},
 }
 
@@ -39,13 +41,15 @@ def servegen_trace(out: Path, *, rate_rps: float = SERVEGEN_RATE_RPS,
                    output_tokens: int = SERVEGEN_OUTPUT, seed: int = 0) -> Path:
     """The ServeGen excerpt (batch requests, no arrival times, no answers) as a Mooncake
     hash-id trace: Poisson arrivals at ``rate_rps`` in request order, every answer
-    ``output_tokens`` long; the hash ids as recorded (16-token blocks)."""
+    ``output_tokens`` long, the hash ids as recorded. Its blocks are 16 tokens and a
+    Mooncake-format reader takes 512: every length is written x 32 (a block of the file is
+    then 512 tokens), and the replay's length scale of 1/32 makes each 16 tokens again."""
     rows = [json.loads(x) for x in SERVEGEN.read_text().splitlines() if x.strip()]
     gaps = np.random.default_rng(seed).exponential(1.0 / rate_rps, size=len(rows))
     t = np.concatenate(([0.0], np.cumsum(gaps[1:])))
     out.write_text("".join(json.dumps({
-        "timestamp": round(float(ms)), "input_length": r["input_length"],
-        "output_length": output_tokens, "hash_ids": r["hash_ids"]}) + "\n"
+        "timestamp": round(float(ms)), "input_length": r["input_length"] * SERVEGEN_UP,
+        "output_length": output_tokens * SERVEGEN_UP, "hash_ids": r["hash_ids"]}) + "\n"
         for r, ms in zip(rows, t * 1000.0, strict=True)))
     return out
 
@@ -204,6 +208,8 @@ def main() -> int:
     p.add_argument("--think90-sessions", type=int, default=1200)
     p.add_argument("--window-s", type=float, default=20.0)
     p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other traces of an existing --out; replace these")
     a = p.parse_args()
     from autotune.engine import VllmServer, detect_engine, generate_tiny_model
     from autotune.load import model_prompts
@@ -221,6 +227,10 @@ def main() -> int:
         "servegen_arrivals": {"rate_rps": SERVEGEN_RATE_RPS, "output_tokens":
                               SERVEGEN_OUTPUT, "seed": 0},
         "command": " ".join(sys.argv), "traces": {}}
+    if a.merge and a.out.is_file():
+        kept = json.loads(a.out.read_text())
+        out["traces"] = kept["traces"]
+        out["earlier"] = {k: kept[k] for k in ("date", "commit", "command") if k in kept}
     server.start()
     try:
         server.wait_healthy()

@@ -19,6 +19,23 @@ def _median(rows: list[dict[str, object]], kind: str) -> float | None:
     return statistics.median(v) if v else None
 
 
+def _tables(rows: list[dict[str, object]]) -> None:
+    """README's tables: a row a replay, TTFT p50 by turn with the turns counted."""
+    for trace in dict.fromkeys(str(r["trace"]) for r in rows):
+        print(f"\n{trace}\n\n| replay | seed | requests | prefix-cache hits / queries | "
+              "hit rate | TTFT p50 turn 1 | turn 2 | turn 3+ |\n|---|---:|---:|---:|---:|---:|"
+              "---:|---:|")
+        for r in rows:
+            if r["trace"] != trace:
+                continue
+            cells = [f"{r[f'turn{k}_ttft_p50_ms']} ms ({r[f'turn{k}_n']})"
+                     if r[f"turn{k}_n"] else "-" for k in TURNS]
+            print(f"| {r['kind']} | {r['seed']} | {r['requests']} | "
+                  f"{int(float(r['prefix_cache_hits'])):,} / "  # type: ignore[arg-type]
+                  f"{int(float(r['prefix_cache_queries'])):,} | "  # type: ignore[arg-type]
+                  f"{r['hit_rate_pct']} % | {' | '.join(cells)} |")
+
+
 def main() -> int:
     data = json.loads((HERE / "results.json").read_text())
     rows: list[dict[str, object]] = []
@@ -41,6 +58,8 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    if "--markdown" in sys.argv:
+        _tables(rows)
     for trace in data["traces"]:
         mine = [r for r in rows if r["trace"] == trace]
         ref, bnd, exact = (_median(mine, k) for k in ("reference", "bounded", "exact"))
