@@ -136,7 +136,7 @@ def bounded(server: Any, shape: Any, tokens: Any, *, seed: int, token_seed: int,
     rate: the steady state's window, its sessions' conversations so far primed (at most
     ``window_s``), then the window's turns; only the window is measured."""
     from autotune.load import steady_sessions
-    from autotune.trial._levels import prime_contexts
+    from autotune.trial import prime_contexts
 
     sched = steady_sessions(shape, token_ids=tokens, rate_sps=shape.sessions.rate_sps,
                             window_s=window_s, seed=seed, token_seed=token_seed,
