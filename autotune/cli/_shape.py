@@ -445,6 +445,13 @@ def _clip(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: shape {new.name} [fingerprint {new.fingerprint}], prompts p50 "
           f"{_fmt(i.p50)} p99 {_fmt(i.p99)} max {_fmt(i.max)}, outputs p50 {_fmt(o.p50)} "
           f"p99 {_fmt(o.p99)} max {_fmt(o.max)}, replay time scale {_fmt(new.load.time_scale)}")
+    p, was = new.prefix, shape.prefix
+    if p is not None and was is not None and (p.shared_token_fraction, p.block_tokens) != (
+            was.shared_token_fraction, was.block_tokens):
+        block = f", hash block {was.block_tokens} -> {p.block_tokens} tokens" if (
+            p.block_tokens is not None) else ""
+        print(f"  prefixes: {was.shared_token_fraction:.1%} -> {p.shared_token_fraction:.1%} "
+              f"of prompt tokens cacheable{block}")
     return 0
 
 

@@ -7,6 +7,7 @@ import numpy as np
 from autotune.errors import ShapeError
 from autotune.traffic._models import (
     LengthDist,
+    PrefixStats,
     SessionStats,
     TrafficShape,
     compute_fingerprint,
@@ -27,6 +28,63 @@ def _clip_dist(
     qs = [float(v) for v in q]
     return LengthDist(mean=round(float(fine.mean()), 2), std=round(float(fine.std()), 2),
                       min=qs[0], p50=qs[50], p90=qs[90], p99=qs[99], max=qs[100], quantiles=qs)
+
+
+def _grid(q: list[float]) -> np.ndarray:
+    """A quantile function on a fine grid (what the replay samples from)."""
+    a = np.asarray(q, dtype=np.float64)
+    return np.interp(np.linspace(0, a.shape[0] - 1, 401), np.arange(a.shape[0]), a)
+
+
+def _shared_share(p: PrefixStats, prompts: LengthDist, scale: float,
+                  cap: int | None) -> float:
+    """How the share of prompt tokens a cache serves changes when prompts (``prompts``)
+    are multiplied by ``scale`` and capped at ``cap``: a sharing request's shared head is
+    its ratio (``shared_prefix_ratio``) x its prompt, and a cap cuts the prompt's tail,
+    so the head keeps ``min(ratio x prompt, cap)`` of a prompt of ``min(prompt, cap)``
+    (ratio and length drawn independently, as the replay draws them). The factor, times
+    the fitted share, is the clipped share: 1 without a cap."""
+    if cap is None or p.shared_prefix_ratio is None:
+        return 1.0
+    length = _grid(prompts.quantiles) * scale
+    ratio = _grid(p.shared_prefix_ratio)
+    head = ratio[:, None] * length[None, :]
+    before = head.mean() / max(length.mean(), 1e-9)
+    after = np.minimum(head, cap).mean() / max(np.minimum(length, cap).mean(), 1e-9)
+    return float(after / before) if before > 0 else 1.0
+
+
+def _session_share(s: SessionStats, out_mean: float) -> float | None:
+    """The share of prompt tokens a cache serves within sessions, from the mean prompt by
+    turn (``context_by_turn``) and the share of sessions that reach each turn: a turn after
+    the first finds its parent's prompt and answer cached. None without turns to tell."""
+    by_turn = s.context_by_turn
+    if len(by_turn) < 2:
+        return None
+    turns = _grid(s.turns.quantiles)
+    reach = np.array([(turns >= t + 1 - 1e-9).mean() for t in range(len(by_turn))])
+    total = float((reach * np.asarray(by_turn)).sum())
+    cached = sum(reach[t] * min(by_turn[t], by_turn[t - 1] + out_mean)
+                 for t in range(1, len(by_turn)))
+    return float(cached / total) if total > 0 else None
+
+
+def _clip_prefix(p: PrefixStats, *, scale: float, cap: int | None, prompts: LengthDist,
+                 factor: float | None = None) -> PrefixStats:
+    """A prefix section for prompts multiplied by ``scale`` and capped at ``cap``: its hash
+    block scales with the prompts (a 512-token block at 1/32 is 16 tokens), its shared
+    heads are scaled and capped, and its cacheable share is recomputed for the clipped
+    lengths (``factor``, when given, is the ratio of the share after to the share before;
+    else a cap's cut of the shared heads, :func:`_shared_share`)."""
+    f = factor if factor is not None else _shared_share(p, prompts, scale, cap)
+    update: dict[str, object] = {
+        "shared_token_fraction": round(min(1.0, max(0.0, p.shared_token_fraction * f)), 6)}
+    if p.block_tokens is not None:
+        update["block_tokens"] = max(1, round(p.block_tokens * scale))
+    if p.shared_prefix_tokens is not None:
+        update["shared_prefix_tokens"] = _clip_dist(p.shared_prefix_tokens, scale=scale,
+                                                    cap=cap)
+    return p.model_copy(update=update)
 
 
 def _clip_sessions(s: SessionStats, scale: float, cap: int | None, out_before: float,
@@ -51,9 +109,8 @@ def _clip_sessions(s: SessionStats, scale: float, cap: int | None, out_before: f
         return round(min(w, cap) if cap is not None else w, 1)
 
     shared = s.shared_prefix
-    if shared is not None and shared.shared_prefix_tokens is not None:
-        shared = shared.model_copy(update={"shared_prefix_tokens": _clip_dist(
-            shared.shared_prefix_tokens, scale=scale, cap=cap)})
+    if shared is not None:
+        shared = _clip_prefix(shared, scale=scale, cap=cap, prompts=s.first_turn_tokens)
     return s.model_copy(update={
         "shared_prefix": shared,
         "first_turn_tokens": _clip_dist(s.first_turn_tokens, scale=scale, cap=cap),
@@ -81,7 +138,10 @@ def clip_shape(
     ``scale_input`` / ``scale_output`` multiply only the prompt / output lengths (on top of
     ``scale_lengths``): a trace whose prompts are far longer than a server's context (the
     Mooncake conversation trace: prompt p50 6,909 tokens) keeps its output lengths, and
-    its shared-prefix lengths are scaled with the prompts (their share stays the same)."""
+    its shared-prefix lengths and hash block size are scaled with the prompts. The
+    cacheable share (``prefix.shared_token_fraction``) is recomputed for the clipped
+    lengths: a cap cuts shared heads; within sessions, answers not scaled with the prompts
+    weigh more in the context a later turn finds cached."""
     for label, v in (("max_input_tokens", max_input_tokens),
                      ("max_output_tokens", max_output_tokens)):
         if v is not None and v < 1:
@@ -102,15 +162,21 @@ def clip_shape(
     if s_out != 1 or max_output_tokens is not None:
         update["output_tokens"] = out_dist = _clip_dist(shape.output_tokens, scale=s_out,
                                                         cap=max_output_tokens)
-    prefix = shape.prefix
-    if prefix is not None and prefix.shared_prefix_tokens is not None and (
-            s_in != 1 or max_input_tokens is not None):
-        update["prefix"] = prefix.model_copy(update={"shared_prefix_tokens": _clip_dist(
-            prefix.shared_prefix_tokens, scale=s_in, cap=max_input_tokens)})
+    out_after = out_dist if out_dist is not None else shape.output_tokens
+    sessions = None
     if shape.sessions is not None and lengths:
-        out_after = out_dist if out_dist is not None else shape.output_tokens
-        update["sessions"] = _clip_sessions(shape.sessions, s_in, max_input_tokens,
-                                            shape.output_tokens.mean, out_after.mean)
+        update["sessions"] = sessions = _clip_sessions(
+            shape.sessions, s_in, max_input_tokens, shape.output_tokens.mean, out_after.mean)
+    prefix = shape.prefix
+    if prefix is not None and lengths:
+        factor = None
+        if prefix.source == "session" and shape.sessions is not None and sessions:
+            # the share within sessions follows the clipped turns' prompts and answers
+            before = _session_share(shape.sessions, shape.output_tokens.mean)
+            after = _session_share(sessions, out_after.mean)
+            factor = after / before if before and after is not None else None
+        update["prefix"] = _clip_prefix(prefix, scale=s_in, cap=max_input_tokens,
+                                        prompts=shape.input_tokens, factor=factor)
     if rate_scale != 1:
         update["load"] = shape.load.model_copy(
             update={"time_scale": shape.load.time_scale / rate_scale})

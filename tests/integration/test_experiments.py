@@ -58,6 +58,8 @@ NOT_RUN = {
     "stagger/run.py": "starts a CPU vLLM server for minutes of replays",
     "session_fidelity/run.py": "starts a CPU vLLM server for minutes of replays",
     "session_fidelity/summarize.py": "rewrites its committed summary.csv in place",
+    "session_bounded/run.py": "starts a CPU vLLM server for minutes of replays",
+    "session_bounded/summarize.py": "rewrites its committed summary.csv in place",
     "capacity_resolution/summarize.py": "reads a GPU study's trials.csv (run.sh)",
     "loadgen_capacity/run.py": "pins load generator and stub servers to cores for minutes",
     "traffic_fit_bench/bench.py": "writes its committed results.json in place; minutes",

@@ -13,6 +13,7 @@ import pytest
 from autotune.errors import TraceFormatError
 from autotune.traffic import (
     SessionStats,
+    TrafficShape,
     clip_shape,
     compute_fingerprint,
     diff_shapes,
@@ -321,3 +322,70 @@ def test_clip_moves_the_answers_in_context_growth_to_the_clipped_outputs() -> No
     same = clipped(scale_lengths=0.5)  # prompts and answers alike: growth scales as before
     assert same.context_growth is not None and same.context_growth.p50 == 42
     assert same.context_by_turn == [160, 202, 244]
+
+
+def _prefixed(source: str, *, share: float, ratio: float, prompt: int, block: int | None,
+              sessions: SessionStats | None = None) -> TrafficShape:
+    """A constant shape of ``prompt``-token prompts whose prefix section says ``share`` of
+    prompt tokens are cacheable, every sharing request's head ``ratio`` of its prompt."""
+    from autotune.traffic import LoadSpec, PrefixStats, constant_shape, length_dist
+
+    base = constant_shape(prompt, 20, load=LoadSpec(mode="open", rate_rps=3.0, requests=30))
+    prefix = PrefixStats(source=source, block_tokens=block,  # type: ignore[arg-type]
+                         shared_token_fraction=share, sharing_request_fraction=1.0,
+                         groups=1, mean_group_size=30.0,
+                         shared_prefix_tokens=length_dist([prompt * ratio]),
+                         shared_prefix_ratio=[ratio] * 101)
+    return base.model_copy(update={"prefix": prefix, "sessions": sessions})
+
+
+def test_clip_scales_the_hash_block_with_the_prompts() -> None:
+    """A 512-token hash block at --scale-input 1/32 is 16 tokens; without a cap the
+    cacheable share stays; scaling only the outputs keeps the block."""
+    shape = _prefixed("hash_ids", share=0.3, ratio=0.5, prompt=1024, block=512)
+    small = clip_shape(shape, scale_input=1 / 32).prefix
+    assert small is not None and small.block_tokens == 16
+    assert small.shared_token_fraction == pytest.approx(0.3)
+    assert small.shared_prefix_tokens is not None and small.shared_prefix_tokens.p50 == 16
+    outs = clip_shape(shape, scale_output=0.5).prefix
+    assert outs is not None and outs.block_tokens == 512
+    assert outs.shared_token_fraction == pytest.approx(0.3)
+    odd = clip_shape(_prefixed("hash_ids", share=0.3, ratio=0.5, prompt=64, block=16),
+                     scale_input=1 / 64).prefix
+    assert odd is not None and odd.block_tokens == 1  # never below one token
+
+
+def test_clip_recomputes_the_cacheable_share_for_capped_prompts() -> None:
+    """A cap cuts a prompt's tail before its shared head: prompts of 1,000 tokens, half of
+    them shared, capped at 400, are all head (the share doubles); a 200-token head of a
+    prompt capped at 400 is half of it (the share x 2.5)."""
+    half = clip_shape(_prefixed("prefix_id", share=0.3, ratio=0.5, prompt=1000, block=None),
+                      max_input_tokens=400).prefix
+    assert half is not None and half.shared_token_fraction == pytest.approx(0.6, abs=0.01)
+    assert half.shared_prefix_tokens is not None and half.shared_prefix_tokens.p50 == 400
+    fifth = clip_shape(_prefixed("prefix_id", share=0.2, ratio=0.2, prompt=1000, block=None),
+                       max_input_tokens=400).prefix
+    assert fifth is not None and fifth.shared_token_fraction == pytest.approx(0.5, abs=0.01)
+    full = clip_shape(_prefixed("prefix_id", share=0.9, ratio=0.9, prompt=1000, block=None),
+                      max_input_tokens=100).prefix
+    assert full is not None and full.shared_token_fraction <= 1.0
+
+
+def test_clip_recomputes_the_share_within_sessions() -> None:
+    """Within sessions a later turn finds its parent's prompt and answer cached: with the
+    prompts at 1/4 and the answers kept (20 tokens), the answers weigh more and the share
+    rises from (340 + 424) / 1212 to (100 + 136) / 348."""
+    from autotune.traffic import length_dist
+
+    sessions = SessionStats(
+        source="session_id", sessions=10, rate_sps=1.0, multi_turn_fraction=1.0,
+        turns=length_dist([3]), first_turn_tokens=length_dist([320]),
+        new_tokens=length_dist([64]), context_growth=length_dist([84]),
+        context_by_turn=[320.0, 404.0, 488.0])
+    shape = _prefixed("session", share=764 / 1212, ratio=0.6, prompt=404, block=None,
+                      sessions=sessions)
+    p = clip_shape(shape, scale_input=0.25).prefix
+    assert p is not None and p.shared_token_fraction == pytest.approx(236 / 348, abs=1e-4)
+    same = clip_shape(shape, scale_lengths=0.5).prefix  # answers scale too: share stays
+    assert same is not None
+    assert same.shared_token_fraction == pytest.approx(764 / 1212, abs=1e-4)
