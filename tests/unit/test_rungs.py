@@ -206,3 +206,25 @@ def test_a_resumed_study_ranks_against_the_rungs_in_its_storage(tmp_path: Path) 
         assert kept.user_attrs.get(A.RUNG) == t.user_attrs.get(A.RUNG)
     assert sum(after.values()) > sum(counts.values())
     assert after["screened"] >= counts["screened"]
+
+
+def test_a_capacity_trial_keeps_its_first_2x_bracket_as_its_coarse_reading() -> None:
+    from autotune.trial import CapacityResult, TrialOutcome, TrialSpec
+    from autotune.trial._open_trial import _screen_test
+
+    spec = TrialSpec(number=3, model="m", flags=(), env={}, shape=None,
+                     screen=Screen(bar=10.0, incumbent=12.0))
+    outcome = TrialOutcome(number=3, ok=True)
+    test = _screen_test(spec, outcome, 2.0, 0.0)
+    assert test is not None
+    assert not test(CapacityResult(recorded_rps=2.0, low=1.0, high=None))  # open: no reading
+    assert test(CapacityResult(recorded_rps=2.0, low=1.0, high=2.0))  # 2 to 4 req/s: screened
+    assert outcome.coarse is not None and outcome.coarse["value"] == 2.0
+    assert outcome.coarse["ci_high"] == 4.0 and not outcome.coarse["promoted"]
+    assert not test(CapacityResult(recorded_rps=2.0, low=1.0, high=1.5))  # the first is kept
+    leader = TrialOutcome(number=3, ok=True)
+    test = _screen_test(spec, leader, 2.0, 0.0)
+    assert test is not None and not test(CapacityResult(recorded_rps=2.0, low=5.0, high=8.0))
+    assert leader.coarse is not None and leader.coarse["promoted"]
+    unscreened = TrialSpec(number=4, model="m", flags=(), env={}, shape=None)
+    assert _screen_test(unscreened, TrialOutcome(number=4, ok=True), 2.0, 0.0) is None
