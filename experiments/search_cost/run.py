@@ -59,7 +59,7 @@ SE_RUN = _load_se()
 import surface as S  # noqa: E402 - after sys.path
 
 #: rows on the cold surface A, and the retunes on B (each of the four parts off in turn)
-COLD_ROWS = ("before", "new", "new-no-screen")
+COLD_ROWS = ("before", "new", "new-no-screen", "new-no-pruner")
 RETUNE_ROWS = ("retune", "retune-no-pruner", "retune-no-screen", "retune-no-failure-model",
                "retune-no-learn")
 ROWS = COLD_ROWS + RETUNE_ROWS
