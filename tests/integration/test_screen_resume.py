@@ -35,6 +35,9 @@ def _settings(model: Path, tmp_path: Path, trials: int, **kw: Any) -> TuneSettin
         "model": str(model), "shape": str(REPO / "traffic" / "example-chat.json"),
         "space": str(REPO / "search_spaces" / "cpu.yaml"), "trials": trials, "seed": 1,
         "objective": "throughput", "recheck": 0, "sampler": "random",
+        # the pruner would stop this study's real trial first (its bar is the simulated
+        # incumbent's): off, so that screening alone judges it
+        "pruner": "none",
         "storage": f"sqlite:///{tmp_path}/optuna.db",
         "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "study_name": "screen",
         "out": str(tmp_path / "out"), "quality_probe": False, "use_ray": False,
