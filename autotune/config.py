@@ -418,6 +418,9 @@ class TuneSettings(BaseModel):
     # a new study learns from the trials of earlier studies of the model and hardware in
     # its store, weighted by shape distance (autotune.results.learn_from_store)
     learn: bool = True
+    # screen, then refine: each search trial is read at a coarse fidelity first and only
+    # the leaders are measured to full resolution (autotune.study._rungs)
+    screen: bool = True
     # kernels tuned before trial 0 for a knob with `tuned:` (docs/kernels.md): device time
     # for the whole tuning (split over token counts) and configs timed per token count
     kernel_budget_s: float | None = Field(default=1200.0, gt=0)

@@ -80,6 +80,7 @@ SLOW_FILES = {
     "tests/integration/test_registry_mlflow.py": 20,
     "tests/integration/test_study_loop.py": 14,
     "tests/integration/test_capacity_prune.py": 15,
+    "tests/integration/test_screen_resume.py": 110,
     "tests/integration/test_export_server.py": 105,
     "tests/integration/test_rollout.py": 400,
     "tests/integration/test_team_setup.py": 450,

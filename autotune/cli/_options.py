@@ -174,6 +174,15 @@ OPTIONS: tuple[Option, ...] = (
                 "shape, any space they fit), each reading weighted by how near its shape is "
                 "to this one (1 for the same shape, 0.5 at the drift threshold), and its "
                 "first lines say from which studies and with what weight"),
+    Option("--no-screen", "screen", "search", action="store_false",
+           help="measure every trial to full resolution; by default each search trial is "
+                "first read at a coarse fidelity on its own server (throughput within 3x "
+                "--precision, or a capacity bracket within 2x) and only the leaders go on "
+                "to full resolution: a coarse reading in the top third of the coarse "
+                "readings so far, or whose interval still reaches the best so far. The "
+                "others stop there ('screened', their coarse reading kept in Optuna and "
+                "MLflow); the verdict and the re-check rest on full-resolution readings "
+                "only, and the summary counts the trials at each rung"),
     Option("--recheck", "recheck", "measure", metavar="K",
            help="before the verdict, measure the top K configs and vLLM's defaults again on "
                 "fresh servers (--recheck-starts each); a winner is declared only if the "

@@ -375,11 +375,16 @@ def _trial_counts(result: TuneResult) -> str:
     reasons = dict(result.failures_by_reason or {})
     not_run = int(reasons.pop("budget", 0))
     reasons.pop("pruned", None)  # counted on their own below
+    reasons.pop("screened", None)
     failed = max(0, int(result.n_failed) - not_run)
     text = f"{result.n_trials} trials, {result.n_ok} feasible, {failed} failed"
     if result.n_pruned:
         text += (f", {result.n_pruned} pruned (stopped early: measured below the best so far, "
                  "not failed)")
+    rungs = result.rungs
+    if rungs:
+        text += (f"; rungs: {rungs.get('screened', 0)} screened at rung 0, "
+                 f"{rungs.get('refined', 0)} refined to full resolution")
     if reasons:
         text += "; why not feasible: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
     if not_run:

@@ -39,6 +39,13 @@ if TYPE_CHECKING:
         Slo,
         goodput_slo,
     )
+    from autotune.measure._screen import (
+        ETA,
+        CoarseRecord,
+        Screen,
+        bracket_closed,
+        coarse_ready,
+    )
     from autotune.measure._segments import (
         LogWatch,
         SegmentWatch,
@@ -71,9 +78,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CAPACITY_BRACKETS",
+    "ETA",
     "MAX_STARTS_NEEDED",
     "ONE_START_METHODS",
     "WITHIN_RUN_ONLY",
+    "CoarseRecord",
     "Interval",
     "LogWatch",
     "Measurement",
@@ -81,6 +90,7 @@ __all__ = [
     "Percentiles",
     "PercentilesRecord",
     "RatioBound",
+    "Screen",
     "SegmentRule",
     "SegmentWatch",
     "ServerSnapshot",
@@ -88,6 +98,8 @@ __all__ = [
     "allowed_misses",
     "arrivals_note",
     "bracket_bound",
+    "bracket_closed",
+    "coarse_ready",
     "combine",
     "decide_verdict",
     "drift",
@@ -123,6 +135,8 @@ __getattr__ = lazy_exports(__name__, {
                                    "slo_misses"),
     "autotune.measure._model": ("Measurement", "MeasurementRecord", "Percentiles",
                                   "PercentilesRecord", "Slo", "goodput_slo"),
+    "autotune.measure._screen": ("ETA", "CoarseRecord", "Screen", "bracket_closed",
+                                 "coarse_ready"),
     "autotune.measure._segments": ("LogWatch", "SegmentWatch", "tell_phase"),
     "autotune.measure._server": ("server_figures",),
     "autotune.measure._sessions": ("session_figures",),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 __all__ = ["JIT_LINE", "LogWatch", "SegmentWatch", "tell_phase"]
 
 if TYPE_CHECKING:
+    from autotune.measure._screen import CoarseRecord, Screen
     from autotune.measure._stats import SegmentRule
 
 logger = logging.getLogger(__name__)
@@ -71,8 +72,11 @@ class SegmentWatch:
 
     def __init__(self, rule: SegmentRule, segment_requests: int, watch: LogWatch,
                  incumbent_low: float | None, number: int,
-                 phase: Callable[[str, str], None] | None = None) -> None:
+                 phase: Callable[[str, str], None] | None = None, *,
+                 screen: Screen | None = None) -> None:
         self.rule = rule
+        self.screen = screen  # screen, then refine: the bar of the coarse reading
+        self.coarse: CoarseRecord | None = None
         self.segment_requests = segment_requests
         self.watch = watch
         self.incumbent_low = incumbent_low
@@ -118,6 +122,9 @@ class SegmentWatch:
         self.bounds.append(t_s)
         if self.watch.jit_since_last():  # evidence: the warm-up did not cover everything
             self.jit_measuring += 1
+        if self._screened(t_s - self.warm_end):
+            self.stop = "screened"
+            return True
         decision = self.rule.measure(self.rates, t_s - self.warm_end, self.incumbent_low)
         logger.info("trial %d measured segment %d at %.1f s: %.1f tok/s (%s)", self.number,
                     len(self.rates), t_s, rate, decision)
@@ -125,6 +132,25 @@ class SegmentWatch:
             return False
         self.stop = decision.removeprefix("stop_")
         return True
+
+    def _screened(self, measured_s: float) -> bool:
+        """The first coarse reading (:mod:`autotune.measure._screen`) is kept; True when
+        it is no leader (the run stops there, screened)."""
+        from autotune.measure._screen import coarse_ready
+        from autotune.measure._stats import mean_interval, relative_half_width
+
+        if self.screen is None or self.coarse is not None:
+            return False
+        iv = mean_interval(self.rates, self.rule.confidence)
+        if iv is None or not coarse_ready(len(self.rates), relative_half_width(iv),
+                                          self.rule.precision, self.screen.precision_factor):
+            return False
+        self.coarse = self.screen.record(iv.value, iv.low, iv.high, measured_s)
+        verdict = "promoted to full resolution" if self.coarse["promoted"] else "screened"
+        logger.info("trial %d coarse reading %.1f tok/s [%.1f, %.1f] against the bar %.1f: %s",
+                    self.number, iv.value, iv.low, iv.high, self.screen.bar, verdict)
+        self._phase("measuring", f"coarse reading {iv.value:,.1f} tok/s: {verdict}")
+        return not self.coarse["promoted"]
 
     def _phase(self, name: str, detail: str) -> None:
         tell_phase(self.phase, self.number, name, detail)

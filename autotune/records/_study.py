@@ -25,6 +25,8 @@ class StudyFile(StudyFileModel):
     ok: int = 0
     failed: int = 0
     pruned: int = 0
+    # screen, then refine: {"screened": stopped at rung 0, "refined": full resolution}
+    rungs: dict[str, int] = Field(default_factory=dict)
     failures_by_reason: dict[str, int] = Field(default_factory=dict)
     best_trial: int | None = None
     best_value: float | None = None

@@ -120,12 +120,13 @@ class ReportData:
     @property
     def failed(self) -> list[TrialRow]:
         return [t for t in self.trials
-                if t.state not in ("ok", "infeasible", "running", "pruned")]
+                if t.state not in ("ok", "infeasible", "running", "pruned", "screened")]
 
     @property
     def pruned(self) -> list[TrialRow]:
-        """Stopped early by the pruner as clear losers: measured, not failed."""
-        return [t for t in self.trials if t.state == "pruned"]
+        """Stopped early by the pruner as clear losers, or at their coarse reading as no
+        leaders (screened): measured, not failed."""
+        return [t for t in self.trials if t.state in ("pruned", "screened")]
 
     @property
     def infeasible(self) -> list[TrialRow]:

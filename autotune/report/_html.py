@@ -225,7 +225,7 @@ def _failures_html(d: ReportData) -> str:
         return _note("every trial was measured and met the constraints")
     # the server log says nothing of why a trial was infeasible, rejected or pruned (a
     # pruned one's tail is its server stopping): the message is the reason
-    no_log = ("infeasible", "rejected", "pruned")
+    no_log = ("infeasible", "rejected", "pruned", "screened")
     rows = []
     for t in sorted(bad, key=lambda t: t.number):
         msg = t.message.split("\n--- server log tail ---", 1)[0]
@@ -346,7 +346,8 @@ def _header(d: ReportData) -> str:
         f"{a.get('autotune.engine_version', 'engine version not recorded')} on "
         f"{a.get('autotune.gpu_type', 'a GPU not recorded')}",
         f"{len(d.trials)} trials ({len(d.feasible)} feasible, {len(d.infeasible)} infeasible, "
-        f"{len(d.failed)} failed" + (f", {len(d.pruned)} pruned" if d.pruned else "") + ")"
+        f"{len(d.failed)} failed" + (f", {len(d.pruned)} pruned or screened" if d.pruned
+                                      else "") + ")"
         + (f", {d.priors} prior" if d.priors else ""),
         f"storage {redact(d.storage)}",
         f"report written {datetime.now(UTC).isoformat(timespec='seconds')}",

@@ -35,6 +35,7 @@ from autotune.store import (
     objective_metric,
     pareto_trials,
     primary,
+    rung_counts,
     server_gpus_of,
     verdict,
 )
@@ -77,6 +78,8 @@ class TuneResult:
     mlflow_late: list[int] = field(default_factory=list)
     mlflow_unlogged: list[str] = field(default_factory=list)
     n_pruned: int = 0  # stopped early by the pruner as clear losers: measured, not failed
+    # screen, then refine: {"screened": stopped at rung 0, "refined": full resolution}
+    rungs: dict[str, int] = field(default_factory=dict)
     gpu_phases: dict[str, float] = field(default_factory=dict)  # autotune.gpu_phases
 
 
@@ -346,7 +349,7 @@ def _summary(ctx: StudyContext, trials: list[FrozenTrial], best: BestFile | None
         study=study.study_name, storage=redact(settings.storage),
         tracking_uri=redact(ctx.tracking_uri), trials=len(trials),
         ok=sum(1 for t in trials if feasible(t)),
-        failed=_n_failed(trials), pruned=_n_pruned(trials),
+        failed=_n_failed(trials), pruned=_n_pruned(trials), rungs=rung_counts(trials),
         failures_by_reason=failures_by_reason(trials),
         best_trial=best.trial if best else None,
         best_value=best.objective.value if best else None,
@@ -368,7 +371,8 @@ def _n_failed(trials: list[FrozenTrial]) -> int:
     from optuna.trial import TrialState  # heavy: the study loaded it already
 
     return sum(1 for t in trials if t.state in (TrialState.PRUNED, TrialState.FAIL)
-               and t.user_attrs.get(A.STATE) != State.PRUNED)
+               and t.user_attrs.get(A.STATE) not in (State.PRUNED, State.SCREENED))
+
 
 
 def confirm_command(out_dir: Path, study_name: str) -> str:
@@ -420,7 +424,7 @@ def write_results(ctx: StudyContext) -> TuneResult:
     return TuneResult(
         study_name=study.study_name, storage=settings.storage, out_dir=out_dir, best=best,
         n_trials=summary.trials, n_ok=summary.ok, n_failed=summary.failed,
-        n_pruned=summary.pruned, tracking_uri=ctx.tracking_uri,
+        n_pruned=summary.pruned, rungs=dict(summary.rungs), tracking_uri=ctx.tracking_uri,
         failures_by_reason=summary.failures_by_reason, explanation=explanation, report=report,
         verdict=dict(study.user_attrs.get(A.VERDICT) or {}), gpu_time=summary.gpu_time,
         gpu_phases=dict(study.user_attrs.get(A.GPU_PHASES) or {}),

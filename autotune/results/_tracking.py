@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -52,6 +53,7 @@ TAGS = {
     "trial": "autotune.trial_number",
     "space": "autotune.space",
     "kind": "autotune.kind",
+    "rung": "autotune.rung",  # screen, then refine: 0 screened, 1 refined
     # on the study run: its best trial's run, and what best.json declares, so that a store
     # copied without its artifact folder still answers with the declared figures
     "best_run": "autotune.best_run_id",
@@ -59,6 +61,15 @@ TAGS = {
     "best_readings": "autotune.best_readings",  # best.json's "readings", JSON
     "best_params": "autotune.best_params",  # best.json's "params", JSON
 }
+
+
+def screen_fields(coarse: Mapping[str, object] | None, rung: object
+                  ) -> tuple[dict[str, float], dict[str, str]]:
+    """A trial's coarse reading as MLflow metrics (``screen_value``, ``_ci_low``,
+    ``_ci_high``, ``_bar``) and its rung as a tag: a screened trial's reading is kept."""
+    got = {f"screen_{k}": (coarse or {}).get(k) for k in ("value", "ci_low", "ci_high", "bar")}
+    return ({k: float(v) for k, v in got.items() if isinstance(v, (int, float))
+             and math.isfinite(v)}, {TAGS["rung"]: str(rung)} if rung is not None else {})
 #: Study-run metric: best.json's objective value (the median of ``autotune.best_readings``).
 BEST_VALUE = "best_value"
 #: The experiment tag MLflow 3's UI reads to choose its view: without it, an experiment
@@ -470,7 +481,10 @@ class MlflowCallback(StudyCallback):
             tags[TAGS["state"]] = record.state
             if record.baseline:
                 tags["autotune.baseline"] = "true"
-            metrics = record.outcome.metrics
+            o = record.outcome
+            extra, rung_tag = screen_fields(o.coarse, o.coarse and int(not o.screened))
+            metrics = {**o.metrics, **extra}
+            tags.update(rung_tag)
             log_path, outcome = record.outcome.log_path, record.outcome.to_dict()
         ok = record.state == State.OK
         if record.reason:

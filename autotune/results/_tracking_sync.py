@@ -18,7 +18,7 @@ from autotune.credentials import redact
 from autotune.errors import ConfigError, StudyError
 from autotune.records import BestFile, StudyFile
 from autotune.results._outputs import TuneResult
-from autotune.results._tracking import TAGS, MlflowTracker, log_study_end
+from autotune.results._tracking import TAGS, MlflowTracker, log_study_end, screen_fields
 from autotune.store import A, State, is_prior, open_storage
 
 if TYPE_CHECKING:
@@ -75,9 +75,12 @@ def _log_trial(tracker: MlflowTracker, t: FrozenTrial, tags: dict[str, str]) -> 
     if ua.get(A.BASELINE):
         run_tags["autotune.baseline"] = "true"
     log = ua.get(A.LOG)
+    screen, rung_tag = screen_fields(ua.get(A.SCREEN), ua.get(A.RUNG))
+    run_tags.update(rung_tag)
     return tracker.log_trial(
         number=t.number, params=dict(t.params), flags=list(ua.get(A.FLAGS) or []),
-        env=dict(ua.get(A.ENV) or {}), metrics=dict(ua.get(A.METRICS) or {}), tags=run_tags,
+        env=dict(ua.get(A.ENV) or {}), metrics={**dict(ua.get(A.METRICS) or {}), **screen},
+        tags=run_tags,
         ok=state == State.OK, log_path=str(log) if log else None,
         outcome={"user_attrs": dict(ua), "state": t.state.name})
 
@@ -94,7 +97,7 @@ def _result_of(out_dir: Path, summary: StudyFile) -> TuneResult:
     return TuneResult(
         study_name=summary.study, storage=summary.storage, out_dir=out_dir,
         best=best, n_trials=summary.trials, n_ok=summary.ok,
-        n_failed=summary.failed, n_pruned=summary.pruned,
+        n_failed=summary.failed, n_pruned=summary.pruned, rungs=dict(summary.rungs),
         tracking_uri=summary.tracking_uri,
         failures_by_reason=dict(summary.failures_by_reason), files=files,
         explanation=summary.explanation,

@@ -82,6 +82,7 @@ if TYPE_CHECKING:
         n_finished,
         primary,
         readings,
+        rung_counts,
         server_gpus_of,
         set_constraints,
     )
@@ -131,6 +132,7 @@ __all__ = [
     "prior_spread_of",
     "readings",
     "record_spread",
+    "rung_counts",
     "schema_race",
     "server_gpus_of",
     "set_constraints",
@@ -169,6 +171,7 @@ __getattr__ = lazy_exports(__name__, {
         "n_finished",
         "primary",
         "readings",
+        "rung_counts",
         "server_gpus_of",
         "set_constraints",
     ),

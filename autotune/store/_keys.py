@@ -69,6 +69,10 @@ class A(StrEnum):
     # "neighbours"}; on the study, its counts {"earlier_trials", "studies", "steered",
     # "predicted_ran", "predicted_failed", "missed"}
     PREDICTED_FAILURE = "autotune.predicted_failure"
+    # screen, then refine (autotune.study): 0 = stopped at the coarse fidelity (screened),
+    # 1 = promoted and measured to full resolution; absent on trials that were not screened
+    RUNG = "autotune.rung"
+    SCREEN = "autotune.screen"  # the coarse reading: {"value", "ci_low", "ci_high", ...}
     FAILURE_MODEL = "autotune.failure_model"
     GPU_TIME = "autotune.gpu_time"  # {slot: {"start_s", "warmup_s", "measure_s", "idle_s",
 
@@ -80,6 +84,8 @@ class State(StrEnum):
     FAILED = "failed"  # no measurement: the config failed, or the tuner stopped it
     INFEASIBLE = "infeasible"  # measured, but missed the SLOs, error rate or quality bound
     PRUNED = "pruned"  # stopped early as a clear loser against the incumbent (the pruner)
+    # stopped at the coarse fidelity: its coarse reading was no leader (screen, then refine)
+    SCREENED = "screened"
 
 
 class FailureReason(StrEnum):
@@ -106,6 +112,7 @@ class FailureReason(StrEnum):
     # never started: the failure model predicted it would not start (autotune.study)
     PREDICTED = "predicted_failure"
     PRUNED = "pruned"  # the pruner stopped it: its interval lay below the incumbent's
+    SCREENED = "screened"  # stopped at the coarse fidelity: not among the rung-0 leaders
     # the tuner stopped while the trial ran: says nothing about the config
     TUNER_DIED = "tuner_died"
     INTERRUPTED = "interrupted"

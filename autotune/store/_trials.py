@@ -107,6 +107,18 @@ def n_finished(study: Study) -> int:
                and not is_prior(t))
 
 
+def rung_counts(trials: Iterable[FrozenTrial]) -> dict[str, int]:
+    """Screen, then refine (autotune.study): ``{"screened": trials stopped at rung 0,
+    "refined": trials promoted to full resolution}`` over a study's own trials that had a
+    coarse reading; empty when none had (``--no-screen``, an objective never screened)."""
+    counts = {"screened": 0, "refined": 0}
+    for t in trials:
+        rung = t.user_attrs.get(A.RUNG)
+        if rung is not None and not is_prior(t):
+            counts["screened" if rung == 0 else "refined"] += 1
+    return counts if any(counts.values()) else {}
+
+
 def failures_by_reason(trials: Iterable[FrozenTrial]) -> dict[str, int]:
     """Reason -> count over the failed and infeasible trials."""
     reasons: dict[str, int] = {}

@@ -62,6 +62,12 @@ if TYPE_CHECKING:
         check_context,
         check_vocab_size,
     )
+    from autotune.study._rungs import (
+        promotion_bar,
+        rung0_readings,
+        rungs_line,
+        screen_for,
+    )
     from autotune.study._study import (
         _bind_kernels as _bind_kernels,
     )
@@ -92,10 +98,14 @@ __all__ = [
     "open_study",
     "phases_line",
     "plan_budget",
+    "promotion_bar",
     "replayed_shape",
     "resolve_inputs",
     "resolve_objective",
     "resolve_study",
+    "rung0_readings",
+    "rungs_line",
+    "screen_for",
     "trial_spec",
     "tune",
 ]
@@ -125,6 +135,7 @@ __getattr__ = lazy_exports(__name__, {
         "resolve_objective",
         "resolve_study",
     ),
+    "autotune.study._rungs": ("promotion_bar", "rung0_readings", "rungs_line", "screen_for"),
     "autotune.study._preflight": ("BYTECODE_PROBES", "check_bytecode", "check_context",
                                   "check_vocab_size"),
     "autotune.study._study": ("_bind_kernels", "_quality_reference", "tune"),

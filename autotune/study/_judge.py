@@ -97,6 +97,9 @@ def _record_outcome(trial: optuna.Trial, outcome: TrialOutcome) -> None:
         trial.set_user_attr(A.WARMUP, outcome.warmup)
     if outcome.capacity is not None:
         trial.set_user_attr(A.CAPACITY, outcome.capacity)
+    if outcome.coarse is not None:  # screen, then refine: rung 0 stopped, 1 promoted
+        trial.set_user_attr(A.SCREEN, dict(outcome.coarse))
+        trial.set_user_attr(A.RUNG, 0 if outcome.screened else 1)
     trial.set_user_attr(A.TIME, trial_time(outcome))
 
 
@@ -119,6 +122,19 @@ def _mark_pruned(trial: optuna.Trial, outcome: TrialOutcome) -> None:
     trial.set_user_attr(A.MESSAGE, outcome.message if outcome.capacity is not None else (
         f"stopped after {len(outcome.segments)} segments: its 95 % interval "
         f"[{lo:,.1f}, {hi:,.1f}] out tok/s lay below the incumbent's"))
+    set_constraints(trial, failed=0.0, slo=0.0, errors=0.0, quality=0.0)
+
+
+def _mark_screened(trial: optuna.Trial, outcome: TrialOutcome) -> None:
+    """A trial stopped at its coarse reading (rung 0): feasible constraints, state and
+    reason screened; its coarse reading is ``autotune.screen``, never a verdict's."""
+    c = outcome.coarse
+    trial.set_user_attr(A.STATE, State.SCREENED)
+    trial.set_user_attr(A.REASON, FailureReason.SCREENED)
+    trial.set_user_attr(A.MESSAGE, outcome.message if outcome.capacity is not None else (
+        f"screened after {len(outcome.segments)} segments: its coarse reading "
+        f"{c['value']:,.1f} [{c['ci_low']:,.1f}, {c['ci_high']:,.1f}] out tok/s was not "
+        f"among the leaders (bar {c['bar']:,.1f})" if c is not None else "screened"))
     set_constraints(trial, failed=0.0, slo=0.0, errors=0.0, quality=0.0)
 
 
@@ -159,6 +175,9 @@ def judge(trial: optuna.Trial, outcome: TrialOutcome, settings: TuneSettings, *,
     if outcome.ok and outcome.pruned:
         _mark_pruned(trial, outcome)
         return None, State.PRUNED, FailureReason.PRUNED
+    if outcome.ok and outcome.screened:
+        _mark_screened(trial, outcome)
+        return None, State.SCREENED, FailureReason.SCREENED
     if outcome.ok and outcome.capacity is not None and value is None:
         return _no_capacity(trial, outcome)
     if not outcome.ok or value is None or not math.isfinite(value):

@@ -47,6 +47,7 @@ from autotune.store import (
     primary,
     prior_spread_of,
     readings,
+    rung_counts,
     verdict_record,
 )
 from autotune.trial import TrialOutcome, TrialSpec
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.exec import Executor
+    from autotune.measure import Screen
     from autotune.quality import ProbeOutputs, ProbeSet, QualityThresholds
     from autotune.store import VerdictRecord
     from autotune.traffic import TrafficShape
@@ -72,6 +74,7 @@ from autotune.study._judge import (
     _skip_waiting,
     judge,
 )
+from autotune.study._rungs import rungs_line, screen_for
 
 logger = logging.getLogger(__name__)
 _MAX_REJECTED_IN_A_ROW = 200
@@ -83,12 +86,14 @@ def trial_spec(*, number: int, model: str, flags: Sequence[str], env: Mapping[st
                log_path: str | None = None, quality_probe: ProbeSet | None = None,
                quality_reference: ProbeOutputs | None = None,
                incumbent_low: float | None = None, server_gpus: int = 1,
-               stagger: bool = True, shape_path: str | Path | None = None) -> TrialSpec:
+               stagger: bool = True, shape_path: str | Path | None = None,
+               screen: Screen | None = None) -> TrialSpec:
     """The :class:`TrialSpec` of one trial, a study's (:class:`TrialTemplate`) or
     ``autotune bench``'s: ``measure`` as the settings give it, its cache folder resolved
     (``--cache-dir`` or :data:`autotune.config.DEFAULT_CACHE_DIR`); ``capacity``: a
     capacity search over the arrival rate (its bracket from ``measure``); ``shape_path``:
-    the shape's file, named in the fix commands a failed replay suggests."""
+    the shape's file, named in the fix commands a failed replay suggests; ``screen``: the
+    bar of the trial's coarse reading (screen, then refine)."""
     from autotune.trial import capacity_spec
 
     cap = capacity_spec(
@@ -100,7 +105,7 @@ def trial_spec(*, number: int, model: str, flags: Sequence[str], env: Mapping[st
         number=number, model=model, flags=tuple(flags), env=dict(env), shape=shape, seed=seed,
         measure=measure.model_copy(update={"cache_dir": measure.cache_path()}),
         log_dir=log_dir, log_path=log_path, quality_probe=quality_probe,
-        quality_reference=quality_reference, incumbent_low=incumbent_low,
+        quality_reference=quality_reference, incumbent_low=incumbent_low, screen=screen,
         server_gpus=server_gpus, stagger=stagger,
         shape_path=str(shape_path) if shape_path is not None else None, **cap)
 
@@ -117,16 +122,16 @@ class TrialTemplate:
 
     def spec(self, number: int, launch: LaunchSpec, settings: TuneSettings, *,
              probe: bool, incumbent_low: float | None = None,
-             server_gpus: int = 1) -> TrialSpec:
+             server_gpus: int = 1, screen: Screen | None = None) -> TrialSpec:
         """The :class:`TrialSpec` of one trial (``probe``: run the quality probe;
-        ``incumbent_low``: the pruner's bar)."""
+        ``incumbent_low``: the pruner's bar; ``screen``: the coarse reading's bar)."""
         return trial_spec(
             number=number, model=self.model, flags=launch.flags, env=launch.env,
             shape=self.shape, measure=settings.measure, seed=settings.seed,
             capacity=settings.objective == "capacity", log_dir=self.log_dir,
             quality_probe=self.quality_probe if probe else None,
             quality_reference=self.quality_reference, incumbent_low=incumbent_low,
-            server_gpus=server_gpus, shape_path=settings.shape)
+            server_gpus=server_gpus, shape_path=settings.shape, screen=screen)
 
 
 @dataclass
@@ -253,6 +258,9 @@ class StudyLoop:
         if self.failure_model is not None:
             self.study.set_user_attr(A.FAILURE_MODEL, self.failure_model.record())
             self.callbacks.on_note(self.event("note", message=self.failure_model.summary()))
+        rungs = rungs_line(rung_counts(self.study.get_trials(deepcopy=False)))
+        if rungs:
+            self.callbacks.on_note(self.event("note", message=rungs))
         judgement = judge_study(self.study, prior=prior_spread_of(self.study))
         if judgement is not None and judgement.ratio is not None:  # repeated starts: kept
             keep_spread(self.study, judgement.ratio.log_sd, judgement.ratio.df)
@@ -394,7 +402,9 @@ class StudyLoop:
         probe = not is_base and bool(self.space.lossy_knobs(params))
         spec = self.template.spec(trial.number, launch, self.settings, probe=probe,
                                   incumbent_low=_incumbent_low(self.study, self.settings, trial),
-                                  server_gpus=gpus)
+                                  server_gpus=gpus,
+                                  screen=screen_for(self.study, self.settings, trial,
+                                                    server_gpus=gpus, phase=self.phase))
         why = never_fits(self.executor, spec)
         if why is not None:
             self._reject(trial, params, [why])
@@ -494,7 +504,7 @@ class StudyLoop:
             self.beats.discard(f.trial._trial_id)
         self.phases.add(outcome, server_gpus=f.spec.server_gpus if f.spec else 1,
                         kind="recheck" if recheck else "pruned" if state == State.PRUNED
-                        else "search")
+                        else "screened" if state == State.SCREENED else "search")
         if self.failure_model is not None and (reason in START_FAILURES
                                                or state != State.FAILED):
             self.failure_model.outcome(f.params, reason if reason in START_FAILURES else None,

@@ -5,9 +5,9 @@ metrics (or a failure reason), so the real study loop (:class:`autotune.study.St
 can run hundreds of trials in seconds (experiments/sample_efficiency, tests).
 """
 
-from autotune.testing._simulated import SimulatedExecutor, TimelineEntry
+from autotune.testing._simulated import SimulatedExecutor, TimelineEntry, fidelity_outcome
 
-__all__ = ["SimulatedExecutor", "TimelineEntry"]
+__all__ = ["SimulatedExecutor", "TimelineEntry", "fidelity_outcome"]
 
 # The streaming stub server (autotune.testing.stub_server: an OpenAI-compatible server
 # with no model, for load-generator tests, the fault lab and capacity measurements) is

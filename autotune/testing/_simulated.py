@@ -10,7 +10,7 @@ from autotune.parallelism import GpuPool, Node
 from autotune.store import FailureReason
 from autotune.trial import TrialOutcome, TrialSpec
 
-__all__ = ["SimulatedExecutor", "TimelineEntry"]
+__all__ = ["SimulatedExecutor", "TimelineEntry", "fidelity_outcome"]
 
 #: ``evaluate(params, spec)``: the trial's metrics (Measurement.flat() keys), a failure
 #: reason (a :class:`~autotune.store.FailureReason` value) when the config "fails to start",
@@ -19,6 +19,32 @@ __all__ = ["SimulatedExecutor", "TimelineEntry"]
 Evaluate = Callable[[dict[str, ParamValue], TrialSpec], "dict[str, float] | str | TrialOutcome"]
 #: ``duration(params, spec)``: the trial's simulated wall time (seconds)
 Duration = Callable[[dict[str, ParamValue], TrialSpec], float]
+
+
+def fidelity_outcome(spec: TrialSpec, *, full: float, coarse: float,
+                     coarse_half_width: float = 0.06, full_half_width: float = 0.02
+                     ) -> TrialOutcome:
+    """A simulated throughput trial read at two fidelities, as a real one is: first a
+    coarse reading ``coarse`` (interval +-``coarse_half_width``), where the pruner
+    (``spec.incumbent_low``: its interval wholly below) and the screen (``spec.screen``:
+    :meth:`autotune.measure.Screen.promotes`) may stop it, then the full-resolution
+    reading ``full`` (+-``full_half_width``). Stopped early, its metrics are the coarse
+    reading's (``outcome.stop`` says which rule stopped it)."""
+    lo, hi = coarse * (1 - coarse_half_width), coarse * (1 + coarse_half_width)
+    early = {"output_tokens_per_s": coarse, "output_tokens_per_s_ci_low": lo,
+             "output_tokens_per_s_ci_high": hi}
+    if spec.incumbent_low is not None and hi < spec.incumbent_low:
+        return TrialOutcome(number=spec.number, ok=True, metrics=early, segments=[coarse],
+                            pruned=True, stop="pruned")
+    record = spec.screen.record(coarse, lo, hi, 0.0) if spec.screen is not None else None
+    if record is not None and not record["promoted"]:
+        return TrialOutcome(number=spec.number, ok=True, metrics=early, segments=[coarse],
+                            coarse=record, screened=True, stop="screened")
+    return TrialOutcome(number=spec.number, ok=True, coarse=record, segments=[coarse, full],
+                        stop="precise", metrics={
+                            "output_tokens_per_s": full,
+                            "output_tokens_per_s_ci_low": full * (1 - full_half_width),
+                            "output_tokens_per_s_ci_high": full * (1 + full_half_width)})
 
 
 @dataclass(frozen=True)

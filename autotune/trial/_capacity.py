@@ -38,7 +38,7 @@ from autotune.errors import ConfigError
 __all__ = ["CapacityRecord", "CapacityResult", "CapacitySearch", "Level", "LevelRecord",
            "flat_note", "search_capacity"]
 
-Status = Literal["found", "levels", "time", "capped", "none", "pruned"]
+Status = Literal["found", "levels", "time", "capped", "none", "pruned", "screened"]
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,8 @@ class CapacityResult:
     high: float | None = None  # the lowest scale that failed (None: none failed)
     # found: bracket within tolerance; levels: probes spent first; time: the time cap
     # ended the search first (--capacity-max-s); capped: passed at max_scale; none: failed
-    # at min_scale; pruned: its top fell below the incumbent's capacity (``prune_below``)
+    # at min_scale; pruned: its top fell below the incumbent's capacity (``prune_below``);
+    # screened: its coarse bracket was no leader (``screen``: screen, then refine)
     status: Status = "levels"
     levels: list[Level] = field(default_factory=list)
     # ``high`` is the warm-up's: the server fell behind the arrivals there (no level failed
@@ -363,13 +364,18 @@ class _Pruned(Exception):
     """The bracket's top fell below ``prune_below`` (internal to search_capacity)."""
 
 
+class _Screened(Exception):
+    """The coarse bracket was no leader (internal to search_capacity)."""
+
+
 def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
                     search: CapacitySearch | None = None,
                     on_level: Callable[[Level, CapacityResult], None] | None = None,
                     room: Callable[[float], bool] | None = None,
                     failed_at: float | None = None,
                     recorded_sps: float | None = None,
-                    prune_below: float | None = None) -> CapacityResult:
+                    prune_below: float | None = None,
+                    screen: Callable[[CapacityResult], bool] | None = None) -> CapacityResult:
     """Bracket the capacity: ``probe(scale)`` runs one load level and says pass or fail.
 
     ``on_level(level, result_so_far)`` hears of each level as it ends (progress).
@@ -382,7 +388,9 @@ def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
     rate (the result then speaks of sessions/s).
     ``prune_below``: the incumbent's capacity (its low end) as a scale; the search stops
     with status ``pruned`` once a level fails below it (this config's capacity is then
-    below the incumbent's: it cannot win)."""
+    below the incumbent's: it cannot win).
+    ``screen(result_so_far)``: asked after each level; True stops the search with status
+    ``screened`` (its coarse bracket was no leader: screen, then refine)."""
     s = search or CapacitySearch()
     if not (recorded_rps > 0 and math.isfinite(recorded_rps)):
         raise ConfigError(f"recorded rate is {recorded_rps}; capacity needs a rate > 0")
@@ -397,6 +405,8 @@ def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
             on_level(lv, r)
         if prune_below is not None and r.high is not None and r.high < prune_below:
             raise _Pruned
+        if screen is not None and screen(r):
+            raise _Screened
 
     try:
         return _bracket(probe, s, res, stop_if_pruned, room)
@@ -404,6 +414,8 @@ def search_capacity(probe: Callable[[float], Level], *, recorded_rps: float,
         res.status = "time"
     except _Pruned:
         res.status = "pruned"
+    except _Screened:
+        res.status = "screened"
     return res
 
 

@@ -122,7 +122,7 @@ class _SegmentedRuns:
                    else f"repeat {r + 1}: one segment")
         ctl = SegmentWatch(self.rule if r == 0 else replace(self.rule, warmup_max_segments=1),
                            self.seg_n, LogWatch(server.log_path), spec.incumbent_low,
-                           spec.number, self.phase)
+                           spec.number, self.phase, screen=spec.screen if r == 0 else None)
         t_run = time.monotonic()
         before = snapshot_metrics(server.base_url)
         run = replay(self.plan.schedule if r == 0 else self.refill.chunk(100 + r),
@@ -139,6 +139,7 @@ class _SegmentedRuns:
         warm_s = min(ctl.warm_end if ctl.warm_end is not None else wall, wall)
         if r == 0:
             self._record_warmup(ctl, warm_s)
+            outcome.coarse = ctl.coarse
         outcome.measure_s += max(0.0, wall - warm_s)
         bounds = _complete(spec, run, ctl.bounds, r)
         if run.interrupted_at_s is not None and len(bounds) < 2:
@@ -154,6 +155,8 @@ class _SegmentedRuns:
         self._warn_drift(m.segment_tokens_per_s)
         if ctl.stop == "pruned":
             outcome.pruned = self.done = True
+        if ctl.stop == "screened":
+            outcome.screened = self.done = True
         return m
 
     def _record_warmup(self, ctl: SegmentWatch, warm_s: float) -> None:

@@ -478,6 +478,7 @@ def find_capacity(*, recorded_rps: float, build: Build, client_kw: ClientKw,
                   jit: Callable[[], bool] | None = None,
                   failed_at: float | None = None, level_at: LevelAt | None = None,
                   recorded_sps: float | None = None, prune_below: float | None = None,
+                  screen: Callable[[CapacityResult], bool] | None = None,
                   ) -> tuple[CapacityResult, Measurement | None]:
     """The bracketing search on one running server; returns the bracket and the
     measurement of the level the capacity rests on (None when no level passed).
@@ -486,14 +487,15 @@ def find_capacity(*, recorded_rps: float, build: Build, client_kw: ClientKw,
     the bracket's top known before the search (:func:`warmup_bound`). A session search
     gives ``level_at`` (each level's sessions at a request rate) and ``recorded_sps`` (the
     recorded session rate the scale multiplies too). ``prune_below``: the incumbent's
-    capacity as a scale (:func:`search_capacity`)."""
+    capacity as a scale, ``screen`` the coarse bracket's test (:func:`search_capacity`)."""
     search = search or CapacitySearch()
     plan = plan or LevelPlan()
     probe = _Probe(recorded_rps, build, client_kw, slo, search, plan, check, jit, level_at)
     res = search_capacity(probe, recorded_rps=recorded_rps, search=search, on_level=on_level,
                           room=_room(plan, recorded_rps, probe), failed_at=failed_at,
-                          recorded_sps=recorded_sps, prune_below=prune_below)
-    if res.low is None and res.levels and res.status != "pruned":
+                          recorded_sps=recorded_sps, prune_below=prune_below,
+                          screen=screen)
+    if res.low is None and res.levels and res.status not in ("pruned", "screened"):
         remeasure_lowest(probe, res, search, on_level)
     return res, (probe.measured.get(res.low) if res.low is not None else None)
 

@@ -194,7 +194,8 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
                            level_at=sessions.level_at(level_plan) if sessions else None,
                            recorded_sps=sps,
                            prune_below=(spec.incumbent_low / recorded
-                                        if spec.incumbent_low else None))
+                                        if spec.incumbent_low else None),
+                           screen=_screen_test(spec, outcome, recorded, t_run))
     outcome.measure_s = time.monotonic() - t_run
     if outcome.warmup is not None:  # levels during which a kernel was still compiled
         outcome.warmup["jit_segments_measuring"] = sum(lv.jit_compiled for lv in res.levels)
@@ -210,6 +211,8 @@ def _measure_capacity(spec: TrialSpec, plan: _Plan, server: VllmServer,
             f"pruned after {len(res.levels)} level(s): a level failed at {rate(res.high)}, "
             f"below the incumbent's capacity of {spec.incumbent_low:.3g} req/s, so this "
             "config cannot win (--pruner none measures it to the end)")
+    if res.status == "screened":
+        _mark_screened(outcome, len(res.levels))
     logger.info("trial %d: %s", spec.number, outcome.message)
     if m is None:  # no level met the SLOs: measured, but no capacity (infeasible)
         outcome.ok = True
@@ -248,6 +251,40 @@ def _on_level(number: int, phase: PhaseFn, rate: Callable[[float], str]
               f"{lv.outcome()}; {bracket}")
 
     return on_level
+
+
+def _mark_screened(outcome: TrialOutcome, levels: int) -> None:
+    """The capacity search stopped at its coarse bracket: the outcome says so."""
+    c = outcome.coarse
+    if c is None:
+        return
+    outcome.screened = True
+    outcome.message = (
+        f"screened after {levels} level(s): its capacity bracket [{c['ci_low']:.3g}, "
+        f"{c['ci_high']:.3g}] req/s was not among the leaders (bar {c['bar']:.3g} req/s); "
+        "--no-screen measures every trial to full resolution")
+
+
+def _screen_test(spec: TrialSpec, outcome: TrialOutcome, recorded: float,
+                 t_run: float) -> Callable[[CapacityResult], bool] | None:
+    """Screen, then refine: the capacity search's test after each level. The first
+    bracket closed within the coarse width is the trial's coarse reading (kept on the
+    outcome); True (stop, screened) when it is no leader."""
+    from autotune.measure import bracket_closed
+
+    screen = spec.screen
+    if screen is None:
+        return None
+
+    def test(res: CapacityResult) -> bool:
+        if outcome.coarse is not None or not bracket_closed(res.low, res.high, screen.bracket):
+            return False
+        assert res.low is not None and res.high is not None  # bracket_closed says so
+        low, high = res.low * recorded, res.high * recorded
+        outcome.coarse = screen.record(low, low, high, time.monotonic() - t_run)
+        return not outcome.coarse["promoted"]
+
+    return test
 
 
 def _capacity_metrics(cap: CapacityRecord, gpus: tuple[int, ...] | None,

@@ -15,7 +15,7 @@ from autotune.config import MeasureSettings
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only: this module stays as light as the records it holds
-    from autotune.measure import MeasurementRecord, SegmentRule, Slo
+    from autotune.measure import CoarseRecord, MeasurementRecord, Screen, SegmentRule, Slo
     from autotune.quality import ProbeOutputs, ProbeSet, QualityRecord
     from autotune.store import FailureReason
     from autotune.traffic import TrafficShape
@@ -90,6 +90,9 @@ class TrialSpec:
     # The pruner: the incumbent's interval low end (output tokens/s); a trial whose own
     # interval lies wholly below it is stopped as a clear loser (reason "pruned").
     incumbent_low: float | None = None
+    # Screen, then refine: the bar of this trial's coarse reading (None: measured to full
+    # resolution at once); a coarse reading below it stops the trial, screened
+    screen: Screen | None = None
     stagger: bool = True  # closed loop: desynchronise the streams' first requests
     # stop a measured replay once more than this share of >= 20 finished requests failed
     # (the outcome then says why in one line); None: always run to the end
@@ -157,6 +160,10 @@ class TrialOutcome:
     # why measuring stopped: precise | cap | pruned | failing | schedule_end | interrupted
     stop: str | None = None
     pruned: bool = False  # a clear loser: stopped early against the incumbent
+    # screen, then refine: the coarse reading (spec.screen given and reached), and whether
+    # the trial stopped there (screened) instead of going on to full resolution
+    coarse: CoarseRecord | None = None
+    screened: bool = False
     # prompt tokens of the measured runs (warm-up segments included): what the schedule
     # asked for, over the requests served, and the server's vllm:prompt_tokens delta
     prompt_tokens_sent: int = 0

@@ -24,7 +24,8 @@ RUNS: dict[str, tuple[list[str], str | None]] = {
     "sample_efficiency/run.py": (["--seeds", "1", "--budget", "5", "--workers", "1",
                                   "--variants", "default,random", "--out", "{tmp}"],
                                  "results.json"),
-    # the study before and with its new defaults, and a retune learning from a neighbour
+    # the study before issue 67 and with its parts, a retune learning from a neighbour and
+    # the retune with each part off in turn (trials read at two fidelities)
     "search_cost/run.py": (["--seeds", "1", "--budget", "5", "--workers", "1", "--out",
                             "{tmp}"], "results.json"),
     "store-races/race.py": (["optuna", "--processes", "2", "--rounds", "1"], None),

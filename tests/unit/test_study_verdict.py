@@ -120,11 +120,11 @@ def test_summary_counts_trials_the_budget_left_unstarted_apart_from_failures():
     from autotune.cli._tune import _trial_counts
 
     # an H200 study whose enqueued recipe the budget never started
-    r = SimpleNamespace(n_trials=5, n_ok=4, n_failed=1, n_pruned=0,
+    r = SimpleNamespace(n_trials=5, n_ok=4, n_failed=1, n_pruned=0, rungs={},
                         failures_by_reason={"budget": 1})
     assert _trial_counts(r) == ("5 trials, 4 feasible, 0 failed; 1 not run (queued when the "
                                 "--budget ended the search)")
-    r = SimpleNamespace(n_trials=1, n_ok=1, n_failed=0, n_pruned=0, failures_by_reason={})
+    r = SimpleNamespace(n_trials=1, n_ok=1, n_failed=0, n_pruned=0, rungs={}, failures_by_reason={})
     assert _trial_counts(r) == "1 trials, 1 feasible, 0 failed"  # README's example line
 
 
@@ -134,12 +134,25 @@ def test_summary_counts_pruned_trials_apart_from_failures():
     from autotune.cli._tune import _trial_counts
 
     # one config failed to start, one missed the SLOs, one the pruner stopped
-    r = SimpleNamespace(n_trials=4, n_ok=1, n_failed=1, n_pruned=1,
+    r = SimpleNamespace(n_trials=4, n_ok=1, n_failed=1, n_pruned=1, rungs={},
                         failures_by_reason={"start_failed": 1, "slo": 1, "pruned": 1})
     line = _trial_counts(r)
     assert line.startswith("4 trials, 1 feasible, 1 failed, 1 pruned (stopped early"), line
     assert line.endswith("why not feasible: slo 1, start_failed 1"), line
     assert "pruned 1" not in line
+
+
+def test_summary_counts_trials_at_each_rung_apart_from_failures():
+    from types import SimpleNamespace
+
+    from autotune.cli._tune import _trial_counts
+
+    r = SimpleNamespace(n_trials=17, n_ok=5, n_failed=0, n_pruned=0,
+                        rungs={"screened": 12, "refined": 4},
+                        failures_by_reason={"screened": 12})
+    line = _trial_counts(r)
+    assert line == ("17 trials, 5 feasible, 0 failed; rungs: 12 screened at rung 0, "
+                    "4 refined to full resolution"), line
 
 
 def test_best_line_names_the_config_s_first_trial_when_its_reading_is_a_recheck():
