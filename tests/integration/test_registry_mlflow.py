@@ -140,7 +140,10 @@ def test_an_untuned_shape_says_how_to_tune_it(store: dict[str, Any],
     assert main(["best", "--shape", str(REPO / "traffic" / "example-chat.json"),
                  "--tracking-uri", store["uri"]]) == 1
     err = capsys.readouterr().err
-    assert "autotune.best_for_shape=" in err and "autotune tune --shape" in err
+    assert "autotune.best_for_shape=" in err
+    # no study in the store names a model and space: the tune step says which to give
+    assert "'autotune tune' with --model, --space and --tracking-uri" in err
+    assert f"autotune best --shape {REPO / 'traffic' / 'example-chat.json'} --storage" in err
 
 
 def test_a_study_run_declares_its_best_without_artifacts(
