@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mlflow.exceptions import MlflowException
 
@@ -208,21 +208,30 @@ def _tracked_verdict(best: BestFile | None, parent: Run | None) -> dict[str, Jso
             "ratio_bound": bound}
 
 
+def _open_for_lookup(tracking_uri: str) -> tuple[Any, list[str]] | None:
+    """(client, experiment ids) of an MLflow store to read from; None when it has no
+    experiment, or is a SQLite file that does not exist (a lookup must not leave a new
+    store behind)."""
+    from mlflow.tracking import MlflowClient
+
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.exists():
+        return None
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return (client, exps) if exps else None
+
+
 def find_best_tracked(*, tracking_uri: str, shape: TrafficShape, model: str | None = None,
                       gpu: str | None = None) -> RegistryHit | None:
     """The best known config for ``shape`` from an MLflow store: the trial runs tagged
     ``autotune.best_for_shape=<shape fingerprint>`` (exact fingerprint only; the nearest
     tuned shape is :func:`find_best`'s, from the Optuna storage), filtered like
     :func:`find_best`; throughput studies answer when objectives are mixed."""
-    from mlflow.tracking import MlflowClient
-
-    db = sqlite_path(tracking_uri)
-    if db is not None and not db.exists():  # a lookup must not leave a new store behind
+    opened = _open_for_lookup(tracking_uri)
+    if opened is None:
         return None
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exps = [e.experiment_id for e in client.search_experiments()]
-    if not exps:
-        return None
+    client, exps = opened
     runs = client.search_runs(
         exps, filter_string=f"tags.`{BEST_TAG}_for_shape` = '{shape.fingerprint}'")
     hits = [h for h in (_tracked_hit(client, r, tracking_uri) for r in runs) if h is not None
@@ -238,15 +247,10 @@ def tracked_inputs(*, tracking_uri: str, model: str | None = None) -> tuple[str,
     """(model, search space file) of the newest study run in an MLflow store (of ``model``
     when given, matched as :func:`find_best` matches it): what a study of another shape
     in that store takes, for a command a message suggests. None when it holds none."""
-    from mlflow.tracking import MlflowClient
-
-    db = sqlite_path(tracking_uri)
-    if db is not None and not db.exists():  # a lookup must not leave a new store behind
+    opened = _open_for_lookup(tracking_uri)
+    if opened is None:
         return None
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exps = [e.experiment_id for e in client.search_experiments()]
-    if not exps:
-        return None
+    client, exps = opened
     runs = client.search_runs(exps, filter_string=f"tags.`{TAGS['kind']}` = 'study'",
                               order_by=["attributes.start_time DESC"])
     for run in runs:
